@@ -1,0 +1,30 @@
+# Two entry points (see README): `make run` trains on the embedded default, `make test` runs the
+# suite. Both build .venv from nothing when it is missing or requirements changed.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: run test lint venv clean
+
+venv: $(STAMP)
+
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	# torchrec's metadata asks for the CUDA fbgemm-gpu wheel; its real needs are in requirements.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps torchrec==1.8.0
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(PY) -m dlrm.train $(ARGS)
+
+test: $(STAMP)
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(PY) -m ruff check dlrm embeddings data_pipeline scripts tests
+
+clean:
+	rm -rf $(VENV)
