@@ -1,0 +1,111 @@
+"""The on-disk contract of a preprocessed Criteo directory: names, markers, meta.json.
+
+    DIR/options.json          what is being made (written first; a rerun must match it)
+    DIR/day_N.labels.npy      int8 [rows]           (absent for the unlabelled `inference` part)
+    DIR/day_N.dense.npy       float32 [rows, 13]    log(max(x, 0) + 1), empty = 0
+    DIR/day_N.sparse.npy      int32|int64 [rows, 26] row ids (int32 when every table fits)
+    DIR/day_N.done.json       marker: rows, lines, bad lines, size and CRC-32 of each file
+    DIR/vocab/                frequency mode: the id maps (see categorical.Vocabulary)
+    DIR/meta.json             written last: the dataset is complete
+
+All JSON, all `.npy` (no pickle). A part counts as done only when its marker exists, matches
+options.json, and its files match the marker; anything else is redone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from .errors import DataError
+from .npy_stream import check_file
+
+FORMAT = "hybrid-dlrm/criteo-columns"
+FORMAT_VERSION = 1
+COLUMNS = ("labels", "dense", "sparse")
+
+
+def column_path(out: Path, part: str, column: str) -> Path:
+    return out / f"{part}.{column}.npy"
+
+
+def marker_path(out: Path, part: str) -> Path:
+    return out / f"{part}.done.json"
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """Atomically (temp file, fsync, rename)."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1, sort_keys=False)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> Any:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+
+
+def part_problem(out: Path, part: str, fingerprint: dict, full: bool) -> str | None:
+    """Why part is not complete and valid (None if it is)."""
+    marker = marker_path(out, part)
+    if not marker.is_file():
+        return "not written yet"
+    try:
+        record = read_json(marker)
+    except DataError as e:
+        return str(e)
+    if record.get("fingerprint") != fingerprint:
+        return "made with other options"
+    for column, file_record in record.get("files", {}).items():
+        problem = check_file(column_path(out, part, column), file_record, full)
+        if problem:
+            return problem
+    return None
+
+
+def describe_difference(old: dict, new: dict, prefix: str = "") -> str:
+    """The first differing setting, as 'name: old -> new'."""
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            found = describe_difference(a, b, f"{prefix}{key}.")
+            if found:
+                return found
+        elif a != b:
+            return f"{prefix}{key}: {a!r} there, {b!r} asked"
+    return ""
+
+
+def check_bad_line_policy(where: str, skipped: int, on_bad_line: str) -> None:
+    """Output made while skipping malformed lines is not what `error` would accept."""
+    if skipped and on_bad_line == "error":
+        raise DataError(
+            f"{where}: was made with --on-bad-line skip and skipped {skipped} malformed lines; "
+            f"pass --on-bad-line skip to use it, or delete it to re-check the raw data"
+        )
+
+
+def load_meta(directory: str | Path) -> dict:
+    """meta.json of a complete preprocessed directory, validated enough to load it."""
+    path = Path(directory) / "meta.json"
+    if not path.is_file():
+        raise DataError(
+            f"{path}: not found (not a preprocessed Criteo directory, or preprocessing did not finish)"
+        )
+    meta = read_json(path)
+    if meta.get("format") != FORMAT:
+        raise DataError(f"{path}: expected format {FORMAT!r}, found {meta.get('format')!r}")
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise DataError(
+            f"{path}: format version {meta.get('format_version')!r}; this code reads {FORMAT_VERSION}"
+        )
+    return meta

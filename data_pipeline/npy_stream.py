@@ -1,0 +1,120 @@
+"""Streaming writes of `.npy` files whose row count is only known at the end, made atomic.
+
+The file is written as `NAME.tmp`: a fixed-size header with a placeholder shape, then rows
+appended as they come (so memory stays bounded), then the real header written over the
+placeholder, fsync, and `os.replace` to `NAME`. A crash leaves at most a `.tmp` file, never a
+truncated `NAME`. The CRC-32 of the data bytes is computed on the way, so a later run can verify
+the file without trusting its size alone.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+HEADER_BYTES = 128  # numpy's own headers for our shapes are this size too (64-byte aligned)
+_MAGIC = b"\x93NUMPY\x01\x00"
+
+
+def _header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
+    descr = np.lib.format.dtype_to_descr(dtype)
+    text = "{'descr': " + repr(descr) + ", 'fortran_order': False, 'shape': " + repr(shape) + ", }"
+    body_len = HEADER_BYTES - len(_MAGIC) - 2
+    if len(text) + 1 > body_len:
+        raise ValueError(f"npy header too long for shape {shape}")
+    body = text.ljust(body_len - 1).encode("latin1") + b"\n"
+    return _MAGIC + body_len.to_bytes(2, "little") + body
+
+
+class NpyWriter:
+    """Append rows of a fixed dtype and row shape; `finish` publishes the file atomically."""
+
+    def __init__(self, path: str | Path, dtype: np.dtype | str, row_shape: tuple[int, ...] = ()):
+        self.path = Path(path)
+        self.tmp = self.path.with_name(self.path.name + ".tmp")
+        self.dtype = np.dtype(dtype)
+        self.row_shape = tuple(row_shape)
+        self.rows = 0
+        self.crc = 0
+        self._file = open(self.tmp, "wb")
+        self._file.write(_header(self.dtype, (0, *self.row_shape)))
+
+    def append(self, rows: np.ndarray) -> None:
+        if rows.dtype != self.dtype or rows.shape[1:] != self.row_shape:
+            raise ValueError(
+                f"{self.path.name}: expected rows {self.dtype}{self.row_shape}, got "
+                f"{rows.dtype}{rows.shape[1:]}"
+            )
+        data = memoryview(np.ascontiguousarray(rows)).cast("B")
+        self._file.write(data)
+        self.crc = zlib.crc32(data, self.crc)
+        self.rows += len(rows)
+
+    def finish(self) -> dict:
+        """Write the final header, sync and rename; returns what a marker should record."""
+        f = self._file
+        f.seek(0)
+        f.write(_header(self.dtype, (self.rows, *self.row_shape)))
+        f.flush()
+        os.fsync(f.fileno())
+        f.close()
+        os.replace(self.tmp, self.path)
+        return {"name": self.path.name, "rows": self.rows, "bytes": self.nbytes, "crc32": self.crc}
+
+    @property
+    def nbytes(self) -> int:
+        return (
+            HEADER_BYTES
+            + self.rows * int(np.prod(self.row_shape, dtype=np.int64)) * self.dtype.itemsize
+        )
+
+    def abort(self) -> None:
+        if not self._file.closed:
+            self._file.close()
+        self.tmp.unlink(missing_ok=True)
+
+
+def read_header(path: str | Path) -> tuple[tuple[int, ...], np.dtype, int]:
+    """(shape, dtype, data offset) of an .npy file, read without pickle."""
+    with open(path, "rb") as f:
+        version = np.lib.format.read_magic(f)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+        elif version == (2, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+        else:
+            raise ValueError(f"{path}: unsupported .npy version {version}")
+        if fortran or dtype.hasobject:
+            raise ValueError(f"{path}: expected a C-ordered numeric array")
+        return shape, dtype, f.tell()
+
+
+def data_crc32(path: str | Path, chunk_bytes: int = 1 << 24) -> int:
+    """CRC-32 of the data bytes of an .npy file (what NpyWriter recorded)."""
+    _, _, offset = read_header(path)
+    crc = 0
+    with open(path, "rb") as f:
+        f.seek(offset)
+        while chunk := f.read(chunk_bytes):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+def check_file(path: str | Path, record: dict, full: bool) -> str | None:
+    """Why the file does not match its marker record, or None if it does.
+
+    Quick check: size and header shape; full check: also the data CRC-32."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        shape, _, _ = read_header(path)
+    except (OSError, ValueError) as e:
+        return f"{path.name}: unreadable ({e})"
+    if size != record["bytes"] or shape[0] != record["rows"]:
+        return f"{path.name}: {size} bytes / {shape[0]} rows, marker says {record['bytes']} / {record['rows']}"
+    if full and data_crc32(path) != record["crc32"]:
+        return f"{path.name}: checksum differs from its marker"
+    return None

@@ -1,0 +1,202 @@
+"""Where the raw Criteo lines are, and reading them in whole-line blocks.
+
+Layouts (facebookresearch/dlrm conventions):
+
+- Kaggle: one `train.txt`, cut by line count into 7 near-equal pseudo-days (the first
+  `total % 7` days get one line more). Days 0-5 train; day 6 is split by row: its first half
+  (ceil) is the test set, the second half validation. (torchrec's Kaggle recipe uses the
+  opposite halves; we follow the reference so results compare with its papers.) An optional
+  unlabelled `test.txt` (39 fields) becomes the `inference` part.
+- Terabyte: `day_0` .. `day_23`, each plain or `.gz` (plain wins if both exist). Days 0-22 train;
+  day 23 is split test/validation like Kaggle's day 6.
+
+A part is read as blocks of whole lines (each ends with a newline; a last line without one gets
+it added), with the file offset of each block so that per-line decisions (down-sampling) do not
+depend on how the file was cut into blocks.
+"""
+
+from __future__ import annotations
+
+import bisect
+import gzip
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .errors import DataError
+
+KAGGLE_DAYS = 7
+TERABYTE_DAYS = 24
+_SCAN_BYTES = 1 << 26
+_STEP = 1 << 20  # line-count checkpoints, so finding a day boundary reads at most ~1 MB
+
+
+@dataclass(frozen=True)
+class RawPart:
+    """A run of lines that becomes one output part (a day, or the unlabelled Kaggle test)."""
+
+    name: str  # "day_0", ..., "inference"
+    path: Path
+    byte_start: int = 0
+    byte_end: int | None = None  # None: to the end of the file
+    first_line: int = 1  # line number (1-based, within the file) of the first line
+    num_lines: int | None = None  # known for Kaggle pseudo-days
+    has_label: bool = True
+    train: bool = False  # a training day: negative down-sampling applies
+
+    @property
+    def compressed(self) -> bool:
+        return self.path.suffix == ".gz"
+
+    def size(self) -> int:
+        """Bytes this part reads from disk (compressed bytes for .gz)."""
+        end = self.path.stat().st_size if self.byte_end is None else self.byte_end
+        return end - self.byte_start
+
+
+@dataclass
+class Block:
+    data: bytes  # whole lines
+    offset: int  # offset of data[0] in the (uncompressed) file
+    consumed: int  # bytes read from disk so far in this part, for progress
+
+
+def iter_blocks(part: RawPart, block_bytes: int = 8 << 20) -> Iterator[Block]:
+    """The part's lines in blocks of about block_bytes, each cut after a newline."""
+    with open(part.path, "rb") as disk:
+        f = gzip.GzipFile(fileobj=disk, mode="rb") if part.compressed else disk
+        try:
+            f.seek(part.byte_start)
+            remaining = None if part.byte_end is None else part.byte_end - part.byte_start
+            offset = part.byte_start
+            carry = b""
+            while True:
+                want = block_bytes if remaining is None else min(block_bytes, remaining)
+                chunk = f.read(want) if want > 0 else b""
+                if remaining is not None:
+                    remaining -= len(chunk)
+                consumed = disk.tell() - part.byte_start
+                if not chunk:
+                    if carry:
+                        last = carry if carry.endswith(b"\n") else carry + b"\n"
+                        yield Block(last, offset, consumed)
+                    return
+                data = carry + chunk if carry else chunk
+                cut = data.rfind(b"\n") + 1
+                if cut == 0:  # no newline yet: a very long line, keep reading
+                    carry = data
+                    continue
+                carry = data[cut:]
+                yield Block(data[:cut] if carry else data, offset, consumed)
+                offset += cut
+        finally:
+            if f is not disk:
+                f.close()
+
+
+def _count_lines(path: Path) -> tuple[int, list[tuple[int, int]]]:
+    """Lines in a plain file, and (byte offset, newlines before it) every _STEP bytes."""
+    checkpoints = []
+    lines = 0
+    offset = 0
+    last = b"\n"
+    with open(path, "rb") as f:
+        while chunk := f.read(_SCAN_BYTES):
+            for i in range(0, len(chunk), _STEP):
+                checkpoints.append((offset + i, lines))
+                lines += chunk.count(b"\n", i, i + _STEP)
+            offset += len(chunk)
+            last = chunk[-1:]
+    if last != b"\n":
+        lines += 1  # a last line without its newline still counts
+    return lines, checkpoints
+
+
+def _offset_of_line(path: Path, line_index: int, checkpoints: list[tuple[int, int]]) -> int:
+    """Byte offset where 0-based line `line_index` starts."""
+    if line_index == 0:
+        return 0
+    # The last checkpoint with fewer newlines before it: the line starts after it.
+    k = bisect.bisect_left(checkpoints, line_index, key=lambda c: c[1]) - 1
+    offset, before = checkpoints[k]
+    with open(path, "rb") as f:
+        f.seek(offset)
+        while True:
+            chunk = f.read(_STEP)
+            newlines = np.flatnonzero(np.frombuffer(chunk, dtype=np.uint8) == 10)
+            need = line_index - before  # newlines to pass (>= 1)
+            if need <= len(newlines):
+                return offset + int(newlines[need - 1]) + 1
+            before += len(newlines)
+            offset += len(chunk)
+
+
+def kaggle_day_sizes(total_lines: int, days: int = KAGGLE_DAYS) -> list[int]:
+    """Lines per pseudo-day: near-equal, the first `total % days` days one line longer."""
+    base, extra = divmod(total_lines, days)
+    return [base + (1 if d < extra else 0) for d in range(days)]
+
+
+def split_halves(rows: int) -> tuple[int, int]:
+    """(test rows, validation rows) of the last day: test is the first ceil(rows / 2)."""
+    test = (rows + 1) // 2
+    return test, rows - test
+
+
+def _file(path: Path, what: str) -> Path:
+    if not path.is_file():
+        raise DataError(f"{path}: not found (expected {what})")
+    return path
+
+
+def kaggle_files(raw: Path, test_raw: Path | None) -> tuple[Path, Path | None]:
+    """train.txt (raw may be the file or its directory) and the optional test.txt."""
+    train = raw / "train.txt" if raw.is_dir() else raw
+    _file(train, "the Kaggle train.txt, or a directory holding it")
+    if train.suffix == ".gz":
+        raise DataError(f"{train}: the Kaggle train.txt must be uncompressed (it is cut by line)")
+    test = _file(test_raw, "the unlabelled Kaggle test.txt") if test_raw is not None else None
+    return train, test
+
+
+def terabyte_files(raw: Path, days: int = TERABYTE_DAYS) -> list[Path]:
+    """day_0 .. day_{days-1}, plain or .gz; raw is their directory or the prefix `DIR/day`."""
+    prefix = raw / "day" if raw.is_dir() else raw
+    files = []
+    for d in range(days):
+        plain = prefix.with_name(f"{prefix.name}_{d}")
+        gz = plain.with_name(plain.name + ".gz")
+        if plain.is_file():
+            files.append(plain)
+        elif gz.is_file():
+            files.append(gz)
+        else:
+            raise DataError(
+                f"{plain}: not found, nor {gz.name} (expected day_0 .. day_{days - 1}, plain or .gz)"
+            )
+    return files
+
+
+def kaggle_parts(train: Path, test: Path | None) -> list[RawPart]:
+    total, checkpoints = _count_lines(train)
+    if total < KAGGLE_DAYS:
+        raise DataError(f"{train}: {total} lines; expected at least {KAGGLE_DAYS} (one per day)")
+    parts = []
+    first = 0
+    for d, n in enumerate(kaggle_day_sizes(total)):
+        start = _offset_of_line(train, first, checkpoints)
+        end = _offset_of_line(train, first + n, checkpoints) if d < KAGGLE_DAYS - 1 else None
+        parts.append(
+            RawPart(f"day_{d}", train, start, end, first + 1, n, True, d < KAGGLE_DAYS - 1)
+        )
+        first += n
+    if test is not None:
+        parts.append(RawPart("inference", test, has_label=False))
+    return parts
+
+
+def terabyte_parts(files: list[Path]) -> list[RawPart]:
+    last = len(files) - 1
+    return [RawPart(f"day_{d}", p, train=d < last) for d, p in enumerate(files)]
