@@ -181,7 +181,7 @@ class PlantedWorld:
         u = np.linspace(0.0, 1.0, ZIPF_KNOTS + 1)[None, :]
         self.quantiles = np.exp(np.log1p(u * span) / om)  # [T, knots + 1], x(u) in [1, n + 1]
         # Per-row effects are hashed from (table, row): nothing stored, no cache misses.
-        self.strength = cfg.row_effect * rng.random(n_tables) ** 2
+        self.strength = cfg.row_effect * (0.2 + 0.8 * rng.random(n_tables))
         self.salt = rng.integers(1, 2**31, n_tables, dtype=np.int64)
         pairs = rng.integers(0, n_tables, (cfg.num_pairs, 2))
         pairs = pairs[pairs[:, 0] != pairs[:, 1]]

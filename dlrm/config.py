@@ -1,0 +1,181 @@
+"""Training configuration: one dataclass, the same fields as the CLI flags (dashes -> underscores)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from embeddings.config import SPARSE_OPTIMIZERS
+
+
+class ConfigError(ValueError):
+    """A user's mistake in the configuration: one line naming the flag and what was expected."""
+
+
+DATA_SETS = ("synthetic", "kaggle", "terabyte", "taobao")
+MODELS = ("dlrm", "tbsm")
+LOSSES = ("bce", "mse")
+PRECISIONS = ("fp32", "bf16")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def parse_widths(text: str | list[int] | tuple[int, ...], flag: str) -> tuple[int, ...]:
+    """'13-512-256' -> (13, 512, 256), the reference's dash-separated layer widths."""
+    if isinstance(text, (list, tuple)):
+        widths = tuple(int(x) for x in text)
+    else:
+        try:
+            widths = tuple(int(x) for x in str(text).split("-"))
+        except ValueError:
+            raise ConfigError(f"{flag}: expected dash-separated integers like 13-512-256, got {text!r}") from None
+    if not widths or min(widths) < 1:
+        raise ConfigError(f"{flag}: every width must be a positive integer, got {text!r}")
+    return widths
+
+
+@dataclass
+class TrainConfig:
+    # model (names as in facebookresearch/dlrm)
+    model: str = "dlrm"
+    arch_sparse_feature_size: int = 16
+    arch_embedding_size: tuple[int, ...] | None = None  # None: the data set's table sizes
+    arch_mlp_bot: tuple[int, ...] = (13, 512, 256, 64, 16)
+    arch_mlp_top: tuple[int, ...] = (512, 256, 1)
+    arch_interaction_op: str = "dot"
+    arch_interaction_itself: bool = False
+    embedding_backend: str = "auto"  # auto | fbgemm | torch
+
+    # data
+    data_set: str = "synthetic"
+    raw_data_file: str | None = None
+    processed_data_file: str | None = None
+    data_randomize: str = "total"
+    max_ind_range: int = -1
+    data_sub_sample_rate: float = 0.0
+    frequency_threshold: int = 0
+    on_bad_line: str = "error"
+    # synthetic data: samples per epoch, test samples, Zipf exponent, scale of the Kaggle tables
+    data_size: int = 2_097_152
+    test_data_size: int = 262_144
+    synthetic_zipf: float = 1.05
+    synthetic_table_scale: float = 0.01
+
+    # training
+    mini_batch_size: int = 2048
+    test_mini_batch_size: int = -1  # -1: same as mini_batch_size
+    nepochs: int = 1
+    num_batches: int = 0  # batches per epoch; 0: the whole epoch
+    learning_rate: float = 0.1
+    optimizer: str = "sgd"
+    loss_function: str = "bce"
+    lr_num_warmup_steps: int = 0
+    lr_decay_start_step: int = 0
+    lr_num_decay_steps: int = 0
+    precision: str = "fp32"
+    device: str = "auto"
+    seed: int = 123
+
+    # evaluation, logging, checkpoints
+    print_freq: int = 256
+    test_freq: int = 0  # steps between evaluations; 0: only at the end
+    mlperf_auc_threshold: float = 0.0
+    out_dir: str = "runs/latest"
+    save_model: str | None = None
+    load_model: str | None = None
+    inference_only: bool = False
+    resume: str | None = None  # a checkpoint file, a run directory, or "auto" (this out_dir)
+    keep_checkpoints: int = 2
+    progress: bool | None = None  # None: only when stderr is a terminal
+
+    # model-specific extras (TBSM, placement) live in this dict so the dataclass stays flat
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.arch_mlp_bot = parse_widths(self.arch_mlp_bot, "--arch-mlp-bot")
+        self.arch_mlp_top = parse_widths(self.arch_mlp_top, "--arch-mlp-top")
+        if self.arch_embedding_size is not None:
+            self.arch_embedding_size = parse_widths(self.arch_embedding_size, "--arch-embedding-size")
+        self.validate()
+
+    def validate(self) -> None:
+        def choice(flag: str, value: str, options: tuple[str, ...]) -> None:
+            if value not in options:
+                raise ConfigError(f"{flag}: expected one of {', '.join(options)}, got {value!r}")
+
+        choice("--model", self.model, MODELS)
+        choice("--data-set", self.data_set, DATA_SETS)
+        choice("--optimizer", self.optimizer, SPARSE_OPTIMIZERS)
+        choice("--loss-function", self.loss_function, LOSSES)
+        choice("--precision", self.precision, PRECISIONS)
+        choice("--device", self.device, DEVICES)
+        choice("--arch-interaction-op", self.arch_interaction_op, ("dot", "cat"))
+        choice("--embedding-backend", self.embedding_backend, ("auto", "fbgemm", "torch"))
+        choice("--data-randomize", self.data_randomize, ("none", "day", "total"))
+        choice("--on-bad-line", self.on_bad_line, ("error", "skip"))
+        positive = {
+            "--arch-sparse-feature-size": self.arch_sparse_feature_size,
+            "--mini-batch-size": self.mini_batch_size,
+            "--nepochs": self.nepochs,
+            "--data-size": self.data_size,
+            "--test-data-size": self.test_data_size,
+            "--keep-checkpoints": self.keep_checkpoints,
+        }
+        for flag, value in positive.items():
+            if value < 1:
+                raise ConfigError(f"{flag}: expected a positive integer, got {value}")
+        for flag, value in {
+            "--num-batches": self.num_batches,
+            "--test-freq": self.test_freq,
+            "--print-freq": self.print_freq,
+            "--lr-num-warmup-steps": self.lr_num_warmup_steps,
+            "--lr-decay-start-step": self.lr_decay_start_step,
+            "--lr-num-decay-steps": self.lr_num_decay_steps,
+        }.items():
+            if value < 0:
+                raise ConfigError(f"{flag}: expected an integer >= 0, got {value}")
+        if self.learning_rate <= 0:
+            raise ConfigError(f"--learning-rate: expected a positive number, got {self.learning_rate}")
+        if self.test_mini_batch_size == 0 or self.test_mini_batch_size < -1:
+            raise ConfigError(f"--test-mini-batch-size: expected a positive integer, got {self.test_mini_batch_size}")
+        if self.lr_num_decay_steps and self.lr_decay_start_step < self.lr_num_warmup_steps:
+            raise ConfigError("--lr-decay-start-step: the decay must start after the warm-up ends")
+        if not 0.0 <= self.data_sub_sample_rate < 1.0:
+            raise ConfigError(f"--data-sub-sample-rate: expected a number in [0, 1), got {self.data_sub_sample_rate}")
+        if not 0.0 <= self.mlperf_auc_threshold <= 1.0:
+            raise ConfigError(f"--mlperf-auc-threshold: expected a number in [0, 1], got {self.mlperf_auc_threshold}")
+        if self.synthetic_table_scale <= 0:
+            raise ConfigError("--synthetic-table-scale: expected a positive number")
+        if self.data_set in ("kaggle", "terabyte", "taobao") and not (
+            self.raw_data_file or self.processed_data_file
+        ):
+            raise ConfigError(f"--data-set {self.data_set}: needs --raw-data-file or --processed-data-file")
+
+    @property
+    def eval_batch_size(self) -> int:
+        return self.mini_batch_size if self.test_mini_batch_size == -1 else self.test_mini_batch_size
+
+    def to_json(self) -> dict:
+        return json.loads(json.dumps(dataclasses.asdict(self)))
+
+    @classmethod
+    def from_json(cls, data: dict) -> TrainConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"config: unknown fields {', '.join(unknown)}")
+        return cls(**data)
+
+    def arch_signature(self) -> dict:
+        """What must match for a checkpoint to load into this model."""
+        keys = [
+            "model", "arch_sparse_feature_size", "arch_embedding_size", "arch_mlp_bot",
+            "arch_mlp_top", "arch_interaction_op", "arch_interaction_itself", "optimizer",
+        ]  # fmt: skip
+        out = {k: getattr(self, k) for k in keys}
+        return json.loads(json.dumps(out))
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.out_dir)

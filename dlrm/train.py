@@ -1,0 +1,145 @@
+"""`python -m dlrm.train`: the command line of facebookresearch/dlrm, on this framework.
+
+With no arguments it trains the Kaggle-shaped architecture on the embedded synthetic data set
+and prints the test AUC and throughput. Flags keep the reference's names and meaning where the
+feature is supported; booleans are real booleans (`--inference-only`, `--inference-only=false`).
+A user's mistake ends the run with one line naming the flag or file, exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from data_pipeline.errors import DataError
+from dlrm.config import ConfigError, TrainConfig
+from dlrm.errors import CheckpointError, TrainingDiverged
+
+EXIT_USAGE = 2
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, not the usage block
+        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        sys.exit(EXIT_USAGE)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = TrainConfig.__dataclass_fields__
+    p = _Parser(prog="python -m dlrm.train", description=__doc__.splitlines()[0])
+
+    def opt(flag: str, type_=str, dest: str | None = None, help_: str = "", **kw) -> None:
+        dest = dest or flag.lstrip("-").replace("-", "_")
+        p.add_argument(flag, type=type_, dest=dest, default=argparse.SUPPRESS, help=help_, **kw)
+
+    def flag(name: str, help_: str) -> None:
+        dest = name.lstrip("-").replace("-", "_")
+        p.add_argument(name, type=_bool, nargs="?", const=True, dest=dest, default=argparse.SUPPRESS, help=help_)
+
+    opt("--model", help_="dlrm or tbsm")
+    opt("--arch-sparse-feature-size", int, help_="embedding dimension")
+    opt("--arch-embedding-size", help_="rows per table, dash-separated (default: the data set's)")
+    opt("--arch-mlp-bot", help_="bottom MLP widths, input first, e.g. 13-512-256-64-16")
+    opt("--arch-mlp-top", help_="top MLP widths after the interaction, ending in 1, e.g. 512-256-1")
+    opt("--arch-interaction-op", help_="dot or cat")
+    flag("--arch-interaction-itself", "include each feature's dot with itself")
+    opt("--embedding-backend", help_="auto, fbgemm or torch")
+
+    opt("--data-set", help_="synthetic (default), kaggle, terabyte or taobao")
+    opt("--raw-data-file", help_="raw Criteo/Taobao input")
+    opt("--processed-data-file", help_="preprocessed dataset directory (made on first use)")
+    opt("--data-randomize", help_="none, day or total")
+    opt("--max-ind-range", int, help_="hash categorical values modulo this many rows")
+    opt("--data-sub-sample-rate", float, help_="drop this share of negative training samples")
+    opt("--frequency-threshold", int, help_="values seen fewer times share one id")
+    opt("--on-bad-line", help_="error (default) or skip malformed raw lines")
+    opt("--data-size", int, help_="synthetic: training samples per epoch")
+    opt("--test-data-size", int, help_="synthetic: test samples")
+    opt("--synthetic-zipf", float, help_="synthetic: Zipf exponent of the row accesses")
+    opt("--synthetic-table-scale", float, help_="synthetic: scale of the Kaggle table sizes")
+
+    opt("--mini-batch-size", int)
+    opt("--test-mini-batch-size", int)
+    opt("--nepochs", int)
+    opt("--num-batches", int, help_="batches per epoch (0: all)")
+    opt("--learning-rate", float)
+    opt("--optimizer", help_="sgd, adagrad or rowwise_adagrad (sparse part fused into backward)")
+    opt("--loss-function", help_="bce or mse")
+    opt("--lr-num-warmup-steps", int)
+    opt("--lr-decay-start-step", int)
+    opt("--lr-num-decay-steps", int)
+    opt("--precision", help_="fp32 or bf16 (autocast of the dense part; embeddings stay fp32)")
+    opt("--device", help_="auto, cpu or cuda")
+    opt("--numpy-rand-seed", int, dest="seed", help_="seed of initialisation and data order")
+    opt("--seed", int, help_="alias of --numpy-rand-seed")
+
+    opt("--print-freq", int)
+    opt("--test-freq", int, help_="steps between evaluations (0: at the end of each epoch)")
+    opt("--mlperf-auc-threshold", float, help_="stop once the test AUC reaches this")
+    opt("--out-dir", help_="run directory")
+    opt("--save-model", help_="write the trained weights here")
+    opt("--load-model", help_="start from these weights")
+    flag("--inference-only", "only evaluate (with --load-model)")
+    p.add_argument("--resume", nargs="?", const="auto", default=argparse.SUPPRESS,
+                   help="continue from a checkpoint file, a run directory, or (no value) --out-dir")  # fmt: skip
+    opt("--keep-checkpoints", int)
+    flag("--progress", "progress bars (default: when on a terminal)")
+    assert all(a.dest in d for a in p._actions if a.dest != "help"), "flag without a config field"
+    return p
+
+
+def config_from_args(argv: list[str] | None = None) -> TrainConfig:
+    args = vars(build_parser().parse_args(argv))
+    return TrainConfig(**args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    # torchrec's KeyedJaggedTensor trips a torch.fx deprecation notice on first use; it is not
+    # ours to fix and would be the first line a user sees.
+    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
+    try:
+        cfg = config_from_args(argv)
+        from dlrm.trainer import Trainer  # after parsing: --help stays fast
+
+        summary = Trainer(cfg).fit()
+    except (ConfigError, DataError, CheckpointError) as e:
+        sys.stderr.write(f"python -m dlrm.train: error: {e}\n")
+        return EXIT_USAGE
+    except TrainingDiverged as e:
+        sys.stderr.write(f"python -m dlrm.train: training stopped: {e}\n")
+        return 1
+    _print_summary(cfg, summary)
+    return 0
+
+
+def _print_summary(cfg: TrainConfig, s: dict) -> None:
+    def fmt(x) -> str:
+        return "n/a" if x is None else f"{x:.4f}"
+
+    print(
+        f"test AUC {fmt(s['test_auc'])}  logloss {fmt(s['test_logloss'])}  "
+        f"accuracy {fmt(s['test_accuracy'])}  NE {fmt(s['test_ne'])}"
+    )
+    print(
+        f"trained {s['samples']} samples in {s['steps']} steps, {s['wall_s']:.1f} s: "
+        f"{s['train_samples_per_s']:.0f} samples/s ({cfg.precision}, {s['device']})"
+    )
+    print(f"run directory: {cfg.out_dir}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,27 @@
+import pytest
+
+from dlrm.config import TrainConfig
+
+
+def tiny(tmp_path, **overrides) -> TrainConfig:
+    """A model and data set small enough for a test to train in about a second."""
+    base = dict(
+        arch_embedding_size=(60, 40, 500, 7),
+        arch_sparse_feature_size=4,
+        arch_mlp_bot=(13, 16, 4),
+        arch_mlp_top=(16, 1),
+        mini_batch_size=64,
+        data_size=64 * 30,
+        test_data_size=2048,
+        learning_rate=0.1,
+        print_freq=10,
+        out_dir=str(tmp_path / "run"),
+        progress=False,
+    )
+    base.update(overrides)
+    return TrainConfig(**base)
+
+
+@pytest.fixture
+def make_config(tmp_path):
+    return lambda **kw: tiny(tmp_path, **kw)

@@ -1,0 +1,57 @@
+import subprocess
+import sys
+
+import pytest
+
+from dlrm.train import config_from_args, main
+
+TINY = ["--arch-embedding-size", "30-20-10", "--arch-sparse-feature-size", "4", "--arch-mlp-bot", "13-8-4",
+        "--arch-mlp-top", "8-1", "--mini-batch-size", "32", "--data-size", "320", "--test-data-size", "256"]  # fmt: skip
+
+
+def test_reference_flags_map_to_config():
+    cfg = config_from_args(
+        ["--arch-mlp-bot", "13-512-256-64-16", "--numpy-rand-seed", "7", "--inference-only", "false",
+         "--arch-interaction-itself", "--test-mini-batch-size", "4096", "--optimizer", "adagrad"]  # fmt: skip
+    )
+    assert cfg.arch_mlp_bot == (13, 512, 256, 64, 16) and cfg.seed == 7
+    assert cfg.inference_only is False and cfg.arch_interaction_itself is True
+    assert cfg.eval_batch_size == 4096 and cfg.optimizer == "adagrad"
+    assert config_from_args(["--seed", "3"]).seed == 3
+    assert config_from_args(["--inference-only=True"]).inference_only is True
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--arch-mlp-bot", "13-512-8"], "--arch-mlp-bot: last width (8) must equal --arch-sparse-feature-size (4)"),
+        (["--arch-mlp-top", "512-2"], "--arch-mlp-top: last width must be 1"),
+        (["--optimizer", "adam"], "--optimizer: expected one of sgd, adagrad, rowwise_adagrad, got 'adam'"),
+        (["--arch-mlp-bot", "13-x-16"], "--arch-mlp-bot: expected dash-separated integers"),
+        (["--inference-only", "maybe"], "argument --inference-only: expected true or false, got 'maybe'"),
+        (["--mini-batch-size", "0"], "--mini-batch-size: expected a positive integer, got 0"),
+        (["--load-model", "/no/such/model.pt"], "--load-model: no such file: /no/such/model.pt"),
+        (["--data-set", "kaggle"], "--data-set kaggle: needs --raw-data-file or --processed-data-file"),
+        (["--resume"], "--resume: no checkpoint found"),
+        (["--bogus-flag", "1"], "unrecognized arguments: --bogus-flag 1"),
+    ],
+)
+def test_user_mistakes_get_one_line_and_exit_2(argv, message, capsys, tmp_path):
+    try:
+        rc = main(TINY + argv + ["--out-dir", str(tmp_path / "r")])
+    except SystemExit as e:  # argparse's own errors
+        rc = e.code
+    assert rc == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert message in err
+
+
+def test_module_runs_end_to_end(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "dlrm.train", *TINY, "--out-dir", str(tmp_path / "r")],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "test AUC" in out.stdout and "samples/s" in out.stdout
+    assert (tmp_path / "r" / "summary.json").exists()

@@ -1,0 +1,90 @@
+import math
+
+import pytest
+import torch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from dlrm.models.dlrm import DLRM, DLRMArch, Interaction, make_mlp
+from embeddings import FusedEmbeddingBagCollection, tables_for_features
+
+KAGGLE = DLRMArch(num_dense=13, embedding_dim=16, num_sparse=26, bottom=(13, 512, 256, 64, 16), top=(512, 256, 1))
+
+
+def n_params(module):
+    return sum(p.numel() for p in module.parameters())
+
+
+def small_model(interaction="dot", itself=False, seed=0, sizes=(20, 30, 5)):
+    arch = DLRMArch(3, 4, len(sizes), (3, 8, 4), (6, 1), interaction, itself)
+    emb = FusedEmbeddingBagCollection(tables_for_features(list(sizes), 4), backend="torch", seed=seed)
+    return DLRM(arch, emb, seed=seed)
+
+
+def test_kaggle_parameter_counts_match_reference():
+    assert KAGGLE.top_input == 367
+    gen = torch.Generator().manual_seed(0)
+    assert n_params(make_mlp(KAGGLE.bottom, True, gen)) == 155_984
+    assert n_params(make_mlp((KAGGLE.top_input, *KAGGLE.top), False, gen)) == 320_001
+
+
+def test_top_input_width_for_each_interaction():
+    base = dict(num_dense=13, embedding_dim=16, num_sparse=26, bottom=(13, 16), top=(1,))
+    assert DLRMArch(**base, interaction="dot", interaction_itself=True).top_input == 27 * 28 // 2 + 16
+    assert DLRMArch(**base, interaction="cat").top_input == 27 * 16
+
+
+@pytest.mark.parametrize("itself", [False, True])
+def test_dot_interaction_matches_pairwise_loop(itself):
+    gen = torch.Generator().manual_seed(1)
+    dense, sparse = torch.randn(5, 4, generator=gen), torch.randn(5, 3 * 4, generator=gen)
+    out = Interaction(4, "dot", itself)(dense, sparse)
+    feats = [dense] + list(sparse.split(4, dim=1))
+    expected = [dense]
+    for i in range(4):
+        for j in range(i + (1 if itself else 0)):
+            expected.append((feats[i] * feats[j]).sum(1, keepdim=True))
+    torch.testing.assert_close(out, torch.cat(expected, 1))
+
+
+def test_cat_interaction():
+    dense, sparse = torch.randn(2, 4), torch.randn(2, 8)
+    torch.testing.assert_close(Interaction(3, "cat", False)(dense, sparse), torch.cat([dense, sparse], 1))
+
+
+def test_initialisation_follows_reference_scales_and_is_seeded():
+    gen = torch.Generator().manual_seed(0)
+    mlp = make_mlp((400, 300, 1), False, gen)
+    w, b = mlp[0].weight, mlp[0].bias
+    assert abs(w.std().item() - math.sqrt(2 / 700)) < 0.002
+    assert abs(b.std().item() - math.sqrt(1 / 300)) < 0.01
+    a, c = small_model(seed=4), small_model(seed=4)
+    for (ka, va), (kc, vc) in zip(a.state_dict().items(), c.state_dict().items()):
+        assert ka == kc and torch.equal(va, vc)
+    emb = a.embeddings.table_weights()[1]
+    assert emb.abs().max() <= math.sqrt(1 / 30) and emb.abs().max() > 0.8 * math.sqrt(1 / 30)
+
+
+def test_forward_shapes_and_dense_parameters_exclude_embeddings():
+    m = small_model()
+    kjt = KeyedJaggedTensor(["cat_0", "cat_1", "cat_2"], torch.tensor([1, 2, 3, 4, 0, 1]), lengths=torch.ones(6, dtype=torch.int32))
+    logits = m(torch.randn(2, 3), kjt)
+    assert logits.shape == (2,)
+    dense_ids = {id(p) for p in m.dense_parameters()}
+    assert dense_ids == {id(p) for p in m.parameters()}  # embeddings are not nn.Parameters
+    assert len(m.dense_parameters()) == 8
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(bottom=(13, 64, 8)), r"--arch-mlp-bot: last width \(8\) must equal --arch-sparse-feature-size \(16\)"),
+        (dict(bottom=(12, 16)), r"--arch-mlp-bot: first width must be the number of dense features \(13\)"),
+        (dict(top=(64, 2)), r"--arch-mlp-top: last width must be 1"),
+        (dict(interaction="sum"), r"--arch-interaction-op: expected dot or cat"),
+    ],
+)
+def test_inconsistent_architecture_names_the_flag(kwargs, message):
+    base = dict(num_dense=13, embedding_dim=16, num_sparse=26, bottom=(13, 16), top=(1,))
+    base.update(kwargs)
+    with pytest.raises(ValueError, match=message):
+        DLRMArch(**base)
