@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 from data_pipeline.source import BatchSource
 from data_pipeline.synthetic import (
@@ -45,8 +46,29 @@ def _synthetic(cfg: TrainConfig, rank: int, world_size: int) -> DataSplits:
 
 
 def _criteo(cfg: TrainConfig, rank: int, world_size: int) -> DataSplits:
-    try:
-        from data_pipeline import criteo  # noqa: F401  (the Criteo pipeline, issue 3)
-    except ImportError:
-        raise ConfigError(f"--data-set {cfg.data_set}: the Criteo pipeline is not installed") from None
-    raise ConfigError(f"--data-set {cfg.data_set}: not wired into the trainer yet")
+    """Kaggle / Terabyte: preprocess the raw files on first use, then read the memory-mapped days."""
+    from data_pipeline.criteo import CriteoBatchSource, CriteoDataset, ensure_preprocessed
+
+    directory = Path(cfg.processed_data_file or f"{cfg.raw_data_file}.processed")
+    if cfg.raw_data_file:
+        options = {
+            "max_ind_range": cfg.max_ind_range if cfg.max_ind_range > 0 else None,
+            "frequency_threshold": cfg.frequency_threshold if cfg.frequency_threshold > 0 else None,
+            "sub_sample_rate": cfg.data_sub_sample_rate,
+            "seed": cfg.seed,
+            "on_bad_line": cfg.on_bad_line,
+            "progress": cfg.progress,
+        }
+        directory = ensure_preprocessed(cfg.data_set, cfg.raw_data_file, directory, **options)
+    elif not (directory / "meta.json").is_file():
+        raise ConfigError(f"--processed-data-file: {directory} is not a preprocessed data set (no meta.json)")
+    dataset = CriteoDataset(directory)
+    made_from = dataset.meta.get("dataset")
+    if made_from != cfg.data_set:
+        raise ConfigError(f"--processed-data-file: {directory} holds {made_from} data, not {cfg.data_set}")
+    train = CriteoBatchSource(
+        dataset, "train", cfg.mini_batch_size, randomize=cfg.data_randomize, seed=cfg.seed,
+        rank=rank, world_size=world_size,
+    )  # fmt: skip
+    test = CriteoBatchSource(dataset, "test", cfg.eval_batch_size, rank=rank, world_size=world_size)
+    return DataSplits(train, test, dataset.table_sizes, dataset.num_dense, dataset.feature_names)

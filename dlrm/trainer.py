@@ -48,12 +48,20 @@ def resolve_device(name: str) -> torch.device:
 
 
 def build_model(cfg: TrainConfig, data: DataSplits, device: torch.device) -> DLRM:
-    sizes = data.table_sizes
-    if cfg.arch_embedding_size is not None and len(cfg.arch_embedding_size) != len(sizes):
-        raise ConfigError(
-            f"--arch-embedding-size: {len(cfg.arch_embedding_size)} tables given, "
-            f"the data set has {len(sizes)} sparse features"
-        )
+    sizes = list(data.table_sizes)
+    if cfg.arch_embedding_size is not None:
+        given = list(cfg.arch_embedding_size)
+        if len(given) != len(sizes):
+            raise ConfigError(
+                f"--arch-embedding-size: {len(given)} tables given, the data set has {len(sizes)} sparse features"
+            )
+        small = [i for i, (g, n) in enumerate(zip(given, sizes)) if g < n]
+        if small:
+            i = small[0]
+            raise ConfigError(
+                f"--arch-embedding-size: table {i} has {given[i]} rows but the data set's ids need {sizes[i]}"
+            )
+        sizes = given
     try:
         arch = DLRMArch(
             num_dense=data.num_dense,
