@@ -306,7 +306,7 @@ def _sub_block(data, codes, u64, lo, hi, has_label, out, row0, line0, bad):
 
 def _describe(data, start, end, line_index, has_label) -> BadLine:
     """Ask the reference parser what is wrong with the line at codes[start:end]."""
-    raw = data[start - _PAD : end - _PAD]
+    raw = bytes(data[start - _PAD : end - _PAD])
     result = check_line(raw, has_label)
     if not isinstance(result, BadLine):  # the fast path and the reference disagree: a bug
         raise AssertionError(f"parser rejected a valid line: {raw!r}")
@@ -314,7 +314,9 @@ def _describe(data, start, end, line_index, has_label) -> BadLine:
     return result
 
 
-def parse_block(data: bytes, has_label: bool = True, sub_block_bytes: int = 1 << 19) -> ParsedBlock:
+def parse_block(
+    data: bytes | bytearray, has_label: bool = True, sub_block_bytes: int = 1 << 19
+) -> ParsedBlock:
     """Parse whole lines (`data` ends with a newline, or is empty) into arrays.
 
     Invalid lines are left out and described in `bad`; the caller decides whether that is an

@@ -13,7 +13,6 @@ rest from their start. `meta.json` is written last.
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
 import platform
 import shutil
@@ -21,7 +20,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -40,14 +39,7 @@ from .criteo_format import (
 )
 from .errors import DataError
 from .npy_stream import NpyWriter
-from .preprocess_worker import (
-    TaskResult,
-    TaskSpec,
-    forget_vocabularies,
-    init_worker,
-    run_task,
-    sub_sample_key,
-)
+from .preprocess_worker import TaskResult, TaskSpec, forget_vocabularies, run_task, sub_sample_key
 from .raw_files import (
     RawPart,
     iter_blocks,
@@ -57,6 +49,7 @@ from .raw_files import (
     terabyte_files,
     terabyte_parts,
 )
+from .worker_pool import WorkerPool
 
 logger = logging.getLogger(__name__)
 
@@ -147,13 +140,7 @@ class _Pipeline:
 
     def __init__(self, workers: int):
         self.workers = workers
-        self.executor: ProcessPoolExecutor | None = None
-        if workers > 0:
-            self.executor = ProcessPoolExecutor(
-                max_workers=workers,
-                mp_context=multiprocessing.get_context("spawn"),
-                initializer=init_worker,
-            )
+        self.executor: WorkerPool | None = WorkerPool(workers) if workers > 0 else None
 
     def run(
         self,
@@ -179,7 +166,7 @@ class _Pipeline:
                 if self.executor is None:
                     pending.append((run_task(spec, block.data, block.offset), block.consumed))
                 else:
-                    fut = self.executor.submit(run_task, spec, block.data, block.offset)
+                    fut = self.executor.submit(spec, block.data, block.offset)
                     pending.append((fut, block.consumed))
                 while len(pending) > (in_flight if self.executor else 0):
                     finish_one()
@@ -192,7 +179,7 @@ class _Pipeline:
 
     def close(self) -> None:
         if self.executor is not None:
-            self.executor.shutdown(wait=True, cancel_futures=True)
+            self.executor.close()
             self.executor = None
 
 

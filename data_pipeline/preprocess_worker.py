@@ -1,5 +1,8 @@
 """The per-block work of preprocessing, run in worker processes (or inline).
 
+Run as `python -m data_pipeline.preprocess_worker`, it serves tasks on stdin/stdout (see
+worker_pool for the message format) until stdin closes.
+
 A task is a block of whole lines plus a small `TaskSpec`; the result is either the block's
 encoded columns (labels, dense, sparse ids) or its per-feature value counts, plus the lines it
 rejected. Results go back in order to the main process, which alone writes files, so the output
@@ -10,6 +13,8 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import sys
+import traceback
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -123,3 +128,21 @@ def init_worker() -> None:
         libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD
     except (OSError, AttributeError):  # not glibc: slower, still correct
         logger.debug("mallopt unavailable; keeping the default allocator settings")
+
+
+def main() -> None:
+    from .worker_pool import read_task, write_error, write_result
+
+    init_worker()
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    while (task := read_task(stdin)) is not None:
+        try:
+            result = run_task(*task)
+        except Exception:
+            write_error(stdout, traceback.format_exc())
+            continue
+        write_result(stdout, result)
+
+
+if __name__ == "__main__":
+    main()
