@@ -115,6 +115,13 @@ def check_line(
     Returns (label, ints, cats) with INT_MISSING / CAT_MISSING for empty fields, or a BadLine
     (index 0) naming the first problem.
     """
+    result = _check_line(line, has_label)
+    if isinstance(result, BadLine) and line.endswith(b"\r"):
+        result.message += " (Windows line ends? convert the file with dos2unix)"
+    return result
+
+
+def _check_line(line: bytes, has_label: bool) -> tuple[int | None, list[int], list[int]] | BadLine:
     fields = line.split(b"\t")
     expected = num_fields(has_label)
     if len(fields) != expected:

@@ -72,16 +72,27 @@ def part_problem(out: Path, part: str, fingerprint: dict, full: bool) -> str | N
     return None
 
 
-def describe_difference(old: dict, new: dict, prefix: str = "") -> str:
-    """The first differing setting, as 'name: old -> new'."""
-    for key in sorted(set(old) | set(new)):
-        a, b = old.get(key), new.get(key)
-        if isinstance(a, dict) and isinstance(b, dict):
-            found = describe_difference(a, b, f"{prefix}{key}.")
+def describe_difference(old: Any, new: Any, prefix: str = "") -> str:
+    """The first differing setting, as 'name: old there, new asked' (one short line)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        for key in sorted(set(old) | set(new), key=str):
+            found = describe_difference(old.get(key), new.get(key), f"{prefix}{key}.")
             if found:
                 return found
-        elif a != b:
-            return f"{prefix}{key}: {a!r} there, {b!r} asked"
+        return ""
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        for i, (a, b) in enumerate(zip(old, new)):
+            found = describe_difference(a, b, f"{prefix.rstrip('.')}[{i}].")
+            if found:
+                return found
+        return ""
+    if old != new:
+
+        def short(x: Any) -> str:
+            text = repr(x)
+            return text if len(text) <= 60 else text[:57] + "..."
+
+        return f"{prefix.rstrip('.')}: {short(old)} there, {short(new)} asked"
     return ""
 
 

@@ -130,9 +130,9 @@ def raw_parts(dataset: str, files: list[Path | None]) -> list[RawPart]:
     return terabyte_parts(files)
 
 
-def _raw_identity(files: list[Path | None]) -> list[dict]:
-    """What a result is tied to: file names and sizes (moving the files is fine)."""
-    return [{"name": f.name, "bytes": f.stat().st_size} for f in files if f is not None]
+def _raw_identity(files: list[Path | None]) -> dict[str, int]:
+    """What a result is tied to: file names and sizes in bytes (moving the files is fine)."""
+    return {f.name: f.stat().st_size for f in files if f is not None}
 
 
 class _Pipeline:
@@ -255,8 +255,8 @@ def _reuse(out: Path, raw: Path, dataset: str, settings: dict, options: Preproce
         now = _raw_identity(raw_files(dataset, raw, options))
         if now != meta["raw"]:
             raise DataError(
-                f"{out}: was made from other raw files (there: "
-                f"{_show_identity(meta['raw'])}; now: {_show_identity(now)}); "
+                f"{out}: was made from other raw files "
+                f"({dm.describe_difference({'raw bytes': meta['raw']}, {'raw bytes': now})}); "
                 "delete it or choose another directory"
             )
     for part in meta["parts"]:
@@ -265,11 +265,6 @@ def _reuse(out: Path, raw: Path, dataset: str, settings: dict, options: Preproce
             raise DataError(f"{out}: {part['name']}: {problem}; delete the directory and rerun")
     logger.info("reusing preprocessed %s", out)
     return out
-
-
-def _show_identity(identity: list[dict]) -> str:
-    shown = ", ".join(f"{f['name']} {f['bytes']} B" for f in identity[:3])
-    return shown + (f" and {len(identity) - 3} more" if len(identity) > 3 else "")
 
 
 class _Run:

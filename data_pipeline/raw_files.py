@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import gzip
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,7 +68,16 @@ def iter_blocks(part: RawPart, block_bytes: int = 8 << 20) -> Iterator[Block]:
     """The part's lines in blocks of about block_bytes, each cut after a newline.
 
     Each block is a fresh bytearray filled by readinto, so the bytes are copied once (from
-    the page cache), not again to join a block with the previous block's partial line."""
+    the page cache), not again to join a block with the previous block's partial line.
+    An unreadable or corrupt (.gz) file raises DataError naming it."""
+    try:
+        yield from _blocks(part, block_bytes)
+    except (OSError, EOFError, zlib.error) as e:
+        what = "a truncated or corrupt gzip file" if part.compressed else "unreadable"
+        raise DataError(f"{part.path}: {what} ({e})") from None
+
+
+def _blocks(part: RawPart, block_bytes: int) -> Iterator[Block]:
     with open(part.path, "rb") as disk:
         f = gzip.GzipFile(fileobj=disk, mode="rb") if part.compressed else disk
         try:
@@ -106,6 +116,13 @@ def iter_blocks(part: RawPart, block_bytes: int = 8 << 20) -> Iterator[Block]:
 
 def _count_lines(path: Path) -> tuple[int, list[tuple[int, int]]]:
     """Lines in a plain file, and (byte offset, newlines before it) every _STEP bytes."""
+    try:
+        return _count_lines_unchecked(path)
+    except OSError as e:
+        raise DataError(f"{path}: unreadable ({e})") from None
+
+
+def _count_lines_unchecked(path: Path) -> tuple[int, list[tuple[int, int]]]:
     checkpoints = []
     lines = 0
     offset = 0

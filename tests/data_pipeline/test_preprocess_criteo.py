@@ -366,3 +366,18 @@ def test_cli(kaggle_raw, tmp_path, capsys) -> None:
         == 0
     )
     assert (tmp_path / "t" / "day_1").read_bytes().count(b"\n") == 3
+
+
+def test_corrupt_gzip_and_windows_line_ends_are_named(tmp_path) -> None:
+    write_terabyte(tmp_path / "raw", 10, SyntheticSpec(seed=1, vocab_cap=10), compressed_days=[4])
+    gz = tmp_path / "raw" / "day_4.gz"
+    gz.write_bytes(gz.read_bytes()[:-20])
+    with pytest.raises(DataError, match=r"day_4.gz: a truncated or corrupt gzip file"):
+        preprocess("terabyte", tmp_path / "raw", tmp_path / "a")
+    gz.unlink()
+    (tmp_path / "raw" / "day_4").write_bytes(b"1" + b"\t" * 39 + b"\r\n")
+    with pytest.raises(DataError, match=r"day_4:1: .*Windows line ends"):
+        preprocess("terabyte", tmp_path / "raw", tmp_path / "b")
+    with pytest.raises(DataError, match=r"raw\.day_4: "):  # raw files changed under a partial run
+        (tmp_path / "raw" / "day_4").write_bytes(b"")
+        preprocess("terabyte", tmp_path / "raw", tmp_path / "b")
