@@ -12,15 +12,15 @@ rest from their start. `meta.json` is written last.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
 import os
 import platform
 import shutil
 import sys
 import time
-from collections import deque
-from collections.abc import Callable
-from concurrent.futures import Future
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -28,6 +28,7 @@ import numpy as np
 from tqdm import tqdm
 
 from . import dataset_meta as dm
+from .block_pipeline import BadLineLog, BlockPipeline
 from .categorical import FrequencyCounter, Vocabulary
 from .criteo_format import (
     BAD_REASONS,
@@ -39,24 +40,21 @@ from .criteo_format import (
 )
 from .errors import DataError
 from .npy_stream import NpyWriter
-from .preprocess_worker import TaskResult, TaskSpec, forget_vocabularies, run_task, sub_sample_key
+from .preprocess_worker import TaskResult, TaskSpec, forget_vocabularies, sub_sample_key
 from .raw_files import (
     RawPart,
-    iter_blocks,
     kaggle_files,
     kaggle_parts,
     split_halves,
     terabyte_files,
     terabyte_parts,
 )
-from .worker_pool import WorkerPool
 
 logger = logging.getLogger(__name__)
 
 DATASETS = ("kaggle", "terabyte")
 DEFAULT_TERABYTE_MAX_IND_RANGE = 10_000_000  # the reference Terabyte benchmark's value
 _INLINE_BELOW_BYTES = 32 << 20  # smaller inputs are not worth starting worker processes
-_MAX_EXAMPLES = 20  # bad lines quoted in meta.json per part
 
 
 @dataclass(frozen=True)
@@ -135,111 +133,66 @@ def _raw_identity(files: list[Path | None]) -> dict[str, int]:
     return {f.name: f.stat().st_size for f in files if f is not None}
 
 
-class _Pipeline:
-    """Blocks out to workers (or inline), results back in order."""
-
-    def __init__(self, workers: int):
-        self.workers = workers
-        self.executor: WorkerPool | None = WorkerPool(workers) if workers > 0 else None
-
-    def run(
-        self,
-        part: RawPart,
-        spec: TaskSpec,
-        block_bytes: int,
-        on_result: Callable[[TaskResult], None],
-        bar: tqdm,
-    ) -> None:
-        pending: deque[tuple[Future | TaskResult, int]] = deque()
-        in_flight = 2 * self.workers + 1
-        done_bytes = 0
-
-        def finish_one() -> None:
-            nonlocal done_bytes
-            item, consumed = pending.popleft()
-            on_result(item.result() if isinstance(item, Future) else item)
-            bar.update(consumed - done_bytes)
-            done_bytes = consumed
-
-        try:
-            for block in iter_blocks(part, block_bytes):
-                if self.executor is None:
-                    pending.append((run_task(spec, block.data, block.offset), block.consumed))
-                else:
-                    fut = self.executor.submit(spec, block.data, block.offset)
-                    pending.append((fut, block.consumed))
-                while len(pending) > (in_flight if self.executor else 0):
-                    finish_one()
-            while pending:
-                finish_one()
-        finally:
-            for item, _ in pending:
-                if isinstance(item, Future):
-                    item.cancel()
-
-    def close(self) -> None:
-        if self.executor is not None:
-            self.executor.close()
-            self.executor = None
-
-
-class _BadLines:
-    """Counts rejected lines of one part, or raises on the first one."""
-
-    def __init__(self, part: RawPart, on_bad_line: str, log: bool = True):
-        self.part = part
-        self.on_bad_line = on_bad_line
-        self.log = log
-        self.lines_before = 0
-        self.counts = dict.fromkeys(BAD_REASONS, 0)
-        self.examples: list[dict] = []
-
-    def take(self, result: TaskResult) -> None:
-        for index, reason, message in result.bad:
-            line = self.part.first_line + self.lines_before + index
-            if self.on_bad_line == "error":
-                raise DataError(f"{self.part.path}:{line}: {message}")
-            self.counts[reason] += 1
-            if len(self.examples) < _MAX_EXAMPLES:
-                self.examples.append({"line": line, "reason": reason, "message": message})
-                if self.log:
-                    logger.warning("%s:%d: skipped: %s", self.part.path, line, message)
-        self.lines_before += result.num_lines
-
-    def check_total(self) -> None:
-        n = self.part.num_lines
-        if n is not None and self.lines_before != n:  # a cut in the wrong place: a bug
-            raise AssertionError(f"{self.part.name}: read {self.lines_before} lines, expected {n}")
-
-
 def preprocess(
     dataset: str, raw: str | Path, out: str | Path, options: PreprocessOptions = PreprocessOptions()
 ) -> Path:
-    """Make (or finish, or verify and reuse) the preprocessed directory `out`; returns it."""
+    """Make (or finish, or verify and reuse) the preprocessed directory `out`; returns it.
+
+    Safe to call from several processes at once (e.g. every rank of a distributed run): one
+    makes the directory while the others wait on its lock, then reuse the result."""
     raw, out = Path(raw), Path(out)
     options.validate(dataset)
     settings = options.settings(dataset)
-    meta_path = out / "meta.json"
-    if meta_path.is_file():
+    if (out / "meta.json").is_file():
         return _reuse(out, raw, dataset, settings, options)
     files = raw_files(dataset, raw, options)
-    identity = _raw_identity(files)
-    parts = raw_parts(dataset, files)
     out.mkdir(parents=True, exist_ok=True)
-    plan = {"settings": settings, "raw": identity}
-    plan_path = out / "options.json"
-    if plan_path.is_file():
-        old = dm.read_json(plan_path)
-        if old != plan:
-            raise DataError(
-                f"{out}: holds an unfinished preprocessing with different options or raw files "
-                f"({dm.describe_difference(old, plan)}); delete it or choose another directory"
-            )
-    else:
-        dm.write_json(plan_path, plan)
-    for leftover in out.glob("*.tmp"):  # from an interrupted run; never part of the result
-        leftover.unlink()
-    return _Run(dataset, out, parts, options, settings, identity).execute()
+    with _locked(out):
+        if (out / "meta.json").is_file():  # made by another process while we waited
+            return _reuse(out, raw, dataset, settings, options)
+        identity = _raw_identity(files)
+        plan = {"settings": settings, "raw": identity}
+        plan_path = out / "options.json"
+        if plan_path.is_file():
+            old = dm.read_json(plan_path)
+            if old != plan:
+                raise DataError(
+                    f"{out}: holds an unfinished preprocessing with different options or raw "
+                    f"files ({dm.describe_difference(old, plan)}); delete it or choose another "
+                    "directory"
+                )
+        else:
+            dm.write_json(plan_path, plan)
+        for leftover in out.glob("*.tmp"):  # from an interrupted run; never part of the result
+            leftover.unlink()
+        _warn_if_disk_is_small(out, files)
+        parts = raw_parts(dataset, files)
+        return _Run(dataset, out, parts, options, settings, identity).execute()
+
+
+@contextlib.contextmanager
+def _locked(out: Path) -> Iterator[None]:
+    """An exclusive lock on out/.lock, held while making the directory."""
+    with open(out / ".lock", "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            logger.warning("%s: another process is preprocessing it; waiting", out)
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _warn_if_disk_is_small(out: Path, files: list[Path | None]) -> None:
+    raw_bytes = sum(f.stat().st_size * (4 if f.suffix == ".gz" else 1) for f in files if f)
+    need = int(raw_bytes * 0.7)  # ~157 output bytes per ~240-byte line, before down-sampling
+    free = shutil.disk_usage(out).free
+    if need > free:
+        logger.warning(
+            "%s: about %.1f GB of output expected, %.1f GB free", out, need / 1e9, free / 1e9
+        )
 
 
 def _reuse(out: Path, raw: Path, dataset: str, settings: dict, options: PreprocessOptions) -> Path:
@@ -285,7 +238,7 @@ class _Run:
 
     def execute(self) -> Path:
         started = time.time()
-        pipeline = _Pipeline(self.workers)
+        pipeline = BlockPipeline(self.workers)
         try:
             if self.categorical["mode"] == "frequency":
                 table_sizes, vocab_summary = self._vocabulary(pipeline)
@@ -324,7 +277,7 @@ class _Run:
 
     # --- frequency mode: count, then build the id maps -------------------------------------------
 
-    def _vocabulary(self, pipeline: _Pipeline) -> tuple[list[int], list[dict]]:
+    def _vocabulary(self, pipeline: BlockPipeline) -> tuple[list[int], list[dict]]:
         vocab_dir = self.out / "vocab"
         marker = vocab_dir / "done.json"
         if marker.is_file():
@@ -339,7 +292,7 @@ class _Run:
         with self._bar(todo, "counting") as bar:
             for part in todo:
                 counter = FrequencyCounter(NUM_SPARSE)
-                bad = _BadLines(part, self.options.on_bad_line, log=False)  # logged when encoding
+                bad = BadLineLog(part, self.options.on_bad_line, log=False)  # logged when encoding
 
                 def take(result: TaskResult, counter=counter, bad=bad) -> None:
                     bad.take(result)
@@ -367,7 +320,7 @@ class _Run:
 
     # --- encode every part ------------------------------------------------------------------------
 
-    def _encode(self, pipeline: _Pipeline, index_dtype: str) -> list[dict]:
+    def _encode(self, pipeline: BlockPipeline, index_dtype: str) -> list[dict]:
         todo = []
         for part in self.parts:
             problem = dm.part_problem(self.out, part.name, self.settings, full=True)
@@ -387,7 +340,9 @@ class _Run:
                 self._encode_part(pipeline, part, index_dtype, bar)
         return [dm.read_json(dm.marker_path(self.out, p.name)) for p in self.parts]
 
-    def _encode_part(self, pipeline: _Pipeline, part: RawPart, index_dtype: str, bar: tqdm) -> None:
+    def _encode_part(
+        self, pipeline: BlockPipeline, part: RawPart, index_dtype: str, bar: tqdm
+    ) -> None:
         dm.marker_path(self.out, part.name).unlink(missing_ok=True)
         writers = {
             "dense": NpyWriter(
@@ -399,7 +354,7 @@ class _Run:
         )
         if part.has_label:
             writers["labels"] = NpyWriter(dm.column_path(self.out, part.name, "labels"), np.int8)
-        bad = _BadLines(part, self.options.on_bad_line)
+        bad = BadLineLog(part, self.options.on_bad_line)
         started = time.time()
 
         def take(result: TaskResult) -> None:

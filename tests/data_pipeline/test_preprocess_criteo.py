@@ -4,6 +4,7 @@ modes, down-sampling, malformed lines, option checks, resumption after a crash."
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -381,3 +382,32 @@ def test_corrupt_gzip_and_windows_line_ends_are_named(tmp_path) -> None:
     with pytest.raises(DataError, match=r"raw\.day_4: "):  # raw files changed under a partial run
         (tmp_path / "raw" / "day_4").write_bytes(b"")
         preprocess("terabyte", tmp_path / "raw", tmp_path / "b")
+
+
+def test_concurrent_callers_share_one_preprocessing(kaggle_raw, tmp_path, monkeypatch) -> None:
+    """Every rank of a distributed run calls ensure_preprocessed: one works, the others wait."""
+    runs = []
+    real_execute = pp._Run.execute
+
+    def counting(self):
+        runs.append(1)
+        return real_execute(self)
+
+    monkeypatch.setattr(pp._Run, "execute", counting)
+    results, errors = [], []
+
+    def call() -> None:
+        try:
+            results.append(
+                ensure_preprocessed("kaggle", kaggle_raw, tmp_path / "shared", max_ind_range=77)
+            )
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=call) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and len(results) == 3 and len(runs) == 1
+    assert json.loads((tmp_path / "shared" / "meta.json").read_text())["rows"]["train"] == 1203
