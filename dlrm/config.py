@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from embeddings.config import SPARSE_OPTIMIZERS
+from embeddings.placement import parse_bytes
 
 
 class ConfigError(ValueError):
@@ -89,6 +90,15 @@ class TrainConfig:
     keep_checkpoints: int = 2
     progress: bool | None = None  # None: only when stderr is a terminal
 
+    # embedding placement (dlrm/placement.py): device | host | fae | auto
+    placement: str = "device"
+    hot_budget: str = "256MB"  # device-tier bytes for hot rows (weights + optimizer state)
+    profile_sample_rate: float = 0.05  # share of the training batches the access profile counts
+    profile_file: str | None = None  # reuse this access profile (.npz), or write it here
+    placement_plan: str | None = None  # reuse this placement plan (.npz + .json), or write it here
+    fae_switch_period: int = 64  # FAE: mini-batches per hot-then-cold scheduling window
+    fae_order: str = "interleave"  # interleave | block (the original FAE order, an ablation)
+
     # model-specific extras (TBSM, placement) live in this dict so the dataclass stays flat
     extra: dict = field(default_factory=dict)
 
@@ -143,6 +153,16 @@ class TrainConfig:
             raise ConfigError("--lr-decay-start-step: the decay must start after the warm-up ends")
         if not 0.0 <= self.data_sub_sample_rate < 1.0:
             raise ConfigError(f"--data-sub-sample-rate: expected a number in [0, 1), got {self.data_sub_sample_rate}")
+        choice("--placement", self.placement, ("device", "host", "fae", "auto"))
+        choice("--fae-order", self.fae_order, ("interleave", "block"))
+        try:
+            parse_bytes(self.hot_budget)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        if not 0.0 < self.profile_sample_rate <= 1.0:
+            raise ConfigError(f"--profile-sample-rate: expected a number in (0, 1], got {self.profile_sample_rate}")
+        if self.fae_switch_period < 1:
+            raise ConfigError(f"--fae-switch-period: expected a positive integer, got {self.fae_switch_period}")
         if not 0.0 <= self.mlperf_auc_threshold <= 1.0:
             raise ConfigError(f"--mlperf-auc-threshold: expected a number in [0, 1], got {self.mlperf_auc_threshold}")
         if self.synthetic_table_scale <= 0:

@@ -86,6 +86,14 @@ def build_parser() -> argparse.ArgumentParser:
     opt("--numpy-rand-seed", int, dest="seed", help_="seed of initialisation and data order")
     opt("--seed", int, help_="alias of --numpy-rand-seed")
 
+    opt("--placement", help_="where embedding rows live: device (default), host, fae or auto")
+    opt("--hot-budget", help_="device bytes for hot rows, weights + optimizer state (e.g. 256MB, 2GB)")
+    opt("--profile-sample-rate", float, help_="share of the training batches to profile (default 0.05)")
+    opt("--profile-file", help_="access profile (.npz): reused when it exists, else written")
+    opt("--placement-plan", help_="placement plan (.npz + .json): reused when it exists, else written")
+    opt("--fae-switch-period", int, help_="fae: mini-batches per hot-then-cold window (default 64)")
+    opt("--fae-order", help_="fae: interleave (default) or block (all cold then all hot, an ablation)")
+
     opt("--print-freq", int)
     opt("--test-freq", int, help_="steps between evaluations (0: at the end of each epoch)")
     opt("--mlperf-auc-threshold", float, help_="stop once the test AUC reaches this")

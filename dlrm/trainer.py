@@ -28,13 +28,14 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from dlrm import checkpoint as ckpt
+from dlrm import placement
 from dlrm.config import ConfigError, TrainConfig
 from dlrm.data import DataSplits, build_data
 from dlrm.errors import CheckpointError, TrainingDiverged
 from dlrm.lr_schedule import learning_rate_at
 from dlrm.metrics import binary_metrics
 from dlrm.models.dlrm import DLRM, DLRMArch
-from embeddings import FusedEmbeddingBagCollection, SparseOptimizer, tables_for_features
+from embeddings import tables_for_features
 
 log = logging.getLogger(__name__)
 
@@ -75,13 +76,7 @@ def build_model(cfg: TrainConfig, data: DataSplits, device: torch.device) -> DLR
     except ValueError as e:
         raise ConfigError(str(e)) from None
     tables = tables_for_features(sizes, cfg.arch_sparse_feature_size, data.feature_names)
-    embeddings = FusedEmbeddingBagCollection(
-        tables,
-        SparseOptimizer(cfg.optimizer, cfg.learning_rate),
-        device=device,
-        backend=cfg.embedding_backend,
-        seed=cfg.seed,
-    )
+    embeddings = placement.build_embeddings(cfg, tables, data.train, device)  # --placement
     return DLRM(arch, embeddings, seed=cfg.seed).to(device)
 
 
@@ -123,6 +118,7 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         self.data = build_data(cfg, rank, world_size)
         self.model = build_model(cfg, self.data, self.device)
+        self.data = placement.schedule_training_data(cfg, self.data, self.model.embeddings, self.steps_per_epoch())
         self.dense_optimizer = make_dense_optimizer(cfg, self.model.dense_parameters())
         self.state = TrainState()
         self.timer = _Timer()
@@ -216,6 +212,9 @@ class Trainer:
                 t2 = time.perf_counter()
                 self.timer.add("data_s", t1 - t0)
                 self.timer.add("compute_s", t2 - t1)
+                phase = getattr(self.model.embeddings, "last_phase", None)  # fae: hot or cold
+                if phase:
+                    self.timer.add(f"{phase}_s", t2 - t1)
                 st.step += 1
                 st.batch_in_epoch += 1
                 st.samples += batch.labels.numel()
@@ -250,7 +249,8 @@ class Trainer:
         st = self.state
         mean_loss = st.loss_sum / max(st.loss_count, 1)
         rate = st.samples / st.train_time_s if st.train_time_s > 0 else 0.0
-        self._event("train", loss=mean_loss, lr=self._lr, samples=st.samples, samples_per_s=rate)
+        self._event("train", loss=mean_loss, lr=self._lr, samples=st.samples, samples_per_s=rate,
+                    **placement.transfer_counters(self.model.embeddings))  # fmt: skip
         bar.set_postfix(loss=f"{mean_loss:.4f}")
         log.info("step %d: loss %.5f, %.0f samples/s", st.step, mean_loss, rate)
         st.loss_sum, st.loss_count = 0.0, 0
@@ -269,6 +269,7 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self) -> dict:
         t0 = time.perf_counter()
+        placement.sync_tiers(self.model.embeddings)
         self.model.eval()
         logits, labels = [], []
         batches = self.data.test.batches(0)
@@ -308,13 +309,7 @@ class Trainer:
             "time_breakdown_s": dict(self.timer.totals),
             "device": str(self.device),
             "precision": self.cfg.precision,
-            "placement": {
-                "kind": "device" if self.device.type == "cuda" else "host",
-                "backend": emb.backend,
-                "tables": len(emb.tables),
-                "rows": sum(t.num_embeddings for t in emb.tables),
-                "embedding_bytes": sum(t.num_embeddings * t.embedding_dim * 4 for t in emb.tables),
-            },
+            "placement": placement.placement_summary(emb, self.device),
         }
         if self.rank == 0:
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -329,7 +324,9 @@ class Trainer:
 
     def checkpoint_state(self) -> dict:
         st = self.state
+        placement.sync_tiers(self.model.embeddings)
         return {
+            **placement.checkpoint_extra(self.model.embeddings),
             "format": ckpt.FORMAT,
             "version": ckpt.VERSION,
             "arch": self.cfg.arch_signature(),
@@ -371,6 +368,7 @@ class Trainer:
             self.dense_optimizer.load_state_dict(data["dense_optimizer"])
         except (KeyError, ValueError) as e:
             raise CheckpointError(f"{path}: optimizer state does not fit ({e})") from None
+        placement.load_checkpoint_extra(self.model.embeddings, data)
         ts = dict(data["train_state"])
         ts["last_eval"] = json.loads(ts["last_eval"])
         self.state = TrainState(**ts)
