@@ -329,15 +329,25 @@ def test_reuse_checks_raw_files_and_tolerates_their_absence(tmp_path) -> None:
     assert ensure_preprocessed("kaggle", tmp_path / "raw", out, max_ind_range=50) == out
 
 
-def test_worker_processes_give_the_same_bytes(kaggle_raw, tmp_path) -> None:
+def test_worker_processes_give_the_same_bytes(tmp_path) -> None:
+    raw, bad = _bad_kaggle(tmp_path)  # bad lines travel back from the workers too
     options = dict(frequency_threshold=2, sub_sample_rate=0.2, seed=7, block_bytes=16384)
     inline = preprocess(
-        "kaggle", kaggle_raw, tmp_path / "inline", PreprocessOptions(workers=0, **options)
+        "kaggle",
+        raw,
+        tmp_path / "inline",
+        PreprocessOptions(workers=0, on_bad_line="skip", **options),
     )
     pooled = preprocess(
-        "kaggle", kaggle_raw, tmp_path / "pool", PreprocessOptions(workers=2, **options)
+        "kaggle",
+        raw,
+        tmp_path / "pool",
+        PreprocessOptions(workers=2, on_bad_line="skip", **options),
     )
     assert _snapshot(inline) == _snapshot(pooled)
+    assert sum(json.loads((pooled / "meta.json").read_text())["bad_lines"].values()) == len(bad)
+    with pytest.raises(DataError, match=f"train.txt:{bad[0][0]}: "):
+        preprocess("kaggle", raw, tmp_path / "err", PreprocessOptions(workers=2, **options))
 
 
 def test_cli(kaggle_raw, tmp_path, capsys) -> None:
