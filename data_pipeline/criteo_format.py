@@ -190,12 +190,17 @@ def _decimal8(w: np.ndarray) -> np.ndarray:
 
 def _hex8(w: np.ndarray) -> np.ndarray:
     """Eight nibble values (most significant in the lowest byte) -> their 32-bit number."""
-    t = (w & _U(0x00FF00FF00FF00FF)) << _U(4)
-    t |= (w >> _U(8)) & _U(0x00FF00FF00FF00FF)
-    u = (t & _U(0x000000FF000000FF)) << _U(8)
-    u |= (t >> _U(16)) & _U(0x000000FF000000FF)
-    v = (u & _U(0xFFFF)) << _U(16)
-    v |= u >> _U(32)
+    # Pairs of nibbles -> bytes, pairs of bytes -> 16 bits, pairs of those -> 32 bits; the sums
+    # never carry because the shifted-in neighbour lands in bits the mask then clears.
+    t = w << _U(4)
+    t += w >> _U(8)
+    t &= _U(0x00FF00FF00FF00FF)
+    u = t << _U(8)
+    u += t >> _U(16)
+    u &= _U(0x0000FFFF0000FFFF)
+    v = u << _U(16)
+    v += u >> _U(32)
+    v &= _U(0xFFFFFFFF)
     return v
 
 
@@ -207,7 +212,7 @@ def _all_decimal(w: np.ndarray) -> np.ndarray:
 def _windows(u64: np.ndarray, ends: np.ndarray, digits: np.ndarray, back: int) -> np.ndarray:
     """The 8 bytes ending `back` windows before each field end, keeping only its digits."""
     w = u64[ends - (8 + 8 * back)]
-    w &= _KEEP[np.clip(digits - 8 * back, 0, 8)]
+    w &= np.take(_KEEP, digits - 8 * back if back else digits, mode="clip")  # clip: 0..8
     return w
 
 
@@ -322,7 +327,7 @@ def _describe(data, start, end, line_index, has_label) -> BadLine:
 
 
 def parse_block(
-    data: bytes | bytearray, has_label: bool = True, sub_block_bytes: int = 1 << 19
+    data: bytes | bytearray, has_label: bool = True, sub_block_bytes: int = 1 << 18
 ) -> ParsedBlock:
     """Parse whole lines (`data` ends with a newline, or is empty) into arrays.
 
