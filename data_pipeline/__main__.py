@@ -63,7 +63,7 @@ def _parser() -> argparse.ArgumentParser:
     pre.add_argument("--seed", type=int, default=0, help="seeds the down-sampling")
     pre.add_argument("--on-bad-line", choices=("error", "skip"), default="error")
     pre.add_argument("--workers", type=int, help="parse processes (0: inline; default: automatic)")
-    pre.add_argument("--block-mb", type=int, default=8, help="MB of raw text per task")
+    pre.add_argument("--block-mb", type=int, default=8, help="MB of raw text per task (>= 1)")
     pre.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     syn = sub.add_parser("synth", help="write synthetic raw Criteo files")
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
                 on_bad_line=args.on_bad_line,
                 test_raw=args.test_raw,
                 workers=args.workers,
-                block_bytes=args.block_mb << 20,
+                block_bytes=max(args.block_mb, 0) << 20,
                 progress=False if args.no_progress else None,
             )
             out = preprocess(args.dataset, args.raw, args.out, options)

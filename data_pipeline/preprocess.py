@@ -99,6 +99,8 @@ class PreprocessOptions:
             raise DataError("--test-raw: only the Kaggle dataset has an unlabelled test.txt")
         if self.workers is not None and self.workers < 0:
             raise DataError(f"--workers: expected a count >= 0, got {self.workers}")
+        if self.block_bytes < 1:
+            raise DataError(f"--block-mb: expected a positive size, got {self.block_bytes} bytes")
         self.categorical(dataset)
 
     def settings(self, dataset: str) -> dict:
@@ -232,7 +234,8 @@ class _Run:
         total = sum(p.size() for p in parts)
         workers = options.workers
         if workers is None:
-            workers = 0 if total < _INLINE_BELOW_BYTES else min(2, os.cpu_count() or 1)
+            # one per core: the main process only reads and writes (a small share of a core)
+            workers = 0 if total < _INLINE_BELOW_BYTES else min(16, len(os.sched_getaffinity(0)))
         self.workers = workers
         self.progress = options.progress if options.progress is not None else sys.stderr.isatty()
 
