@@ -35,6 +35,7 @@ from dlrm.errors import CheckpointError, TrainingDiverged
 from dlrm.lr_schedule import learning_rate_at
 from dlrm.metrics import binary_metrics
 from dlrm.models.dlrm import DLRM, DLRMArch
+from dlrm.models.tbsm import TBSM, TBSMArch
 from embeddings import tables_for_features
 
 log = logging.getLogger(__name__)
@@ -48,7 +49,7 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def build_model(cfg: TrainConfig, data: DataSplits, device: torch.device) -> DLRM:
+def build_model(cfg: TrainConfig, data: DataSplits, device: torch.device) -> DLRM | TBSM:
     sizes = list(data.table_sizes)
     if cfg.arch_embedding_size is not None:
         given = list(cfg.arch_embedding_size)
@@ -63,6 +64,8 @@ def build_model(cfg: TrainConfig, data: DataSplits, device: torch.device) -> DLR
                 f"--arch-embedding-size: table {i} has {given[i]} rows but the data set's ids need {sizes[i]}"
             )
         sizes = given
+    if cfg.model == "tbsm":
+        return _build_tbsm(cfg, data, sizes, device)
     try:
         arch = DLRMArch(
             num_dense=data.num_dense,
@@ -75,16 +78,49 @@ def build_model(cfg: TrainConfig, data: DataSplits, device: torch.device) -> DLR
         )
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    return DLRM(arch, _embedding_collection(cfg, sizes, data, device), seed=cfg.seed).to(device)
+
+
+def _embedding_collection(
+    cfg: TrainConfig, sizes: list[int], data: DataSplits, device: torch.device
+) -> torch.nn.Module:
     tables = tables_for_features(sizes, cfg.arch_sparse_feature_size, data.feature_names)
-    embeddings = placement.build_embeddings(cfg, tables, data.train, device)  # --placement
-    return DLRM(arch, embeddings, seed=cfg.seed).to(device)
+    return placement.build_embeddings(cfg, tables, data.train, device)  # --placement
+
+
+def _build_tbsm(cfg: TrainConfig, data: DataSplits, sizes: list[int], device: torch.device) -> TBSM:
+    """TBSM (--model tbsm): the same embedding collection under a per-step DLRM and a TSL."""
+    try:
+        arch = TBSMArch(
+            num_dense=data.num_dense,
+            embedding_dim=cfg.arch_sparse_feature_size,
+            num_sparse=len(sizes),
+            bottom=cfg.arch_mlp_bot,
+            top=cfg.arch_mlp_top,
+            ts_length=cfg.ts_length,
+            model_type=cfg.model_type,
+            tsl_inner=cfg.tsl_inner,
+            tsl_mechanism=cfg.tsl_mechanism,
+            tsl_num_heads=cfg.tsl_num_heads,
+            tsl_mlp=cfg.tsl_mlp,
+            arch_mlp=cfg.arch_mlp,
+            tsl_proj=cfg.tsl_proj,
+            mha_num_heads=cfg.mha_num_heads,
+            rnn_num_layers=cfg.rnn_num_layers,
+            interaction=cfg.arch_interaction_op,
+            interaction_itself=cfg.arch_interaction_itself,
+        )
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    return TBSM(arch, _embedding_collection(cfg, sizes, data, device), seed=cfg.seed).to(device)
 
 
 def make_dense_optimizer(cfg: TrainConfig, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    # fused: one kernel for every parameter instead of a Python loop over them
     if cfg.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=cfg.learning_rate)
+        return torch.optim.SGD(params, lr=cfg.learning_rate, fused=True)
     # adagrad and rowwise_adagrad: the dense part uses plain Adagrad, as the reference does
-    return torch.optim.Adagrad(params, lr=cfg.learning_rate, eps=1e-8)
+    return torch.optim.Adagrad(params, lr=cfg.learning_rate, eps=1e-8, fused=True)
 
 
 @dataclass
@@ -128,6 +164,11 @@ class Trainer:
         self._autocast = cfg.precision == "bf16"
         show = cfg.progress if cfg.progress is not None else sys.stderr.isatty()
         self._progress = bool(show) and rank == 0
+        self.perf_recorder = None
+        if cfg.perf_log:  # only then: no profiler or labels on the hot path otherwise
+            from dlrm.perfmodel.recorder import StepRecorder
+
+            self.perf_recorder = StepRecorder(self, cfg.perf_log)
         if cfg.load_model:
             self._load_model_file(Path(cfg.load_model))
         if cfg.resume:
@@ -201,6 +242,7 @@ class Trainer:
         total = per_epoch * cfg.nepochs
         bar = tqdm(total=total, initial=st.step, disable=not self._progress, desc="train", unit="batch")
         stop = st.stop_reason != "" or st.step >= total
+        step_fn = self.perf_recorder.step if self.perf_recorder is not None else self.train_step
         while not stop and st.epoch < cfg.nepochs:
             loop_start = time.perf_counter()
             batches = self.data.train.batches(st.epoch, start=st.batch_in_epoch)
@@ -208,7 +250,7 @@ class Trainer:
                 t0 = time.perf_counter()
                 batch = next(batches).to(self.device, non_blocking=True)
                 t1 = time.perf_counter()
-                loss = self.train_step(batch)
+                loss = step_fn(batch)
                 t2 = time.perf_counter()
                 self.timer.add("data_s", t1 - t0)
                 self.timer.add("compute_s", t2 - t1)

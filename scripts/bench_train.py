@@ -1,0 +1,134 @@
+"""Training throughput: ours end to end vs a naive reference-style DLRM step, in one process.
+
+Prints one JSON object. For each batch size (128 and 2048 by default):
+- `naive_step_samples_per_s`: the facebookresearch/dlrm-style step on pre-generated batches
+  (26 nn.EmbeddingBag(sparse=True), the same MLPs ending in Sigmoid, BCELoss, torch.optim.SGD
+  over all parameters), model step only: no data generation counted.
+- `fp32_samples_per_s` / `bf16_samples_per_s`: our Trainer end to end (`train_samples_per_s` of
+  its summary: synthetic data generation, fused embeddings, dense step), evaluation excluded.
+- the speed-ups over the naive step.
+Then `auc`: test AUC of fp32 and bf16 training on the planted synthetic data (same seed, same
+batches) and their difference.
+
+    python scripts/bench_train.py                      # full Kaggle table sizes (about 2.2 GB)
+    python scripts/bench_train.py --table-scale 0.01   # quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import tempfile
+import time
+
+import torch
+from torch import nn
+
+from data_pipeline.synthetic import KAGGLE_TABLE_SIZES, PlantedWorld, SyntheticBatchSource, SyntheticConfig
+from dlrm import TrainConfig, Trainer
+
+BOTTOM = (13, 512, 256, 64, 16)
+TOP = (512, 256, 1)
+DIM = 16
+
+
+class NaiveDLRM(nn.Module):
+    """The reference's structure: one EmbeddingBag per table, MLPs with a final Sigmoid."""
+
+    def __init__(self, table_sizes: list[int]) -> None:
+        super().__init__()
+        self.embs = nn.ModuleList(nn.EmbeddingBag(n, DIM, mode="sum", sparse=True) for n in table_sizes)
+        self.bot = _mlp(BOTTOM, sigmoid=False)
+        n = len(table_sizes) + 1
+        self.top = _mlp((n * (n - 1) // 2 + DIM, *TOP), sigmoid=True)
+        li, lj = torch.tril_indices(n, n, offset=-1)
+        self.li, self.lj = li, lj
+
+    def forward(self, dense, kjt):
+        x = self.bot(dense)
+        feats = kjt.to_dict()
+        ly = [emb(feats[k].values(), feats[k].offsets()[:-1]) for k, emb in zip(kjt.keys(), self.embs)]
+        t = torch.cat([x] + ly, dim=1).view(x.shape[0], -1, DIM)
+        z = torch.bmm(t, t.transpose(1, 2))
+        return self.top(torch.cat([x, z[:, self.li, self.lj]], dim=1)).squeeze(1)
+
+
+def _mlp(widths, sigmoid: bool) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for i, (a, b) in enumerate(zip(widths[:-1], widths[1:])):
+        layers.append(nn.Linear(a, b))
+        last = i == len(widths) - 2
+        layers.append(nn.Sigmoid() if (last and sigmoid) else nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+def naive_throughput(table_sizes: list[int], batch_size: int, steps: int, warmup: int) -> float:
+    world = PlantedWorld(SyntheticConfig(table_sizes=table_sizes, seed=0))
+    source = SyntheticBatchSource(world, "train", batch_size, steps + warmup)
+    batches = list(source.batches())  # pre-generated: the naive figure is the model step alone
+    model = NaiveDLRM(table_sizes)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loss_fn = nn.BCELoss()
+    for i, b in enumerate(batches):
+        if i == warmup:
+            start = time.perf_counter()
+        opt.zero_grad()
+        loss = loss_fn(model(b.dense_features, b.sparse_features), b.labels)
+        loss.backward()
+        opt.step()
+    return steps * batch_size / (time.perf_counter() - start)
+
+
+def ours(table_sizes, batch_size, steps, precision, out_dir, test_size=16384, seed=0) -> dict:
+    cfg = TrainConfig(
+        arch_embedding_size=tuple(table_sizes), arch_sparse_feature_size=DIM,
+        arch_mlp_bot=BOTTOM, arch_mlp_top=TOP, mini_batch_size=batch_size,
+        data_size=steps * batch_size, test_data_size=test_size, learning_rate=0.1,
+        precision=precision, seed=seed, out_dir=out_dir, progress=False, print_freq=0,
+    )  # fmt: skip
+    return Trainer(cfg).fit()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--table-scale", type=float, default=1.0, help="scale of the Kaggle table sizes")
+    p.add_argument("--batch-sizes", default="128,2048")
+    p.add_argument("--seconds", type=float, default=8.0, help="target duration of each measurement")
+    p.add_argument("--auc-steps", type=int, default=400, help="steps of batch 2048 for the AUC check")
+    p.add_argument("--skip-auc", action="store_true")
+    args = p.parse_args()
+    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
+    sizes = [max(2, int(n * args.table_scale)) for n in KAGGLE_TABLE_SIZES]
+    result: dict = {
+        "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+                    "processor": platform.processor(), "load_avg": os.getloadavg()},
+        "table_rows": sum(sizes), "embedding_dim": DIM, "batches": {},
+    }  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        for bs in [int(x) for x in args.batch_sizes.split(",")]:
+            # a rough per-step cost sets the number of steps for ~args.seconds per measurement
+            steps = max(20, int(args.seconds * (30_000 if bs <= 256 else 60_000) / bs))
+            naive = naive_throughput(sizes, bs, steps, warmup=5)
+            row = {"steps": steps, "naive_step_samples_per_s": naive}
+            for precision in ("fp32", "bf16"):
+                s = ours(sizes, bs, steps, precision, f"{tmp}/{bs}-{precision}")
+                row[f"{precision}_samples_per_s"] = s["train_samples_per_s"]
+                row[f"{precision}_speedup_vs_naive"] = s["train_samples_per_s"] / naive
+                row[f"{precision}_time_breakdown_s"] = s["time_breakdown_s"]
+            result["batches"][str(bs)] = row
+            print(json.dumps({bs: row}), flush=True)
+        if not args.skip_auc:
+            aucs = {
+                p: ours(sizes, 2048, args.auc_steps, p, f"{tmp}/auc-{p}", test_size=262_144)["test_auc"]
+                for p in ("fp32", "bf16")
+            }
+            result["auc"] = {**aucs, "steps": args.auc_steps, "batch": 2048, "bf16_minus_fp32": aucs["bf16"] - aucs["fp32"]}
+    result["machine"]["load_avg_end"] = os.getloadavg()
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
