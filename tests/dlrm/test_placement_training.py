@@ -128,7 +128,8 @@ def test_select_and_concat_batches_handle_jagged_features():
     y = batch([0, 3, 2, 0], [6, 7, 8, 9, 10], 2)  # a: [] [6,7,8]; b: [9,10] []
     both = concat_batches([x, y])
     assert both.sparse_features.stride() == 5
-    assert both.sparse_features.to_dict()["a"].to_dense() == [torch.tensor(v) for v in ([1], [], [2, 3], [], [6, 7, 8])]
+    assert [v.tolist() for v in both.sparse_features.to_dict()["a"].to_dense()] == [[1], [], [2, 3], [], [6, 7, 8]]
+    assert [v.tolist() for v in both.sparse_features.to_dict()["b"].to_dense()] == [[4], [5], [], [9, 10], []]
     sel = select_batch(both, np.array([4, 0, 3]))
     d = sel.sparse_features.to_dict()
     assert [v.tolist() for v in d["a"].to_dense()] == [[6, 7, 8], [1], []]
