@@ -105,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="continue from a checkpoint file, a run directory, or (no value) --out-dir")  # fmt: skip
     opt("--keep-checkpoints", int)
     flag("--progress", "progress bars (default: when on a terminal)")
+    opt("--perf-log", help_="record a few steps after warm-up with torch.profiler; write the perf trace here")
     assert all(a.dest in d for a in p._actions if a.dest != "help"), "flag without a config field"
     return p
 

@@ -1,0 +1,120 @@
+"""What a kernel record says about its work: operator type, bytes moved, GEMM shapes.
+
+A kernel record is a trace kernel (see `dlrm.perfmodel.trace`) plus the trace's ``meta`` (batch
+size, tables, Zipf exponent, optimizer, precision) under ``ctx``. Microbenchmarks write the same
+records, so the models never know where a sample came from.
+"""
+
+from __future__ import annotations
+
+import math
+
+ESIZE = {
+    "float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8, "long int": 8, "int": 4,
+    "short int": 2, "bool": 1, "unsigned char": 1, "signed char": 1,
+}  # fmt: skip
+
+GEMM_OPS = {"aten::addmm", "aten::mm"}
+BMM_OPS = {"aten::bmm", "aten::baddbmm"}
+
+
+def op_type(name: str) -> str:
+    """The operator type a kernel model and its error are reported under."""
+    if name in GEMM_OPS:
+        return "gemm"
+    if name in BMM_OPS:
+        return "bmm"
+    if "split_embedding" in name and "forward" in name:
+        return "embedding_fwd"
+    if "split_embedding" in name and "backward" in name:
+        return "embedding_bwd"
+    if name == "aten::index_select":
+        return "gather"
+    if name in ("aten::index_add_", "aten::scatter_add_", "aten::index_put_"):
+        return "scatter"
+    if name == "aten::cat":
+        return "concat"
+    if "memcpy" in name.lower() or "Memcpy" in name:
+        return "h2d_copy"
+    return "elementwise"
+
+
+def numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def tensor_bytes(k: dict) -> list[int]:
+    out = []
+    dtypes = k.get("dtypes") or []
+    for i, s in enumerate(k.get("shapes") or []):
+        esize = ESIZE.get(dtypes[i] if i < len(dtypes) else "float", 0)
+        if s and esize:
+            out.append(numel(s) * esize)
+    return out
+
+
+def bytes_moved(k: dict) -> float:
+    """Bytes read and written by a memory-bound kernel (inputs plus an output as big as the
+    largest input; a cat's inputs are not recorded, so its output shape is)."""
+    if k.get("out_shape"):
+        esize = ESIZE.get(k.get("out_dtype", "float"), 4)
+        return 2.0 * numel(k["out_shape"]) * esize
+    sizes = tensor_bytes(k)
+    if not sizes:
+        return 0.0
+    name = k["name"]
+    if name in ("aten::sum", "aten::mean"):
+        return float(sum(sizes))
+    if name == "aten::index_select" and len(k["shapes"]) >= 3:
+        src, idx = k["shapes"][0], k["shapes"][2]
+        esize = ESIZE.get(k["dtypes"][0], 4)
+        rows = numel(src) // max(int(src[1]) if len(src) > 1 else 1, 1)
+        return float(2 * rows * numel(idx) * esize + numel(idx) * 8)
+    return float(sum(sizes) + max(sizes))
+
+
+def _is_t(shape, stride) -> int:
+    """1 when a 2-D (or batched) operand is a transposed view (column-major)."""
+    if not stride or len(stride) < 2 or len(shape) < 2:
+        return 0
+    return int(stride[-2] == 1 and int(shape[-2]) > 1 and stride[-1] != 1)
+
+
+def gemm_dims(k: dict) -> dict | None:
+    """M, N, K, batch, dtype and operand layouts of a matmul kernel record."""
+    shapes, strides, dtypes = k.get("shapes") or [], k.get("strides") or [], k.get("dtypes") or []
+    name = k["name"]
+    ia = 1 if name in ("aten::addmm", "aten::baddbmm") else 0
+    if len(shapes) < ia + 2:
+        return None
+    a, b = shapes[ia], shapes[ia + 1]
+    if len(a) < 2 or len(b) < 2:
+        return None
+    sa = strides[ia] if len(strides) > ia else []
+    sb = strides[ia + 1] if len(strides) > ia + 1 else []
+    return {
+        "M": int(a[-2]), "K": int(a[-1]), "N": int(b[-1]),
+        "batch": int(a[0]) if len(a) == 3 else 1,
+        "bf16": int((dtypes[ia] if len(dtypes) > ia else "float") in ("c10::BFloat16", "c10::Half")),
+        "ta": _is_t(a, sa), "tb": _is_t(b, sb), "bias": int(ia == 1),
+    }  # fmt: skip
+
+
+def gemm_flops(d: dict) -> float:
+    return 2.0 * d["batch"] * d["M"] * d["N"] * d["K"]
+
+
+def gemm_bytes(d: dict) -> float:
+    es = 2 if d["bf16"] else 4
+    return float(d["batch"] * (d["M"] * d["K"] + d["K"] * d["N"] + d["M"] * d["N"]) * es)
+
+
+def gemm_features(d: dict) -> list[float]:
+    """Inputs of the learned GEMM model: log-shapes, dtype and layouts."""
+    return [
+        math.log2(d["M"]), math.log2(d["N"]), math.log2(d["K"]), math.log2(d["batch"]),
+        float(d["bf16"]), float(d["ta"]), float(d["tb"]), float(d["bias"]),
+    ]  # fmt: skip

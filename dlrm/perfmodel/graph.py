@@ -1,0 +1,192 @@
+"""The execution graph of a configuration's training step, without training it.
+
+The graph is captured, not hand-written, so it is exactly what the trainer runs (autocast
+casts, autograd nodes, the fused embedding ops, whatever a placement adds): the model is built
+from the configuration and one step is profiled at two small batch sizes (B1, B2). Each shape
+dimension is then linear in the batch size, d(B) = d(B1) + (d(B2) - d(B1)) * (B - B1) / (B2 - B1)
+(constant dims stay constant), which gives the graph at any batch size. The capture takes a few
+hundred milliseconds and is cached per configuration (in memory and under the cache directory).
+
+Kernel records carry ``ctx``: the context the kernel models need beyond shapes (table sizes,
+embedding dimension, Zipf exponent, optimizer, batch size).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import logging
+import tempfile
+
+import torch
+
+from dlrm.config import TrainConfig
+
+log = logging.getLogger(__name__)
+
+B1, B2 = 16, 24
+SCALED_FIELDS = ("shapes", "strides", "out_shape")
+CTX_FIELDS = ("table_sizes", "embedding_dim", "zipf", "optimizer", "batch_size", "precision", "placement")
+_MEMO: dict[str, dict] = {}
+
+
+def _with(cfg: TrainConfig, **changes) -> TrainConfig:
+    data = cfg.to_json()
+    data.update(changes)
+    return TrainConfig.from_json(data)
+
+
+def build_trainer(cfg: TrainConfig):
+    """A Trainer for measuring and capturing (never writes its run directory unless fit)."""
+    from dlrm.trainer import Trainer
+
+    tmp = tempfile.mkdtemp(prefix="perfmodel-")
+    return Trainer(_with(cfg, out_dir=tmp, perf_log=None, resume=None, progress=False))
+
+
+def batches_for(trainer, batch_size: int, n: int, start: int = 0) -> list:
+    """n batches of the trainer's training data at any batch size, materialised up front."""
+    from data_pipeline.synthetic import SyntheticBatchSource
+
+    src = trainer.data.train
+    if hasattr(src, "world") and batch_size != getattr(src, "batch_size", batch_size):
+        src = SyntheticBatchSource(src.world, "train", batch_size, n + start)
+    if hasattr(src, "batch"):
+        out = [src.batch(start + i) for i in range(n)]
+    else:
+        it = src.batches(0, start=start)
+        out = [next(it) for _ in range(n)]
+    return [b.to(trainer.device) for b in out]
+
+
+def capture_ops(trainer, batch_size: int, warmup: int = 2, steps: int = 1) -> tuple[list[dict], dict]:
+    from dlrm.perfmodel.recorder import profile_steps, trace_meta
+
+    bs = batches_for(trainer, batch_size, warmup + steps)
+    for b in bs[:warmup]:
+        trainer.train_step(b)
+    graphs = profile_steps(trainer.train_step, bs[warmup:], trainer.model, trainer.dense_optimizer,
+                           trainer.device.type == "cuda")  # fmt: skip
+    return graphs[-1]["ops"], trace_meta(trainer, batch_size)
+
+
+def _signature(ops: list[dict]) -> list:
+    return [(o["name"], [k["name"] for k in o["kernels"]]) for o in ops]
+
+
+def _scale(a, b, batch: int):
+    if isinstance(a, list):
+        return [_scale(x, y, batch) for x, y in zip(a, b)]
+    if isinstance(a, int) and isinstance(b, int) and a != b:
+        return max(int(round(a + (b - a) * (batch - B1) / (B2 - B1))), 0)
+    return a
+
+
+def instantiate(template: dict, batch_size: int) -> list[dict]:
+    """The captured graph at `batch_size`: ops with shapes extrapolated and kernel ctx set."""
+    ops1, ops2 = template["ops"][0], template["ops"][1]
+    meta = dict(template["meta"], batch_size=int(batch_size))
+    ctx = {k: meta.get(k) for k in CTX_FIELDS}
+    out = []
+    for o1, o2 in zip(ops1, ops2):
+        op = copy.deepcopy(o1)
+        for f in SCALED_FIELDS:
+            if f in o1:
+                op[f] = _scale(o1[f], o2.get(f, o1[f]), batch_size)
+        for k, (k1, k2) in enumerate(zip(o1["kernels"], o2["kernels"])):
+            for f in SCALED_FIELDS:
+                if f in k1:
+                    op["kernels"][k][f] = _scale(k1[f], k2.get(f, k1[f]), batch_size)
+            op["kernels"][k]["ctx"] = ctx
+        out.append(op)
+    return out
+
+
+def graph_key(cfg: TrainConfig) -> str:
+    data = cfg.to_json()
+    for f in ("mini_batch_size", "out_dir", "perf_log", "progress", "num_batches", "data_size",
+              "test_data_size", "print_freq", "test_freq", "resume", "save_model", "keep_checkpoints"):  # fmt: skip
+        data.pop(f, None)
+    data["_threads"] = torch.get_num_threads()
+    return hashlib.sha1(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def capture_template(cfg: TrainConfig) -> dict:
+    """Capture the step at B1 and B2 (cached by configuration)."""
+    key = graph_key(cfg)
+    if key in _MEMO:
+        return _MEMO[key]
+    from dlrm.perfmodel.hardware import cache_dir
+
+    path = cache_dir() / "graphs" / f"{key}.json"
+    if path.exists():
+        try:
+            template = json.loads(path.read_text())
+            _MEMO[key] = template
+            return template
+        except json.JSONDecodeError:
+            pass
+    threads = torch.get_num_threads()
+    trainer = build_trainer(_with(cfg, mini_batch_size=B1))
+    ops1, meta = capture_ops(trainer, B1)
+    ops2, _ = capture_ops(trainer, B2)
+    torch.set_num_threads(threads)  # numba's OpenMP layer may have changed it
+    if _signature(ops1) != _signature(ops2):
+        raise RuntimeError("the step's operators differ between two batch sizes; capture at the target batch instead")
+    meta.pop("batch_size", None)
+    template = {"key": key, "batch_sizes": [B1, B2], "meta": meta, "ops": [ops1, ops2]}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(template))
+    _MEMO[key] = template
+    return template
+
+
+def graph_for(cfg: TrainConfig, batch_size: int | None = None) -> tuple[list[dict], dict]:
+    """(ops, meta) of the configuration's training step at `batch_size` (default: the config's)."""
+    batch = int(batch_size or cfg.mini_batch_size)
+    template = capture_template(cfg)
+    return instantiate(template, batch), dict(template["meta"], batch_size=batch)
+
+
+def records_from_trace(doc: dict) -> list[dict]:
+    """Kernel records (kernel + ctx) of a trace, for fitting and for kernel-error reports."""
+    from dlrm.perfmodel.microbench import LONG_KERNEL_US
+
+    meta = doc["meta"]
+    ctx = {k: meta.get(k) for k in CTX_FIELDS}
+    out = []
+    for step in doc["steps"]:
+        ratio = min(step.get("cpu_us", 1.0) / max(step.get("wall_us", 1.0), 1e-9), 1.0)
+        for op in step["ops"]:
+            for k in op["kernels"]:
+                rec = dict(k, ctx=ctx, event_cost_us=meta.get("profiler_event_cost_us", 0.0))
+                if rec["dur_us"] > LONG_KERNEL_US:  # see microbench.profile_kernels
+                    rec["dur_us"] *= ratio
+                out.append(rec)
+    return out
+
+
+def ops_with_ctx(doc: dict, step: int) -> list[dict]:
+    """A traced step's ops with the trace's context on every kernel (for the traversal)."""
+    ctx = {k: doc["meta"].get(k) for k in CTX_FIELDS}
+    ops = copy.deepcopy(doc["steps"][step]["ops"])
+    for op in ops:
+        for k in op["kernels"]:
+            k["ctx"] = ctx
+    return ops
+
+
+def least_disturbed_step(doc: dict) -> int:
+    """The step with the highest thread-CPU / wall ratio."""
+    steps = doc["steps"]
+    return max(range(len(steps)), key=lambda i: steps[i].get("cpu_us", 1.0) / max(steps[i].get("wall_us", 1.0), 1e-9))
+
+
+def corrected_us(rec: dict) -> float:
+    """A traced kernel's duration less the profiler events nested inside it."""
+    cost = float(rec.get("event_cost_us") or 0.0)
+    d = float(rec["dur_us"])
+    return max(d - cost * max(int(rec.get("n_events", 1)) - 1, 0), 0.5 * d)
+
+

@@ -1,0 +1,234 @@
+"""The hardware description: measured by short microbenchmarks at run time, cached per machine.
+
+Nothing here comes from a datasheet. Per machine (CPU model, thread count, torch version and
+CUDA device) one JSON file under ``~/.cache/hybrid-dlrm/`` (or ``HYBRID_DLRM_CACHE``) holds:
+
+- ``matmul_gflops``: best sustained square-GEMM throughput per dtype (fp32, bf16);
+- ``mem_bw_gbs``: copy bandwidth of a 128 MiB buffer (bytes read + written per second);
+- ``read_bw_sweep``: read bandwidth per working-set size, 16 KiB .. 128 MiB, and
+  ``llc_bytes_measured``, the largest working set still read at >= 60% of the in-cache speed;
+  ``cache_bytes_os`` is what the OS reports at run time (sysfs), ``llc_bytes`` the value the
+  embedding model uses (the OS figure when there is one, the sweep's otherwise);
+- ``profiler_event_cost_us``: what one recorded profiler event adds to a run (subtracted from
+  traced overheads);
+- on CUDA: ``cuda_sm_count`` and ``h2d_gbs``/``d2h_gbs`` (pinned copies of 64 MiB).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+VERSION = 1
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("HYBRID_DLRM_CACHE", Path.home() / ".cache" / "hybrid-dlrm"))
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_key() -> str:
+    parts = [cpu_model(), str(torch.get_num_threads()), torch.__version__]
+    if torch.cuda.is_available():
+        parts.append(torch.cuda.get_device_name(0))
+    return hashlib.sha1("|".join(parts).encode()).hexdigest()[:12]
+
+
+def default_path() -> Path:
+    return cache_dir() / f"hardware-{machine_key()}.json"
+
+
+def _best_time(fn, repeats: int = 5, min_s: float = 0.05) -> float:
+    """Best per-call time over `repeats` timed loops of at least min_s each (medians hide less
+    of the interference from other processes on a shared machine than minima do)."""
+    fn()
+    n = 1
+    while True:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        dt = time.perf_counter() - t0
+        if dt >= min_s or n >= 1 << 20:
+            break
+        n *= 2
+    best = dt / n
+    for _ in range(repeats - 1):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / n)
+    return best
+
+
+def matmul_gflops(dtype: torch.dtype, n: int = 1024) -> float:
+    a = torch.randn(n, n).to(dtype)
+    b = torch.randn(n, n).to(dtype)
+    t = _best_time(lambda: torch.mm(a, b), repeats=3, min_s=0.1)
+    return 2 * n**3 / t / 1e9
+
+
+def copy_bandwidth_gbs(nbytes: int = 128 << 20) -> float:
+    a = torch.empty(nbytes // 4)
+    a.fill_(1.0)
+    b = torch.empty_like(a)
+    t = _best_time(lambda: b.copy_(a), repeats=3, min_s=0.1)
+    return 2 * nbytes / t / 1e9
+
+
+def read_bandwidth_sweep() -> dict[int, float]:
+    out = {}
+    size = 16 << 10
+    while size <= 128 << 20:
+        a = torch.ones(size // 4)
+        t = _best_time(lambda: a.sum(), repeats=3, min_s=0.02)
+        out[size] = size / t / 1e9
+        size *= 2
+    return out
+
+
+def llc_from_sweep(sweep: dict[int, float]) -> int:
+    """Largest working set read at >= 60% of the best in-cache speed (the last-level cache knee)."""
+    sizes = sorted(sweep)
+    fast = max(sweep[s] for s in sizes[: max(3, len(sizes) // 3)])
+    inside = [s for s in sizes if sweep[s] >= 0.6 * fast]
+    return max(inside) if inside else sizes[0]
+
+
+def os_cache_bytes() -> dict[str, int]:
+    out: dict[str, int] = {}
+    base = Path("/sys/devices/system/cpu/cpu0/cache")
+    for idx in sorted(base.glob("index*")) if base.exists() else []:
+        try:
+            level = (idx / "level").read_text().strip()
+            kind = (idx / "type").read_text().strip()
+            size = (idx / "size").read_text().strip().upper()
+        except OSError:
+            continue
+        mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(size[-1:], 1)
+        value = int(size.rstrip("KMG")) * mult
+        out[f"L{level}{'' if kind == 'Unified' else kind[0].lower()}"] = value
+    return out
+
+
+_EVENT_COST: float | None = None
+
+
+def profiler_event_cost_us(n: int = 2000) -> float:
+    """Extra time one profiler event (with shapes) costs: a tiny op timed with and without."""
+    global _EVENT_COST
+    if _EVENT_COST is not None:
+        return _EVENT_COST
+    cached = _read_cache(default_path())
+    if cached and "profiler_event_cost_us" in cached:
+        _EVENT_COST = float(cached["profiler_event_cost_us"])
+        return _EVENT_COST
+    _EVENT_COST = measure_profiler_event_cost(n)
+    return _EVENT_COST
+
+
+def measure_profiler_event_cost(n: int = 2000) -> float:
+    from torch.profiler import ProfilerActivity, profile
+
+    x = torch.zeros(1)
+
+    def loop() -> None:
+        for _ in range(n):
+            x.add_(1.0)
+
+    costs = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        loop()
+        plain = time.perf_counter() - t0
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True):
+            t0 = time.perf_counter()
+            loop()
+            prof = time.perf_counter() - t0
+        costs.append(max(0.0, (prof - plain) / n * 1e6))
+    return min(costs)  # other processes only ever add time
+
+
+def measure(quick: bool = False) -> dict:
+    """Run the hardware microbenchmarks (about 10 s on two cores; quick: about 2 s)."""
+    t0 = time.perf_counter()
+    desc: dict = {
+        "version": VERSION,
+        "key": machine_key(),
+        "cpu_model": cpu_model(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+    }
+    n = 256 if quick else 1024
+    desc["matmul_gflops"] = {"fp32": matmul_gflops(torch.float32, n), "bf16": matmul_gflops(torch.bfloat16, n)}
+    desc["mem_bw_gbs"] = copy_bandwidth_gbs(16 << 20 if quick else 128 << 20)
+    sweep = {} if quick else read_bandwidth_sweep()
+    desc["read_bw_sweep"] = {str(k): v for k, v in sweep.items()}
+    desc["llc_bytes_measured"] = llc_from_sweep(sweep) if sweep else None
+    desc["cache_bytes_os"] = os_cache_bytes()
+    llc = max(desc["cache_bytes_os"].values(), default=0) or desc["llc_bytes_measured"] or (32 << 20)
+    desc["llc_bytes"] = int(llc)
+    desc["profiler_event_cost_us"] = measure_profiler_event_cost(500 if quick else 2000)
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        desc["cuda_device"] = props.name
+        desc["cuda_sm_count"] = props.multi_processor_count
+        desc.update(_cuda_copy_bandwidth())
+    desc["measure_s"] = time.perf_counter() - t0
+    return desc
+
+
+def _cuda_copy_bandwidth(nbytes: int = 64 << 20) -> dict:
+    host = torch.empty(nbytes // 4).pin_memory()
+    dev = torch.empty(nbytes // 4, device="cuda")
+
+    def h2d() -> None:
+        dev.copy_(host, non_blocking=True)
+        torch.cuda.synchronize()
+
+    def d2h() -> None:
+        host.copy_(dev, non_blocking=True)
+        torch.cuda.synchronize()
+
+    return {"h2d_gbs": nbytes / _best_time(h2d, 3, 0.05) / 1e9, "d2h_gbs": nbytes / _best_time(d2h, 3, 0.05) / 1e9}
+
+
+def _read_cache(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return data if data.get("version") == VERSION and data.get("key") == machine_key() else None
+
+
+def describe(path: str | Path | None = None, refresh: bool = False, quick: bool = False) -> dict:
+    """The cached description of this machine, measuring it first when absent or refresh."""
+    path = Path(path) if path else default_path()
+    if not refresh:
+        cached = _read_cache(path)
+        if cached is not None:
+            return cached
+    desc = measure(quick=quick)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(desc, indent=2) + "\n")
+    log.info("hardware description written to %s", path)
+    return desc

@@ -1,0 +1,298 @@
+"""Kernel microbenchmarks: the operators that dominate DLRM steps, swept over their shapes.
+
+Each benchmark runs a piece of the model forward and backward (so the backward kernels have the
+layouts autograd really uses) under the profiler, `reps` times, and records every kernel with
+its median duration, in the kernel-record format of the perf traces (see
+`dlrm.perfmodel.features`). Sweeps:
+
+- ``mlp``: Linear(+ReLU) forward/backward (addmm, the two mm of AddmmBackward0, the bias sum,
+  threshold_backward, autocast casts under bf16) and the SGD update, over batch, widths, dtype;
+- ``interaction``: the dot interaction (cat, bmm and its backward, index_select and its
+  backward) over batch, number of features, dimension and dtype;
+- ``embedding``: the fused table-batched lookup forward and backward with the fused optimizer,
+  over batch, tables, rows, dimension, Zipf skew and optimizer;
+- ``loss``: BCE with logits and its backward over batch;
+- ``copy``: element-wise ops and host-to-device copies (CUDA only) over sizes.
+
+Then `fit_configs` short training runs record full perf traces (the overhead statistics come from
+those, and their kernels join the samples).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from dlrm.perfmodel import trace as tr
+from dlrm.perfmodel.graph import CTX_FIELDS
+
+log = logging.getLogger(__name__)
+
+
+# A kernel longer than this is likely to be preempted on a shared machine whatever the rep.
+LONG_KERNEL_US = 1000.0
+
+
+def profile_kernels(fn, reps: int = 5, ctx: dict | None = None) -> list[dict]:
+    """Run fn once to warm, then `reps` times under the profiler; one record per kernel position.
+
+    On a machine shared with other processes the profiler's wall-clock durations include time
+    the thread was descheduled, which only ever adds. So a kernel's time is the minimum over
+    reps, and a long kernel's duration in a rep is first scaled by that rep's thread-CPU /
+    wall ratio (a kernel longer than a scheduler slice is preempted in proportion).
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    from dlrm.perfmodel.hardware import profiler_event_cost_us
+
+    fn()
+    ratios = []
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        for _ in range(reps):
+            w0, c0 = time.perf_counter(), time.thread_time()
+            with torch.autograd.profiler.record_function(tr.STEP_LABEL):
+                fn()
+            ratios.append(min((time.thread_time() - c0) / max(time.perf_counter() - w0, 1e-9), 1.0))
+    steps = tr.graph_from_events(prof.events())
+    per_rep = [[k for op in st["ops"] for k in op["kernels"]] for st in steps]
+    n = min(len(r) for r in per_rep)
+    out = []
+    cost = profiler_event_cost_us()
+    for i in range(n):
+        k = dict(per_rep[0][i])
+        k["dur_us"] = min(
+            r[i]["dur_us"] * (ratio if r[i]["dur_us"] > LONG_KERNEL_US else 1.0)
+            for r, ratio in zip(per_rep, ratios)
+        )
+        k["ctx"] = dict(ctx or {})
+        k["event_cost_us"] = cost
+        k.pop("start_us", None)
+        out.append(k)
+    return out
+
+
+def _log_uniform(rng: random.Random, lo: int, hi: int) -> int:
+    return int(round(math.exp(rng.uniform(math.log(lo), math.log(hi)))))
+
+
+def bench_mlp(rng: random.Random, n: int, reps: int) -> list[dict]:
+    out = []
+    for _ in range(n):
+        b = _log_uniform(rng, 64, 4096)
+        fi, fo = _log_uniform(rng, 4, 1024), _log_uniform(rng, 1, 1024)
+        if 2 * b * fi * fo * 3 > 3e9:
+            continue
+        bf16 = rng.random() < 0.5
+        lin = torch.nn.Linear(fi, fo)
+        x = torch.randn(b, fi, requires_grad=rng.random() < 0.8)
+        opt = torch.optim.SGD(lin.parameters(), lr=0.01)
+
+        def step() -> None:
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                y = torch.relu(lin(x))
+            y.float().sum().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            x.grad = None
+
+        out += profile_kernels(step, reps, {"precision": "bf16" if bf16 else "fp32", "batch_size": b})
+    return out
+
+
+def bench_interaction(rng: random.Random, n: int, reps: int) -> list[dict]:
+    from dlrm.models.dlrm import Interaction
+
+    out = []
+    for _ in range(n):
+        b = _log_uniform(rng, 64, 4096)
+        feats = rng.choice([4, 8, 13, 18, 27, 33])
+        dim = rng.choice([8, 16, 32, 64, 128])
+        if b * feats * feats * dim > 4e8:
+            continue
+        bf16 = rng.random() < 0.5
+        inter = Interaction(feats, "dot", False)
+        dense = torch.randn(b, dim, requires_grad=True)
+        sparse = torch.randn(b, (feats - 1) * dim, requires_grad=True)
+
+        def step() -> None:
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                z = inter(dense, sparse)
+            z.float().sum().backward()
+            dense.grad = sparse.grad = None
+
+        out += profile_kernels(step, reps, {"precision": "bf16" if bf16 else "fp32", "batch_size": b})
+    return out
+
+
+def bench_embedding(rng: random.Random, n: int, reps: int) -> list[dict]:
+    from data_pipeline.synthetic import PlantedWorld, SyntheticConfig
+    from embeddings import FusedEmbeddingBagCollection, SparseOptimizer, tables_for_features
+
+    out = []
+    for _ in range(n):
+        b = _log_uniform(rng, 64, 4096)
+        tables = rng.choice([4, 8, 16, 26])
+        rows = _log_uniform(rng, 100, 500_000)
+        sizes = [max(2, int(rows * rng.uniform(0.2, 1.0))) for _ in range(tables)]
+        dim = rng.choice([8, 16, 32, 64])
+        alpha = rng.choice([0.0, 0.8, 1.05, 1.2])
+        opt = rng.choice(["sgd", "sgd", "rowwise_adagrad", "adagrad"])
+        world = PlantedWorld(SyntheticConfig(table_sizes=sizes, zipf_alpha=alpha, seed=rng.randrange(1000)))
+        emb = FusedEmbeddingBagCollection(tables_for_features(sizes, dim), SparseOptimizer(opt, 0.01))
+        rows_t, _, _ = world.chunk("train", 0)
+        kjts = [world._kjt(rows_t[:, i * b % 8192 : i * b % 8192 + b].contiguous()) for i in range(max(1, 8192 // b))]
+        it = iter(range(1 << 30))
+
+        def step() -> None:
+            kjt = kjts[next(it) % len(kjts)]
+            emb(kjt).values().sum().backward()
+
+        ctx = {"table_sizes": sizes, "embedding_dim": dim, "zipf": alpha, "optimizer": opt, "batch_size": b}
+        out += profile_kernels(step, reps, ctx)
+    return out
+
+
+def bench_loss(rng: random.Random, n: int, reps: int) -> list[dict]:
+    out = []
+    for _ in range(n):
+        b = _log_uniform(rng, 64, 8192)
+        logits = torch.randn(b, requires_grad=True)
+        labels = (torch.rand(b) < 0.3).float()
+
+        def step() -> None:
+            torch.nn.functional.binary_cross_entropy_with_logits(logits, labels).backward()
+            logits.grad = None
+
+        out += profile_kernels(step, reps, {"batch_size": b})
+    return out
+
+
+def bench_copy(rng: random.Random, n: int, reps: int) -> list[dict]:
+    out = []
+    for _ in range(n):
+        numel = _log_uniform(rng, 64, 1 << 22)
+        a = torch.randn(numel)
+        bf = torch.empty(numel, dtype=torch.bfloat16)
+
+        def step() -> None:
+            bf.copy_(a)
+            a.copy_(bf)
+            a.add_(1.0)
+            torch.relu(a)
+
+        out += profile_kernels(step, reps, {})
+        if torch.cuda.is_available():
+            pinned = a.pin_memory()
+            dev = torch.empty(numel, device="cuda")
+            out += profile_kernels(lambda: dev.copy_(pinned, non_blocking=True), reps, {})
+    return out
+
+
+SWEEPS = {"mlp": bench_mlp, "interaction": bench_interaction, "embedding": bench_embedding,
+          "loss": bench_loss, "copy": bench_copy}  # fmt: skip
+DEFAULT_COUNTS = {"mlp": 120, "interaction": 40, "embedding": 40, "loss": 10, "copy": 15}
+
+# Fit configurations: their traces give the overhead statistics. None of them is a report
+# configuration (different MLP shapes and batch sizes).
+FIT_CONFIGS = [
+    {"arch_mlp_bot": (13, 256, 64, 16), "arch_mlp_top": (256, 64, 1), "mini_batch_size": 384, "precision": "fp32"},
+    {"arch_mlp_bot": (13, 256, 64, 16), "arch_mlp_top": (256, 64, 1), "mini_batch_size": 1536, "precision": "bf16"},
+    {"arch_mlp_bot": (13, 96, 16), "arch_mlp_top": (384, 1), "mini_batch_size": 768, "precision": "bf16"},
+    {"arch_mlp_bot": (13, 96, 16), "arch_mlp_top": (384, 1), "mini_batch_size": 3072, "precision": "fp32"},
+]
+
+
+def base_config(**changes):
+    from dlrm.config import TrainConfig
+
+    base = {"synthetic_table_scale": 0.01, "data_size": 1 << 20, "test_data_size": 1024, "print_freq": 0,
+            "out_dir": "/tmp/perfmodel-unused"}  # fmt: skip
+    base.update(changes)
+    return TrainConfig(**base)
+
+
+def trace_config(cfg, out: Path, warmup: int = 3, steps: int = 3, timed: int = 7) -> Path:
+    """Record a perf trace of `steps` steps of cfg (after warm-up) with batches made up front."""
+    from dlrm.perfmodel.graph import batches_for, build_trainer
+    from dlrm.perfmodel.recorder import profile_steps, trace_meta
+
+    threads = torch.get_num_threads()
+    trainer = build_trainer(cfg)
+    bs = batches_for(trainer, cfg.mini_batch_size, warmup + timed + steps)
+    torch.set_num_threads(threads)
+    for b in bs[:warmup]:
+        trainer.train_step(b)
+    wall, cpu = time_steps(trainer, bs[warmup : warmup + timed])
+    graphs = profile_steps(trainer.train_step, bs[warmup + timed :], trainer.model, trainer.dense_optimizer,
+                           trainer.device.type == "cuda")  # fmt: skip
+    meta = trace_meta(trainer, cfg.mini_batch_size)
+    meta["unprofiled_step_us"], meta["unprofiled_step_cpu_us"] = wall, cpu
+    return tr.write_trace(tr.make_doc(meta, graphs), out)
+
+
+def time_steps(trainer, batches: list) -> tuple[float, float]:
+    """Median wall and thread-CPU microseconds of plain (unprofiled) training steps.
+
+    Thread CPU time excludes the time other processes held the core: on a shared machine it is
+    the measure that means something; on an idle one with one thread it equals wall time.
+    """
+    cuda = trainer.device.type == "cuda"
+    walls, cpus = [], []
+    for b in batches:
+        w0, c0 = time.perf_counter(), time.thread_time()
+        trainer.train_step(b)
+        if cuda:
+            torch.cuda.synchronize()
+        walls.append((time.perf_counter() - w0) * 1e6)
+        cpus.append((time.thread_time() - c0) * 1e6)
+    return statistics.median(walls), statistics.median(cpus)
+
+
+def run(out_dir: str | Path, scale: float = 1.0, reps: int = 5, seed: int = 0, sweeps: list[str] | None = None,
+        fit_configs: bool = True) -> dict:  # fmt: skip
+    """All sweeps into OUT/kernels.jsonl and the fit configurations' traces into OUT/traces/."""
+    from dlrm.perfmodel import hardware
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    hw = hardware.describe()
+    rng = random.Random(seed)
+    summary: dict = {"hardware": hw["key"], "sweeps": {}, "threads": torch.get_num_threads()}
+    threads = torch.get_num_threads()
+    with open(out_dir / "kernels.jsonl", "w") as f:
+        for name in sweeps or list(SWEEPS):
+            t0 = time.perf_counter()
+            recs = SWEEPS[name](rng, max(1, int(DEFAULT_COUNTS[name] * scale)), reps)
+            torch.set_num_threads(threads)
+            for r in recs:
+                r["sweep"] = name
+                r["ctx"] = {k: v for k, v in r.get("ctx", {}).items() if k in CTX_FIELDS}
+                f.write(json.dumps(r) + "\n")
+            summary["sweeps"][name] = {"records": len(recs), "seconds": round(time.perf_counter() - t0, 1)}
+            log.info("microbench %s: %d kernel records in %.1f s", name, len(recs), time.perf_counter() - t0)
+    if fit_configs:
+        for i, changes in enumerate(FIT_CONFIGS):
+            trace_config(base_config(**changes), out_dir / "traces" / f"fit{i}.trace.json")
+            torch.set_num_threads(threads)
+    (out_dir / "microbench.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def read_records(path: str | Path) -> list[dict]:
+    recs = []
+    with open(path) as f:
+        for i, line in enumerate(f, 1):
+            line = line.strip()
+            if line:
+                try:
+                    recs.append(json.loads(line))
+                except json.JSONDecodeError:
+                    raise tr.TraceError(f"{path}:{i}: not a JSON kernel record") from None
+    return recs

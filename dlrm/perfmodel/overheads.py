@@ -1,0 +1,128 @@
+"""The five host-side overheads of Lin et al. (2022), measured from perf traces.
+
+On a GPU they are: T1, the gap between consecutive top-level operators; T2, from an operator's
+start to its first kernel launch; T3, from its last launch to its end; T4, the launch call
+itself (cudaLaunchKernel); T5, the gaps between launches within one operator.
+
+On CPU nothing is launched: a "kernel" is the outermost compute operator inside a top-level op,
+run synchronously on the calling thread (see `dlrm.perfmodel.trace`). The kinds map as:
+
+- T1: Python and framework time between top-level operators (the trainer's code, module
+  ``__call__`` and hooks, autograd engine bookkeeping between nodes);
+- T2: dispatch of the top-level op before its first compute op (the autocast and
+  ``aten::linear`` wrappers, argument checks, allocations of the output);
+- T3: after the last compute op until the op returns (wrapping results, autograd graph
+  recording);
+- T4: zero on CPU by construction (a synchronous call has no launch; its dispatch is in T2/T5);
+- T5: dispatch between consecutive compute ops of one top-level op (e.g. the casts of autocast
+  before an ``addmm``, the two ``mm`` of an ``AddmmBackward0``).
+
+An op that does no compute (views, AccumulateGrad) is all host time; it is stored as T2 with no
+kernels. Statistics are mean/std/count/median per op key (name plus the names of its kernels, so an
+autocast ``aten::linear`` and an fp32 one are separate) with a per-name and a global fallback.
+
+The profiler itself costs ``profiler_event_cost_us`` per recorded event; a trace's overheads
+are corrected by subtracting that cost for the events inside each span (the op's events that are
+not kernels), so that the statistics describe an unprofiled run.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+
+KINDS = ("T1", "T2", "T3", "T4", "T5")
+
+
+def op_key(op: dict) -> str:
+    return op["name"] + "|" + ",".join(k["name"] for k in op.get("kernels", []))
+
+
+class _Acc:
+    __slots__ = ("xs",)
+
+    def __init__(self) -> None:
+        self.xs: list[float] = []
+
+    def add(self, x: float) -> None:
+        self.xs.append(x)
+
+    def stats(self) -> dict:
+        n = len(self.xs)
+        mean = sum(self.xs) / n if n else 0.0
+        var = sum((x - mean) ** 2 for x in self.xs) / n if n else 0.0
+        return {"mean": mean, "std": math.sqrt(var), "count": n, "median": statistics.median(self.xs) if n else 0.0}
+
+
+def op_overheads(op: dict, prev_end: float | None, event_cost: float) -> dict[str, list[float]]:
+    """The overhead samples of one traced op (lists, since T4/T5 occur once per kernel/gap)."""
+    out: dict[str, list[float]] = {k: [] for k in KINDS}
+    start, end = op["start_us"], op["start_us"] + op["dur_us"]
+    if prev_end is not None:
+        out["T1"].append(max(start - prev_end - event_cost, 0.0))  # the op's own event entry
+    kernels = [k for k in op.get("kernels", []) if k.get("start_us") is not None]
+    if not kernels:
+        out["T2"].append(max(op["dur_us"] - event_cost * op.get("n_events", 1), 0.0))
+        return out
+    host_events = max(op.get("n_events", 1) - sum(k.get("n_events", 1) for k in kernels), 0)
+    t2 = kernels[0]["start_us"] - start
+    t3 = end - (kernels[-1]["start_us"] + kernels[-1]["dur_us"])
+    gaps = [b["start_us"] - (a["start_us"] + a["dur_us"]) for a, b in zip(kernels, kernels[1:])]
+    raw = max(t2, 0) + max(t3, 0) + sum(max(g, 0) for g in gaps)
+    # spread the profiler's cost over the host spans in proportion to their length
+    keep = max(raw - event_cost * host_events, 0.0) / raw if raw > 0 else 1.0
+    out["T2"].append(max(t2, 0) * keep)
+    out["T3"].append(max(t3, 0) * keep)
+    out["T4"].extend(float(k.get("launch_us", 0.0)) for k in kernels)
+    out["T5"].extend(max(g, 0) * keep for g in gaps)
+    return out
+
+
+class Overheads:
+    def __init__(self, table: dict | None = None) -> None:
+        self.table: dict[str, dict[str, dict]] = table or {}
+
+    @classmethod
+    def from_traces(cls, docs: list[dict], event_cost: float | None = None) -> Overheads:
+        """Statistics over every step of the traces; `event_cost` overrides the traces' own
+        profiler cost per event (the fit calibrates it against unprofiled step times)."""
+        accs: dict[str, dict[str, _Acc]] = defaultdict(lambda: defaultdict(_Acc))
+        for doc in docs:
+            cost = float(doc["meta"].get("profiler_event_cost_us") or 0.0) if event_cost is None else event_cost
+            for step in doc["steps"]:
+                prev_end: dict[int, float] = {}
+                for op in step["ops"]:
+                    thread = op.get("thread", 0)
+                    samples = op_overheads(op, prev_end.get(thread, 0.0), cost)
+                    prev_end[thread] = op["start_us"] + op["dur_us"]
+                    for key in (op_key(op), op["name"], "*"):
+                        for kind, xs in samples.items():
+                            for x in xs:
+                                accs[key][kind].add(x)
+                # the tail of the step after its last op (the trainer's return path)
+                if step["ops"]:
+                    last = max(o["start_us"] + o["dur_us"] for o in step["ops"])
+                    accs["<step_end>"]["T1"].add(max(step["dur_us"] - last, 0.0))
+        table = {key: {kind: acc.stats() for kind, acc in kinds.items()} for key, kinds in accs.items()}
+        return cls(table)
+
+    def get(self, op: dict, kind: str) -> float:
+        """The expected overhead of this kind for op: the median of its samples (robust to the
+        preemptions of a shared machine), by op key, else by name, else over all ops."""
+        for key in (op_key(op), op["name"], "*"):
+            entry = self.table.get(key, {}).get(kind)
+            if entry and entry["count"]:
+                return entry.get("median", entry["mean"])
+        return 0.0
+
+    def step_end(self) -> float:
+        entry = self.table.get("<step_end>", {}).get("T1")
+        return entry.get("median", entry["mean"]) if entry else 0.0
+
+    def to_json(self) -> dict:
+        return {"kinds": list(KINDS), "table": self.table}
+
+    @classmethod
+    def from_json(cls, data: dict) -> Overheads:
+        return cls(data["table"])

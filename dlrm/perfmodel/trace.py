@@ -1,0 +1,282 @@
+"""Recording training steps with torch.profiler and turning them into the execution-graph JSON.
+
+The perf-trace format (``FORMAT``/``VERSION`` below), one JSON object per file::
+
+    {"format": "hybrid-dlrm/perf-trace", "version": 1,
+     "meta": {"batch_size": 2048, "precision": "fp32", "device": "cpu", "threads": 1,
+              "config": {...TrainConfig...}, "table_sizes": [...], "embedding_dim": 16,
+              "zipf": 1.05, "optimizer": "sgd", "placement": "device", "torch": "2.13.0",
+              "profiler_event_cost_us": 1.1},
+     "steps": [{"step": 0, "dur_us": 8123.4, "wall_us": 8200.1, "cpu_us": 8010.7,
+                "ops": [{"name": "aten::linear", "phase": "forward", "thread": 1,
+                         "start_us": 12.0, "dur_us": 310.5, "n_events": 14,
+                         "shapes": [[2048, 13], [512, 13], [512]], "dtypes": ["float", ...],
+                         "sync": false,
+                         "kernels": [{"name": "aten::addmm", "stream": "cpu",
+                                      "start_us": 30.1, "dur_us": 280.2, "n_events": 5,
+                                      "launch_us": 0.0,
+                                      "shapes": [[512], [2048, 13], [13, 512]],
+                                      "strides": [[1], [13, 1], [1, 13]],
+                                      "dtypes": ["float", "float", "float"]}]}]}]}
+
+Times are microseconds relative to the step's start; a step's ``cpu_us`` is the training
+thread's CPU time over it, so ``cpu_us / wall_us`` below 1 says other processes took the core
+for a while (the meta's ``unprofiled_step_us``/``unprofiled_step_cpu_us`` are medians of plain
+steps, without the profiler, when the writer measured them). An *op* is a top-level operator of the
+step (inside the ``perf::step`` label): an operator with no parent but the phase labels
+``perf::forward``, ``perf::embedding_lookup``, ``perf::backward`` and ``perf::optimizer``, or
+an autograd engine node running on another thread (CUDA).
+Its ``phase`` is the innermost label around it (autograd engine nodes are always ``backward``,
+``Optimizer.*`` ops ``optimizer``); unlabelled ops between the forward pass and backward are the
+``loss``, other unlabelled ones ``other``. A *kernel* is where an op's work is done: on CUDA the device
+kernels the op launched (``stream`` = ``cuda:<stream id>``, ``launch_us`` the
+``cudaLaunchKernel`` call); on CPU, where nothing is launched, the outermost compute operator
+inside the op (``aten::addmm`` inside ``aten::linear``, ``aten::copy_`` inside an autocast
+``aten::to``, fbgemm's ``*_cpu`` kernels inside the lookup wrappers), ``stream`` = ``cpu``,
+``launch_us`` = 0. ``n_events`` counts the profiler events inside a span: each costs
+``profiler_event_cost_us`` that an unprofiled run does not pay, and the overhead statistics
+subtract it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+FORMAT = "hybrid-dlrm/perf-trace"
+VERSION = 1
+PHASES = ("forward", "embedding_lookup", "loss", "backward", "optimizer", "other")
+LABEL_PREFIX = "perf::"
+STEP_LABEL = "perf::step"
+
+# Views and allocations: no data moves, so never a kernel.
+METADATA_OPS = {
+    "aten::as_strided", "aten::view", "aten::reshape", "aten::_reshape_alias", "aten::transpose",
+    "aten::t", "aten::expand", "aten::narrow", "aten::slice", "aten::select", "aten::squeeze",
+    "aten::unsqueeze", "aten::permute", "aten::flatten", "aten::detach", "detach", "aten::empty",
+    "aten::empty_strided", "aten::empty_like", "aten::resolve_conj", "aten::resolve_neg",
+    "aten::_unsafe_view", "aten::alias", "aten::lift_fresh", "aten::new_empty",
+    "aten::new_empty_strided", "aten::item", "aten::_local_scalar_dense", "aten::to",
+    "aten::_to_copy", "aten::contiguous", "aten::clone", "aten::split", "aten::split_with_sizes",
+    "aten::chunk", "aten::unbind", "aten::set_", "aten::is_nonzero", "aten::result_type",
+    "torch::autograd::AccumulateGrad", "aten::ones_like", "aten::zeros_like", "aten::new_zeros",
+    "aten::zeros", "aten::ones", "aten::full", "aten::numpy_T", "aten::linear", "aten::relu",
+    "aten::matmul", "aten::log_sigmoid", "aten::binary_cross_entropy_with_logits",
+    "aten::index_select_backward", "aten::mean",
+}  # fmt: skip
+# Ops that do the work even though the profiler shows children (bias broadcast, sub-steps).
+COMPUTE_OPS = {
+    "aten::addmm", "aten::mm", "aten::bmm", "aten::baddbmm", "aten::index_select",
+    "aten::index_add_", "aten::scatter_add_", "aten::index_put_", "aten::cat", "aten::sum",
+    "aten::copy_", "aten::add_", "aten::add", "aten::div_", "aten::zero_", "aten::fill_",
+    "aten::log_sigmoid_forward", "aten::log_sigmoid_backward", "aten::sigmoid", "aten::mul",
+    "aten::mul_", "aten::sub_", "aten::sqrt", "aten::addcmul_", "aten::addcdiv_",
+    "aten::clamp_min", "aten::threshold_backward", "aten::_foreach_add_",
+}  # fmt: skip
+SYNC_OPS = {"aten::item", "aten::_local_scalar_dense", "cudaDeviceSynchronize", "cudaStreamSynchronize"}
+_FBGEMM_KERNEL = re.compile(r"^fbgemm::(split_embedding_.*_cpu|bounds_check_indices)$")
+
+
+class TraceError(ValueError):
+    """A perf-trace file that is not in the documented format."""
+
+
+def is_compute(name: str) -> bool:
+    return name in COMPUTE_OPS or name.startswith("aten::_foreach_") or bool(_FBGEMM_KERNEL.match(name))
+
+
+def _span(e) -> tuple[float, float]:
+    return float(e.time_range.start), float(e.time_range.end)
+
+
+def _count(e) -> int:
+    return 1 + sum(_count(c) for c in e.cpu_children)
+
+
+def _shapes(e) -> list:
+    return [list(s) if isinstance(s, (list, tuple)) else [] for s in (e.input_shapes or [])]
+
+
+def _strides(e) -> list:
+    raw = getattr(e, "structured_input_strides", None) or []
+    return [list(s) if isinstance(s, (list, tuple)) and all(isinstance(x, int) for x in s) else [] for s in raw]
+
+
+def _cpu_kernels(e, out: list) -> None:
+    """Outermost compute ops under e (e excluded), in time order."""
+    for c in e.cpu_children:
+        if is_compute(c.name) or (not c.cpu_children and c.name not in METADATA_OPS and not c.name.startswith(LABEL_PREFIX)):
+            out.append(c)
+        else:
+            _cpu_kernels(c, out)
+
+
+def _cpu_kernel(k, s0: float) -> dict:
+    out = {"name": k.name, "stream": "cpu", "start_us": _span(k)[0] - s0,
+           "dur_us": _span(k)[1] - _span(k)[0], "n_events": _count(k), "launch_us": 0.0,
+           "shapes": _shapes(k), "strides": _strides(k), "dtypes": [str(d) for d in (k.input_dtypes or [])]}  # fmt: skip
+    if k.name == "aten::cat":  # a TensorList's shapes are not recorded: the output's are, by narrow
+        for c in k.cpu_children:
+            if c.name in ("aten::narrow", "aten::slice") and c.input_shapes and c.input_shapes[0]:
+                out["out_shape"] = list(c.input_shapes[0])
+                out["out_dtype"] = str((c.input_dtypes or ["float"])[0])
+                break
+    return out
+
+
+def _has_sync(e) -> bool:
+    return e.name in SYNC_OPS or any(_has_sync(c) for c in e.cpu_children)
+
+
+def _device_kernels(e) -> list[dict]:
+    """CUDA kernels launched by op e (and its children), with their launch calls."""
+    out = []
+    for k in getattr(e, "kernels", []) or []:
+        out.append({"name": k.name, "stream": f"cuda:{getattr(k, 'device', 0)}", "start_us": None,
+                    "dur_us": float(k.duration), "n_events": 0, "launch_us": 0.0,
+                    "shapes": [], "strides": [], "dtypes": []})  # fmt: skip
+    for c in e.cpu_children:
+        out.extend(_device_kernels(c))
+    return out
+
+
+def _phase(name: str, label_phase: str) -> str:
+    if name.startswith("autograd::engine::evaluate_function"):
+        return "backward"
+    if name.startswith("Optimizer."):
+        return "optimizer"
+    return label_phase
+
+
+def graph_from_events(events: Iterable, uses_cuda: bool = False) -> list[dict]:
+    """Profiler events (torch.profiler FunctionEvents) -> one op list per ``perf::step`` label."""
+    events = sorted(events, key=lambda e: _span(e)[0])
+    step_events = [e for e in events if e.name == STEP_LABEL]
+    if not step_events:
+        raise TraceError(f"no {STEP_LABEL!r} event in the profile")
+    return [_one_step(events, st, uses_cuda) for st in step_events]
+
+
+def _one_step(events: list, step, uses_cuda: bool) -> dict:
+    s0, s1 = _span(step)
+    inside = [e for e in events if s0 <= _span(e)[0] <= s1 and e is not step]
+    labels = [e for e in inside if e.name.startswith(LABEL_PREFIX)]
+
+    def label_phase(t: float) -> str:
+        inner = [lab for lab in labels if _span(lab)[0] <= t <= _span(lab)[1]]
+        if not inner:
+            return "other"
+        best = min(inner, key=lambda lab: _span(lab)[1] - _span(lab)[0])
+        return best.name[len(LABEL_PREFIX) :]
+
+    tops = []
+    for e in inside:
+        if e.name.startswith(LABEL_PREFIX) or e.name.startswith("cuda"):
+            continue
+        parent = e.cpu_parent
+        if parent is None or parent.name.startswith(LABEL_PREFIX):
+            tops.append(e)
+    ops = []
+    seen = set()
+    for e in tops:
+        a, b = _span(e)
+        phase = _phase(e.name, label_phase(a))
+        if phase == "other" and "forward" in seen and "backward" not in seen:
+            phase = "loss"  # between the forward pass and backward: the loss
+        seen.add(phase)
+        if uses_cuda:
+            kernels = _device_kernels(e)
+            launches = [c for c in _walk(e) if c.name in ("cudaLaunchKernel", "cudaMemcpyAsync")]
+            for k, lc in zip(kernels, launches):
+                k["launch_us"] = _span(lc)[1] - _span(lc)[0]
+        else:
+            found: list = []
+            if is_compute(e.name):
+                found = [e]
+            else:
+                _cpu_kernels(e, found)
+            kernels = [_cpu_kernel(k, s0) for k in found]
+        ops.append({
+            "name": e.name, "phase": phase, "thread": int(e.thread), "start_us": a - s0,
+            "dur_us": b - a, "n_events": _count(e), "shapes": _shapes(e),
+            "dtypes": [str(d) for d in (e.input_dtypes or [])], "sync": _has_sync(e), "kernels": kernels,
+        })  # fmt: skip
+    return {"dur_us": s1 - s0, "ops": ops}
+
+
+def _walk(e):
+    yield e
+    for c in e.cpu_children:
+        yield from _walk(c)
+
+
+# --- files ------------------------------------------------------------------------------------
+
+
+def validate(doc: dict, where: str = "trace") -> dict:
+    """Check a perf-trace document's shape; raise TraceError naming the first problem."""
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise TraceError(f"{where}: not a {FORMAT} file (format field is {doc.get('format') if isinstance(doc, dict) else None!r})")
+    if doc.get("version") != VERSION:
+        raise TraceError(f"{where}: version {doc.get('version')!r}, this reader knows {VERSION}")
+    meta = doc.get("meta")
+    if not isinstance(meta, dict) or not isinstance(meta.get("batch_size"), int):
+        raise TraceError(f"{where}: meta.batch_size missing")
+    steps = doc.get("steps")
+    if not isinstance(steps, list) or not steps:
+        raise TraceError(f"{where}: no steps")
+    for i, st in enumerate(steps):
+        if not isinstance(st.get("ops"), list) or not isinstance(st.get("dur_us"), (int, float)):
+            raise TraceError(f"{where}: steps[{i}] needs ops and dur_us")
+        for j, op in enumerate(st["ops"]):
+            for key in ("name", "phase", "start_us", "dur_us", "kernels", "shapes"):
+                if key not in op:
+                    raise TraceError(f"{where}: steps[{i}].ops[{j}] has no {key}")
+            if op["phase"] not in PHASES:
+                raise TraceError(f"{where}: steps[{i}].ops[{j}].phase {op['phase']!r} not in {PHASES}")
+            for k, kern in enumerate(op["kernels"]):
+                for key in ("name", "stream", "dur_us"):
+                    if key not in kern:
+                        raise TraceError(f"{where}: steps[{i}].ops[{j}].kernels[{k}] has no {key}")
+    return doc
+
+
+def make_doc(meta: dict, steps: list[dict]) -> dict:
+    return {"format": FORMAT, "version": VERSION, "meta": meta,
+            "steps": [{"step": i, **s} for i, s in enumerate(steps)]}  # fmt: skip
+
+
+def write_trace(doc: dict, path: str | Path) -> Path:
+    validate(doc, str(path))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(doc, separators=(",", ":")) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def read_trace(path: str | Path) -> dict:
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise TraceError(f"{path}: no such file") from None
+    except json.JSONDecodeError as e:
+        raise TraceError(f"{path}: not JSON ({e.msg} at line {e.lineno})") from None
+    return validate(doc, str(path))
+
+
+def trace_files(paths: Iterable[str | Path]) -> list[Path]:
+    """Files and directories (searched for *.trace.json) -> trace files."""
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            out.extend(sorted(p.rglob("*.trace.json")))
+        elif p.exists():
+            out.append(p)
+        else:
+            raise TraceError(f"{p}: no such file or directory")
+    return out
