@@ -4,8 +4,9 @@
 
 1. writes a synthetic Kaggle-layout train.txt of at least --size-gb (reused if already in
    --workdir with the same size), timing the writer;
-2. preprocesses it end to end (line count, parse, encode, write, fsync) in hash mode
-   (--max-ind-range 10000000) and in frequency mode (threshold 1): raw MB/s;
+2. preprocesses it end to end with `python -m data_pipeline preprocess` (process start, line
+   count, parse, encode, write, fsync) in hash mode (--max-ind-range 10000000) and in frequency
+   mode (threshold 1): raw MB/s, and the peak RSS of any process involved;
 3. reads the hash-mode result back through CriteoBatchSource from the page cache for each
    --data-randomize order: samples/s;
 4. baselines in the same run: a reference-style per-line Python parse (split / int()) on a
@@ -19,7 +20,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -27,9 +30,10 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
-from data_pipeline.criteo import CriteoBatchSource, PreprocessOptions, preprocess  # noqa: E402
+from data_pipeline.criteo import CriteoBatchSource  # noqa: E402
 from data_pipeline.synthetic_raw import SyntheticSpec, write_raw_file  # noqa: E402
 
 BYTES_PER_LINE = 235  # a little under what the synthetic (and the real) lines take
@@ -51,10 +55,15 @@ def _generate(
     return path, {"seconds": round(seconds, 2), "mb_per_s": round(info.bytes / seconds / 1e6, 1)}
 
 
-def _preprocess(raw: Path, out: Path, options: PreprocessOptions) -> dict:
+def _preprocess(raw: Path, out: Path, flags: list[str], workers: int | None) -> dict:
+    """End to end through the CLI, in a fresh process (as a user runs it)."""
     shutil.rmtree(out, ignore_errors=True)
+    cmd = [sys.executable, "-m", "data_pipeline", "preprocess", "--dataset", "kaggle",
+           "--raw", str(raw), "--out", str(out), "--no-progress", *flags]  # fmt: skip
+    if workers is not None:
+        cmd += ["--workers", str(workers)]
     started = time.perf_counter()
-    preprocess("kaggle", raw, out, options)
+    subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
     seconds = time.perf_counter() - started
     return {"seconds": round(seconds, 2), "mb_per_s": round(raw.stat().st_size / seconds / 1e6, 1)}
 
@@ -128,14 +137,17 @@ def main() -> None:
         raw, result["generate"] = _generate(workdir, args.size_gb)
         result["raw_bytes"] = raw.stat().st_size
         result["baseline_python_parse"] = _baseline_parse(raw)
-        options = dict(workers=args.workers, progress=False)
         result["preprocess_hash"] = _preprocess(
-            raw, workdir / "out_hash", PreprocessOptions(max_ind_range=10_000_000, **options)
+            raw, workdir / "out_hash", ["--max-ind-range", "10000000"], args.workers
         )
         if not args.skip_frequency:
             result["preprocess_frequency"] = _preprocess(
-                raw, workdir / "out_freq", PreprocessOptions(frequency_threshold=1, **options)
+                raw, workdir / "out_freq", ["--frequency-threshold", "1"], args.workers
             )
+        # ru_maxrss of children: the largest preprocessing process (main or worker), in KB
+        result["preprocess_peak_rss_mb"] = round(
+            resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+        )
         result["loader_samples_per_s"] = {
             f"{randomize}/{bs}": round(
                 _loader(workdir / "out_hash", randomize, bs, args.loader_seconds)

@@ -421,3 +421,34 @@ def test_concurrent_callers_share_one_preprocessing(kaggle_raw, tmp_path, monkey
         t.join()
     assert errors == [] and len(results) == 3 and len(runs) == 1
     assert json.loads((tmp_path / "shared" / "meta.json").read_text())["rows"]["train"] == 1203
+
+
+def test_worker_messages_round_trip() -> None:
+    """The pipe protocol (JSON header + raw bytes, no pickle) keeps every field exactly."""
+    import io
+
+    from data_pipeline.preprocess_worker import TaskResult, TaskSpec
+    from data_pipeline.worker_pool import read_result, read_task, write_result, write_task
+
+    spec = TaskSpec("encode", False, 0.25, 2**63 + 5, 0, "/some/vocab", "int32")
+    stream = io.BytesIO()
+    write_task(stream, spec, b"a\tb\n\x00\xff\n", 1 << 40)
+    stream.seek(0)
+    assert read_task(stream) == (spec, b"a\tb\n\x00\xff\n", 1 << 40)
+    result = TaskResult(
+        num_lines=7,
+        bad=[(3, "label", "field 1 (label): expected 0 or 1, found b'\\t\\xff'")],
+        rows=2,
+        labels=None,
+        dense=np.arange(26, dtype=np.float32).reshape(2, 13),
+        sparse=np.array([[2**31 - 1] * 26, [0] * 26], dtype=np.int32),
+        counts=[(np.array([-1, 5], dtype=np.int64), np.array([1, 2], dtype=np.int64))] * 2,
+    )
+    stream = io.BytesIO()
+    write_result(stream, result)
+    stream.seek(0)
+    back = read_result(stream)
+    assert (back.num_lines, back.rows, back.bad, back.labels) == (7, 2, result.bad, None)
+    np.testing.assert_array_equal(back.dense, result.dense)
+    assert back.sparse.dtype == np.int32 and (back.sparse == result.sparse).all()
+    assert len(back.counts) == 2 and (back.counts[1][0] == [-1, 5]).all()
