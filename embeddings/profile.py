@@ -225,7 +225,11 @@ class AccessProfiler:
         if lo < 0 or hi >= n:
             bad = lo if lo < 0 else hi
             raise ProfileError(f"feature {self.feature_names[t]}: id {bad} outside the table's {n} rows")
-        self.counts[t] += np.bincount(ids, minlength=n).astype(np.int64, copy=False)
+        if ids.size * 16 >= n:
+            self.counts[t] += np.bincount(ids, minlength=n).astype(np.int64, copy=False)
+        else:  # a big table and a small batch: do not sweep every row of the table
+            rows, c = np.unique(ids, return_counts=True)
+            self.counts[t][rows] += c
 
     def add_indices(self, t: int, ids: np.ndarray) -> None:
         """Count lookups of table `t` (no per-input structure: not kept for the input share)."""

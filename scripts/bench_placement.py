@@ -1,0 +1,180 @@
+"""Embedding placement benchmark: host-only vs FAE vs device-only, on Kaggle-shaped synthetic data.
+
+    python scripts/bench_placement.py                      # CPU: both tiers in host memory
+    python scripts/bench_placement.py --device cuda        # on a GPU machine
+
+Every run trains the same model on the same samples (same seed) and is evaluated on the same test
+set; only `--placement` (and, for FAE, the order of the mini-batches) differs. The access profile
+is taken from training inputs the runs do not train on (later epochs of the same stream,
+`--profile-samples` of them, by default 5% of Criteo Kaggle's 45M training inputs), so the hot
+input share is measured out of sample, as it would be on a real data set.
+
+Prints one JSON object: per placement samples/s, embedding bytes moved per sample (host<->device,
+counted as if over PCIe even on the CPU), hot-input share, syncs, test AUC; then FAE against
+host-only: bytes ratio (target >= 3x) and AUC difference (target within 0.002), with the block
+order (all cold, then all hot mini-batches) as the ablation. Checkpoints are not written (the
+tables are 2.2 GB; writing them is not what is measured).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import logging
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from data_pipeline.synthetic import KAGGLE_TABLE_SIZES, scaled_table_sizes  # noqa: E402
+from dlrm import TrainConfig, Trainer  # noqa: E402
+from dlrm.data import build_data  # noqa: E402
+from embeddings.profile import AccessProfiler  # noqa: E402
+
+RUNS = ("host", "fae", "fae_block", "device")
+
+
+class _NoCheckpoints(Trainer):
+    def save_checkpoint(self):  # the benchmark measures training, not 2 GB writes
+        return None
+
+
+def _load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def make_profile(base: TrainConfig, samples: int, path: Path) -> dict:
+    """Count `samples` training inputs from epochs 1, 2, ... (the runs train on epoch 0 only)."""
+    t0 = time.perf_counter()
+    data = build_data(base)
+    train = data.train
+    profiler = AccessProfiler(data.table_sizes, data.feature_names)
+    epoch, seen = 1, 0
+    while seen < samples:
+        for batch in train.batches(epoch):
+            profiler.add_kjt(batch.sparse_features)
+            seen += batch.labels.numel()
+            if seen >= samples:
+                break
+        epoch += 1
+    profile = profiler.finish(sample_rate=samples / 45_840_617)  # share of Criteo Kaggle's training set
+    profile.save(path)
+    return {"inputs": profile.inputs, "seconds": round(time.perf_counter() - t0, 1), "file": str(path)}
+
+
+def run_one(name: str, base: TrainConfig, args, profile_file: Path, plan_file: Path) -> dict:
+    fields = dict(base.__dict__)
+    fields.update(out_dir=str(Path(args.out_dir) / name), placement="fae" if name.startswith("fae") else name)
+    if name.startswith("fae"):
+        fields.update(profile_file=str(profile_file), placement_plan=str(plan_file),
+                      fae_order="block" if name == "fae_block" else "interleave")  # fmt: skip
+    cfg = TrainConfig(**fields)
+    t0 = time.perf_counter()
+    trainer = _NoCheckpoints(cfg)
+    build_s = time.perf_counter() - t0
+    s = trainer.fit()
+    p = s["placement"]
+    out = {
+        "samples_per_s": round(s["train_samples_per_s"], 1),
+        "emb_bytes_per_sample": round(p["emb_bytes_per_sample"] or 0.0, 1),
+        "emb_bytes_h2d": p["emb_bytes_h2d"],
+        "emb_bytes_d2h": p["emb_bytes_d2h"],
+        "emb_bytes_sync": p["emb_bytes_h2d_sync"] + p["emb_bytes_d2h_sync"],
+        "syncs": p["syncs"],
+        "hot_input_share": p["hot_input_share"],
+        "test_auc": round(s["test_auc"], 5),
+        "test_logloss": round(s["test_logloss"], 5),
+        "train_s": round(s["wall_s"], 1),
+        "build_s": round(build_s, 1),
+        "time_breakdown_s": {k: round(v, 2) for k, v in s["time_breakdown_s"].items()},
+        "load_after": _load(),
+    }
+    if name.startswith("fae"):
+        out.update(hot_rows=p["hot_rows"], device_tier_bytes=p["device_tier_bytes"],
+                   plan_hot_input_share_in_sample=p["plan_hot_input_share_sample"])  # fmt: skip
+    del trainer
+    gc.collect()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--table-scale", type=float, default=1.0, help="Kaggle table sizes times this")
+    p.add_argument("--zipf", type=float, default=1.05)
+    p.add_argument("--hot-budget", default="256MB")
+    p.add_argument("--train-samples", type=int, default=1 << 19)
+    p.add_argument("--test-samples", type=int, default=1 << 17)
+    p.add_argument("--profile-samples", type=int, default=2_292_031, help="default: 5%% of Kaggle's 45.8M")
+    p.add_argument("--batch-size", type=int, default=2048)
+    p.add_argument("--dim", type=int, default=16)
+    p.add_argument("--mlp-bot", default="13-64-16")
+    p.add_argument("--mlp-top", default="64-1")
+    p.add_argument("--optimizer", default="sgd")
+    p.add_argument("--learning-rate", type=float, default=0.1)
+    p.add_argument("--switch-period", type=int, default=64)
+    p.add_argument("--runs", default=",".join(RUNS), help=f"subset of {','.join(RUNS)}")
+    p.add_argument("--seed", type=int, default=123)
+    p.add_argument("--out-dir", default="runs/bench_placement")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
+    runs = [r for r in args.runs.split(",") if r]
+    unknown = sorted(set(runs) - set(RUNS))
+    if unknown:
+        p.error(f"--runs: unknown {', '.join(unknown)}; expected some of {', '.join(RUNS)}")
+    sizes = KAGGLE_TABLE_SIZES if args.table_scale == 1.0 else scaled_table_sizes(args.table_scale)
+    base = TrainConfig(
+        arch_embedding_size=tuple(sizes), arch_sparse_feature_size=args.dim,
+        arch_mlp_bot=args.mlp_bot, arch_mlp_top=args.mlp_top, synthetic_zipf=args.zipf,
+        data_size=args.train_samples, test_data_size=args.test_samples, mini_batch_size=args.batch_size,
+        optimizer=args.optimizer, learning_rate=args.learning_rate, device=args.device, seed=args.seed,
+        hot_budget=args.hot_budget, fae_switch_period=args.switch_period, print_freq=64, progress=False,
+        out_dir=args.out_dir,
+    )  # fmt: skip
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report: dict = {
+        "setup": {
+            "tables": len(sizes), "rows": sum(sizes), "dim": args.dim, "zipf": args.zipf,
+            "hot_budget": args.hot_budget, "optimizer": args.optimizer, "mlp": f"{args.mlp_bot} / {args.mlp_top}",
+            "train_samples": math.ceil(args.train_samples / args.batch_size) * args.batch_size,
+            "test_samples": args.test_samples, "batch_size": args.batch_size, "device": args.device,
+            "fae_switch_period": args.switch_period, "cpus": os.cpu_count(), "load_before": _load(),
+        },
+    }  # fmt: skip
+    profile_file, plan_file = out_dir / "profile.npz", out_dir / "plan.npz"
+    for f in (plan_file, plan_file.with_suffix(".json")):
+        f.unlink(missing_ok=True)  # planned afresh from this run's profile
+    if any(r.startswith("fae") for r in runs):
+        report["profile"] = make_profile(base, args.profile_samples, profile_file)
+    results = {}
+    for name in runs:
+        results[name] = run_one(name, base, args, profile_file, plan_file)
+        print(f"{name}: {json.dumps(results[name])}", file=sys.stderr)
+    report["results"] = results
+    host, fae = results.get("host"), results.get("fae")
+    if host and fae:
+        ratio = host["emb_bytes_per_sample"] / fae["emb_bytes_per_sample"] if fae["emb_bytes_per_sample"] else math.inf
+        cmp = {
+            "bytes_ratio_host_over_fae": round(ratio, 3),
+            "target_bytes_ratio_3x_met": ratio >= 3.0,
+            "auc_fae_minus_host": round(fae["test_auc"] - host["test_auc"], 5),
+            "target_auc_within_0.002_met": abs(fae["test_auc"] - host["test_auc"]) <= 0.002,
+            "speedup_fae_over_host": round(fae["samples_per_s"] / host["samples_per_s"], 3),
+        }
+        if "fae_block" in results:
+            cmp["auc_fae_block_minus_host"] = round(results["fae_block"]["test_auc"] - host["test_auc"], 5)
+        if "device" in results:
+            cmp["speedup_device_over_host"] = round(results["device"]["samples_per_s"] / host["samples_per_s"], 3)
+        report["fae_vs_host"] = cmp
+    print(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
