@@ -26,6 +26,10 @@ class DataSplits:
 
 
 def build_data(cfg: TrainConfig, rank: int = 0, world_size: int = 1) -> DataSplits:
+    if cfg.data_set == "taobao":
+        return _taobao(cfg, rank, world_size)
+    if cfg.model == "tbsm":
+        raise ConfigError(f"--model tbsm: needs --data-set taobao (user event sequences), got {cfg.data_set}")
     if cfg.data_set == "synthetic":
         return _synthetic(cfg, rank, world_size)
     if cfg.data_set in ("kaggle", "terabyte"):
@@ -72,3 +76,35 @@ def _criteo(cfg: TrainConfig, rank: int, world_size: int) -> DataSplits:
     )  # fmt: skip
     test = CriteoBatchSource(dataset, "test", cfg.eval_batch_size, rank=rank, world_size=world_size)
     return DataSplits(train, test, dataset.table_sizes, dataset.num_dense, dataset.feature_names)
+
+
+def _taobao(cfg: TrainConfig, rank: int, world_size: int) -> DataSplits:
+    """Taobao UserBehavior: windows of ts_length events plus a candidate, preprocessed on first
+    use. `--model tbsm` gets every step (KJT batch B*(ts_length+1)), `--model dlrm` only the
+    candidate step (the baseline TBSM must beat). Training reads `train`, evaluation `test`."""
+    from data_pipeline.taobao import TaobaoOptions, preprocess_taobao
+    from data_pipeline.taobao_dataset import TaobaoBatchSource, TaobaoDataset
+
+    directory = Path(
+        cfg.processed_data_file or f"{cfg.raw_data_file}.t{cfg.ts_length}_p{cfg.points_per_user}.processed"
+    )
+    if cfg.raw_data_file:
+        options = TaobaoOptions(
+            ts_length=cfg.ts_length, points_per_user=cfg.points_per_user, seed=0,
+            on_bad_line=cfg.on_bad_line, progress=cfg.progress,
+        )  # fmt: skip
+        directory = preprocess_taobao(cfg.raw_data_file, directory, options)
+    elif not (directory / "meta.json").is_file():
+        raise ConfigError(f"--processed-data-file: {directory} is not a preprocessed data set (no meta.json)")
+    dataset = TaobaoDataset(directory)
+    if dataset.ts_length != cfg.ts_length:
+        raise ConfigError(
+            f"--ts-length {cfg.ts_length}: {directory} was made with --ts-length {dataset.ts_length}"
+        )
+    layout = "sequence" if cfg.model == "tbsm" else "candidate"
+    train = TaobaoBatchSource(
+        dataset, "train", cfg.mini_batch_size, layout=layout, randomize=cfg.data_randomize != "none",
+        seed=cfg.seed, rank=rank, world_size=world_size,
+    )  # fmt: skip
+    test = TaobaoBatchSource(dataset, "test", cfg.eval_batch_size, layout=layout, rank=rank, world_size=world_size)
+    return DataSplits(train, test, dataset.table_sizes, 1, dataset.feature_names)
