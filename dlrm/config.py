@@ -48,6 +48,19 @@ class TrainConfig:
     arch_interaction_itself: bool = False
     embedding_backend: str = "auto"  # auto | fbgemm | torch
 
+    # TBSM (--model tbsm; names and meaning as in facebookresearch/tbsm)
+    ts_length: int = 20  # history steps before the candidate
+    model_type: str = "tsl"  # tsl | mha | rnn
+    tsl_inner: str = "def"  # dot | ind (A w) | def (A^T A w)
+    tsl_mechanism: str = "mlp"  # mul | mlp
+    tsl_num_heads: int = 1  # TSL components, each with its own MLP
+    tsl_mlp: tuple[int, ...] = (15, 15)  # attention MLP hidden widths (ts_length added both ends)
+    arch_mlp: tuple[int, ...] = (60, 1)  # final MLP after [context, candidate]
+    tsl_proj: bool = True  # project history and candidate onto the unit sphere (tsl)
+    mha_num_heads: int = 8
+    rnn_num_layers: int = 1
+    points_per_user: int = 10  # taobao: positive (and as many negative) samples per user and split
+
     # data
     data_set: str = "synthetic"
     raw_data_file: str | None = None
@@ -106,6 +119,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         self.arch_mlp_bot = parse_widths(self.arch_mlp_bot, "--arch-mlp-bot")
         self.arch_mlp_top = parse_widths(self.arch_mlp_top, "--arch-mlp-top")
+        self.tsl_mlp = parse_widths(self.tsl_mlp, "--tsl-mlp")
+        self.arch_mlp = parse_widths(self.arch_mlp, "--arch-mlp")
         if self.arch_embedding_size is not None:
             self.arch_embedding_size = parse_widths(self.arch_embedding_size, "--arch-embedding-size")
         self.validate()
@@ -125,6 +140,9 @@ class TrainConfig:
         choice("--embedding-backend", self.embedding_backend, ("auto", "fbgemm", "torch"))
         choice("--data-randomize", self.data_randomize, ("none", "day", "total"))
         choice("--on-bad-line", self.on_bad_line, ("error", "skip"))
+        choice("--model-type", self.model_type, ("tsl", "mha", "rnn"))
+        choice("--tsl-inner", self.tsl_inner, ("dot", "ind", "def"))
+        choice("--tsl-mechanism", self.tsl_mechanism, ("mul", "mlp"))
         positive = {
             "--arch-sparse-feature-size": self.arch_sparse_feature_size,
             "--mini-batch-size": self.mini_batch_size,
@@ -132,6 +150,11 @@ class TrainConfig:
             "--data-size": self.data_size,
             "--test-data-size": self.test_data_size,
             "--keep-checkpoints": self.keep_checkpoints,
+            "--ts-length": self.ts_length,
+            "--tsl-num-heads": self.tsl_num_heads,
+            "--mha-num-heads": self.mha_num_heads,
+            "--rnn-num-layers": self.rnn_num_layers,
+            "--points-per-user": self.points_per_user,
         }
         for flag, value in positive.items():
             if value < 1:
@@ -194,6 +217,9 @@ class TrainConfig:
             "model", "arch_sparse_feature_size", "arch_embedding_size", "arch_mlp_bot",
             "arch_mlp_top", "arch_interaction_op", "arch_interaction_itself", "optimizer",
         ]  # fmt: skip
+        if self.model == "tbsm":
+            keys += ["ts_length", "model_type", "tsl_inner", "tsl_mechanism", "tsl_num_heads", "tsl_mlp",
+                     "arch_mlp", "tsl_proj", "mha_num_heads", "rnn_num_layers"]  # fmt: skip
         out = {k: getattr(self, k) for k in keys}
         return json.loads(json.dumps(out))
 

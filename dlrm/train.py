@@ -58,6 +58,18 @@ def build_parser() -> argparse.ArgumentParser:
     flag("--arch-interaction-itself", "include each feature's dot with itself")
     opt("--embedding-backend", help_="auto, fbgemm or torch")
 
+    opt("--ts-length", int, help_="tbsm: history steps before the candidate (default 20)")
+    opt("--model-type", help_="tbsm: tsl (default), mha or rnn")
+    opt("--tsl-inner", help_="tbsm: dot, ind (A w) or def (A^T A w, default)")
+    opt("--tsl-mechanism", help_="tbsm: mul or mlp (default)")
+    opt("--tsl-num-heads", int, help_="tbsm: TSL components, each with its own MLP")
+    opt("--tsl-mlp", help_="tbsm: attention MLP hidden widths, e.g. 15-15")
+    opt("--arch-mlp", help_="tbsm: final MLP widths after [context, candidate], ending in 1, e.g. 60-1")
+    flag("--tsl-proj", "tbsm: project history and candidate onto the unit sphere (default true)")
+    opt("--mha-num-heads", int, help_="tbsm --model-type mha: attention heads")
+    opt("--rnn-num-layers", int, help_="tbsm --model-type rnn: LSTM layers")
+    opt("--points-per-user", int, help_="taobao: samples per user and split (each with a negative)")
+
     opt("--data-set", help_="synthetic (default), kaggle, terabyte or taobao")
     opt("--raw-data-file", help_="raw Criteo/Taobao input")
     opt("--processed-data-file", help_="preprocessed dataset directory (made on first use)")
