@@ -1,6 +1,7 @@
 """Command line: `python -m data_pipeline preprocess|synth|info ...`.
 
-    preprocess  raw Criteo Kaggle/Terabyte files -> a preprocessed directory (resumable)
+    preprocess  raw Criteo Kaggle/Terabyte files -> a preprocessed directory (resumable), or
+                a Taobao UserBehavior.csv -> a TBSM window directory (--dataset taobao)
     synth       write synthetic raw files in either layout (for trying things and tests)
     info        print a preprocessed directory's summary as JSON
 
@@ -38,7 +39,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     pre = sub.add_parser("preprocess", help="raw Criteo files -> preprocessed directory")
-    pre.add_argument("--dataset", required=True, choices=DATASETS)
+    pre.add_argument("--dataset", required=True, choices=(*DATASETS, "taobao"))
     pre.add_argument(
         "--raw",
         required=True,
@@ -65,6 +66,11 @@ def _parser() -> argparse.ArgumentParser:
     pre.add_argument("--workers", type=int, help="parse processes (0: inline; default: automatic)")
     pre.add_argument("--block-mb", type=int, default=8, help="MB of raw text per task (>= 1)")
     pre.add_argument("--no-progress", action="store_true", help="no progress bar")
+    pre.add_argument("--ts-length", type=int, default=20, help="taobao: history steps per sample")
+    pre.add_argument("--points-per-user", type=int, default=10, help="taobao: samples per user and split")
+    pre.add_argument("--val-fraction", type=float, default=0.1, help="taobao: share of time for validation")
+    pre.add_argument("--test-fraction", type=float, default=0.1, help="taobao: share of time for test")
+    pre.add_argument("--memory-mb", type=int, default=2048, help="taobao: working-set bound (sets the buckets)")
 
     syn = sub.add_parser("synth", help="write synthetic raw Criteo files")
     syn.add_argument("--layout", required=True, choices=DATASETS)
@@ -92,7 +98,20 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s"
     )
     try:
-        if args.command == "preprocess":
+        if args.command == "preprocess" and args.dataset == "taobao":
+            from .taobao import TaobaoOptions, load_taobao_meta, preprocess_taobao
+
+            options = TaobaoOptions(
+                ts_length=args.ts_length, points_per_user=args.points_per_user,
+                val_fraction=args.val_fraction, test_fraction=args.test_fraction, seed=args.seed,
+                on_bad_line=args.on_bad_line, memory_mb=args.memory_mb, block_bytes=args.block_mb << 20,
+                progress=False if args.no_progress else None,
+            )  # fmt: skip
+            meta = load_taobao_meta(preprocess_taobao(args.raw, args.out, options))
+            rows = {k: v["rows"] for k, v in meta["splits"].items()}
+            print(json.dumps({"out": str(args.out), "rows": rows, "table_sizes": meta["table_sizes"],
+                              "bad_lines": meta["bad_lines"]}))  # fmt: skip
+        elif args.command == "preprocess":
             options = PreprocessOptions(
                 max_ind_range=args.max_ind_range,
                 frequency_threshold=args.frequency_threshold,
