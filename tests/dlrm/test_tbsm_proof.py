@@ -67,3 +67,26 @@ def test_mha_and_rnn_learn(planted, tmp_path, kind, modules):
     own = [n for n, _ in trainer.model.named_parameters() if n.startswith(modules)]
     assert own and set(own) <= moved  # the attention / LSTM weights were trained
     assert summary["test_auc"] > 0.6, summary["test_auc"]
+
+
+def test_cli_trains_tbsm_from_raw_and_rejects_bad_flags(tmp_path, capsys):
+    from dlrm.train import main
+
+    raw = tmp_path / "UserBehavior.csv"
+    write_user_behavior(raw, PlantedBehavior(num_users=60, min_events=10, max_events=14, seed=2))
+    args = ["--model", "tbsm", "--data-set", "taobao", "--raw-data-file", str(raw), "--ts-length", "4",
+            "--points-per-user", "2", "--arch-sparse-feature-size", "8", "--arch-mlp-bot", "1-8",
+            "--arch-mlp-top", "6-6", "--tsl-mlp", "6", "--arch-mlp", "12-1", "--tsl-inner", "ind",
+            "--tsl-mechanism", "mul", "--tsl-num-heads", "2", "--tsl-proj=false", "--mini-batch-size", "16",
+            "--num-batches", "3", "--out-dir", str(tmp_path / "run")]  # fmt: skip
+    assert main(args) == 0
+    assert (tmp_path / "UserBehavior.csv.t4_p2.processed" / "meta.json").is_file()
+    config = (tmp_path / "run" / "config.json").read_text()
+    assert '"tsl_inner": "ind"' in config and '"tsl_proj": false' in config
+    capsys.readouterr()
+    assert main([*args, "--ts-length", "5", "--processed-data-file", str(tmp_path / "UserBehavior.csv.t4_p2.processed"),
+                 "--raw-data-file", ""]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--ts-length 5:" in err and "made with --ts-length 4" in err
+    assert main([*args, "--model-type", "lstm"]) == 2
+    assert "--model-type: expected one of tsl, mha, rnn, got 'lstm'" in capsys.readouterr().err
