@@ -28,7 +28,9 @@ def load_model(path: str | Path | None = None):
     return _LOADED[key]
 
 
-def predict_step_time(cfg, batch_size: int | None = None, model_path: str | Path | None = None) -> dict:
+def predict_step_time(
+    cfg, batch_size: int | None = None, model_path: str | Path | None = None
+) -> dict:
     """Predicted training time of one batch of `cfg` (a TrainConfig; placement, precision and
     architecture as configured) at `batch_size` (default the config's), in microseconds:
     ``per_batch_us``, ``host_us``, ``device_active_us`` per stream and a ``breakdown`` by phase,

@@ -49,33 +49,54 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
 
     def common(sp) -> None:
-        sp.add_argument("--threads", type=int, default=None, help="intra-op threads (default: torch's)")
-        sp.add_argument("--model", dest="model_path", default=None, help="perfmodel.json (default: this machine's cached one)")
+        sp.add_argument(
+            "--threads", type=int, default=None, help="intra-op threads (default: torch's)"
+        )
+        sp.add_argument(
+            "--model",
+            dest="model_path",
+            default=None,
+            help="perfmodel.json (default: this machine's cached one)",
+        )
         sp.add_argument("-v", "--verbose", action="store_true")
 
-    mb = sub.add_parser("microbench", help="measure the hardware, sweep the kernels, trace the fit configurations")
+    mb = sub.add_parser(
+        "microbench", help="measure the hardware, sweep the kernels, trace the fit configurations"
+    )
     common(mb)
     mb.add_argument("--out", required=True, help="directory for kernels.jsonl and traces/")
     mb.add_argument("--scale", type=float, default=1.0, help="multiply the number of swept shapes")
     mb.add_argument("--reps", type=int, default=5)
     mb.add_argument("--seed", type=int, default=0)
-    mb.add_argument("--sweeps", default=None, help="comma-separated subset of mlp,interaction,embedding,loss,copy")
+    mb.add_argument(
+        "--sweeps",
+        default=None,
+        help="comma-separated subset of mlp,interaction,embedding,loss,copy",
+    )
     mb.add_argument("--no-fit-configs", action="store_true", help="skip the training traces")
-    mb.add_argument("--refresh-hardware", action="store_true", help="re-measure the hardware description")
+    mb.add_argument(
+        "--refresh-hardware", action="store_true", help="re-measure the hardware description"
+    )
 
     fit = sub.add_parser("fit", help="fit kernel models and overheads; write perfmodel.json")
     common(fit)
     fit.add_argument("--bench", required=True, help="a microbench output directory")
-    fit.add_argument("--traces", nargs="*", default=[], help="more perf traces (files or directories)")
+    fit.add_argument(
+        "--traces", nargs="*", default=[], help="more perf traces (files or directories)"
+    )
     fit.add_argument("--seed", type=int, default=0)
 
-    pr = sub.add_parser("predict", help="predict the per-batch time of a configuration (trainer flags)")
+    pr = sub.add_parser(
+        "predict", help="predict the per-batch time of a configuration (trainer flags)"
+    )
     common(pr)
     pr.add_argument("--json", action="store_true", help="print one JSON object")
 
     rep = sub.add_parser("report", help="predicted vs measured on held-out configurations")
     common(rep)
-    rep.add_argument("--out", default="runs/perfmodel-report", help="directory for report.json and report.png")
+    rep.add_argument(
+        "--out", default="runs/perfmodel-report", help="directory for report.json and report.png"
+    )
     rep.add_argument("--json", action="store_true", help="print one JSON object")
     rep.add_argument("--steps", type=int, default=7, help="timed steps per configuration")
     rep.add_argument("--quick", action="store_true", help="a few small configurations only")
@@ -151,10 +172,15 @@ def _predict(args, rest: list[str]) -> int:
         b = out["breakdown"]
         print(f"predicted per-batch time: {out['per_batch_us'] / 1e3:.3f} ms  (batch {out['batch_size']}, "
               f"{cfg.precision}, {out['ops']} ops, {out['kernels']} kernels)")  # fmt: skip
-        print(f"  device active: {out['device_active_total_us'] / 1e3:.3f} ms; host overheads: "
-              + ", ".join(f"{k} {v / 1e3:.3f} ms" for k, v in b["overhead_us"].items()))
+        print(
+            f"  device active: {out['device_active_total_us'] / 1e3:.3f} ms; host overheads: "
+            + ", ".join(f"{k} {v / 1e3:.3f} ms" for k, v in b["overhead_us"].items())
+        )
         print("  by phase: " + ", ".join(f"{k} {v / 1e3:.3f} ms" for k, v in b["phase_us"].items()))
-        print("  by kernel type: " + ", ".join(f"{k} {v / 1e3:.3f} ms" for k, v in sorted(b["kernel_type_us"].items())))
+        print(
+            "  by kernel type: "
+            + ", ".join(f"{k} {v / 1e3:.3f} ms" for k, v in sorted(b["kernel_type_us"].items()))
+        )
     return 0
 
 

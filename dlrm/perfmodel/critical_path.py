@@ -65,6 +65,10 @@ def traverse(ops: list[dict], kernel_time: Callable[[dict], float], overhead: Ca
         "host_us": host,
         "device_active_us": dict(active),
         "device_active_total_us": sum(active.values()),
-        "breakdown": {"phase_us": dict(by_phase), "kernel_type_us": dict(by_type),
-                      "overhead_us": by_kind, "step_end_us": step_end_us},  # fmt: skip
+        "breakdown": {
+            "phase_us": dict(by_phase),
+            "kernel_type_us": dict(by_type),
+            "overhead_us": by_kind,
+            "step_end_us": step_end_us,
+        },  # fmt: skip
     }

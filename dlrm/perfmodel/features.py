@@ -34,8 +34,10 @@ def op_type(name: str) -> str:
         return "scatter"
     if name == "aten::cat":
         return "concat"
-    if "memcpy" in name.lower() or "Memcpy" in name:
+    if "memcpy" in name.lower():
         return "h2d_copy"
+    if "embedding_bag" in name:
+        return "embedding_bag"
     return "elementwise"
 
 
@@ -62,17 +64,41 @@ def bytes_moved(k: dict) -> float:
     if k.get("out_shape"):
         esize = ESIZE.get(k.get("out_dtype", "float"), 4)
         return 2.0 * numel(k["out_shape"]) * esize
+    name = k["name"]
+    if "_foreach_" in name or "_fused_" in name:  # tensor lists: shapes not recorded
+        return 3.0 * 4.0 * float((k.get("ctx") or {}).get("dense_params") or 0)
     sizes = tensor_bytes(k)
     if not sizes:
         return 0.0
-    name = k["name"]
+    shapes, dtypes = k.get("shapes") or [], k.get("dtypes") or []
+    es0 = ESIZE.get(dtypes[0] if dtypes else "float", 4)
     if name in ("aten::sum", "aten::mean"):
         return float(sum(sizes))
-    if name == "aten::index_select" and len(k["shapes"]) >= 3:
-        src, idx = k["shapes"][0], k["shapes"][2]
-        esize = ESIZE.get(k["dtypes"][0], 4)
-        rows = numel(src) // max(int(src[1]) if len(src) > 1 else 1, 1)
-        return float(2 * rows * numel(idx) * esize + numel(idx) * 8)
+    if name == "aten::index_select" and len(shapes) >= 3:
+        # out = the source with its `dim` extent replaced by the number of indices
+        src, idx = shapes[0], shapes[2]
+        dim = int((k.get("scalars") or {}).get("1", 1 if len(src) > 1 else 0))
+        out = numel(src) // max(int(src[dim]), 1) * numel(idx)
+        return float(2 * out * es0 + numel(idx) * 8)
+    if (
+        name in ("aten::index_add_", "aten::scatter_add_", "aten::index_put_", "aten::index_put")
+        and len(shapes) >= 3
+    ):
+        # only the written rows move, not the whole destination
+        src_bytes = (
+            numel(
+                shapes[-1]
+                if name.startswith("aten::index_put")
+                else shapes[3]
+                if len(shapes) > 3
+                else shapes[-1]
+            )
+            * es0
+        )
+        return float(3 * src_bytes)
+    if "embedding_bag" in name and len(shapes) >= 2 and len(shapes[0]) == 2:
+        dim = int(shapes[0][1])
+        return float(numel(shapes[1]) * dim * es0 * 2 + numel(shapes[1]) * 8)
     return float(sum(sizes) + max(sizes))
 
 

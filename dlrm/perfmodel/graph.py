@@ -4,7 +4,9 @@ The graph is captured, not hand-written, so it is exactly what the trainer runs 
 casts, autograd nodes, the fused embedding ops, whatever a placement adds): the model is built
 from the configuration and one step is profiled at two small batch sizes (B1, B2). Each shape
 dimension is then linear in the batch size, d(B) = d(B1) + (d(B2) - d(B1)) * (B - B1) / (B2 - B1)
-(constant dims stay constant), which gives the graph at any batch size. The capture takes a few
+(constant dims stay constant), which gives the graph at any batch size. With FAE placement
+the hot and the cold mini-batches run different operators: both are captured, and the
+prediction weights them by the share of hot inputs. The capture takes a few
 hundred milliseconds and is cached per configuration (in memory and under the cache directory).
 
 Kernel records carry ``ctx``: the context the kernel models need beyond shapes (table sizes,
@@ -18,6 +20,7 @@ import hashlib
 import json
 import logging
 import tempfile
+from pathlib import Path
 
 import torch
 
@@ -27,7 +30,16 @@ log = logging.getLogger(__name__)
 
 B1, B2 = 16, 24
 SCALED_FIELDS = ("shapes", "strides", "out_shape")
-CTX_FIELDS = ("table_sizes", "embedding_dim", "zipf", "optimizer", "batch_size", "precision", "placement")
+CTX_FIELDS = (
+    "table_sizes",
+    "embedding_dim",
+    "zipf",
+    "optimizer",
+    "batch_size",
+    "precision",
+    "placement",
+    "dense_params",
+)
 _MEMO: dict[str, dict] = {}
 
 
@@ -60,7 +72,9 @@ def batches_for(trainer, batch_size: int, n: int, start: int = 0) -> list:
     return [b.to(trainer.device) for b in out]
 
 
-def capture_ops(trainer, batch_size: int, warmup: int = 2, steps: int = 1) -> tuple[list[dict], dict]:
+def capture_ops(
+    trainer, batch_size: int, warmup: int = 2, steps: int = 1
+) -> tuple[list[dict], dict]:
     from dlrm.perfmodel.recorder import profile_steps, trace_meta
 
     bs = batches_for(trainer, batch_size, warmup + steps)
@@ -112,6 +126,49 @@ def graph_key(cfg: TrainConfig) -> str:
     return hashlib.sha1(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def _is_fae(trainer) -> bool:
+    emb = trainer.model.embeddings
+    return hasattr(emb, "last_phase") and bool(getattr(emb, "num_hot", 0))
+
+
+def capture_variants(trainer, batch_size: int, max_steps: int = 64) -> dict[str, list[dict]]:
+    """{"step": ops}, or with FAE {"hot": ops, "cold": ops}: the two kinds of mini-batch the
+    scheduler makes run different operators (the device-tier lookup vs the host one)."""
+    if not _is_fae(trainer):
+        return {"step": capture_ops(trainer, batch_size)[0]}
+    from dlrm.perfmodel.recorder import profile_steps
+
+    emb = trainer.model.embeddings
+    found: dict[str, list[dict]] = {}
+    seen: dict[str, int] = {}
+    batches = trainer.data.train.batches(0)
+    for _ in range(max_steps):
+        batch = next(batches).to(trainer.device)
+        kind = "hot" if bool(emb.hot_input_mask(batch.sparse_features).all()) else "cold"
+        seen[kind] = seen.get(kind, 0) + 1
+        if kind in found or seen[kind] <= 2:  # warm each kind up first
+            trainer.train_step(batch)
+            continue
+        found[kind] = profile_steps(trainer.train_step, [batch], trainer.model, trainer.dense_optimizer,
+                                    trainer.device.type == "cuda")[-1]["ops"]  # fmt: skip
+        if len(found) == 2:
+            break
+    return found
+
+
+def hot_share(trainer, n_batches: int = 8) -> float:
+    """FAE: the share of training inputs whose lookups are all hot (= the share of hot batches
+    the scheduler makes); 0 without FAE."""
+    if not _is_fae(trainer):
+        return 0.0
+    emb = trainer.model.embeddings
+    src = getattr(trainer.data.train, "source", trainer.data.train)
+    masks = [
+        emb.hot_input_mask(b.sparse_features) for b in (src.batch(i) for i in range(n_batches))
+    ]
+    return float(torch.cat(masks).float().mean())
+
+
 def capture_template(cfg: TrainConfig) -> dict:
     """Capture the step at B1 and B2 (cached by configuration)."""
     key = graph_key(cfg)
@@ -128,42 +185,77 @@ def capture_template(cfg: TrainConfig) -> dict:
         except json.JSONDecodeError:
             pass
     threads = torch.get_num_threads()
-    trainer = build_trainer(_with(cfg, mini_batch_size=B1))
-    ops1, meta = capture_ops(trainer, B1)
-    ops2, _ = capture_ops(trainer, B2)
+    plan = {}
+    if cfg.to_json().get("placement") in ("fae", "auto") and not cfg.to_json().get(
+        "placement_plan"
+    ):
+        # both captures must train with the same placement: the first writes the plan
+        plan = {"placement_plan": str(Path(tempfile.mkdtemp(prefix="perfmodel-plan-")) / "plan")}
+    variants = []
+    meta: dict = {}
+    share = 0.0
+    for b in (B1, B2):
+        trainer = build_trainer(_with(cfg, mini_batch_size=b, **plan))
+        variants.append(capture_variants(trainer, b))
+        if b == B1:
+            from dlrm.perfmodel.recorder import trace_meta
+
+            meta = trace_meta(trainer, b)
+            share = hot_share(trainer)
     torch.set_num_threads(threads)  # numba's OpenMP layer may have changed it
-    if _signature(ops1) != _signature(ops2):
-        raise RuntimeError("the step's operators differ between two batch sizes; capture at the target batch instead")
+    kinds = sorted(set(variants[0]) & set(variants[1]))
+    if not kinds:
+        raise RuntimeError("could not capture the same kinds of step at two batch sizes")
+    for kind in kinds:
+        if _signature(variants[0][kind]) != _signature(variants[1][kind]):
+            raise RuntimeError(f"the {kind} step's operators differ between two batch sizes")
     meta.pop("batch_size", None)
-    template = {"key": key, "batch_sizes": [B1, B2], "meta": meta, "ops": [ops1, ops2]}
+    weights = {"step": 1.0} if kinds == ["step"] else {"hot": share, "cold": 1.0 - share}
+    if "hot" not in kinds or "cold" not in kinds:
+        weights = {k: 1.0 / len(kinds) for k in kinds}
+    meta["hot_share"] = share
+    template = {"key": key, "batch_sizes": [B1, B2], "meta": meta, "weights": weights,
+                "variants": {k: [variants[0][k], variants[1][k]] for k in kinds}}  # fmt: skip
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(template))
     _MEMO[key] = template
     return template
 
 
-def graph_for(cfg: TrainConfig, batch_size: int | None = None) -> tuple[list[dict], dict]:
-    """(ops, meta) of the configuration's training step at `batch_size` (default: the config's)."""
+def graph_for(
+    cfg: TrainConfig, batch_size: int | None = None
+) -> tuple[dict[str, tuple[float, list[dict]]], dict]:
+    """({kind: (weight, ops)}, meta) of the configuration's training step at `batch_size`
+    (default: the config's). One kind ("step") except with FAE ("hot" and "cold", weighted by
+    the share of hot mini-batches)."""
     batch = int(batch_size or cfg.mini_batch_size)
     template = capture_template(cfg)
-    return instantiate(template, batch), dict(template["meta"], batch_size=batch)
+    meta = dict(template["meta"], batch_size=batch)
+    out = {}
+    for kind, pair in template["variants"].items():
+        out[kind] = (template["weights"][kind], instantiate({"meta": meta, "ops": pair}, batch))
+    return out, meta
 
 
 def records_from_trace(doc: dict) -> list[dict]:
-    """Kernel records (kernel + ctx) of a trace, for fitting and for kernel-error reports."""
-    from dlrm.perfmodel.microbench import LONG_KERNEL_US
+    """Kernel records (kernel + ctx) of a trace, for fitting and for kernel-error reports: one
+    per kernel position of the step, its time estimated over the trace's steps as in
+    `microbench.kernel_estimate` (steps whose operators differ are taken one by one)."""
+    from dlrm.perfmodel.microbench import kernel_estimate
 
     meta = doc["meta"]
     ctx = {k: meta.get(k) for k in CTX_FIELDS}
-    out = []
+    cost = meta.get("profiler_event_cost_us", 0.0)
+    groups: dict[str, list[dict]] = {}
     for step in doc["steps"]:
-        ratio = min(step.get("cpu_us", 1.0) / max(step.get("wall_us", 1.0), 1e-9), 1.0)
-        for op in step["ops"]:
-            for k in op["kernels"]:
-                rec = dict(k, ctx=ctx, event_cost_us=meta.get("profiler_event_cost_us", 0.0))
-                if rec["dur_us"] > LONG_KERNEL_US:  # see microbench.profile_kernels
-                    rec["dur_us"] *= ratio
-                out.append(rec)
+        groups.setdefault(json.dumps(_signature(step["ops"])), []).append(step)
+    out = []
+    for steps in groups.values():
+        ratios = [min(s.get("cpu_us", 1.0) / max(s.get("wall_us", 1.0), 1e-9), 1.0) for s in steps]
+        kernels = [[k for op in s["ops"] for k in op["kernels"]] for s in steps]
+        for i, k in enumerate(kernels[0]):
+            dur = kernel_estimate([ks[i]["dur_us"] for ks in kernels], ratios)
+            out.append(dict(k, dur_us=dur, ctx=ctx, event_cost_us=cost))
     return out
 
 
@@ -180,7 +272,10 @@ def ops_with_ctx(doc: dict, step: int) -> list[dict]:
 def least_disturbed_step(doc: dict) -> int:
     """The step with the highest thread-CPU / wall ratio."""
     steps = doc["steps"]
-    return max(range(len(steps)), key=lambda i: steps[i].get("cpu_us", 1.0) / max(steps[i].get("wall_us", 1.0), 1e-9))
+    return max(
+        range(len(steps)),
+        key=lambda i: steps[i].get("cpu_us", 1.0) / max(steps[i].get("wall_us", 1.0), 1e-9),
+    )
 
 
 def corrected_us(rec: dict) -> float:
@@ -188,5 +283,3 @@ def corrected_us(rec: dict) -> float:
     cost = float(rec.get("event_cost_us") or 0.0)
     d = float(rec["dur_us"])
     return max(d - cost * max(int(rec.get("n_events", 1)) - 1, 0), 0.5 * d)
-
-

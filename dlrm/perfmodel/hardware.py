@@ -21,7 +21,6 @@ import json
 import logging
 import os
 import platform
-import statistics
 import time
 from pathlib import Path
 
@@ -98,7 +97,7 @@ def read_bandwidth_sweep() -> dict[int, float]:
     size = 16 << 10
     while size <= 128 << 20:
         a = torch.ones(size // 4)
-        t = _best_time(lambda: a.sum(), repeats=3, min_s=0.02)
+        t = _best_time(a.sum, repeats=3, min_s=0.02)
         out[size] = size / t / 1e9
         size *= 2
     return out
@@ -179,13 +178,18 @@ def measure(quick: bool = False) -> dict:
         "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
     }
     n = 256 if quick else 1024
-    desc["matmul_gflops"] = {"fp32": matmul_gflops(torch.float32, n), "bf16": matmul_gflops(torch.bfloat16, n)}
+    desc["matmul_gflops"] = {
+        "fp32": matmul_gflops(torch.float32, n),
+        "bf16": matmul_gflops(torch.bfloat16, n),
+    }
     desc["mem_bw_gbs"] = copy_bandwidth_gbs(16 << 20 if quick else 128 << 20)
     sweep = {} if quick else read_bandwidth_sweep()
     desc["read_bw_sweep"] = {str(k): v for k, v in sweep.items()}
     desc["llc_bytes_measured"] = llc_from_sweep(sweep) if sweep else None
     desc["cache_bytes_os"] = os_cache_bytes()
-    llc = max(desc["cache_bytes_os"].values(), default=0) or desc["llc_bytes_measured"] or (32 << 20)
+    llc = (
+        max(desc["cache_bytes_os"].values(), default=0) or desc["llc_bytes_measured"] or (32 << 20)
+    )
     desc["llc_bytes"] = int(llc)
     desc["profiler_event_cost_us"] = measure_profiler_event_cost(500 if quick else 2000)
     if torch.cuda.is_available():
@@ -209,7 +213,10 @@ def _cuda_copy_bandwidth(nbytes: int = 64 << 20) -> dict:
         host.copy_(dev, non_blocking=True)
         torch.cuda.synchronize()
 
-    return {"h2d_gbs": nbytes / _best_time(h2d, 3, 0.05) / 1e9, "d2h_gbs": nbytes / _best_time(d2h, 3, 0.05) / 1e9}
+    return {
+        "h2d_gbs": nbytes / _best_time(h2d, 3, 0.05) / 1e9,
+        "d2h_gbs": nbytes / _best_time(d2h, 3, 0.05) / 1e9,
+    }
 
 
 def _read_cache(path: Path) -> dict | None:

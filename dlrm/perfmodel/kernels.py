@@ -44,7 +44,9 @@ def _rank_buckets(n_rows: int, alpha: float, n_buckets: int = 256) -> tuple[np.n
     return count, mass / count
 
 
-def hit_rate(table_sizes: list[int], alpha: float, batch: int, row_bytes: float, cache_bytes: float) -> dict:
+def hit_rate(
+    table_sizes: list[int], alpha: float, batch: int, row_bytes: float, cache_bytes: float
+) -> dict:
     """Expected cache hit rate of one batch's lookups and its unique rows.
 
     The cache is filled with the globally most-accessed rows (per-row rate = batch * p(row));
@@ -125,7 +127,12 @@ class RooflineTable:
         return self
 
     def predict(self, k: dict) -> float:
-        c = self.coefs.get(_key(k)) or self.coefs.get(k["name"]) or self.coefs.get("*") or [1.0, 0.0]
+        c = (
+            self.coefs.get(_key(k))
+            or self.coefs.get(k["name"])
+            or self.coefs.get("*")
+            or [1.0, 0.0]
+        )
         return c[0] + c[1] * F.bytes_moved(k)
 
     def to_json(self) -> dict:
@@ -165,7 +172,13 @@ class GemmRoofline:
 class GemmMLP:
     """A small MLP on log-shapes predicting log2(t)."""
 
-    def __init__(self, hidden: int = 64, layers: int = 2, weight_decay: float = 0.0, state: dict | None = None) -> None:
+    def __init__(
+        self,
+        hidden: int = 64,
+        layers: int = 2,
+        weight_decay: float = 0.0,
+        state: dict | None = None,
+    ) -> None:
         self.hidden, self.layers, self.weight_decay = hidden, layers, weight_decay
         self.net = self._make()
         self.mu = np.zeros(8)
@@ -183,7 +196,7 @@ class GemmMLP:
         mods.append(torch.nn.Linear(width, 1))
         return torch.nn.Sequential(*mods).double()
 
-    def fit(self, recs: list[dict], seed: int = 0, iters: int = 1500) -> GemmMLP:
+    def fit(self, recs: list[dict], seed: int = 0, iters: int = 400) -> GemmMLP:
         """Full-batch L-BFGS on the squared error of log2 t (a few hundred samples)."""
         X = np.array([F.gemm_features(F.gemm_dims(r)) for r in recs])
         y = np.log2(np.array([r["dur_us"] for r in recs]))
@@ -193,7 +206,9 @@ class GemmMLP:
         xt = torch.tensor((X - self.mu) / self.sd)
         yt = torch.tensor(y)[:, None]
         params = list(self.net.parameters())
-        opt = torch.optim.LBFGS(params, lr=1.0, max_iter=iters // 3, history_size=20, line_search_fn="strong_wolfe")
+        opt = torch.optim.LBFGS(
+            params, lr=1.0, max_iter=iters, history_size=20, line_search_fn="strong_wolfe"
+        )
 
         def closure():
             opt.zero_grad()
@@ -202,8 +217,12 @@ class GemmMLP:
             loss.backward()
             return loss
 
-        for _ in range(3):
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # tiny matrices: a thread team only adds waiting
+        try:
             opt.step(closure)
+        finally:
+            torch.set_num_threads(threads)
         return self
 
     def predict_many(self, recs: list[dict]) -> np.ndarray:
@@ -239,7 +258,11 @@ class EmbeddingModel:
         batch = int(ctx.get("batch_size", 1))
         state = {"sgd": 0, "adagrad": dim, "rowwise_adagrad": 1}.get(ctx.get("optimizer", "sgd"), 0)
         row_bytes = 4.0 * (dim + state)
-        lookups = float(F.numel(k["shapes"][ctx.get("indices_arg", _indices_arg(k))])) if k.get("shapes") else batch * len(sizes)
+        lookups = (
+            float(F.numel(k["shapes"][ctx.get("indices_arg", _indices_arg(k))]))
+            if k.get("shapes")
+            else batch * len(sizes)
+        )
         hr = hit_rate(sizes, float(ctx.get("zipf", 1.05)), batch, row_bytes, self.cache_bytes)
         return [
             1.0, lookups, lookups * row_bytes * (1 - hr["hit"]), lookups * row_bytes * hr["hit"],
@@ -302,7 +325,9 @@ def json_key(r: dict) -> str:
 class KernelModels:
     """One model per operator type; `predict(kernel_record)` in microseconds."""
 
-    def __init__(self, models: dict | None = None, choice: dict | None = None, errors: dict | None = None) -> None:
+    def __init__(
+        self, models: dict | None = None, choice: dict | None = None, errors: dict | None = None
+    ) -> None:
         self.models = models or {}
         self.choice = choice or {}
         self.errors = errors or {}
@@ -316,7 +341,9 @@ class KernelModels:
             m = self.models.get("elementwise")
         return max(float(m.predict(k)), 0.05)
 
-    def fit(self, recs: list[dict], cache_bytes: float, seed: int = 0, holdout: float = 0.25) -> KernelModels:
+    def fit(
+        self, recs: list[dict], cache_bytes: float, seed: int = 0, holdout: float = 0.25
+    ) -> KernelModels:
         by_type: dict[str, list[dict]] = {}
         for r in recs:
             if r.get("dur_us", 0) > 0:
@@ -341,7 +368,9 @@ class KernelModels:
         return self
 
     @staticmethod
-    def _candidates(t: str, recs: list[dict], cache_bytes: float, seed: int, only: str | None = None):
+    def _candidates(
+        t: str, recs: list[dict], cache_bytes: float, seed: int, only: str | None = None
+    ):
         out = []
         if t in ("gemm", "bmm"):
             recs = [r for r in recs if F.gemm_dims(r) is not None]
@@ -353,7 +382,9 @@ class KernelModels:
                 best = None
                 for h, layers, wd in MLP_GRID:
                     m = GemmMLP(h, layers, wd).fit(inner_train or recs, seed)
-                    e = gmae(m.predict_many(inner_val or recs), [r["dur_us"] for r in inner_val or recs])
+                    e = gmae(
+                        m.predict_many(inner_val or recs), [r["dur_us"] for r in inner_val or recs]
+                    )
                     if best is None or e < best[0]:
                         best = (e, h, layers, wd)
                 _, h, layers, wd = best

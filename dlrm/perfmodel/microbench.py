@@ -5,6 +5,10 @@ layouts autograd really uses) under the profiler, `reps` times, and records ever
 its median duration, in the kernel-record format of the perf traces (see
 `dlrm.perfmodel.features`). Sweeps:
 
+- ``gemm``: addmm, the two backward mm and the three bmm of the interaction in the layouts
+  training uses, timed directly by thread-CPU time (the GEMM models are fitted on these only:
+  they are the long kernels, and wall-clock profiler times of long kernels on a shared machine
+  include other processes' time slices);
 - ``mlp``: Linear(+ReLU) forward/backward (addmm, the two mm of AddmmBackward0, the bias sum,
   threshold_backward, autocast casts under bf16) and the SGD update, over batch, widths, dtype;
 - ``interaction``: the dot interaction (cat, bmm and its backward, index_select and its
@@ -18,6 +22,8 @@ Then `fit_configs` short training runs record full perf traces (the overhead sta
 those, and their kernels join the samples).
 """
 
+# Each sweep's step closure is run by profile_kernels within the same loop iteration.
+# ruff: noqa: B023
 from __future__ import annotations
 
 import json
@@ -67,14 +73,73 @@ def profile_kernels(fn, reps: int = 5, ctx: dict | None = None) -> list[dict]:
     cost = profiler_event_cost_us()
     for i in range(n):
         k = dict(per_rep[0][i])
-        k["dur_us"] = min(
-            r[i]["dur_us"] * (ratio if r[i]["dur_us"] > LONG_KERNEL_US else 1.0)
-            for r, ratio in zip(per_rep, ratios)
-        )
+        k["dur_us"] = kernel_estimate([r[i]["dur_us"] for r in per_rep], ratios)
         k["ctx"] = dict(ctx or {})
         k["event_cost_us"] = cost
         k.pop("start_us", None)
         out.append(k)
+    return out
+
+
+def kernel_estimate(durations: list[float], ratios: list[float]) -> float:
+    """One kernel's time from its wall-clock durations in several reps (or steps) and those reps'
+    thread-CPU / wall ratios: a short kernel is rarely preempted, so its minimum stands; a long
+    one is preempted in proportion to the rep's descheduled share, so its durations are scaled
+    by the ratio and the median taken (a minimum of scaled values would pick the rep whose
+    preemptions fell elsewhere)."""
+    if min(durations) <= LONG_KERNEL_US:
+        return min(durations)
+    return statistics.median(d * r for d, r in zip(durations, ratios))
+
+
+def time_call(fn, reps: int = 5) -> float:
+    """Median thread-CPU microseconds of fn() after one warm call (immune to descheduling)."""
+    fn()
+    ts = []
+    for _ in range(reps):
+        c0 = time.thread_time()
+        fn()
+        ts.append((time.thread_time() - c0) * 1e6)
+    return statistics.median(ts)
+
+
+def _gemm_record(name: str, tensors: list, dur: float, ctx: dict) -> dict:
+    dt = {torch.float32: "float", torch.bfloat16: "c10::BFloat16"}
+    return {"name": name, "stream": "cpu", "dur_us": dur, "n_events": 1, "launch_us": 0.0,
+            "shapes": [list(t.shape) for t in tensors], "strides": [list(t.stride()) for t in tensors],
+            "dtypes": [dt[t.dtype] for t in tensors], "ctx": ctx, "event_cost_us": 0.0}  # fmt: skip
+
+
+def bench_gemm(rng: random.Random, n: int, reps: int) -> list[dict]:
+    """addmm/mm/bmm timed directly by thread-CPU time in the layouts training uses: forward
+    addmm(bias, x, W.t()); backward mm(g, W) and mm(x.t(), g); bmm(t, t^T) and its backward."""
+    out = []
+    for _ in range(n):
+        dtype = torch.bfloat16 if rng.random() < 0.5 else torch.float32
+        if rng.random() < 0.75:
+            b = _log_uniform(rng, 16, 4096)
+            fi, fo = _log_uniform(rng, 1, 1024), _log_uniform(rng, 1, 1024)
+            if 2 * b * fi * fo > 2e9:
+                continue
+            x, w = torch.randn(b, fi).to(dtype), torch.randn(fo, fi).to(dtype)
+            bias, g = torch.randn(fo).to(dtype), torch.randn(b, fo).to(dtype)
+            for name, args, fn in (
+                ("aten::addmm", [bias, x, w.t()], lambda: torch.addmm(bias, x, w.t())),
+                ("aten::mm", [g, w], lambda: torch.mm(g, w)),
+                ("aten::mm", [x.t(), g], lambda: torch.mm(x.t(), g)),
+            ):
+                out.append(_gemm_record(name, args, time_call(fn, reps), {"batch_size": b}))
+        else:
+            b = _log_uniform(rng, 16, 4096)
+            f, d = rng.choice([4, 8, 13, 18, 27, 33]), rng.choice([8, 16, 32, 64, 128])
+            t = torch.randn(b, f, d).to(dtype)
+            gz = torch.randn(b, f, f).to(dtype)
+            for args, fn in (
+                ([t, t.transpose(1, 2)], lambda: torch.bmm(t, t.transpose(1, 2))),
+                ([gz, t], lambda: torch.bmm(gz, t)),
+                ([t.transpose(1, 2), gz], lambda: torch.bmm(t.transpose(1, 2), gz)),
+            ):
+                out.append(_gemm_record("aten::bmm", args, time_call(fn, reps), {"batch_size": b}))
     return out
 
 
@@ -102,7 +167,9 @@ def bench_mlp(rng: random.Random, n: int, reps: int) -> list[dict]:
             opt.zero_grad(set_to_none=True)
             x.grad = None
 
-        out += profile_kernels(step, reps, {"precision": "bf16" if bf16 else "fp32", "batch_size": b})
+        out += profile_kernels(
+            step, reps, {"precision": "bf16" if bf16 else "fp32", "batch_size": b}
+        )
     return out
 
 
@@ -127,7 +194,9 @@ def bench_interaction(rng: random.Random, n: int, reps: int) -> list[dict]:
             z.float().sum().backward()
             dense.grad = sparse.grad = None
 
-        out += profile_kernels(step, reps, {"precision": "bf16" if bf16 else "fp32", "batch_size": b})
+        out += profile_kernels(
+            step, reps, {"precision": "bf16" if bf16 else "fp32", "batch_size": b}
+        )
     return out
 
 
@@ -144,17 +213,30 @@ def bench_embedding(rng: random.Random, n: int, reps: int) -> list[dict]:
         dim = rng.choice([8, 16, 32, 64])
         alpha = rng.choice([0.0, 0.8, 1.05, 1.2])
         opt = rng.choice(["sgd", "sgd", "rowwise_adagrad", "adagrad"])
-        world = PlantedWorld(SyntheticConfig(table_sizes=sizes, zipf_alpha=alpha, seed=rng.randrange(1000)))
-        emb = FusedEmbeddingBagCollection(tables_for_features(sizes, dim), SparseOptimizer(opt, 0.01))
+        world = PlantedWorld(
+            SyntheticConfig(table_sizes=sizes, zipf_alpha=alpha, seed=rng.randrange(1000))
+        )
+        emb = FusedEmbeddingBagCollection(
+            tables_for_features(sizes, dim), SparseOptimizer(opt, 0.01)
+        )
         rows_t, _, _ = world.chunk("train", 0)
-        kjts = [world._kjt(rows_t[:, i * b % 8192 : i * b % 8192 + b].contiguous()) for i in range(max(1, 8192 // b))]
+        kjts = [
+            world._kjt(rows_t[:, i * b % 8192 : i * b % 8192 + b].contiguous())
+            for i in range(max(1, 8192 // b))
+        ]
         it = iter(range(1 << 30))
 
         def step() -> None:
             kjt = kjts[next(it) % len(kjts)]
             emb(kjt).values().sum().backward()
 
-        ctx = {"table_sizes": sizes, "embedding_dim": dim, "zipf": alpha, "optimizer": opt, "batch_size": b}
+        ctx = {
+            "table_sizes": sizes,
+            "embedding_dim": dim,
+            "zipf": alpha,
+            "optimizer": opt,
+            "batch_size": b,
+        }
         out += profile_kernels(step, reps, ctx)
     return out
 
@@ -195,17 +277,44 @@ def bench_copy(rng: random.Random, n: int, reps: int) -> list[dict]:
     return out
 
 
-SWEEPS = {"mlp": bench_mlp, "interaction": bench_interaction, "embedding": bench_embedding,
-          "loss": bench_loss, "copy": bench_copy}  # fmt: skip
-DEFAULT_COUNTS = {"mlp": 120, "interaction": 40, "embedding": 40, "loss": 10, "copy": 15}
+SWEEPS = {"gemm": bench_gemm, "mlp": bench_mlp, "interaction": bench_interaction,
+          "embedding": bench_embedding, "loss": bench_loss, "copy": bench_copy}  # fmt: skip
+DEFAULT_COUNTS = {
+    "gemm": 160,
+    "mlp": 60,
+    "interaction": 40,
+    "embedding": 40,
+    "loss": 10,
+    "copy": 15,
+}
 
 # Fit configurations: their traces give the overhead statistics. None of them is a report
 # configuration (different MLP shapes and batch sizes).
 FIT_CONFIGS = [
-    {"arch_mlp_bot": (13, 256, 64, 16), "arch_mlp_top": (256, 64, 1), "mini_batch_size": 384, "precision": "fp32"},
-    {"arch_mlp_bot": (13, 256, 64, 16), "arch_mlp_top": (256, 64, 1), "mini_batch_size": 1536, "precision": "bf16"},
-    {"arch_mlp_bot": (13, 96, 16), "arch_mlp_top": (384, 1), "mini_batch_size": 768, "precision": "bf16"},
-    {"arch_mlp_bot": (13, 96, 16), "arch_mlp_top": (384, 1), "mini_batch_size": 3072, "precision": "fp32"},
+    {
+        "arch_mlp_bot": (13, 256, 64, 16),
+        "arch_mlp_top": (256, 64, 1),
+        "mini_batch_size": 384,
+        "precision": "fp32",
+    },
+    {
+        "arch_mlp_bot": (13, 256, 64, 16),
+        "arch_mlp_top": (256, 64, 1),
+        "mini_batch_size": 1536,
+        "precision": "bf16",
+    },
+    {
+        "arch_mlp_bot": (13, 96, 16),
+        "arch_mlp_top": (384, 1),
+        "mini_batch_size": 768,
+        "precision": "bf16",
+    },
+    {
+        "arch_mlp_bot": (13, 96, 16),
+        "arch_mlp_top": (384, 1),
+        "mini_batch_size": 3072,
+        "precision": "fp32",
+    },
 ]
 
 
@@ -275,8 +384,16 @@ def run(out_dir: str | Path, scale: float = 1.0, reps: int = 5, seed: int = 0, s
                 r["sweep"] = name
                 r["ctx"] = {k: v for k, v in r.get("ctx", {}).items() if k in CTX_FIELDS}
                 f.write(json.dumps(r) + "\n")
-            summary["sweeps"][name] = {"records": len(recs), "seconds": round(time.perf_counter() - t0, 1)}
-            log.info("microbench %s: %d kernel records in %.1f s", name, len(recs), time.perf_counter() - t0)
+            summary["sweeps"][name] = {
+                "records": len(recs),
+                "seconds": round(time.perf_counter() - t0, 1),
+            }
+            log.info(
+                "microbench %s: %d kernel records in %.1f s",
+                name,
+                len(recs),
+                time.perf_counter() - t0,
+            )
     if fit_configs:
         for i, changes in enumerate(FIT_CONFIGS):
             trace_config(base_config(**changes), out_dir / "traces" / f"fit{i}.trace.json")

@@ -52,7 +52,12 @@ class _Acc:
         n = len(self.xs)
         mean = sum(self.xs) / n if n else 0.0
         var = sum((x - mean) ** 2 for x in self.xs) / n if n else 0.0
-        return {"mean": mean, "std": math.sqrt(var), "count": n, "median": statistics.median(self.xs) if n else 0.0}
+        return {
+            "mean": mean,
+            "std": math.sqrt(var),
+            "count": n,
+            "median": statistics.median(self.xs) if n else 0.0,
+        }
 
 
 def op_overheads(op: dict, prev_end: float | None, event_cost: float) -> dict[str, list[float]]:
@@ -89,7 +94,11 @@ class Overheads:
         profiler cost per event (the fit calibrates it against unprofiled step times)."""
         accs: dict[str, dict[str, _Acc]] = defaultdict(lambda: defaultdict(_Acc))
         for doc in docs:
-            cost = float(doc["meta"].get("profiler_event_cost_us") or 0.0) if event_cost is None else event_cost
+            cost = (
+                float(doc["meta"].get("profiler_event_cost_us") or 0.0)
+                if event_cost is None
+                else event_cost
+            )
             for step in doc["steps"]:
                 prev_end: dict[int, float] = {}
                 for op in step["ops"]:
@@ -104,7 +113,9 @@ class Overheads:
                 if step["ops"]:
                     last = max(o["start_us"] + o["dur_us"] for o in step["ops"])
                     accs["<step_end>"]["T1"].add(max(step["dur_us"] - last, 0.0))
-        table = {key: {kind: acc.stats() for kind, acc in kinds.items()} for key, kinds in accs.items()}
+        table = {
+            key: {kind: acc.stats() for kind, acc in kinds.items()} for key, kinds in accs.items()
+        }
         return cls(table)
 
     def get(self, op: dict, kind: str) -> float:

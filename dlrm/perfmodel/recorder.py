@@ -40,8 +40,12 @@ class _Labels:
         self.handles.append(model.register_forward_pre_hook(lambda *a: self._enter("forward")))
         self.handles.append(model.register_forward_hook(lambda *a: self._exit("forward")))
         if isinstance(emb, torch.nn.Module):
-            self.handles.append(emb.register_forward_pre_hook(lambda *a: self._enter("embedding_lookup")))
-            self.handles.append(emb.register_forward_hook(lambda *a: self._exit("embedding_lookup")))
+            self.handles.append(
+                emb.register_forward_pre_hook(lambda *a: self._enter("embedding_lookup"))
+            )
+            self.handles.append(
+                emb.register_forward_hook(lambda *a: self._exit("embedding_lookup"))
+            )
         # Backward and the optimizer step are wrapped, not hooked, so that their labels nest
         # properly around torch's own (autograd nodes, Optimizer.step#...).
         self.optimizer = optimizer
@@ -121,8 +125,9 @@ def trace_meta(trainer, batch_size: int) -> dict:
         "embedding_dim": int(cfg.arch_sparse_feature_size),
         "zipf": float(cfg.synthetic_zipf),
         "optimizer": cfg.optimizer,
-        "placement": str(cfg.extra.get("placement", getattr(cfg, "placement", "device"))),
+        "placement": str(getattr(cfg, "placement", cfg.extra.get("placement", "device"))),
         "profiler_event_cost_us": profiler_event_cost_us(),
+        "dense_params": int(sum(p.numel() for p in trainer.model.dense_parameters())),
     }
 
 
@@ -163,7 +168,9 @@ class StepRecorder:
     def _write(self, batch_size: int) -> None:
         meta = trace_meta(self.trainer, batch_size)
         meta["unprofiled_step_us"] = statistics.median(self._plain_us) if self._plain_us else None
-        meta["unprofiled_step_cpu_us"] = statistics.median(self._plain_cpu_us) if self._plain_cpu_us else None
+        meta["unprofiled_step_cpu_us"] = (
+            statistics.median(self._plain_cpu_us) if self._plain_cpu_us else None
+        )
         self.path = self.out_dir / f"trace-rank{self.trainer.rank}.trace.json"
         tr.write_trace(tr.make_doc(meta, self._pending), self.path)
         log.info("perf trace of %d steps written to %s", len(self._pending), self.path)

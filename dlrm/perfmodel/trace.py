@@ -64,7 +64,9 @@ METADATA_OPS = {
     "torch::autograd::AccumulateGrad", "aten::ones_like", "aten::zeros_like", "aten::new_zeros",
     "aten::zeros", "aten::ones", "aten::full", "aten::numpy_T", "aten::linear", "aten::relu",
     "aten::matmul", "aten::log_sigmoid", "aten::binary_cross_entropy_with_logits",
-    "aten::index_select_backward", "aten::mean",
+    "aten::index_select_backward", "aten::mean", "aten::view_as", "aten::as_strided_", "aten::resize_",
+    "aten::_has_compatible_shallow_copy_type", "aten::is_same_size", "aten::embedding_bag",
+    "aten::_embedding_bag_backward", "aten::embedding_backward",
 }  # fmt: skip
 # Ops that do the work even though the profiler shows children (bias broadcast, sub-steps).
 COMPUTE_OPS = {
@@ -75,7 +77,12 @@ COMPUTE_OPS = {
     "aten::mul_", "aten::sub_", "aten::sqrt", "aten::addcmul_", "aten::addcdiv_",
     "aten::clamp_min", "aten::threshold_backward", "aten::_foreach_add_",
 }  # fmt: skip
-SYNC_OPS = {"aten::item", "aten::_local_scalar_dense", "cudaDeviceSynchronize", "cudaStreamSynchronize"}
+SYNC_OPS = {
+    "aten::item",
+    "aten::_local_scalar_dense",
+    "cudaDeviceSynchronize",
+    "cudaStreamSynchronize",
+}
 _FBGEMM_KERNEL = re.compile(r"^fbgemm::(split_embedding_.*_cpu|bounds_check_indices)$")
 
 
@@ -84,7 +91,11 @@ class TraceError(ValueError):
 
 
 def is_compute(name: str) -> bool:
-    return name in COMPUTE_OPS or name.startswith("aten::_foreach_") or bool(_FBGEMM_KERNEL.match(name))
+    return (
+        name in COMPUTE_OPS
+        or name.startswith("aten::_foreach_")
+        or bool(_FBGEMM_KERNEL.match(name))
+    )
 
 
 def _span(e) -> tuple[float, float]:
@@ -101,28 +112,56 @@ def _shapes(e) -> list:
 
 def _strides(e) -> list:
     raw = getattr(e, "structured_input_strides", None) or []
-    return [list(s) if isinstance(s, (list, tuple)) and all(isinstance(x, int) for x in s) else [] for s in raw]
+    return [
+        list(s) if isinstance(s, (list, tuple)) and all(isinstance(x, int) for x in s) else []
+        for s in raw
+    ]
 
 
 def _cpu_kernels(e, out: list) -> None:
-    """Outermost compute ops under e (e excluded), in time order."""
+    """Outermost compute ops under e (e excluded), in time order: listed compute ops, and any
+    other operator that is not a view/allocation/wrapper and has no compute op inside."""
     for c in e.cpu_children:
-        if is_compute(c.name) or (not c.cpu_children and c.name not in METADATA_OPS and not c.name.startswith(LABEL_PREFIX)):
+        if is_compute(c.name):
             out.append(c)
-        else:
+        elif c.name in METADATA_OPS or c.name.startswith(LABEL_PREFIX) or _is_host_only(c.name):
             _cpu_kernels(c, out)
+        else:
+            inner: list = []
+            _cpu_kernels(c, inner)
+            out.extend(inner or [c])
 
 
 def _cpu_kernel(k, s0: float) -> dict:
     out = {"name": k.name, "stream": "cpu", "start_us": _span(k)[0] - s0,
            "dur_us": _span(k)[1] - _span(k)[0], "n_events": _count(k), "launch_us": 0.0,
            "shapes": _shapes(k), "strides": _strides(k), "dtypes": [str(d) for d in (k.input_dtypes or [])]}  # fmt: skip
+    scalars = _scalars(k)
+    if scalars:
+        out["scalars"] = scalars
     if k.name == "aten::cat":  # a TensorList's shapes are not recorded: the output's are, by narrow
         for c in k.cpu_children:
             if c.name in ("aten::narrow", "aten::slice") and c.input_shapes and c.input_shapes[0]:
                 out["out_shape"] = list(c.input_shapes[0])
                 out["out_dtype"] = str((c.input_dtypes or ["float"])[0])
                 break
+    return out
+
+
+def _is_host_only(name: str) -> bool:
+    """Ops that only do bookkeeping on the host (autograd nodes that pass gradients through,
+    optimizer wrappers): never kernels themselves."""
+    return name.startswith(("autograd::", "Optimizer.", "torch::autograd::")) or name.endswith(
+        ("Backward", "Backward0", "Backward1")
+    )
+
+
+def _scalars(e) -> dict[str, float]:
+    """Scalar arguments by position (e.g. index_select's dim), where the profiler kept them."""
+    out = {}
+    for i, v in enumerate(getattr(e, "concrete_inputs", None) or []):
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[str(i)] = v
     return out
 
 
@@ -197,6 +236,8 @@ def _one_step(events: list, step, uses_cuda: bool) -> dict:
                 found = [e]
             else:
                 _cpu_kernels(e, found)
+                if not found and e.name not in METADATA_OPS and not _is_host_only(e.name):
+                    found = [e]
             kernels = [_cpu_kernel(k, s0) for k in found]
         ops.append({
             "name": e.name, "phase": phase, "thread": int(e.thread), "start_us": a - s0,
@@ -218,7 +259,9 @@ def _walk(e):
 def validate(doc: dict, where: str = "trace") -> dict:
     """Check a perf-trace document's shape; raise TraceError naming the first problem."""
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise TraceError(f"{where}: not a {FORMAT} file (format field is {doc.get('format') if isinstance(doc, dict) else None!r})")
+        raise TraceError(
+            f"{where}: not a {FORMAT} file (format field is {doc.get('format') if isinstance(doc, dict) else None!r})"
+        )
     if doc.get("version") != VERSION:
         raise TraceError(f"{where}: version {doc.get('version')!r}, this reader knows {VERSION}")
     meta = doc.get("meta")
@@ -235,7 +278,9 @@ def validate(doc: dict, where: str = "trace") -> dict:
                 if key not in op:
                     raise TraceError(f"{where}: steps[{i}].ops[{j}] has no {key}")
             if op["phase"] not in PHASES:
-                raise TraceError(f"{where}: steps[{i}].ops[{j}].phase {op['phase']!r} not in {PHASES}")
+                raise TraceError(
+                    f"{where}: steps[{i}].ops[{j}].phase {op['phase']!r} not in {PHASES}"
+                )
             for k, kern in enumerate(op["kernels"]):
                 for key in ("name", "stream", "dur_us"):
                     if key not in kern:

@@ -1,0 +1,227 @@
+"""`report`: predicted vs measured per-batch time on held-out configurations.
+
+For each configuration (none of them used in fitting: other MLP shapes and batch sizes than the
+fit traces of `microbench.FIT_CONFIGS`), the model predicts the step from its captured graph
+alone, then the configuration trains for a few steps: plain steps are timed (median thread-CPU
+and wall time; with FAE the mean over whole scheduling windows, since hot and cold batches
+differ) and two more are profiled, whose kernels give the kernel models' held-out errors.
+
+The end-to-end error is against thread-CPU time: on a machine shared with other processes wall
+time also counts the time the core was given to someone else (``e2e_gmae_wall`` is reported
+too, with the load average before and after).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from dlrm.perfmodel import trace as tr
+from dlrm.perfmodel.features import op_type
+from dlrm.perfmodel.graph import batches_for, build_trainer, corrected_us, records_from_trace
+from dlrm.perfmodel.kernels import gmae
+from dlrm.perfmodel.microbench import base_config
+from dlrm.perfmodel.recorder import profile_steps, trace_meta
+
+log = logging.getLogger(__name__)
+
+MLPS = {
+    "small": {"arch_mlp_bot": (13, 64, 16), "arch_mlp_top": (128, 1)},
+    "kaggle": {"arch_mlp_bot": (13, 512, 256, 64, 16), "arch_mlp_top": (512, 256, 1)},
+    "wide": {"arch_mlp_bot": (13, 1024, 16), "arch_mlp_top": (1024, 512, 1)},
+}
+
+
+def heldout_configs(quick: bool = False) -> list[tuple[str, dict]]:
+    """Three MLP shapes x batch 128..4096 x fp32/bf16 with the fused collection, plus FAE."""
+    out = []
+    batches = {"small": (128, 1024, 4096), "kaggle": (256, 2048), "wide": (512, 4096)}
+    for mlp, bs in batches.items():
+        for b in bs:
+            for prec in ("fp32", "bf16"):
+                out.append(
+                    (f"{mlp}-b{b}-{prec}", {**MLPS[mlp], "mini_batch_size": b, "precision": prec})
+                )
+    fae = {"placement": "fae", "hot_budget": "2MB", "fae_switch_period": 8}
+    for mlp, b, prec in (("small", 512, "fp32"), ("kaggle", 1024, "bf16"), ("small", 4096, "bf16")):
+        out.append(
+            (
+                f"{mlp}-b{b}-{prec}-fae",
+                {**MLPS[mlp], "mini_batch_size": b, "precision": prec, **fae},
+            )
+        )
+    if quick:
+        keep = {"small-b128-fp32", "small-b1024-bf16", "kaggle-b256-fp32", "small-b512-fp32-fae"}
+        out = [c for c in out if c[0] in keep]
+    return out
+
+
+def measure(cfg, steps: int, profiled: int = 2) -> dict:
+    """Time `steps` plain steps (after warm-up) and profile `profiled` more."""
+    threads = torch.get_num_threads()
+    trainer = build_trainer(cfg)
+    fae = hasattr(trainer.model.embeddings, "last_phase") and bool(
+        getattr(trainer.model.embeddings, "num_hot", 0)
+    )
+    warm = 3
+    if fae:  # whole scheduling windows, in the scheduler's order
+        period = cfg.fae_switch_period
+        n = warm + max(steps, 2 * period) + profiled
+        it = trainer.data.train.batches(0)
+        bs = [next(it).to(trainer.device) for _ in range(n)]
+        timed = bs[warm : n - profiled]
+        timed = timed[: len(timed) // period * period] or timed
+    else:
+        bs = batches_for(trainer, cfg.mini_batch_size, warm + steps + profiled)
+        timed = bs[warm : warm + steps]
+    torch.set_num_threads(threads)
+    for b in bs[:warm]:
+        trainer.train_step(b)
+    walls, cpus = [], []
+    for b in timed:
+        w0, c0 = time.perf_counter(), time.thread_time()
+        trainer.train_step(b)
+        if trainer.device.type == "cuda":
+            torch.cuda.synchronize()
+        walls.append((time.perf_counter() - w0) * 1e6)
+        cpus.append((time.thread_time() - c0) * 1e6)
+    graphs = profile_steps(trainer.train_step, bs[-profiled:], trainer.model, trainer.dense_optimizer,
+                           trainer.device.type == "cuda")  # fmt: skip
+    agg = statistics.mean if fae else statistics.median
+    meta = trace_meta(trainer, cfg.mini_batch_size)
+    meta["unprofiled_step_us"], meta["unprofiled_step_cpu_us"] = agg(walls), agg(cpus)
+    return {"wall_us": agg(walls), "cpu_us": agg(cpus), "steps": len(timed),
+            "doc": tr.make_doc(meta, graphs)}  # fmt: skip
+
+
+def run(
+    out_dir: str | Path, model_path: str | Path | None = None, steps: int = 7, quick: bool = False
+) -> dict:
+    from dlrm.perfmodel import load_model
+
+    model = load_model(model_path)
+    out_dir = Path(out_dir)
+    (out_dir / "traces").mkdir(parents=True, exist_ok=True)
+    load_before = os.getloadavg()[0]
+    rows = []
+    kernel_pairs: dict[str, tuple[list[float], list[float]]] = {}
+    for name, changes in heldout_configs(quick):
+        cfg = base_config(**changes)
+        t0 = time.perf_counter()
+        pred = model.predict(cfg)
+        t_pred = time.perf_counter() - t0
+        meas = measure(cfg, steps)
+        tr.write_trace(meas["doc"], out_dir / "traces" / f"{name}.trace.json")
+        recs = records_from_trace(meas["doc"])
+        kinds = max(
+            len({json.dumps([o["name"] for o in st["ops"]]) for st in meas["doc"]["steps"]}), 1
+        )
+        measured_active = sum(corrected_us(r) for r in recs) / kinds
+        for rec in recs:
+            p, m = kernel_pairs.setdefault(op_type(rec["name"]), ([], []))
+            p.append(model.kernels.predict(rec))
+            m.append(corrected_us(rec))
+        row = {
+            "config": name, "batch_size": cfg.mini_batch_size, "precision": cfg.precision,
+            "mlp_bot": "-".join(map(str, cfg.arch_mlp_bot)), "mlp_top": "-".join(map(str, cfg.arch_mlp_top)),
+            "placement": cfg.placement, "predicted_us": pred["per_batch_us"], "measured_cpu_us": meas["cpu_us"],
+            "measured_wall_us": meas["wall_us"], "timed_steps": meas["steps"],
+            "error": pred["per_batch_us"] / meas["cpu_us"] - 1.0,
+            "error_wall": pred["per_batch_us"] / meas["wall_us"] - 1.0,
+            "predicted_device_active_us": pred["device_active_total_us"],
+            "measured_device_active_us": measured_active, "predict_s": t_pred,
+            "hot_share": pred.get("hot_share"),
+        }  # fmt: skip
+        rows.append(row)
+        log.info("%s: predicted %.2f ms, measured %.2f ms (cpu) %.2f ms (wall): %+.1f%%", name,
+                 row["predicted_us"] / 1e3, row["measured_cpu_us"] / 1e3, row["measured_wall_us"] / 1e3,
+                 100 * row["error"])  # fmt: skip
+    result = {
+        "e2e_gmae": gmae([r["predicted_us"] for r in rows], [r["measured_cpu_us"] for r in rows]),
+        "e2e_gmae_wall": gmae(
+            [r["predicted_us"] for r in rows], [r["measured_wall_us"] for r in rows]
+        ),
+        "device_active_gmae": gmae(
+            [r["predicted_device_active_us"] for r in rows],
+            [r["measured_device_active_us"] for r in rows],
+        ),  # fmt: skip
+        "kernel_gmae": {t: gmae(p, m) for t, (p, m) in sorted(kernel_pairs.items())},
+        "kernel_counts": {t: len(p) for t, (p, _) in sorted(kernel_pairs.items())},
+        "n_heldout": len(rows),
+        "load_avg_1m": {"before": load_before, "after": os.getloadavg()[0]},
+        "threads": torch.get_num_threads(),
+        "hardware": model.hardware.get("key"),
+        "device": "cuda" if torch.cuda.is_available() else "cpu",
+        "fit_heldout_shapes_gmae": model.fit_info.get("heldout_gmae"),
+        "configs": rows,
+    }
+    (out_dir / "report.json").write_text(json.dumps(result, indent=2) + "\n")
+    try:
+        plot(result, out_dir / "report.png")
+        result["plot"] = str(out_dir / "report.png")
+    except Exception as e:  # noqa: BLE001 - a missing plotting backend must not lose the numbers
+        log.warning("no plot: %s", e)
+    return result
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result["configs"]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(13, 5))
+    meas = [r["measured_cpu_us"] / 1e3 for r in rows]
+    pred = [r["predicted_us"] / 1e3 for r in rows]
+    for r, m, p in zip(rows, meas, pred):
+        a.scatter(m, p, marker="^" if r["placement"] == "fae" else "o",
+                  color="tab:blue" if r["precision"] == "fp32" else "tab:orange")  # fmt: skip
+    lo, hi = min(meas + pred) * 0.8, max(meas + pred) * 1.25
+    a.plot([lo, hi], [lo, hi], "k--", lw=1)
+    a.fill_between(
+        [lo, hi], [lo * 0.92, hi * 0.92], [lo * 1.08, hi * 1.08], color="grey", alpha=0.2
+    )
+    a.set_xscale("log")
+    a.set_yscale("log")
+    a.set_xlabel("measured per-batch time, ms (thread CPU)")
+    a.set_ylabel("predicted, ms")
+    a.set_title(
+        f"held-out configs: e2e GMAE {100 * result['e2e_gmae']:.1f}% (blue fp32, orange bf16, ^ FAE)"
+    )
+    names = [r["config"] for r in rows]
+    b.barh(range(len(rows)), [100 * r["error"] for r in rows], color="tab:green")
+    b.set_yticks(range(len(rows)), names, fontsize=7)
+    b.axvline(0, color="k", lw=1)
+    b.set_xlabel("prediction error, %")
+    b.set_title(
+        f"load avg {result['load_avg_1m']['before']:.1f} -> {result['load_avg_1m']['after']:.1f}"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def format_table(result: dict) -> str:
+    lines = [
+        f"{'config':28s} {'predicted ms':>12s} {'measured ms':>12s} {'wall ms':>9s} {'error':>7s}"
+    ]
+    for r in result["configs"]:
+        lines.append(f"{r['config']:28s} {r['predicted_us'] / 1e3:12.2f} {r['measured_cpu_us'] / 1e3:12.2f} "
+                     f"{r['measured_wall_us'] / 1e3:9.2f} {100 * r['error']:+6.1f}%")  # fmt: skip
+    lines.append(f"e2e GMAE {100 * result['e2e_gmae']:.2f}% over {result['n_heldout']} held-out configs "
+                 f"(wall {100 * result['e2e_gmae_wall']:.2f}%); device active GMAE "
+                 f"{100 * result['device_active_gmae']:.2f}%")  # fmt: skip
+    lines.append("kernel GMAE: " + ", ".join(f"{t} {100 * e:.1f}% (n={result['kernel_counts'][t]})"
+                                             for t, e in result["kernel_gmae"].items()))  # fmt: skip
+    la = result["load_avg_1m"]
+    lines.append(
+        f"load average {la['before']:.2f} -> {la['after']:.2f}, {result['threads']} thread(s)"
+    )
+    return "\n".join(lines)

@@ -1,0 +1,123 @@
+import math
+import random
+
+import numpy as np
+import pytest
+
+from dlrm.perfmodel import features as F
+from dlrm.perfmodel.kernels import (
+    EmbeddingModel,
+    GemmMLP,
+    GemmRoofline,
+    KernelModels,
+    RooflineTable,
+    gmae,
+    hit_rate,
+    nnls_relative,
+)
+
+
+def test_nnls_relative_recovers_planted_coefficients():
+    rng = np.random.default_rng(0)
+    X = np.column_stack([np.ones(50), rng.uniform(1, 1e6, 50), rng.uniform(1, 1e3, 50)])
+    w = np.array([5.0, 2e-4, 0.0])
+    assert np.allclose(nnls_relative(X, X @ w), w, rtol=1e-3, atol=1e-9)
+
+
+def _ew(numel, t=None):
+    k = {"name": "aten::clamp_min", "shapes": [[numel], []], "dtypes": ["float", "Scalar"]}
+    k["dur_us"] = t if t is not None else 3.0 + F.bytes_moved(k) / 8000.0
+    return k
+
+
+def test_roofline_table_recovers_fixed_cost_and_bandwidth():
+    recs = [_ew(n) for n in (10, 1000, 50_000, 400_000, 2_000_000)]
+    model = RooflineTable().fit(recs)
+    c0, inv_bw = model.coefs["aten::clamp_min|float/Scalar"]
+    assert c0 == pytest.approx(3.0, rel=1e-3) and 1 / inv_bw == pytest.approx(8000.0, rel=1e-3)
+    assert model.predict(_ew(123_456)) == pytest.approx(_ew(123_456)["dur_us"], rel=1e-3)
+
+
+def _gemm(m, n, k, bf16=0):
+    dt = "c10::BFloat16" if bf16 else "float"
+    rec = {"name": "aten::addmm", "shapes": [[n], [m, k], [k, n], [], []], "strides": [[1], [k, 1], [1, k], [], []],
+           "dtypes": [dt, dt, dt, "Scalar", "Scalar"]}  # fmt: skip
+    d = F.gemm_dims(rec)
+    rec["dur_us"] = 2.0 + F.gemm_flops(d) / (40e3 if bf16 else 80e3) + F.gemm_bytes(d) / 1e4
+    return rec
+
+
+def test_gemm_dims_reads_layouts():
+    d = F.gemm_dims(_gemm(64, 32, 16))
+    assert (d["M"], d["N"], d["K"], d["ta"], d["tb"], d["bias"]) == (64, 32, 16, 0, 1, 1)
+
+
+def test_gemm_roofline_recovers_planted_efficiency():
+    rng = random.Random(0)
+    recs = [_gemm(rng.choice([64, 256, 1024]), rng.choice([8, 64, 512]), rng.choice([13, 128, 1024]), b)
+            for b in (0, 1) for _ in range(30)]  # fmt: skip
+    model = GemmRoofline().fit(recs)
+    assert gmae([model.predict(r) for r in recs], [r["dur_us"] for r in recs]) < 1e-3
+
+
+def test_gemm_mlp_learns_a_smooth_function():
+    rng = random.Random(1)
+    recs = [
+        _gemm(2 ** rng.randint(4, 11), 2 ** rng.randint(0, 10), 2 ** rng.randint(2, 10))
+        for _ in range(150)
+    ]
+    model = GemmMLP(32, 2).fit(recs[:120], iters=150)
+    assert gmae(model.predict_many(recs[120:]), [r["dur_us"] for r in recs[120:]]) < 0.25
+    again = GemmMLP(state=model.to_json(), hidden=32, layers=2)
+    assert np.allclose(again.predict_many(recs[:5]), model.predict_many(recs[:5]))
+
+
+def test_hit_rate_limits():
+    sizes = [1000, 5000]
+    everything = hit_rate(sizes, 1.05, 512, 64, cache_bytes=1e9)
+    assert everything["hit"] == pytest.approx(1.0)
+    assert hit_rate(sizes, 1.05, 512, 64, cache_bytes=0)["hit"] == pytest.approx(0.0)
+    # uniform access: the cache holds capacity/rows of each table's mass
+    uniform = hit_rate([1000], 0.0, 512, 64, cache_bytes=64 * 250)
+    assert uniform["hit"] == pytest.approx(0.25, abs=0.01)
+    skewed = hit_rate([1000], 1.2, 512, 64, cache_bytes=64 * 250)["hit"]
+    assert skewed > 0.6
+    assert 0 < everything["unique"] < 2 * 512
+
+
+def _emb(batch, rows, alpha, coefs):
+    ctx = {
+        "table_sizes": [rows] * 8,
+        "embedding_dim": 16,
+        "zipf": alpha,
+        "optimizer": "sgd",
+        "batch_size": batch,
+    }
+    rec = {"name": "fbgemm::split_embedding_codegen_forward_cpu",
+           "shapes": [[rows * 8 * 16], [8], [9], [], [9], [batch * 8], [batch * 8 + 1]], "ctx": ctx}  # fmt: skip
+    model = EmbeddingModel({}, cache_bytes=2e6)
+    rec["dur_us"] = float(np.dot(coefs, model.terms(rec)))
+    return rec
+
+
+def test_embedding_model_recovers_planted_bytes_and_hit_rate_terms():
+    coefs = [4.0, 0.01, 0.002, 0.0002, 0.0, 0.0005]
+    recs = [
+        _emb(b, r, a, coefs)
+        for b in (128, 1024, 4096)
+        for r in (100, 20_000, 400_000)
+        for a in (0.0, 1.05)
+    ]
+    model = EmbeddingModel({}, cache_bytes=2e6).fit(recs)
+    assert gmae([model.predict(r) for r in recs], [r["dur_us"] for r in recs]) < 0.01
+    assert model.terms(recs[0])[1] == 128 * 8  # lookups from the indices tensor
+
+
+def test_kernel_models_pick_per_type_and_round_trip():
+    recs = [_ew(n) for n in np.geomspace(10, 2e6, 12).astype(int)] + [
+        _gemm(2 ** (4 + i % 7), 2 ** (i % 9), 2 ** (2 + i % 8)) for i in range(60)]  # fmt: skip
+    models = KernelModels().fit(recs, cache_bytes=1e6)
+    assert set(models.choice) == {"elementwise", "gemm"}
+    assert models.errors["gemm"]["heldout_gmae"] < 0.05  # the planted function is a roofline
+    again = KernelModels.from_json(models.to_json())
+    assert math.isclose(again.predict(recs[3]), models.predict(recs[3]), rel_tol=1e-9)

@@ -1,0 +1,97 @@
+import json
+
+import pytest
+import torch
+
+from dlrm import Trainer
+from dlrm.perfmodel import trace as tr
+from dlrm.perfmodel.recorder import profile_steps
+from tests.dlrm.conftest import tiny
+
+
+def _doc():
+    op = {"name": "aten::linear", "phase": "forward", "thread": 1, "start_us": 1.0, "dur_us": 10.0,
+          "n_events": 3, "shapes": [[4, 3], [2, 3], [2]], "dtypes": ["float"] * 3, "sync": False,
+          "kernels": [{"name": "aten::addmm", "stream": "cpu", "start_us": 3.0, "dur_us": 6.0,
+                       "n_events": 1, "launch_us": 0.0, "shapes": [[2], [4, 3], [3, 2]],
+                       "strides": [[1], [3, 1], [1, 3]], "dtypes": ["float"] * 3}]}  # fmt: skip
+    return tr.make_doc({"batch_size": 4, "precision": "fp32"}, [{"dur_us": 12.0, "ops": [op]}])
+
+
+def test_trace_round_trip(tmp_path):
+    doc = _doc()
+    path = tr.write_trace(doc, tmp_path / "a.trace.json")
+    assert tr.read_trace(path) == json.loads(json.dumps(doc))
+    assert tr.trace_files([tmp_path]) == [path]
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda d: d.update(format="other"), "not a hybrid-dlrm/perf-trace file"),
+        (lambda d: d.update(version=99), "version 99"),
+        (lambda d: d["meta"].pop("batch_size"), "meta.batch_size"),
+        (lambda d: d["steps"][0]["ops"][0].pop("kernels"), "has no kernels"),
+        (lambda d: d["steps"][0]["ops"][0].update(phase="sideways"), "phase 'sideways'"),
+        (lambda d: d["steps"][0]["ops"][0]["kernels"][0].pop("stream"), "has no stream"),
+    ],
+)
+def test_schema_errors_name_the_problem(tmp_path, mutate, message):
+    doc = _doc()
+    mutate(doc)
+    path = tmp_path / "bad.trace.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(tr.TraceError, match=message):
+        tr.read_trace(path)
+
+
+def test_unreadable_files(tmp_path):
+    with pytest.raises(tr.TraceError, match="no such file"):
+        tr.read_trace(tmp_path / "missing.json")
+    (tmp_path / "x.json").write_text("{not json")
+    with pytest.raises(tr.TraceError, match="not JSON"):
+        tr.read_trace(tmp_path / "x.json")
+
+
+def test_profiled_toy_step_has_phases_and_kernels():
+    model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.ReLU(), torch.nn.Linear(7, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(x):
+        loss = model(x).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    graphs = profile_steps(step, [torch.randn(8, 5)] * 2, model, opt, uses_cuda=False)
+    assert len(graphs) == 2
+    ops = graphs[0]["ops"]
+    phases = {op["phase"] for op in ops}
+    assert {"forward", "backward", "optimizer"} <= phases
+    kernels = [k["name"] for op in ops for k in op["kernels"]]
+    assert "aten::addmm" in kernels and "aten::mm" in kernels
+    assert torch.Tensor.backward.__name__ == "backward"  # the wrapper is gone again
+    assert "step" not in vars(opt)
+    starts = [op["start_us"] for op in ops]
+    assert starts == sorted(starts) and all(op["dur_us"] >= 0 for op in ops)
+
+
+def test_trainer_perf_log_writes_a_trace_and_costs_nothing_when_off(tmp_path):
+    off = Trainer(tiny(tmp_path, num_batches=2))
+    assert off.perf_recorder is None
+    cfg = tiny(
+        tmp_path, num_batches=11, perf_log=str(tmp_path / "perf"), out_dir=str(tmp_path / "run2")
+    )
+    trainer = Trainer(cfg)
+    trainer.fit()
+    doc = tr.read_trace(tmp_path / "perf" / "trace-rank0.trace.json")
+    assert doc["meta"]["batch_size"] == 64 and len(doc["steps"]) == trainer.perf_recorder.steps
+    assert doc["meta"]["unprofiled_step_cpu_us"] > 0
+    names = {k["name"] for st in doc["steps"] for op in st["ops"] for k in op["kernels"]}
+    assert any("split_embedding" in n for n in names) and "aten::bmm" in names
+    assert {op["phase"] for op in doc["steps"][0]["ops"]} >= {
+        "forward",
+        "embedding_lookup",
+        "loss",
+        "backward",
+    }
