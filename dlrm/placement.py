@@ -149,25 +149,38 @@ def concat_batches(parts: list[Batch]) -> Batch:
     )
 
 
+class _Window:
+    """A window's inputs with their per-(feature, input) lengths and starts computed once, so
+    cutting many mini-batches out of it costs only their own lookups."""
+
+    def __init__(self, batch: Batch) -> None:
+        kjt = batch.sparse_features
+        self.keys = kjt.keys()
+        self.size, T = kjt.stride(), len(self.keys)
+        self.lengths = kjt.lengths().view(T, self.size).long()
+        self.starts = kjt.offsets()[:-1].view(T, self.size).long()
+        self.lengths_dtype = kjt.lengths().dtype
+        self.values, self.dense, self.labels = kjt.values(), batch.dense_features, batch.labels
+
+    def select(self, idx: np.ndarray) -> Batch:
+        sel = torch.from_numpy(np.ascontiguousarray(idx, dtype=np.int64))
+        new_len = self.lengths[:, sel].reshape(-1)
+        new_start = self.starts[:, sel].reshape(-1)
+        total = int(new_len.sum())
+        first = torch.zeros(new_len.numel(), dtype=torch.int64)
+        first[1:] = torch.cumsum(new_len, 0)[:-1]
+        pos = new_start.repeat_interleave(new_len, output_size=total) + (
+            torch.arange(total) - first.repeat_interleave(new_len, output_size=total)
+        )
+        kjt = KeyedJaggedTensor(
+            keys=self.keys, values=self.values[pos], lengths=new_len.to(self.lengths_dtype), stride=sel.numel()
+        )
+        return Batch(dense_features=self.dense[sel], sparse_features=kjt, labels=self.labels[sel])
+
+
 def select_batch(batch: Batch, idx: np.ndarray) -> Batch:
     """The inputs at positions `idx` of a batch (all features), vectorised."""
-    kjt = batch.sparse_features
-    S, T = kjt.stride(), len(kjt.keys())
-    sel = torch.from_numpy(np.ascontiguousarray(idx, dtype=np.int64))
-    lengths = kjt.lengths().view(T, S).long()
-    starts = kjt.offsets()[:-1].view(T, S).long()
-    new_len = lengths[:, sel].reshape(-1)
-    new_start = starts[:, sel].reshape(-1)
-    total = int(new_len.sum())
-    first = torch.zeros(new_len.numel(), dtype=torch.int64)
-    first[1:] = torch.cumsum(new_len, 0)[:-1]
-    pos = new_start.repeat_interleave(new_len, output_size=total) + (
-        torch.arange(total) - first.repeat_interleave(new_len, output_size=total)
-    )
-    out = KeyedJaggedTensor(
-        keys=kjt.keys(), values=kjt.values()[pos], lengths=new_len.to(kjt.lengths().dtype), stride=sel.numel()
-    )
-    return Batch(dense_features=batch.dense_features[sel], sparse_features=out, labels=batch.labels[sel])
+    return _Window(batch).select(idx)
 
 
 class FAEBatchSource:
@@ -206,11 +219,13 @@ class FAEBatchSource:
             src = self.source.batches(epoch, start=ws)
             parts = [next(src) for _ in range(we - ws)]
             size = int(parts[0].labels.numel())  # the source's batch (this rank's shard)
-            window = concat_batches(parts)
-            hot = self.classify(window.sparse_features).numpy()
+            joined = concat_batches(parts)
+            del parts
+            hot = self.classify(joined.sparse_features).numpy()
+            window = _Window(joined)
             for j, (_, idx) in enumerate(window_layout(hot, max(size, 1), self.order)):
                 if ws + j >= start and ws + j < self.num_batches:
-                    yield select_batch(window, idx)
+                    yield window.select(idx)
 
 
 def schedule_training_data(cfg: TrainConfig, data, embeddings: nn.Module, per_epoch: int):
