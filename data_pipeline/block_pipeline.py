@@ -50,10 +50,9 @@ class BlockPipeline:
         try:
             for block in iter_blocks(part, block_bytes):
                 if self.executor is None:
-                    pending.append((run_task(spec, block.data, block.offset), block.consumed))
+                    pending.append((run_task(spec, block.lines(), block.offset), block.consumed))
                 else:
-                    fut = self.executor.submit(spec, block.data, block.offset)
-                    pending.append((fut, block.consumed))
+                    pending.append((self.executor.submit(spec, block), block.consumed))
                 while len(pending) > (in_flight if self.executor else 0):
                     finish_one()
             while pending:

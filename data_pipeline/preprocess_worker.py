@@ -21,6 +21,7 @@ import numpy as np
 
 from . import categorical
 from .criteo_format import NUM_SPARSE, dense_transform, parse_block
+from .errors import DataError
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +80,7 @@ def keep_mask(labels: np.ndarray, line_offsets: np.ndarray, rate: float, key: in
 _vocab_cache: dict[str, categorical.Vocabulary] = {}
 
 
-def run_task(spec: TaskSpec, data: bytes, offset: int) -> TaskResult:
+def run_task(spec: TaskSpec, data: bytes | bytearray, offset: int) -> TaskResult:
     parsed = parse_block(data, has_label=spec.has_label)
     result = TaskResult(
         num_lines=parsed.num_lines, bad=[(b.index, b.reason, b.message) for b in parsed.bad]
@@ -135,9 +136,15 @@ def main() -> None:
 
     init_worker()
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
-    while (task := read_task(stdin)) is not None:
+    while True:
         try:
+            task = read_task(stdin)
+            if task is None:
+                return
             result = run_task(*task)
+        except DataError as e:  # e.g. the raw file changed under us: the user's to fix
+            write_error(stdout, str(e), data_error=True)
+            continue
         except Exception:
             write_error(stdout, traceback.format_exc())
             continue

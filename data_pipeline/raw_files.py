@@ -59,22 +59,68 @@ class RawPart:
 
 @dataclass
 class Block:
-    data: bytearray  # whole lines
-    offset: int  # offset of data[0] in the (uncompressed) file
+    """Whole lines: in `data`, or (plain files) the byte range [offset, end) of `path`, which the
+    worker reads itself so the bytes are not also read and piped by the main process."""
+
+    data: bytearray | None
+    offset: int  # offset of the first byte in the (uncompressed) file
     consumed: int  # bytes read from disk so far in this part, for progress
+    end: int = 0
+    path: Path | None = None
+
+    def lines(self) -> bytearray:
+        return self.data if self.data is not None else read_range(self.path, self.offset, self.end)
+
+
+def read_range(path: Path | str, start: int, end: int) -> bytearray:
+    """Bytes [start, end) of a plain file, with a newline added at the end if missing (the
+    last line of a file need not have one)."""
+    buf = bytearray(end - start)
+    try:
+        with open(path, "rb") as f:
+            f.seek(start)
+            got = f.readinto(buf)
+    except OSError as e:
+        raise DataError(f"{path}: unreadable ({e})") from None
+    if got != len(buf):
+        raise DataError(f"{path}: changed while being read ({got} of {len(buf)} bytes at {start})")
+    if buf and not buf.endswith(b"\n"):
+        buf += b"\n"
+    return buf
 
 
 def iter_blocks(part: RawPart, block_bytes: int = 8 << 20) -> Iterator[Block]:
     """The part's lines in blocks of about block_bytes, each cut after a newline.
 
-    Each block is a fresh bytearray filled by readinto, so the bytes are copied once (from
-    the page cache), not again to join a block with the previous block's partial line.
-    An unreadable or corrupt (.gz) file raises DataError naming it."""
+    Plain files: only the cut points are found here (a few KB read per block); the bytes are
+    read by whoever parses the block. Gzip files: decompressed here into fresh bytearrays
+    (readinto, so each byte is copied once). An unreadable or corrupt file raises DataError."""
     try:
-        yield from _blocks(part, block_bytes)
+        if part.compressed:
+            yield from _blocks(part, block_bytes)
+        else:
+            yield from _ranges(part, block_bytes)
     except (OSError, EOFError, zlib.error) as e:
         what = "a truncated or corrupt gzip file" if part.compressed else "unreadable"
         raise DataError(f"{part.path}: {what} ({e})") from None
+
+
+def _ranges(part: RawPart, block_bytes: int) -> Iterator[Block]:
+    end = part.path.stat().st_size if part.byte_end is None else part.byte_end
+    pos = part.byte_start
+    with open(part.path, "rb") as f:
+        while pos < end:
+            cut, target = end, pos + block_bytes
+            while target < end:  # the first newline at or after target ends the block
+                f.seek(target)
+                chunk = f.read(min(1 << 16, end - target))
+                i = chunk.find(b"\n")
+                if i >= 0:
+                    cut = target + i + 1
+                    break
+                target += len(chunk)
+            yield Block(None, pos, cut - part.byte_start, cut, part.path)
+            pos = cut
 
 
 def _blocks(part: RawPart, block_bytes: int) -> Iterator[Block]:

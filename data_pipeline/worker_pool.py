@@ -7,8 +7,9 @@ threads, and its messages are pickles. Here a child imports only numpy and this 
 message is one JSON line followed by raw bytes:
 
     task:   {"spec": {...TaskSpec}, "offset": int, "nbytes": int} \\n <nbytes of raw lines>
+            or {"spec": ..., "offset": int, "path": str, "end": int} \\n (the child reads them)
     result: {"num_lines", "rows", "bad", "arrays": [[name, dtype, shape], ...]} \\n <array bytes>
-            or {"error": "traceback"} \\n
+            or {"error": "traceback"} \\n, or {"data_error": "one line"} \\n
 
 Each child is driven by one thread of a ThreadPoolExecutor (request, then response), so a
 child's output pipe is always being read while its input is written: no pipe deadlock.
@@ -28,7 +29,9 @@ from typing import BinaryIO
 
 import numpy as np
 
+from .errors import DataError
 from .preprocess_worker import TaskResult, TaskSpec
+from .raw_files import Block, read_range
 
 _ARRAY_FIELDS = ("labels", "dense", "sparse")
 
@@ -40,19 +43,29 @@ def _read_exactly(stream: BinaryIO, n: int) -> bytes:
     return data
 
 
-def write_task(stream: BinaryIO, spec: TaskSpec, data: bytes, offset: int) -> None:
-    header = {"spec": dataclasses.asdict(spec), "offset": offset, "nbytes": len(data)}
-    stream.write(json.dumps(header).encode() + b"\n")
-    stream.write(data)
+def write_task(stream: BinaryIO, spec: TaskSpec, block: Block) -> None:
+    header: dict = {"spec": dataclasses.asdict(spec), "offset": block.offset}
+    if block.data is None:
+        header.update(path=str(Path(block.path).absolute()), end=block.end)
+        stream.write(json.dumps(header).encode() + b"\n")
+    else:
+        header["nbytes"] = len(block.data)
+        stream.write(json.dumps(header).encode() + b"\n")
+        stream.write(block.data)
     stream.flush()
 
 
-def read_task(stream: BinaryIO) -> tuple[TaskSpec, bytes, int] | None:
+def read_task(stream: BinaryIO) -> tuple[TaskSpec, bytearray | bytes, int] | None:
     line = stream.readline()
     if not line:
         return None
     header = json.loads(line)
-    return TaskSpec(**header["spec"]), _read_exactly(stream, header["nbytes"]), header["offset"]
+    offset = header["offset"]
+    if "path" in header:
+        data: bytearray | bytes = read_range(header["path"], offset, header["end"])
+    else:
+        data = _read_exactly(stream, header["nbytes"])
+    return TaskSpec(**header["spec"]), data, offset
 
 
 def write_result(stream: BinaryIO, result: TaskResult) -> None:
@@ -74,8 +87,8 @@ def write_result(stream: BinaryIO, result: TaskResult) -> None:
     stream.flush()
 
 
-def write_error(stream: BinaryIO, text: str) -> None:
-    stream.write(json.dumps({"error": text}).encode() + b"\n")
+def write_error(stream: BinaryIO, text: str, data_error: bool = False) -> None:
+    stream.write(json.dumps({"data_error" if data_error else "error": text}).encode() + b"\n")
     stream.flush()
 
 
@@ -84,6 +97,8 @@ def read_result(stream: BinaryIO) -> TaskResult:
     if not line:
         raise EOFError("worker exited")
     header = json.loads(line)
+    if "data_error" in header:
+        raise DataError(header["data_error"])
     if "error" in header:
         raise RuntimeError(f"preprocessing worker failed:\n{header['error']}")
     result = TaskResult(
@@ -115,10 +130,10 @@ class _Child:
             env=env,
         )
 
-    def run(self, spec: TaskSpec, data: bytes, offset: int) -> TaskResult:
+    def run(self, spec: TaskSpec, block: Block) -> TaskResult:
         assert self.proc.stdin is not None and self.proc.stdout is not None
         try:
-            write_task(self.proc.stdin, spec, data, offset)
+            write_task(self.proc.stdin, spec, block)
             return read_result(self.proc.stdout)
         except (BrokenPipeError, EOFError):
             code = self.proc.poll()
@@ -148,15 +163,15 @@ class WorkerPool:
             self._idle.put(child)
         self._threads = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="preprocess")
 
-    def _run(self, spec: TaskSpec, data: bytes, offset: int) -> TaskResult:
+    def _run(self, spec: TaskSpec, block: Block) -> TaskResult:
         child = self._idle.get()
         try:
-            return child.run(spec, data, offset)
+            return child.run(spec, block)
         finally:
             self._idle.put(child)
 
-    def submit(self, spec: TaskSpec, data: bytes, offset: int) -> Future:
-        return self._threads.submit(self._run, spec, data, offset)
+    def submit(self, spec: TaskSpec, block: Block) -> Future:
+        return self._threads.submit(self._run, spec, block)
 
     def close(self) -> None:
         self._threads.shutdown(wait=True, cancel_futures=True)

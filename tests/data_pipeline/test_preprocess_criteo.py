@@ -423,18 +423,22 @@ def test_concurrent_callers_share_one_preprocessing(kaggle_raw, tmp_path, monkey
     assert json.loads((tmp_path / "shared" / "meta.json").read_text())["rows"]["train"] == 1203
 
 
-def test_worker_messages_round_trip() -> None:
+def test_worker_messages_round_trip(tmp_path) -> None:
     """The pipe protocol (JSON header + raw bytes, no pickle) keeps every field exactly."""
     import io
 
     from data_pipeline.preprocess_worker import TaskResult, TaskSpec
+    from data_pipeline.raw_files import Block
     from data_pipeline.worker_pool import read_result, read_task, write_result, write_task
 
     spec = TaskSpec("encode", False, 0.25, 2**63 + 5, 0, "/some/vocab", "int32")
     stream = io.BytesIO()
-    write_task(stream, spec, b"a\tb\n\x00\xff\n", 1 << 40)
+    write_task(stream, spec, Block(bytearray(b"a\tb\n\x00\xff\n"), 1 << 40, 0))
+    (tmp_path / "raw.txt").write_bytes(b"0123456789\nabc")  # last line without a newline
+    write_task(stream, spec, Block(None, 4, 0, 14, tmp_path / "raw.txt"))
     stream.seek(0)
     assert read_task(stream) == (spec, b"a\tb\n\x00\xff\n", 1 << 40)
+    assert read_task(stream) == (spec, b"456789\nabc\n", 4)  # read by the worker itself
     result = TaskResult(
         num_lines=7,
         bad=[(3, "label", "field 1 (label): expected 0 or 1, found b'\\t\\xff'")],
