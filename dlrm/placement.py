@@ -265,15 +265,18 @@ def placement_summary(embeddings: nn.Module, device: torch.device) -> dict:
     return out
 
 
-def transfer_counters(embeddings: nn.Module) -> dict:
-    """The counters for a metrics.jsonl event (empty for placements without transfers)."""
+def transfer_counters(embeddings: nn.Module, times: dict[str, float] | None = None) -> dict:
+    """The counters (and time per phase, from the trainer's `times`) for a metrics.jsonl event;
+    empty for placements without transfers."""
     if isinstance(embeddings, HybridEmbeddingBagCollection):
         s = embeddings.transfer_stats()
         keep = (
             "emb_bytes_h2d", "emb_bytes_d2h", "emb_bytes_h2d_lookup", "emb_bytes_d2h_lookup",
             "emb_bytes_h2d_sync", "emb_bytes_d2h_sync", "syncs", "hot_input_share", "sync_s",
         )  # fmt: skip
-        return {k: s[k] for k in keep}
+        out = {k: s[k] for k in keep}
+        out.update({k: times[k] for k in ("hot_s", "cold_s") if times and k in times})
+        return out
     return {}
 
 

@@ -292,7 +292,7 @@ class Trainer:
         mean_loss = st.loss_sum / max(st.loss_count, 1)
         rate = st.samples / st.train_time_s if st.train_time_s > 0 else 0.0
         self._event("train", loss=mean_loss, lr=self._lr, samples=st.samples, samples_per_s=rate,
-                    **placement.transfer_counters(self.model.embeddings))  # fmt: skip
+                    **placement.transfer_counters(self.model.embeddings, self.timer.totals))  # fmt: skip
         bar.set_postfix(loss=f"{mean_loss:.4f}")
         log.info("step %d: loss %.5f, %.0f samples/s", st.step, mean_loss, rate)
         st.loss_sum, st.loss_count = 0.0, 0

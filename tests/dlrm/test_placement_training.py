@@ -37,6 +37,7 @@ def test_fae_training_reports_placement_and_counters(make_config):
     run = Path(cfg.out_dir)
     train_events = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if '"train"' in x]
     assert train_events and all("emb_bytes_h2d" in e and "hot_input_share" in e for e in train_events)
+    assert {"hot_s", "cold_s", "sync_s", "syncs", "emb_bytes_d2h_sync"} <= set(train_events[-1])
     plan = PlacementPlan.load(run / "placement_plan.npz")
     assert plan.num_hot == emb.num_hot and (run / "placement_plan.json").is_file()
     assert (run / "access_profile.npz").is_file()
