@@ -456,3 +456,21 @@ def test_worker_messages_round_trip(tmp_path) -> None:
     np.testing.assert_array_equal(back.dense, result.dense)
     assert back.sparse.dtype == np.int32 and (back.sparse == result.sparse).all()
     assert len(back.counts) == 2 and (back.counts[1][0] == [-1, 5]).all()
+
+
+@pytest.mark.parametrize("final_newline", [True, False])
+def test_kaggle_pseudo_days_cut_by_line_count(tmp_path, final_newline) -> None:
+    from data_pipeline.raw_files import kaggle_day_sizes, kaggle_parts
+
+    lines = [b"x" * (i % 37) for i in range(2 * (1 << 20) // 17 + 5)]  # > 2 MB: several steps
+    data = b"\n".join(lines) + (b"\n" if final_newline else b"")
+    (tmp_path / "train.txt").write_bytes(data)
+    parts = kaggle_parts(tmp_path / "train.txt", None)
+    sizes = kaggle_day_sizes(len(lines))
+    assert [p.num_lines for p in parts] == sizes and sizes[0] - sizes[-1] in (0, 1)
+    assert [p.first_line for p in parts] == [1 + sum(sizes[:d]) for d in range(7)]
+    pieces = [data[p.byte_start : p.byte_end] for p in parts]
+    assert b"".join(pieces) == data
+    for piece, n in zip(pieces, sizes):
+        assert piece.count(b"\n") == n or (not final_newline and piece is pieces[-1])
+    assert [p.train for p in parts] == [True] * 6 + [False]
