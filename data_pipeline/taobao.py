@@ -214,7 +214,8 @@ class _Preprocess:
                    disable=not (self.opt.progress if self.opt.progress is not None else sys.stderr.isatty()))  # fmt: skip
         try:
             for block in iter_blocks(part, self.opt.block_bytes):
-                rows = parse_block(block.data)
+                # plain files: the reader hands out byte ranges that whoever parses reads
+                rows = parse_block(block.data if block.data is not None else block.lines())
                 self._take_bad(rows.bad, line0)
                 if len(rows):
                     table = np.stack([rows.users, rows.items, rows.categories, rows.timestamps,

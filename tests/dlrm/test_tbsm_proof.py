@@ -90,3 +90,24 @@ def test_cli_trains_tbsm_from_raw_and_rejects_bad_flags(tmp_path, capsys):
     assert err.count("\n") == 1 and "--ts-length 5:" in err and "made with --ts-length 4" in err
     assert main([*args, "--model-type", "lstm"]) == 2
     assert "--model-type: expected one of tsl, mha, rnn, got 'lstm'" in capsys.readouterr().err
+
+
+def test_access_profile_counts_every_history_lookup(planted):
+    import numpy as np
+
+    from data_pipeline.taobao_dataset import TaobaoBatchSource
+    from embeddings.profile import AccessProfiler
+
+    src = TaobaoBatchSource(planted, "train", 64, layout="sequence")
+    profiler = AccessProfiler(src.table_sizes, src.feature_names)
+    for batch in src.batches(0):
+        profiler.add_kjt(batch.sparse_features)
+    items = np.load(planted / "train.items.npy")
+    cats = np.load(planted / "train.categories.npy")
+    users = np.load(planted / "train.users.npy")
+    profile = profiler.finish()
+    assert profile.lookups() == [items.size] * 3  # B*(T+1) per batch and table: the whole window
+    expected = [np.bincount(np.repeat(users, T + 1), minlength=src.table_sizes[0]),
+                np.bincount(items.ravel(), minlength=src.table_sizes[1]),
+                np.bincount(cats.ravel(), minlength=src.table_sizes[2])]  # fmt: skip
+    assert all(np.array_equal(c, e) for c, e in zip(profiler.counts, expected))
