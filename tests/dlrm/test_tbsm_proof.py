@@ -111,3 +111,15 @@ def test_access_profile_counts_every_history_lookup(planted):
                 np.bincount(items.ravel(), minlength=src.table_sizes[1]),
                 np.bincount(cats.ravel(), minlength=src.table_sizes[2])]  # fmt: skip
     assert all(np.array_equal(c, e) for c, e in zip(profiler.counts, expected))
+
+
+def test_tbsm_resume_reproduces_the_uninterrupted_run(planted, tmp_path):
+    from dlrm import checkpoint as ckpt
+
+    kw = dict(model="tbsm", model_type="rnn", num_batches=6, test_freq=3, keep_checkpoints=5)
+    full, _, t_full = _train(planted, tmp_path / "full", **kw)
+    first = ckpt.list_checkpoints(tmp_path / "full" / "checkpoints")[0]
+    resumed, _, t_res = _train(planted, tmp_path / "full", resume=str(first), **kw)
+    assert resumed["test_auc"] == full["test_auc"] and resumed["steps"] == full["steps"] == 6
+    for a, b in zip(t_full.model.state_dict().values(), t_res.model.state_dict().values()):
+        assert torch.equal(a, b)
