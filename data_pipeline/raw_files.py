@@ -32,6 +32,7 @@ from .errors import DataError
 KAGGLE_DAYS = 7
 TERABYTE_DAYS = 24
 _STEP = 1 << 20  # line-count checkpoints, so finding a day boundary reads at most ~1 MB
+_WINDOW = 1 << 26  # bytes mapped at once while counting lines (a multiple of the page size)
 
 
 @dataclass(frozen=True)
@@ -174,17 +175,19 @@ def _count_lines_unchecked(path: Path) -> tuple[int, list[tuple[int, int]]]:
     if size == 0:
         return 0, [(0, 0)]
     lines = 0
-    # Memory-mapped: counting newlines then costs one pass, with no copy out of the page cache.
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-        m.madvise(mmap.MADV_SEQUENTIAL)
-        data = np.frombuffer(m, dtype=np.uint8)
-        try:
-            for i in range(0, size, _STEP):
-                checkpoints.append((i, lines))
-                lines += int(np.count_nonzero(data[i : i + _STEP] == 10))
-            last = int(data[-1])
-        finally:
-            del data  # the mmap cannot close while numpy still looks at it
+    last = 10
+    # Memory-mapped a window at a time: one pass, no copy out of the page cache, and no more
+    # than a window's pages mapped (so the process's resident size stays small).
+    with open(path, "rb") as f:
+        for start in range(0, size, _WINDOW):
+            length = min(_WINDOW, size - start)
+            with mmap.mmap(f.fileno(), length, offset=start, access=mmap.ACCESS_READ) as m:
+                data = np.frombuffer(m, dtype=np.uint8)
+                for i in range(0, length, _STEP):
+                    checkpoints.append((start + i, lines))
+                    lines += int(np.count_nonzero(data[i : i + _STEP] == 10))
+                last = int(data[-1])
+                del data  # the mmap cannot close while numpy still looks at it
     if last != 10:
         lines += 1  # a last line without its newline still counts
     return lines, checkpoints
