@@ -98,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", default="runs/perfmodel-report", help="directory for report.json and report.png"
     )
     rep.add_argument("--json", action="store_true", help="print one JSON object")
-    rep.add_argument("--steps", type=int, default=7, help="timed steps per configuration")
+    rep.add_argument("--steps", type=int, default=11, help="timed steps per configuration")
     rep.add_argument("--quick", action="store_true", help="a few small configurations only")
     return p
 

@@ -143,4 +143,5 @@ def gemm_features(d: dict) -> list[float]:
     return [
         math.log2(d["M"]), math.log2(d["N"]), math.log2(d["K"]), math.log2(d["batch"]),
         float(d["bf16"]), float(d["ta"]), float(d["tb"]), float(d["bias"]),
+        math.log2(gemm_flops(d)), math.log2(gemm_bytes(d)),
     ]  # fmt: skip

@@ -140,7 +140,8 @@ class RooflineTable:
 
 
 class GemmRoofline:
-    """t = c0 + flops * c1 + bytes * c2 per (dtype, layout): c1 = 1 / (peak * efficiency)."""
+    """t = c0 + batch * cb + flops * c1 + bytes * c2 per (dtype, layout): c1 = 1 / (peak *
+    efficiency), cb the per-matrix cost of a batched matmul."""
 
     def __init__(self, coefs: dict[str, list[float]] | None = None) -> None:
         self.coefs = coefs or {}
@@ -156,17 +157,24 @@ class GemmRoofline:
             groups.setdefault(self._k(d), []).append((d, r["dur_us"]))
             groups.setdefault(str(d["bf16"]), []).append((d, r["dur_us"]))
         for key, rows in groups.items():
-            X = np.array([[1.0, F.gemm_flops(d), F.gemm_bytes(d)] for d, _ in rows])
+            X = np.array([_roof_terms(d) for d, _ in rows])
             self.coefs[key] = nnls_relative(X, np.array([t for _, t in rows])).tolist()
         return self
 
     def predict(self, k: dict) -> float:
         d = F.gemm_dims(k)
-        c = self.coefs.get(self._k(d)) or self.coefs.get(str(d["bf16"])) or [1.0, 1e-4, 0.0]
-        return c[0] + c[1] * F.gemm_flops(d) + c[2] * F.gemm_bytes(d)
+        c = self.coefs.get(self._k(d)) or self.coefs.get(str(d["bf16"])) or [1.0, 0.0, 1e-4, 0.0]
+        return float(np.dot(c, _roof_terms(d)))
 
     def to_json(self) -> dict:
         return {"kind": "gemm_roofline", "coefs": self.coefs}
+
+
+N_FEATURES = 10  # len(features.gemm_features(...))
+
+
+def _roof_terms(d: dict) -> list[float]:
+    return [1.0, float(d["batch"]), F.gemm_flops(d), F.gemm_bytes(d)]
 
 
 class GemmMLP:
@@ -181,15 +189,15 @@ class GemmMLP:
     ) -> None:
         self.hidden, self.layers, self.weight_decay = hidden, layers, weight_decay
         self.net = self._make()
-        self.mu = np.zeros(8)
-        self.sd = np.ones(8)
+        self.mu = np.zeros(N_FEATURES)
+        self.sd = np.ones(N_FEATURES)
         if state is not None:
             self.mu, self.sd = np.array(state["mu"]), np.array(state["sd"])
             self.net.load_state_dict({k: torch.tensor(v) for k, v in state["weights"].items()})
 
     def _make(self) -> torch.nn.Module:
         mods: list[torch.nn.Module] = []
-        width = 8
+        width = N_FEATURES
         for _ in range(self.layers):
             mods += [torch.nn.Linear(width, self.hidden), torch.nn.GELU()]
             width = self.hidden
@@ -331,8 +339,32 @@ class KernelModels:
         self.models = models or {}
         self.choice = choice or {}
         self.errors = errors or {}
+        self.in_situ: dict[str, float] = {}
+
+    @staticmethod
+    def situ_key(k: dict) -> str:
+        bf16 = any(d in ("c10::BFloat16", "c10::Half") for d in (k.get("dtypes") or []))
+        return f"{F.op_type(k['name'])}|{'bf16' if bf16 else 'fp32'}"
+
+    def calibrate_in_situ(self, recs: list[dict], lo: float = 0.25, hi: float = 4.0) -> dict:
+        """Per operator type and dtype, the factor between kernels timed inside training steps
+        (the fit traces) and the isolated-microbenchmark models: total measured / total
+        predicted time. A microbenchmark runs a kernel on warm, isolated inputs; inside a step
+        the inputs come from other kernels (caches, layouts, allocation), which the factor
+        carries over to predictions."""
+        self.in_situ = {}
+        sums: dict[str, list[float]] = {}
+        for r in recs:
+            s = sums.setdefault(self.situ_key(r), [0.0, 0.0])
+            s[0] += r["dur_us"]
+            s[1] += self.predict(r)
+        self.in_situ = {key: min(max(m / p, lo), hi) for key, (m, p) in sums.items() if p > 0}
+        return dict(self.in_situ)
 
     def predict(self, k: dict) -> float:
+        return self._predict(k) * self.in_situ.get(self.situ_key(k), 1.0)
+
+    def _predict(self, k: dict) -> float:
         t = F.op_type(k["name"])
         m = self.models.get(t) or self.models.get("elementwise")
         if m is None:
@@ -401,7 +433,7 @@ class KernelModels:
 
     def to_json(self) -> dict:
         return {"models": {t: m.to_json() for t, m in self.models.items()}, "choice": self.choice,
-                "errors": self.errors}  # fmt: skip
+                "errors": self.errors, "in_situ": self.in_situ}  # fmt: skip
 
     @classmethod
     def from_json(cls, data: dict) -> KernelModels:
@@ -418,4 +450,6 @@ class KernelModels:
                 models[t] = EmbeddingModel(m["coefs"], m["cache_bytes"])
             else:
                 raise ValueError(f"unknown kernel model kind {kind!r}")
-        return cls(models, data.get("choice"), data.get("errors"))
+        out = cls(models, data.get("choice"), data.get("errors"))
+        out.in_situ = dict(data.get("in_situ") or {})
+        return out

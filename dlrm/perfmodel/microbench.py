@@ -50,9 +50,7 @@ def profile_kernels(fn, reps: int = 5, ctx: dict | None = None) -> list[dict]:
     """Run fn once to warm, then `reps` times under the profiler; one record per kernel position.
 
     On a machine shared with other processes the profiler's wall-clock durations include time
-    the thread was descheduled, which only ever adds. So a kernel's time is the minimum over
-    reps, and a long kernel's duration in a rep is first scaled by that rep's thread-CPU /
-    wall ratio (a kernel longer than a scheduler slice is preempted in proportion).
+    the thread was descheduled: see `kernel_estimate`.
     """
     from torch.profiler import ProfilerActivity, profile
 
@@ -83,17 +81,18 @@ def profile_kernels(fn, reps: int = 5, ctx: dict | None = None) -> list[dict]:
 
 def kernel_estimate(durations: list[float], ratios: list[float]) -> float:
     """One kernel's time from its wall-clock durations in several reps (or steps) and those reps'
-    thread-CPU / wall ratios: a short kernel is rarely preempted, so its minimum stands; a long
-    one is preempted in proportion to the rep's descheduled share, so its durations are scaled
-    by the ratio and the median taken (a minimum of scaled values would pick the rep whose
-    preemptions fell elsewhere)."""
-    if min(durations) <= LONG_KERNEL_US:
-        return min(durations)
+    thread-CPU / wall ratios: the median over reps, a long kernel's durations first scaled by
+    its rep's ratio (a kernel longer than a scheduler slice is preempted in proportion to the
+    rep's descheduled share). Medians, like the step times they add up to, are robust to the
+    bursts of interference of a shared machine."""
+    if statistics.median(durations) <= LONG_KERNEL_US:
+        return statistics.median(durations)
     return statistics.median(d * r for d, r in zip(durations, ratios))
 
 
-def time_call(fn, reps: int = 5) -> float:
-    """Median thread-CPU microseconds of fn() after one warm call (immune to descheduling)."""
+def time_call(fn, reps: int = 7) -> float:
+    """Median thread-CPU microseconds of fn() after one warm call (thread CPU time ignores the
+    time the thread was descheduled; the median ignores bursts of interference)."""
     fn()
     ts = []
     for _ in range(reps):
@@ -110,6 +109,9 @@ def _gemm_record(name: str, tensors: list, dur: float, ctx: dict) -> dict:
             "dtypes": [dt[t.dtype] for t in tensors], "ctx": ctx, "event_cost_us": 0.0}  # fmt: skip
 
 
+_WIDE = [64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536]
+
+
 def bench_gemm(rng: random.Random, n: int, reps: int) -> list[dict]:
     """addmm/mm/bmm timed directly by thread-CPU time in the layouts training uses: forward
     addmm(bias, x, W.t()); backward mm(g, W) and mm(x.t(), g); bmm(t, t^T) and its backward."""
@@ -117,9 +119,13 @@ def bench_gemm(rng: random.Random, n: int, reps: int) -> list[dict]:
     for _ in range(n):
         dtype = torch.bfloat16 if rng.random() < 0.5 else torch.float32
         if rng.random() < 0.75:
-            b = _log_uniform(rng, 16, 4096)
-            fi, fo = _log_uniform(rng, 1, 1024), _log_uniform(rng, 1, 1024)
-            if 2 * b * fi * fo > 2e9:
+            if rng.random() < 0.5:  # anywhere in the range
+                b = _log_uniform(rng, 16, 4096)
+                fi, fo = _log_uniform(rng, 1, 1024), _log_uniform(rng, 1, 1024)
+            else:  # the big end, on a generic grid (powers of two and 1.5x), where time goes
+                b = rng.choice([256, 512, 1024, 2048, 4096])
+                fi, fo = rng.choice(_WIDE), rng.choice(_WIDE)
+            if 2 * b * fi * fo > (6e9 if dtype == torch.float32 else 2.5e9):
                 continue
             x, w = torch.randn(b, fi).to(dtype), torch.randn(fo, fi).to(dtype)
             bias, g = torch.randn(fo).to(dtype), torch.randn(b, fo).to(dtype)
@@ -327,7 +333,7 @@ def base_config(**changes):
     return TrainConfig(**base)
 
 
-def trace_config(cfg, out: Path, warmup: int = 3, steps: int = 3, timed: int = 7) -> Path:
+def trace_config(cfg, out: Path, warmup: int = 3, steps: int = 3, timed: int = 11) -> Path:
     """Record a perf trace of `steps` steps of cfg (after warm-up) with batches made up front."""
     from dlrm.perfmodel.graph import batches_for, build_trainer
     from dlrm.perfmodel.recorder import profile_steps, trace_meta
@@ -366,7 +372,7 @@ def time_steps(trainer, batches: list) -> tuple[float, float]:
 
 def run(out_dir: str | Path, scale: float = 1.0, reps: int = 5, seed: int = 0, sweeps: list[str] | None = None,
         fit_configs: bool = True) -> dict:  # fmt: skip
-    """All sweeps into OUT/kernels.jsonl and the fit configurations' traces into OUT/traces/."""
+    """Each sweep into OUT/kernels-<sweep>.jsonl, the fit configurations' traces into OUT/traces/."""
     from dlrm.perfmodel import hardware
 
     out_dir = Path(out_dir)
@@ -375,25 +381,24 @@ def run(out_dir: str | Path, scale: float = 1.0, reps: int = 5, seed: int = 0, s
     rng = random.Random(seed)
     summary: dict = {"hardware": hw["key"], "sweeps": {}, "threads": torch.get_num_threads()}
     threads = torch.get_num_threads()
-    with open(out_dir / "kernels.jsonl", "w") as f:
-        for name in sweeps or list(SWEEPS):
-            t0 = time.perf_counter()
-            recs = SWEEPS[name](rng, max(1, int(DEFAULT_COUNTS[name] * scale)), reps)
-            torch.set_num_threads(threads)
+    for name in sweeps or list(SWEEPS):
+        t0 = time.perf_counter()
+        recs = SWEEPS[name](rng, max(1, int(DEFAULT_COUNTS[name] * scale)), reps)
+        torch.set_num_threads(threads)
+        with open(
+            out_dir / f"kernels-{name}.jsonl", "w"
+        ) as f:  # one file per sweep: rerun one alone
             for r in recs:
                 r["sweep"] = name
                 r["ctx"] = {k: v for k, v in r.get("ctx", {}).items() if k in CTX_FIELDS}
                 f.write(json.dumps(r) + "\n")
-            summary["sweeps"][name] = {
-                "records": len(recs),
-                "seconds": round(time.perf_counter() - t0, 1),
-            }
-            log.info(
-                "microbench %s: %d kernel records in %.1f s",
-                name,
-                len(recs),
-                time.perf_counter() - t0,
-            )
+        summary["sweeps"][name] = {
+            "records": len(recs),
+            "seconds": round(time.perf_counter() - t0, 1),
+        }
+        log.info(
+            "microbench %s: %d kernel records in %.1f s", name, len(recs), time.perf_counter() - t0
+        )
     if fit_configs:
         for i, changes in enumerate(FIT_CONFIGS):
             trace_config(base_config(**changes), out_dir / "traces" / f"fit{i}.trace.json")

@@ -101,7 +101,7 @@ def measure(cfg, steps: int, profiled: int = 2) -> dict:
 
 
 def run(
-    out_dir: str | Path, model_path: str | Path | None = None, steps: int = 7, quick: bool = False
+    out_dir: str | Path, model_path: str | Path | None = None, steps: int = 11, quick: bool = False
 ) -> dict:
     from dlrm.perfmodel import load_model
 

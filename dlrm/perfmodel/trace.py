@@ -244,7 +244,23 @@ def _one_step(events: list, step, uses_cuda: bool) -> dict:
             "dur_us": b - a, "n_events": _count(e), "shapes": _shapes(e),
             "dtypes": [str(d) for d in (e.input_dtypes or [])], "sync": _has_sync(e), "kernels": kernels,
         })  # fmt: skip
+    _cat_outputs(ops)
     return {"dur_us": s1 - s0, "ops": ops}
+
+
+def _cat_outputs(ops: list[dict]) -> None:
+    """A cat's inputs are a TensorList, whose shapes the profiler does not record: when no
+    narrow child gave its output shape, take the first input of the op that follows (what
+    consumes the concatenation in DLRM's interaction and in the microbenchmarks)."""
+    for i, op in enumerate(ops):
+        for k in op["kernels"]:
+            if k["name"] != "aten::cat" or k.get("out_shape"):
+                continue
+            for nxt in ops[i + 1 : i + 3]:
+                if nxt["shapes"] and nxt["shapes"][0]:
+                    k["out_shape"] = list(nxt["shapes"][0])
+                    k["out_dtype"] = (nxt.get("dtypes") or ["float"])[0]
+                    break
 
 
 def _walk(e):
