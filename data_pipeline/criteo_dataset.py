@@ -136,7 +136,11 @@ class CriteoBatchSource:
         sizes = np.array([stop - start for _, start, stop in self._segments], dtype=np.int64)
         self._seg_starts = np.concatenate(([0], np.cumsum(sizes)))
         self.num_samples = int(self._seg_starts[-1])
-        self._columns = [self.dataset.columns(part) for part, _, _ in self._segments]
+        # plain ndarray views of the memmaps: same pages, without np.memmap's per-call overhead
+        self._columns = [
+            tuple(None if c is None else np.asarray(c) for c in self.dataset.columns(part))
+            for part, _, _ in self._segments
+        ]
         self.has_labels = all(c[0] is not None for c in self._columns)
         self._values_dtype = np.int64 if index_dtype == torch.int64 else np.int32
         self._cache_lock = threading.Lock()
