@@ -102,7 +102,7 @@ class CriteoBatchSource:
         rank: int = 0,
         world_size: int = 1,
         prefetch: int = 8,
-        threads: int = 2,
+        threads: int = 1,
         index_dtype: torch.dtype = torch.int64,
     ):
         self.dataset = data if isinstance(data, CriteoDataset) else CriteoDataset(data)
@@ -245,9 +245,11 @@ class CriteoBatchSource:
     def batches(self, epoch: int = 0, start: int = 0) -> Iterator[Batch]:
         """Batches start, start+1, ... of `epoch`, built ahead by background threads.
 
-        Up to `prefetch` batches are built ahead by `threads` threads (numpy releases the GIL
-        while gathering, so two threads overlap the memory latency of shuffled reads); they
-        are yielded in order, so the sequence is the same as without prefetching."""
+        Up to `prefetch` batches are built ahead by `threads` threads and yielded in order, so
+        the sequence is the same as without prefetching. One thread is the default: on a
+        2-core machine shared with training, more threads fight over the GIL and cores (a
+        second thread halved the unshuffled rate in measurements) and gain little for
+        shuffled reads."""
         if not 0 <= start <= len(self):
             raise IndexError(f"start batch {start} of {len(self)}")
         if self.prefetch <= 0:
