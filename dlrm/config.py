@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,6 +35,14 @@ def parse_widths(text: str | list[int] | tuple[int, ...], flag: str) -> tuple[in
     if not widths or min(widths) < 1:
         raise ConfigError(f"{flag}: every width must be a positive integer, got {text!r}")
     return widths
+
+
+def _new_run_dir() -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    candidate, n = Path("runs") / stamp, 1
+    while candidate.exists():
+        candidate, n = Path("runs") / f"{stamp}-{n}", n + 1
+    return str(candidate)
 
 
 @dataclass
@@ -95,7 +104,7 @@ class TrainConfig:
     print_freq: int = 256
     test_freq: int = 0  # steps between evaluations; 0: only at the end
     mlperf_auc_threshold: float = 0.0
-    out_dir: str = "runs/latest"
+    out_dir: str = ""  # empty: a new runs/<date>-<time> directory
     save_model: str | None = None
     load_model: str | None = None
     inference_only: bool = False
@@ -123,6 +132,8 @@ class TrainConfig:
         self.arch_mlp = parse_widths(self.arch_mlp, "--arch-mlp")
         if self.arch_embedding_size is not None:
             self.arch_embedding_size = parse_widths(self.arch_embedding_size, "--arch-embedding-size")
+        if not self.out_dir:
+            self.out_dir = _new_run_dir()
         self.validate()
 
     def validate(self) -> None:

@@ -49,6 +49,18 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def _check_run_dir_is_free(cfg: TrainConfig) -> None:
+    """A new run never writes into an earlier run's directory: its metrics and checkpoints
+    would be mixed with (or pruned among) the old ones."""
+    run = cfg.run_dir
+    if cfg.resume or not run.is_dir():
+        return
+    if (run / "metrics.jsonl").exists() or ckpt.list_checkpoints(run / "checkpoints"):
+        raise ConfigError(
+            f"--out-dir: {run} already holds a run; pass --resume to continue it or choose another --out-dir"
+        )
+
+
 def build_model(cfg: TrainConfig, data: DataSplits, device: torch.device) -> DLRM | TBSM:
     sizes = list(data.table_sizes)
     if cfg.arch_embedding_size is not None:
@@ -151,6 +163,7 @@ class Trainer:
         self.cfg = cfg
         self.rank, self.world_size = rank, world_size
         self.device = resolve_device(cfg.device)
+        _check_run_dir_is_free(cfg)
         torch.manual_seed(cfg.seed)
         self.data = build_data(cfg, rank, world_size)
         self.model = build_model(cfg, self.data, self.device)

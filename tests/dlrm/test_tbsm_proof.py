@@ -85,7 +85,7 @@ def test_cli_trains_tbsm_from_raw_and_rejects_bad_flags(tmp_path, capsys):
     assert '"tsl_inner": "ind"' in config and '"tsl_proj": false' in config
     capsys.readouterr()
     assert main([*args, "--ts-length", "5", "--processed-data-file", str(tmp_path / "UserBehavior.csv.t4_p2.processed"),
-                 "--raw-data-file", ""]) == 2  # fmt: skip
+                 "--raw-data-file", "", "--out-dir", str(tmp_path / "run2")]) == 2  # fmt: skip
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--ts-length 5:" in err and "made with --ts-length 4" in err
     assert main([*args, "--model-type", "lstm"]) == 2

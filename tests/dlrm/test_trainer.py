@@ -8,6 +8,7 @@ import torch
 
 from dlrm import TrainConfig, Trainer
 from dlrm import checkpoint as ckpt
+from dlrm.config import ConfigError
 from dlrm.errors import CheckpointError, TrainingDiverged
 
 
@@ -158,3 +159,22 @@ def test_readme_library_snippet_runs(tmp_path, monkeypatch):
 def test_config_round_trips_through_json(make_config):
     cfg = make_config(optimizer="adagrad", precision="bf16")
     assert TrainConfig.from_json(json.loads(json.dumps(cfg.to_json()))) == cfg
+
+
+def test_a_new_run_refuses_a_directory_holding_a_run(make_config):
+    cfg = make_config()
+    Trainer(cfg).fit()
+    before = (Path(cfg.out_dir) / "metrics.jsonl").read_text()
+    with pytest.raises(ConfigError, match="already holds a run; pass --resume"):
+        Trainer(make_config())
+    assert (Path(cfg.out_dir) / "metrics.jsonl").read_text() == before
+    assert Trainer(make_config(resume="auto")).state.step == 30  # resuming it is fine
+
+
+def test_default_run_directories_are_new(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    a, b = TrainConfig(), TrainConfig()
+    assert a.out_dir.startswith("runs/") and Path(a.out_dir) != tmp_path
+    Path(a.out_dir).mkdir(parents=True)
+    assert TrainConfig().out_dir != a.out_dir
+    del b
