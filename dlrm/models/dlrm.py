@@ -18,6 +18,19 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 INTERACTIONS = ("dot", "cat")
 
 
+def check_bottom_mlp(bottom: tuple[int, ...], num_dense: int, embedding_dim: int) -> None:
+    """The bottom MLP reads the dense features and must output one embedding-sized vector."""
+    if not bottom or bottom[0] != num_dense:
+        raise ValueError(
+            f"--arch-mlp-bot: first width must be the number of dense features "
+            f"({num_dense}), got {'-'.join(map(str, bottom))}"
+        )
+    if bottom[-1] != embedding_dim:
+        raise ValueError(
+            f"--arch-mlp-bot: last width ({bottom[-1]}) must equal --arch-sparse-feature-size ({embedding_dim})"
+        )
+
+
 @dataclass(frozen=True)
 class DLRMArch:
     """Widths as in the reference's flags: `bottom` includes the dense input width; `top` excludes
@@ -34,16 +47,7 @@ class DLRMArch:
     def __post_init__(self) -> None:
         if self.interaction not in INTERACTIONS:
             raise ValueError(f"--arch-interaction-op: expected dot or cat, got {self.interaction!r}")
-        if not self.bottom or self.bottom[0] != self.num_dense:
-            raise ValueError(
-                f"--arch-mlp-bot: first width must be the number of dense features "
-                f"({self.num_dense}), got {'-'.join(map(str, self.bottom))}"
-            )
-        if self.bottom[-1] != self.embedding_dim:
-            raise ValueError(
-                f"--arch-mlp-bot: last width ({self.bottom[-1]}) must equal "
-                f"--arch-sparse-feature-size ({self.embedding_dim})"
-            )
+        check_bottom_mlp(self.bottom, self.num_dense, self.embedding_dim)
         if not self.top or self.top[-1] != 1:
             raise ValueError(
                 f"--arch-mlp-top: last width must be 1 (one logit), got {'-'.join(map(str, self.top))}"

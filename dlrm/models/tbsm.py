@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from dlrm.models.dlrm import INTERACTIONS, Interaction, make_mlp
+from dlrm.models.dlrm import INTERACTIONS, Interaction, check_bottom_mlp, make_mlp
 
 MODEL_TYPES = ("tsl", "mha", "rnn")
 TSL_INNER = ("dot", "ind", "def")
@@ -80,16 +80,7 @@ class TBSMArch:
         choice("--tsl-inner", self.tsl_inner, TSL_INNER)
         choice("--tsl-mechanism", self.tsl_mechanism, TSL_MECHANISMS)
         choice("--arch-interaction-op", self.interaction, INTERACTIONS)
-        if not self.bottom or self.bottom[0] != self.num_dense:
-            raise ValueError(
-                f"--arch-mlp-bot: first width must be the number of dense features "
-                f"({self.num_dense}), got {'-'.join(map(str, self.bottom))}"
-            )
-        if self.bottom[-1] != self.embedding_dim:
-            raise ValueError(
-                f"--arch-mlp-bot: last width ({self.bottom[-1]}) must equal "
-                f"--arch-sparse-feature-size ({self.embedding_dim})"
-            )
+        check_bottom_mlp(self.bottom, self.num_dense, self.embedding_dim)
         if not self.top:
             raise ValueError("--arch-mlp-top: needs at least one width")
         if not self.arch_mlp or self.arch_mlp[-1] != 1:
