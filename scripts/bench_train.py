@@ -27,7 +27,12 @@ import time
 import torch
 from torch import nn
 
-from data_pipeline.synthetic import KAGGLE_TABLE_SIZES, PlantedWorld, SyntheticBatchSource, SyntheticConfig
+from data_pipeline.synthetic import (
+    KAGGLE_TABLE_SIZES,
+    PlantedWorld,
+    SyntheticBatchSource,
+    SyntheticConfig,
+)
 from dlrm import TrainConfig, Trainer
 
 BOTTOM = (13, 512, 256, 64, 16)

@@ -3,8 +3,7 @@ import torch
 from torch import nn
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from embeddings import FusedEmbeddingBagCollection, SparseOptimizer, TableSpec
-from embeddings import _fbgemm
+from embeddings import FusedEmbeddingBagCollection, SparseOptimizer, TableSpec, _fbgemm
 
 SIZES = [50, 7, 300, 1]
 
@@ -16,8 +15,8 @@ def tables(dims=(8, 8, 8, 8)):
 def random_kjt(gen: torch.Generator, batch: int, sizes=SIZES, max_len: int = 4) -> KeyedJaggedTensor:
     lengths = torch.randint(0, max_len, (len(sizes) * batch,), generator=gen)
     values = torch.cat(
-        [torch.randint(0, n, (int(l),), generator=gen) for i, n in enumerate(sizes)
-         for l in lengths[i * batch:(i + 1) * batch].tolist()]
+        [torch.randint(0, n, (int(length),), generator=gen) for i, n in enumerate(sizes)
+         for length in lengths[i * batch:(i + 1) * batch].tolist()]
     )  # fmt: skip
     return KeyedJaggedTensor([f"f{i}" for i in range(len(sizes))], values, lengths=lengths)
 
