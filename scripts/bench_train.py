@@ -6,7 +6,7 @@ Prints one JSON object. For each batch size (128 and 2048 by default):
   over all parameters), model step only: no data generation counted.
 - `fp32_samples_per_s` / `bf16_samples_per_s`: our Trainer end to end (`train_samples_per_s` of
   its summary: synthetic data generation, fused embeddings, dense step), evaluation excluded.
-- the speed-ups over the naive step.
+- the speed-ups over the naive step, and `generator_samples_per_s`: the synthetic data alone.
 Then `auc`: test AUC of fp32 and bf16 training on the planted synthetic data (same seed, same
 batches) and their difference.
 
@@ -87,6 +87,18 @@ def naive_throughput(table_sizes: list[int], batch_size: int, steps: int, warmup
     return steps * batch_size / (time.perf_counter() - start)
 
 
+def generator_throughput(table_sizes: list[int], batch_size: int, samples: int = 1_000_000) -> float:
+    """Synthetic batches per second from the planted world alone (what a training step waits on)."""
+    world = PlantedWorld(SyntheticConfig(table_sizes=table_sizes, seed=0))
+    source = SyntheticBatchSource(world, "train", batch_size, samples // batch_size + 1)
+    batches = source.batches()
+    next(batches)  # compile / load the numba kernel
+    start = time.perf_counter()
+    for _ in range(samples // batch_size):
+        next(batches)
+    return (samples // batch_size) * batch_size / (time.perf_counter() - start)
+
+
 def ours(table_sizes, batch_size, steps, precision, out_dir, test_size=16384, seed=0) -> dict:
     cfg = TrainConfig(
         arch_embedding_size=tuple(table_sizes), arch_sparse_feature_size=DIM,
@@ -117,7 +129,8 @@ def main() -> None:
             # a rough per-step cost sets the number of steps for ~args.seconds per measurement
             steps = max(20, int(args.seconds * (30_000 if bs <= 256 else 60_000) / bs))
             naive = naive_throughput(sizes, bs, steps, warmup=5)
-            row = {"steps": steps, "naive_step_samples_per_s": naive}
+            row = {"steps": steps, "generator_samples_per_s": generator_throughput(sizes, bs),
+                   "naive_step_samples_per_s": naive}  # fmt: skip
             for precision in ("fp32", "bf16"):
                 s = ours(sizes, bs, steps, precision, f"{tmp}/{bs}-{precision}")
                 row[f"{precision}_samples_per_s"] = s["train_samples_per_s"]
