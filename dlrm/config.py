@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from embeddings.config import SPARSE_OPTIMIZERS
@@ -122,8 +122,7 @@ class TrainConfig:
     fae_switch_period: int = 64  # FAE: mini-batches per hot-then-cold scheduling window
     fae_order: str = "interleave"  # interleave | block (the original FAE order, an ablation)
 
-    # model-specific extras (TBSM, placement) live in this dict so the dataclass stays flat
-    extra: dict = field(default_factory=dict)
+
 
     def __post_init__(self) -> None:
         self.arch_mlp_bot = parse_widths(self.arch_mlp_bot, "--arch-mlp-bot")

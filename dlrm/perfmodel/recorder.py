@@ -125,7 +125,7 @@ def trace_meta(trainer, batch_size: int) -> dict:
         "embedding_dim": int(cfg.arch_sparse_feature_size),
         "zipf": float(cfg.synthetic_zipf),
         "optimizer": cfg.optimizer,
-        "placement": str(getattr(cfg, "placement", cfg.extra.get("placement", "device"))),
+        "placement": str(cfg.placement),
         "profiler_event_cost_us": profiler_event_cost_us(),
         "dense_params": int(sum(p.numel() for p in trainer.model.dense_parameters())),
     }
