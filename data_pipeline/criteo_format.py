@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .errors import BadLine
+
 NUM_DENSE = 13
 NUM_SPARSE = 26
 DENSE_NAMES = [f"I{i + 1}" for i in range(NUM_DENSE)]
@@ -70,15 +72,6 @@ _HEX_RE = re.compile(rb"[0-9a-fA-F]{1,%d}" % MAX_HEX_DIGITS)
 
 def num_fields(has_label: bool) -> int:
     return NUM_DENSE + NUM_SPARSE + (1 if has_label else 0)
-
-
-@dataclass
-class BadLine:
-    """A rejected line: its 0-based index in the parsed block, why, and a one-line message."""
-
-    index: int
-    reason: str
-    message: str
 
 
 @dataclass

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .errors import BadLine
+
 BEHAVIORS = ("pv", "buy", "cart", "fav")
 FIELDS = ("user_id", "item_id", "category_id", "behavior_type", "timestamp")
 NUMERIC_FIELDS = (0, 1, 2, 4)
@@ -31,15 +33,6 @@ _BEHAVIOR_KEYS = np.array(
     [int.from_bytes(b.encode().ljust(4, b"\0"), "little") for b in BEHAVIORS], dtype=np.uint32
 )
 _BEHAVIOR_LENGTHS = np.array([len(b) for b in BEHAVIORS], dtype=np.int64)
-
-
-@dataclass
-class BadLine:
-    """A rejected line: its 0-based index in the parsed block, why, and a one-line message."""
-
-    index: int
-    reason: str
-    message: str
 
 
 @dataclass
