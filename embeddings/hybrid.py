@@ -34,7 +34,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 from embeddings.config import SparseOptimizer, TableSpec
 from embeddings.fused import FusedEmbeddingBagCollection
 from embeddings.placement import PlacementPlan, row_bytes
-from embeddings.torch_tbe import apply_sparse_update, segment_sum_rows
+from embeddings.torch_tbe import FusedLookup, apply_sparse_update
 from embeddings.transfer_stats import TransferStats
 
 log = logging.getLogger(__name__)
@@ -56,24 +56,22 @@ class _ToDevice(torch.autograd.Function):
         return grad.to("cpu"), None, None
 
 
-class _HotLookup(torch.autograd.Function):
-    """Sum-pooled lookup in the device tier; backward applies the fused update there."""
+class _HotTable:
+    """The device tier as the fused lookup sees it (`weight`, `update`); an update also marks
+    its rows as newer than the host's copy."""
 
-    @staticmethod
-    def forward(ctx, placeholder, coll: HybridEmbeddingBagCollection, indices, offsets):  # type: ignore[override]
-        ctx.coll = coll
-        ctx.save_for_backward(indices, offsets)
-        return F.embedding_bag(indices, coll.hot_weight, offsets[:-1], mode="sum")
+    def __init__(self, coll: HybridEmbeddingBagCollection) -> None:
+        self.coll = coll
 
-    @staticmethod
-    def backward(ctx, grad_out):  # type: ignore[override]
-        indices, offsets = ctx.saved_tensors
-        coll: HybridEmbeddingBagCollection = ctx.coll
-        rows, grad = segment_sum_rows(indices, offsets, grad_out.float())
-        apply_sparse_update(coll.hot_weight, coll.hot_state, rows, grad, coll.optimizer, coll.lr)
-        coll._device_dirty[rows] = True
-        coll._device_ahead = True
-        return None, None, None, None
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.coll.hot_weight
+
+    def update(self, rows: torch.Tensor, grad: torch.Tensor) -> None:
+        c = self.coll
+        apply_sparse_update(c.hot_weight, c.hot_state, rows, grad, c.optimizer, c.lr)
+        c._device_dirty[rows] = True
+        c._device_ahead = True
 
 
 def _flat_rows(views: list[torch.Tensor]) -> torch.Tensor | None:
@@ -281,7 +279,7 @@ class HybridEmbeddingBagCollection(nn.Module):
         hidx = hidx.to(self.device).long()
         offsets = offsets.long()
         if training:
-            pooled = _HotLookup.apply(self._placeholder, self, hidx, offsets)
+            pooled = FusedLookup.apply(self._placeholder, _HotTable(self), hidx, offsets)
             self._count("hot", batch)
         else:
             pooled = F.embedding_bag(hidx, self.hot_weight, offsets[:-1], mode="sum")

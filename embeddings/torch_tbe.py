@@ -53,21 +53,23 @@ def segment_sum_rows(
     return rows, grad
 
 
-class _FusedLookup(torch.autograd.Function):
-    """embedding_bag(sum) whose backward updates the weight instead of returning its gradient."""
+class FusedLookup(torch.autograd.Function):
+    """embedding_bag(sum) whose backward updates the weight instead of returning its gradient.
+
+    `table` is anything with a `weight` tensor and an `update(rows, grad)` method: a `_Group`
+    here, the device tier of the hybrid collection.
+    """
 
     @staticmethod
-    def forward(ctx, placeholder, group: _Group, indices, offsets):  # type: ignore[override]
-        ctx.group = group
+    def forward(ctx, placeholder, table, indices, offsets):  # type: ignore[override]
+        ctx.table = table
         ctx.save_for_backward(indices, offsets)
-        return F.embedding_bag(indices, group.weight, offsets[:-1], mode="sum")
+        return F.embedding_bag(indices, table.weight, offsets[:-1], mode="sum")
 
     @staticmethod
     def backward(ctx, grad_out):  # type: ignore[override]
         indices, offsets = ctx.saved_tensors
-        group: _Group = ctx.group
-        rows, grad = segment_sum_rows(indices, offsets, grad_out.float())
-        apply_sparse_update(group.weight, group.state, rows, grad, group.optimizer, group.lr)
+        ctx.table.update(*segment_sum_rows(indices, offsets, grad_out.float()))
         return None, None, None, None
 
 
@@ -89,6 +91,9 @@ class _Group:
             self.state = torch.zeros(total, dim, dtype=torch.float32, device=device)
         elif optimizer.kind == "rowwise_adagrad":
             self.state = torch.zeros(total, dtype=torch.float32, device=device)
+
+    def update(self, rows: torch.Tensor, grad: torch.Tensor) -> None:
+        apply_sparse_update(self.weight, self.state, rows, grad, self.optimizer, self.lr)
 
 
 class TorchTableBatchedEmbedding(torch.nn.Module):
@@ -158,7 +163,7 @@ class TorchTableBatchedEmbedding(torch.nn.Module):
         lengths_per_table = (offsets[batch::batch] - offsets[:-1:batch])[:n_tables]
         base = torch.tensor(grp.row_offsets, device=indices.device, dtype=indices.dtype)
         shifted = indices + base.repeat_interleave(lengths_per_table, output_size=indices.numel())
-        pooled = _FusedLookup.apply(self._placeholder, grp, shifted, offsets)
+        pooled = FusedLookup.apply(self._placeholder, grp, shifted, offsets)
         dim = pooled.shape[1]
         return pooled.view(n_tables, batch, dim).transpose(0, 1).reshape(batch, n_tables * dim)
 
