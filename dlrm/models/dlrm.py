@@ -66,14 +66,81 @@ def make_mlp(widths: tuple[int, ...], final_activation: bool, generator: torch.G
     """Linear+ReLU layers, initialised as the reference does (normal, Xavier-like scale)."""
     layers: list[nn.Module] = []
     for i, (fan_in, fan_out) in enumerate(zip(widths[:-1], widths[1:])):
-        lin = nn.Linear(fan_in, fan_out)
+        lin = NarrowInputLinear(fan_in, fan_out) if fan_in < NARROW_INPUT else nn.Linear(fan_in, fan_out)
         with torch.no_grad():
             lin.weight.normal_(0.0, math.sqrt(2.0 / (fan_in + fan_out)), generator=generator)
             lin.bias.normal_(0.0, math.sqrt(1.0 / fan_out), generator=generator)
         layers.append(lin)
         if i < len(widths) - 2 or final_activation:
-            layers.append(nn.ReLU())
+            # in place: the linear layer's backward needs its input, never its output
+            layers.append(nn.ReLU(inplace=True))
     return nn.Sequential(*layers)
+
+
+# Below this many input features (the 13 dense features of Criteo) the default layouts of
+# nn.Linear's GEMMs are slow on CPU: measured at batch 2048, forward 0.95 -> 0.50 ms and weight
+# gradient 1.42 -> 0.32 ms with the layouts of `_NarrowLinearFn`.
+NARROW_INPUT = 16
+
+
+class _NarrowLinearFn(torch.autograd.Function):
+    """y = x W^T + b with GEMM layouts that suit a small number of input features."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):  # type: ignore[override]
+        ctx.save_for_backward(x, weight)
+        return torch.addmm(bias, x, weight.t().contiguous())
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        x, weight = ctx.saved_tensors
+        grad_x = grad.mm(weight) if ctx.needs_input_grad[0] else None
+        grad_w = x.t().mm(grad).t()  # [in, out], returned as a transposed view
+        return grad_x, grad_w, grad.sum(0)
+
+
+class NarrowInputLinear(nn.Linear):
+    """nn.Linear (same parameters, same state dict) computed by `_NarrowLinearFn`."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w, b = self.weight, self.bias
+        kind = x.device.type
+        if torch.is_autocast_enabled(kind):  # cast here, as autocast would for nn.Linear
+            dtype = torch.get_autocast_dtype(kind)
+            x, w, b = x.to(dtype), w.to(dtype), b.to(dtype)
+            with torch.autocast(kind, enabled=False):
+                return _NarrowLinearFn.apply(x, w, b)
+        return _NarrowLinearFn.apply(x, w, b)
+
+
+class _DotInteractionFn(torch.autograd.Function):
+    """[x, z] where z holds the selected pairwise dot products of t = [x, e_1..e_k].
+
+    The same arithmetic as autograd through bmm(t, t^T) and index_select, in cheaper layouts:
+    forward multiplies with a contiguous t^T (bmm with a transposed view is 2-3x slower on
+    CPU), and backward builds the symmetric gradient matrix G (G[i,j] = G[j,i] = dL/dz_ij) with
+    one gather instead of zero-filling and scattering, so dL/dt = G t is a single bmm.
+    """
+
+    @staticmethod
+    def forward(ctx, dense, sparse, pairs, grad_map, diagonal):  # type: ignore[override]
+        batch, dim = dense.shape
+        t = torch.cat([dense, sparse], dim=1).view(batch, -1, dim)
+        t_t = t.transpose(1, 2).contiguous()
+        z = torch.bmm(t_t.transpose(1, 2), t_t).flatten(1)
+        ctx.save_for_backward(t, grad_map, diagonal)
+        return torch.cat([dense, z.index_select(1, pairs)], dim=1)
+
+    @staticmethod
+    def backward(ctx, grad_out):  # type: ignore[override]
+        t, grad_map, diagonal = ctx.saved_tensors
+        batch, n, dim = t.shape
+        grad_z = grad_out[:, dim:]
+        # columns: 0 = zero (pairs not selected), 1.. = dL/dz, then 2 dL/dz_ii for the diagonal
+        extended = torch.cat([grad_z.new_zeros(batch, 1), grad_z, 2 * grad_z.index_select(1, diagonal)], dim=1)
+        g = extended.index_select(1, grad_map).view(batch, n, n)
+        grad_t = torch.bmm(g, t).flatten(1)
+        return grad_out[:, :dim] + grad_t[:, :dim], grad_t[:, dim:], None, None, None
 
 
 class Interaction(nn.Module):
@@ -84,19 +151,25 @@ class Interaction(nn.Module):
         super().__init__()
         self.kind = kind
         offset = 1 if itself else 0
-        li = [i for i in range(num_features) for j in range(i + offset)]
-        lj = [j for i in range(num_features) for j in range(i + offset)]
-        flat = torch.tensor([i * num_features + j for i, j in zip(li, lj)], dtype=torch.long)
+        pairs = [(i, j) for i in range(num_features) for j in range(i + offset)]
+        flat = torch.tensor([i * num_features + j for i, j in pairs], dtype=torch.long)
         self.register_buffer("tril_flat", flat, persistent=False)
+        # backward: where each entry of the symmetric gradient matrix comes from (see _DotInteractionFn)
+        diagonal = [p for p, (i, j) in enumerate(pairs) if i == j]
+        grad_map = torch.zeros(num_features, num_features, dtype=torch.long)
+        for p, (i, j) in enumerate(pairs):
+            grad_map[i, j] = grad_map[j, i] = 1 + p
+        for d, p in enumerate(diagonal):
+            grad_map[pairs[p][0], pairs[p][0]] = 1 + len(pairs) + d
+        self.register_buffer("grad_map", grad_map.flatten(), persistent=False)
+        self.register_buffer("diagonal", torch.tensor(diagonal, dtype=torch.long), persistent=False)
 
     def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
         """dense [B, D], sparse [B, k*D] (features side by side) -> [B, top input width]."""
-        batch, dim = dense.shape
+        sparse = sparse.to(dense.dtype)
         if self.kind == "cat":
-            return torch.cat([dense, sparse.to(dense.dtype)], dim=1)
-        t = torch.cat([dense, sparse.to(dense.dtype)], dim=1).view(batch, -1, dim)
-        z = torch.bmm(t, t.transpose(1, 2)).flatten(1)
-        return torch.cat([dense, z.index_select(1, self.tril_flat)], dim=1)
+            return torch.cat([dense, sparse], dim=1)
+        return _DotInteractionFn.apply(dense, sparse, self.tril_flat, self.grad_map, self.diagonal)
 
 
 class DLRM(nn.Module):
