@@ -4,11 +4,14 @@ Prints one JSON object. For each batch size (128 and 2048 by default):
 - `naive_step_samples_per_s`: the facebookresearch/dlrm-style step on pre-generated batches
   (26 nn.EmbeddingBag(sparse=True), the same MLPs ending in Sigmoid, BCELoss, torch.optim.SGD
   over all parameters), model step only: no data generation counted.
-- `fp32_samples_per_s` / `bf16_samples_per_s`: our Trainer end to end (`train_samples_per_s` of
-  its summary: synthetic data generation, fused embeddings, dense step), evaluation excluded.
+- `fp32_samples_per_s` / `bf16_samples_per_s`: our Trainer's step with its synthetic data
+  generator (the body of `Trainer.fit`'s loop: generation, fused embeddings, dense step).
 - the speed-ups over the naive step, and `generator_samples_per_s`: the synthetic data alone.
+The three are measured in `--rounds` interleaved rounds (naive, fp32, bf16, naive, ...) and
+reported as medians; a speed-up is the median of per-round ratios, so slow changes in machine
+load (this VM shares its host) cancel. Every round's figure is in `all_rounds_samples_per_s`.
 Then `auc`: test AUC of fp32 and bf16 training on the planted synthetic data (same seed, same
-batches) and their difference.
+batches) and their difference, with `Trainer.fit`'s own `train_samples_per_s` as a cross-check.
 
     python scripts/bench_train.py                      # full Kaggle table sizes (about 2.2 GB)
     python scripts/bench_train.py --table-scale 0.01   # quick
@@ -21,6 +24,7 @@ import json
 import logging
 import os
 import platform
+import statistics
 import tempfile
 import time
 
@@ -70,20 +74,45 @@ def _mlp(widths, sigmoid: bool) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
-def naive_throughput(table_sizes: list[int], batch_size: int, steps: int, warmup: int) -> float:
-    world = PlantedWorld(SyntheticConfig(table_sizes=table_sizes, seed=0))
-    source = SyntheticBatchSource(world, "train", batch_size, steps + warmup)
-    batches = list(source.batches())  # pre-generated: the naive figure is the model step alone
-    model = NaiveDLRM(table_sizes)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    loss_fn = nn.BCELoss()
-    for i, b in enumerate(batches):
-        if i == warmup:
-            start = time.perf_counter()
-        opt.zero_grad()
-        loss = loss_fn(model(b.dense_features, b.sparse_features), b.labels)
-        loss.backward()
-        opt.step()
+class NaiveStep:
+    """The reference-style model and optimizer, stepping through pre-generated batches."""
+
+    def __init__(self, table_sizes: list[int], batch_size: int, steps: int) -> None:
+        world = PlantedWorld(SyntheticConfig(table_sizes=table_sizes, seed=0))
+        # pre-generated: the naive figure is the model step alone
+        self.batches = list(SyntheticBatchSource(world, "train", batch_size, steps).batches())
+        self.model = NaiveDLRM(table_sizes)
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.1)
+        self.loss_fn = nn.BCELoss()
+        self.i = 0
+
+    def run(self, steps: int) -> None:
+        for _ in range(steps):
+            b = self.batches[self.i % len(self.batches)]
+            self.i += 1
+            self.opt.zero_grad()
+            loss = self.loss_fn(self.model(b.dense_features, b.sparse_features), b.labels)
+            loss.backward()
+            self.opt.step()
+
+
+class OursStep:
+    """Our trainer's step with its data generator: the body of `Trainer.fit`'s loop."""
+
+    def __init__(self, table_sizes, batch_size: int, precision: str, out_dir: str) -> None:
+        cfg = make_config(table_sizes, batch_size, 1_000_000, precision, out_dir)
+        self.trainer = Trainer(cfg)
+        self.batches = self.trainer.data.train.batches(0)
+
+    def run(self, steps: int) -> None:
+        tr = self.trainer
+        for _ in range(steps):
+            tr.train_step(next(self.batches).to(tr.device, non_blocking=True))
+
+
+def timed(step, steps: int, batch_size: int) -> float:
+    start = time.perf_counter()
+    step.run(steps)
     return steps * batch_size / (time.perf_counter() - start)
 
 
@@ -99,14 +128,38 @@ def generator_throughput(table_sizes: list[int], batch_size: int, samples: int =
     return (samples // batch_size) * batch_size / (time.perf_counter() - start)
 
 
-def ours(table_sizes, batch_size, steps, precision, out_dir, test_size=16384, seed=0) -> dict:
-    cfg = TrainConfig(
+def make_config(table_sizes, batch_size, steps, precision, out_dir, test_size=16384, seed=0) -> TrainConfig:
+    return TrainConfig(
         arch_embedding_size=tuple(table_sizes), arch_sparse_feature_size=DIM,
         arch_mlp_bot=BOTTOM, arch_mlp_top=TOP, mini_batch_size=batch_size,
         data_size=steps * batch_size, test_data_size=test_size, learning_rate=0.1,
         precision=precision, seed=seed, out_dir=out_dir, progress=False, print_freq=0,
     )  # fmt: skip
-    return Trainer(cfg).fit()
+
+
+def compare(sizes, bs: int, seconds: float, rounds: int, tmp: str) -> dict:
+    """Alternate naive / fp32 / bf16 in `rounds` rounds; medians of throughput and of the
+    per-round speed-up (adjacent measurements, so slow drifts in machine load cancel)."""
+    per_step = 30_000 if bs <= 256 else 60_000  # rough samples/s, sets steps per round
+    steps = max(5, int(seconds * per_step / bs / rounds))
+    naive = NaiveStep(sizes, bs, steps * rounds)
+    ours = {p: OursStep(sizes, bs, p, f"{tmp}/{bs}-{p}") for p in ("fp32", "bf16")}
+    for step in (naive, *ours.values()):  # warm-up: first-touch of tables, kernel caches
+        step.run(3)
+    runs: dict[str, list[float]] = {"naive": [], "fp32": [], "bf16": []}
+    for _ in range(rounds):
+        runs["naive"].append(timed(naive, steps, bs))
+        for p, step in ours.items():
+            runs[p].append(timed(step, steps, bs))
+    med = statistics.median
+    row = {"steps_per_round": steps, "rounds": rounds,
+           "generator_samples_per_s": generator_throughput(sizes, bs),
+           "naive_step_samples_per_s": med(runs["naive"])}  # fmt: skip
+    for p in ("fp32", "bf16"):
+        row[f"{p}_samples_per_s"] = med(runs[p])
+        row[f"{p}_speedup_vs_naive"] = med([o / n for o, n in zip(runs[p], runs["naive"])])
+    row["all_rounds_samples_per_s"] = runs
+    return row
 
 
 def main() -> None:
@@ -114,6 +167,7 @@ def main() -> None:
     p.add_argument("--table-scale", type=float, default=1.0, help="scale of the Kaggle table sizes")
     p.add_argument("--batch-sizes", default="128,2048")
     p.add_argument("--seconds", type=float, default=8.0, help="target duration of each measurement")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds per batch size")
     p.add_argument("--auc-steps", type=int, default=400, help="steps of batch 2048 for the AUC check")
     p.add_argument("--skip-auc", action="store_true")
     args = p.parse_args()
@@ -126,24 +180,18 @@ def main() -> None:
     }  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         for bs in [int(x) for x in args.batch_sizes.split(",")]:
-            # a rough per-step cost sets the number of steps for ~args.seconds per measurement
-            steps = max(20, int(args.seconds * (30_000 if bs <= 256 else 60_000) / bs))
-            naive = naive_throughput(sizes, bs, steps, warmup=5)
-            row = {"steps": steps, "generator_samples_per_s": generator_throughput(sizes, bs),
-                   "naive_step_samples_per_s": naive}  # fmt: skip
-            for precision in ("fp32", "bf16"):
-                s = ours(sizes, bs, steps, precision, f"{tmp}/{bs}-{precision}")
-                row[f"{precision}_samples_per_s"] = s["train_samples_per_s"]
-                row[f"{precision}_speedup_vs_naive"] = s["train_samples_per_s"] / naive
-                row[f"{precision}_time_breakdown_s"] = s["time_breakdown_s"]
+            row = compare(sizes, bs, args.seconds, args.rounds, tmp)
             result["batches"][str(bs)] = row
             print(json.dumps({bs: row}), flush=True)
         if not args.skip_auc:
-            aucs = {
-                p: ours(sizes, 2048, args.auc_steps, p, f"{tmp}/auc-{p}", test_size=262_144)["test_auc"]
+            summaries = {
+                p: Trainer(make_config(sizes, 2048, args.auc_steps, p, f"{tmp}/auc-{p}", test_size=262_144)).fit()
                 for p in ("fp32", "bf16")
             }
-            result["auc"] = {**aucs, "steps": args.auc_steps, "batch": 2048, "bf16_minus_fp32": aucs["bf16"] - aucs["fp32"]}
+            aucs = {p: s["test_auc"] for p, s in summaries.items()}
+            result["auc"] = {**aucs, "steps": args.auc_steps, "batch": 2048, "bf16_minus_fp32": aucs["bf16"] - aucs["fp32"],
+                             # Trainer.fit's own figure (one run each, not interleaved): a cross-check
+                             "fit_train_samples_per_s": {p: s["train_samples_per_s"] for p, s in summaries.items()}}
     result["machine"]["load_avg_end"] = os.getloadavg()
     print(json.dumps(result, indent=2))
 
