@@ -12,7 +12,8 @@ input share is measured out of sample, as it would be on a real data set.
 Prints one JSON object: per placement samples/s, embedding bytes moved per sample (host<->device,
 counted as if over PCIe even on the CPU), hot-input share, syncs, test AUC; then FAE against
 host-only: bytes ratio (target >= 3x) and AUC difference (target within 0.002), with the block
-order (all cold, then all hot mini-batches) as the ablation. Checkpoints are not written (the
+order (all cold, then all hot mini-batches) as the ablation. `oracle` is the bound no FAE plan
+can beat on this data and budget (see `oracle_bound`; `--oracle-only` prints just that). Checkpoints are not written (the
 tables are 2.2 GB; writing them is not what is measured).
 """
 
@@ -30,9 +31,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from data_pipeline.synthetic import KAGGLE_TABLE_SIZES, scaled_table_sizes  # noqa: E402
+import numpy as np  # noqa: E402
+
+from data_pipeline.synthetic import (  # noqa: E402
+    KAGGLE_TABLE_SIZES,
+    PlantedWorld,
+    SyntheticConfig,
+    scaled_table_sizes,
+)
 from dlrm import TrainConfig, Trainer  # noqa: E402
 from dlrm.data import build_data  # noqa: E402
+from embeddings.config import SparseOptimizer  # noqa: E402
+from embeddings.placement import parse_bytes, row_bytes  # noqa: E402
 from embeddings.profile import AccessProfiler  # noqa: E402
 
 RUNS = ("host", "fae", "fae_block", "device")
@@ -64,6 +74,35 @@ def make_profile(base: TrainConfig, samples: int, path: Path) -> dict:
     profile = profiler.finish(sample_rate=samples / 45_840_617)  # share of Criteo Kaggle's training set
     profile.save(path)
     return {"inputs": profile.inputs, "seconds": round(time.perf_counter() - t0, 1), "file": str(path)}
+
+
+def oracle_bound(base: TrainConfig) -> dict:
+    """The best any FAE plan could do on this data: hot rows chosen from the generator's true
+    row probabilities (not a sample), as many as the budget holds, allocated across tables to
+    maximise the share of all-hot inputs (tables are drawn independently, so that share is the
+    product of the per-table hot shares; each table's hot rows are a prefix of its hottest ids).
+    An FAE input is trained on the device only if it is all-hot, and a cold input moves the
+    host-only bytes, so host-only bytes / FAE bytes <= 1 / (1 - all-hot share), syncs aside."""
+    world = PlantedWorld(SyntheticConfig(table_sizes=list(base.arch_embedding_size),
+                                         zipf_alpha=base.synthetic_zipf, seed=base.seed))  # fmt: skip
+    opt = SparseOptimizer(base.optimizer, base.learning_rate)
+    budget_rows = parse_bytes(base.hot_budget) // row_bytes(base.arch_sparse_feature_size, opt)
+    u_grid = np.linspace(0.0, 1.0, world.quantiles.shape[1])
+    cdfs, gains = [], []
+    for t, n in enumerate(world.n_rows):
+        # P(id < k) = P(rank < k + 1): the generator's (interpolated) inverse CDF, inverted
+        cdf = np.interp(np.arange(1, n + 2, dtype=np.float64), world.quantiles[t], u_grid)
+        cdfs.append(cdf)  # cdf[k] = share of lookups on ids < k
+        with np.errstate(divide="ignore"):
+            gains.append(np.diff(np.log(cdf)))  # log-gain of making id k hot; non-increasing
+    all_gains = np.concatenate(gains)
+    k = min(budget_rows, all_gains.size)
+    cut = np.partition(all_gains, all_gains.size - k)[all_gains.size - k] if k else np.inf
+    hot = [int((g >= cut).sum()) for g in gains]
+    share = float(np.prod([c[h] for c, h in zip(cdfs, hot)]))
+    return {"budget_rows": int(budget_rows), "hot_rows": int(sum(hot)), "hot_rows_per_table": hot,
+            "all_hot_input_share": round(share, 4),
+            "max_bytes_ratio_host_over_fae": round(1.0 / (1.0 - share), 3) if share < 1 else math.inf}  # fmt: skip
 
 
 def run_one(name: str, base: TrainConfig, args, profile_file: Path, plan_file: Path) -> dict:
@@ -119,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--switch-period", type=int, default=64)
     p.add_argument("--runs", default=",".join(RUNS), help=f"subset of {','.join(RUNS)}")
     p.add_argument("--seed", type=int, default=123)
+    p.add_argument("--oracle-only", action="store_true", help="only the bound from the true distribution")
     p.add_argument("--out-dir", default="runs/bench_placement")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
@@ -150,6 +190,11 @@ def main(argv: list[str] | None = None) -> int:
     profile_file, plan_file = out_dir / "profile.npz", out_dir / "plan.npz"
     for f in (plan_file, plan_file.with_suffix(".json")):
         f.unlink(missing_ok=True)  # planned afresh from this run's profile
+    report["oracle"] = oracle_bound(base)
+    print(f"oracle: {json.dumps(report['oracle'])}", file=sys.stderr)
+    if args.oracle_only:
+        print(json.dumps(report, indent=1))
+        return 0
     if any(r.startswith("fae") for r in runs):
         report["profile"] = make_profile(base, args.profile_samples, profile_file)
     results = {}

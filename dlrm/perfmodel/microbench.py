@@ -5,14 +5,14 @@ layouts autograd really uses) under the profiler, `reps` times, and records ever
 its median duration, in the kernel-record format of the perf traces (see
 `dlrm.perfmodel.features`). Sweeps:
 
-- ``gemm``: addmm, the two backward mm and the three bmm of the interaction in the layouts
+- ``gemm``: addmm, the two backward mm and the two bmm of the interaction in the layouts
   training uses, timed directly by thread-CPU time (the GEMM models are fitted on these only:
   they are the long kernels, and wall-clock profiler times of long kernels on a shared machine
   include other processes' time slices);
 - ``mlp``: Linear(+ReLU) forward/backward (addmm, the two mm of AddmmBackward0, the bias sum,
   threshold_backward, autocast casts under bf16) and the SGD update, over batch, widths, dtype;
-- ``interaction``: the dot interaction (cat, bmm and its backward, index_select and its
-  backward) over batch, number of features, dimension and dtype;
+- ``interaction``: the dot interaction (cat, the transposed copy, bmm, index_select; backward:
+  the gather of the symmetric gradient matrix and one bmm) over batch, number of features, dimension and dtype;
 - ``embedding``: the fused table-batched lookup forward and backward with the fused optimizer,
   over batch, tables, rows, dimension, Zipf skew and optimizer;
 - ``loss``: BCE with logits and its backward over batch;
@@ -36,6 +36,7 @@ from pathlib import Path
 
 import torch
 
+from dlrm.models.dlrm import NARROW_INPUT
 from dlrm.perfmodel import trace as tr
 from dlrm.perfmodel.graph import CTX_FIELDS
 
@@ -114,7 +115,9 @@ _WIDE = [64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536]
 
 def bench_gemm(rng: random.Random, n: int, reps: int) -> list[dict]:
     """addmm/mm/bmm timed directly by thread-CPU time in the layouts training uses: forward
-    addmm(bias, x, W.t()); backward mm(g, W) and mm(x.t(), g); bmm(t, t^T) and its backward."""
+    addmm(bias, x, W.t()) (with W.t() contiguous for narrow inputs, see `NarrowInputLinear`);
+    backward mm(g, W) and mm(x.t(), g); the dot interaction's bmm(t^T^T, t^T) (t^T contiguous)
+    and its backward bmm(G, t) (see `_DotInteractionFn`)."""
     out = []
     for _ in range(n):
         dtype = torch.bfloat16 if rng.random() < 0.5 else torch.float32
@@ -129,8 +132,9 @@ def bench_gemm(rng: random.Random, n: int, reps: int) -> list[dict]:
                 continue
             x, w = torch.randn(b, fi).to(dtype), torch.randn(fo, fi).to(dtype)
             bias, g = torch.randn(fo).to(dtype), torch.randn(b, fo).to(dtype)
+            w_t = w.t().contiguous() if fi < NARROW_INPUT else w.t()
             for name, args, fn in (
-                ("aten::addmm", [bias, x, w.t()], lambda: torch.addmm(bias, x, w.t())),
+                ("aten::addmm", [bias, x, w_t], lambda: torch.addmm(bias, x, w_t)),
                 ("aten::mm", [g, w], lambda: torch.mm(g, w)),
                 ("aten::mm", [x.t(), g], lambda: torch.mm(x.t(), g)),
             ):
@@ -139,11 +143,11 @@ def bench_gemm(rng: random.Random, n: int, reps: int) -> list[dict]:
             b = _log_uniform(rng, 16, 4096)
             f, d = rng.choice([4, 8, 13, 18, 27, 33]), rng.choice([8, 16, 32, 64, 128])
             t = torch.randn(b, f, d).to(dtype)
+            t_t = t.transpose(1, 2).contiguous()
             gz = torch.randn(b, f, f).to(dtype)
             for args, fn in (
-                ([t, t.transpose(1, 2)], lambda: torch.bmm(t, t.transpose(1, 2))),
+                ([t_t.transpose(1, 2), t_t], lambda: torch.bmm(t_t.transpose(1, 2), t_t)),
                 ([gz, t], lambda: torch.bmm(gz, t)),
-                ([t.transpose(1, 2), gz], lambda: torch.bmm(t.transpose(1, 2), gz)),
             ):
                 out.append(_gemm_record("aten::bmm", args, time_call(fn, reps), {"batch_size": b}))
     return out

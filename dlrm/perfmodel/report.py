@@ -4,7 +4,8 @@ For each configuration (none of them used in fitting: other MLP shapes and batch
 fit traces of `microbench.FIT_CONFIGS`), the model predicts the step from its captured graph
 alone, then the configuration trains for a few steps: plain steps are timed (median thread-CPU
 and wall time; with FAE the mean over whole scheduling windows, since hot and cold batches
-differ) and two more are profiled, whose kernels give the kernel models' held-out errors.
+differ) and six more are profiled, whose kernels (each the median over those steps) give the
+kernel models' held-out errors.
 
 The end-to-end error is against thread-CPU time: on a machine shared with other processes wall
 time also counts the time the core was given to someone else (``e2e_gmae_wall`` is reported
@@ -62,7 +63,7 @@ def heldout_configs(quick: bool = False) -> list[tuple[str, dict]]:
     return out
 
 
-def measure(cfg, steps: int, profiled: int = 2) -> dict:
+def measure(cfg, steps: int, profiled: int = 6) -> dict:
     """Time `steps` plain steps (after warm-up) and profile `profiled` more."""
     threads = torch.get_num_threads()
     trainer = build_trainer(cfg)
