@@ -16,6 +16,7 @@ embedding dimension, Zipf exponent, optimizer, batch size).
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import json
 import logging
@@ -123,7 +124,24 @@ def graph_key(cfg: TrainConfig) -> str:
               "test_data_size", "print_freq", "test_freq", "resume", "save_model", "keep_checkpoints"):  # fmt: skip
         data.pop(f, None)
     data["_threads"] = torch.get_num_threads()
+    data["_code"] = _step_code_fingerprint()
     return hashlib.sha1(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=1)
+def _step_code_fingerprint() -> str:
+    """A hash of the source that decides which operators a training step runs (models,
+    embeddings, trainer): a cached graph captured before that code changed is not reused."""
+    import dlrm
+    import embeddings
+
+    roots = [Path(dlrm.__file__).parent / "models", Path(embeddings.__file__).parent]
+    files = sorted(f for r in roots for f in r.glob("*.py"))
+    files.append(Path(dlrm.__file__).parent / "trainer.py")
+    h = hashlib.sha1()
+    for f in files:
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
 
 
 def _is_fae(trainer) -> bool:

@@ -12,7 +12,11 @@ CUDA device) one JSON file under ``~/.cache/hybrid-dlrm/`` (or ``HYBRID_DLRM_CAC
 - ``profiler_event_cost_us``: the thread-CPU time one recorded profiler event (with shapes)
   adds to a run, from a tiny op timed with and without the profiler (subtracted from traced
   overheads);
-- on CUDA: ``cuda_sm_count`` and ``h2d_gbs``/``d2h_gbs`` (pinned copies of 64 MiB).
+- on CUDA: ``cuda_sm_count`` and ``h2d_gbs``/``d2h_gbs`` (pinned copies of 64 MiB);
+- ``canary_us``: the thread-CPU time of a fixed small workload (`canary_us()`), the machine's
+  speed when it was described. Measurements compare the canary before and after themselves with
+  it (`slowdown`): on a VM that shares its host, thread-CPU time grows by 2-3x for minutes at a
+  time while another tenant is busy, and a measurement taken then is of another machine.
 """
 
 from __future__ import annotations
@@ -84,6 +88,46 @@ def matmul_gflops(dtype: torch.dtype, n: int = 1024) -> float:
     b = torch.randn(n, n).to(dtype)
     t = _best_time(lambda: torch.mm(a, b), repeats=3, min_s=0.1)
     return 2 * n**3 / t / 1e9
+
+
+def canary_us() -> float:
+    """Best of 5 thread-CPU timings of a fixed workload: 8 fp32 256x256 matmuls and a 4 MiB
+    copy (compute and memory; a few ms)."""
+    a, b = torch.randn(256, 256), torch.randn(256, 256)
+    src, dst = torch.randn(1 << 20), torch.empty(1 << 20)
+    best = float("inf")
+    for _ in range(6):
+        c0 = time.thread_time()
+        for _ in range(8):
+            torch.mm(a, b)
+        dst.copy_(src)
+        best = min(best, time.thread_time() - c0)
+    return best * 1e6
+
+
+def slowdown(hw: dict) -> float:
+    """How much slower the machine runs now than when `hw` was measured (1.0 = as fast)."""
+    ref = hw.get("canary_us")
+    return canary_us() / ref if ref else 1.0
+
+
+SLOW_LIMIT = 1.15  # a measurement is retried when the canary ran more than this much slower
+
+
+def on_steady_machine(fn, hw: dict, limit: float = SLOW_LIMIT, attempts: int = 3, pause_s: float = 15.0):
+    """fn() with the canary checked before and after: while the machine runs more than `limit`
+    slower than described, wait and run again (at most `attempts` runs). Returns (fn's result,
+    the worse of the two slowdowns of the run kept); the last attempt is kept whatever it is."""
+    for attempt in range(1, attempts + 1):
+        before = slowdown(hw)
+        if before <= limit or attempt == attempts:
+            result = fn()
+            worst = max(before, slowdown(hw))
+            if worst <= limit or attempt == attempts:
+                return result, worst
+        log.info("machine %.2fx slower than described: waiting %.0f s (attempt %d)", before, pause_s, attempt)
+        time.sleep(pause_s)
+    raise AssertionError("unreachable")
 
 
 def copy_bandwidth_gbs(nbytes: int = 128 << 20) -> float:
@@ -194,6 +238,7 @@ def measure(quick: bool = False) -> dict:
     )
     desc["llc_bytes"] = int(llc)
     desc["profiler_event_cost_us"] = measure_profiler_event_cost(500 if quick else 2000)
+    desc["canary_us"] = min(canary_us() for _ in range(3))
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         desc["cuda_device"] = props.name

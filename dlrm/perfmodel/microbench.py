@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 
 from dlrm.models.dlrm import NARROW_INPUT
+from dlrm.perfmodel import hardware
 from dlrm.perfmodel import trace as tr
 from dlrm.perfmodel.graph import CTX_FIELDS
 
@@ -338,7 +339,8 @@ def base_config(**changes):
 
 
 def trace_config(cfg, out: Path, warmup: int = 3, steps: int = 3, timed: int = 11) -> Path:
-    """Record a perf trace of `steps` steps of cfg (after warm-up) with batches made up front."""
+    """Record a perf trace of `steps` steps of cfg (after warm-up) with batches made up front,
+    on a steady machine (see `hardware.on_steady_machine`)."""
     from dlrm.perfmodel.graph import batches_for, build_trainer
     from dlrm.perfmodel.recorder import profile_steps, trace_meta
 
@@ -346,13 +348,20 @@ def trace_config(cfg, out: Path, warmup: int = 3, steps: int = 3, timed: int = 1
     trainer = build_trainer(cfg)
     bs = batches_for(trainer, cfg.mini_batch_size, warmup + timed + steps)
     torch.set_num_threads(threads)
-    for b in bs[:warmup]:
-        trainer.train_step(b)
-    wall, cpu = time_steps(trainer, bs[warmup : warmup + timed])
-    graphs = profile_steps(trainer.train_step, bs[warmup + timed :], trainer.model, trainer.dense_optimizer,
-                           trainer.device.type == "cuda")  # fmt: skip
+
+    def record():
+        for b in bs[:warmup]:
+            trainer.train_step(b)
+        times = time_steps(trainer, bs[warmup : warmup + timed])
+        graphs = profile_steps(trainer.train_step, bs[warmup + timed :], trainer.model,
+                               trainer.dense_optimizer, trainer.device.type == "cuda")  # fmt: skip
+        return times, graphs
+
+    ((wall, cpu), graphs), slow = hardware.on_steady_machine(record, hardware.describe())
     meta = trace_meta(trainer, cfg.mini_batch_size)
     meta["unprofiled_step_us"], meta["unprofiled_step_cpu_us"] = wall, cpu
+    meta["machine_slowdown"] = slow
+    log.info("fit trace %s: machine slowdown %.2f", out.name, slow)
     return tr.write_trace(tr.make_doc(meta, graphs), out)
 
 
@@ -377,7 +386,6 @@ def time_steps(trainer, batches: list) -> tuple[float, float]:
 def run(out_dir: str | Path, scale: float = 1.0, reps: int = 5, seed: int = 0, sweeps: list[str] | None = None,
         fit_configs: bool = True) -> dict:  # fmt: skip
     """Each sweep into OUT/kernels-<sweep>.jsonl, the fit configurations' traces into OUT/traces/."""
-    from dlrm.perfmodel import hardware
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

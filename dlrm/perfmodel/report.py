@@ -7,6 +7,11 @@ and wall time; with FAE the mean over whole scheduling windows, since hot and co
 differ) and six more are profiled, whose kernels (each the median over those steps) give the
 kernel models' held-out errors.
 
+Every measurement runs on a steady machine: a canary before and after it is compared with the
+hardware description's (`hardware.on_steady_machine`), and a run during which the machine was
+more than 15% slower than described is repeated after a pause (at most three runs; each row
+reports its `machine_slowdown`).
+
 The end-to-end error is against thread-CPU time: on a machine shared with other processes wall
 time also counts the time the core was given to someone else (``e2e_gmae_wall`` is reported
 too, with the load average before and after).
@@ -23,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from dlrm.perfmodel import hardware
 from dlrm.perfmodel import trace as tr
 from dlrm.perfmodel.features import op_type
 from dlrm.perfmodel.graph import batches_for, build_trainer, corrected_us, records_from_trace
@@ -82,22 +88,28 @@ def measure(cfg, steps: int, profiled: int = 6) -> dict:
         bs = batches_for(trainer, cfg.mini_batch_size, warm + steps + profiled)
         timed = bs[warm : warm + steps]
     torch.set_num_threads(threads)
-    for b in bs[:warm]:
-        trainer.train_step(b)
-    walls, cpus = [], []
-    for b in timed:
-        w0, c0 = time.perf_counter(), time.thread_time()
-        trainer.train_step(b)
-        if trainer.device.type == "cuda":
-            torch.cuda.synchronize()
-        walls.append((time.perf_counter() - w0) * 1e6)
-        cpus.append((time.thread_time() - c0) * 1e6)
-    graphs = profile_steps(trainer.train_step, bs[-profiled:], trainer.model, trainer.dense_optimizer,
-                           trainer.device.type == "cuda")  # fmt: skip
+
+    def run_steps():
+        for b in bs[:warm]:
+            trainer.train_step(b)
+        walls, cpus = [], []
+        for b in timed:
+            w0, c0 = time.perf_counter(), time.thread_time()
+            trainer.train_step(b)
+            if trainer.device.type == "cuda":
+                torch.cuda.synchronize()
+            walls.append((time.perf_counter() - w0) * 1e6)
+            cpus.append((time.thread_time() - c0) * 1e6)
+        graphs = profile_steps(trainer.train_step, bs[-profiled:], trainer.model, trainer.dense_optimizer,
+                               trainer.device.type == "cuda")  # fmt: skip
+        return walls, cpus, graphs
+
+    (walls, cpus, graphs), slow = hardware.on_steady_machine(run_steps, hardware.describe())
     agg = statistics.mean if fae else statistics.median
     meta = trace_meta(trainer, cfg.mini_batch_size)
     meta["unprofiled_step_us"], meta["unprofiled_step_cpu_us"] = agg(walls), agg(cpus)
-    return {"wall_us": agg(walls), "cpu_us": agg(cpus), "steps": len(timed),
+    meta["machine_slowdown"] = slow
+    return {"wall_us": agg(walls), "cpu_us": agg(cpus), "steps": len(timed), "machine_slowdown": slow,
             "doc": tr.make_doc(meta, graphs)}  # fmt: skip
 
 
@@ -133,6 +145,7 @@ def run(
             "mlp_bot": "-".join(map(str, cfg.arch_mlp_bot)), "mlp_top": "-".join(map(str, cfg.arch_mlp_top)),
             "placement": cfg.placement, "predicted_us": pred["per_batch_us"], "measured_cpu_us": meas["cpu_us"],
             "measured_wall_us": meas["wall_us"], "timed_steps": meas["steps"],
+            "machine_slowdown": round(meas["machine_slowdown"], 3),
             "error": pred["per_batch_us"] / meas["cpu_us"] - 1.0,
             "error_wall": pred["per_batch_us"] / meas["wall_us"] - 1.0,
             "predicted_device_active_us": pred["device_active_total_us"],

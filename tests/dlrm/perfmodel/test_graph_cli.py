@@ -59,3 +59,33 @@ def test_model_file_errors(tmp_path):
             assert msg in str(e)
         else:
             raise AssertionError("no error")
+
+
+def test_cached_graphs_are_keyed_by_the_step_code(monkeypatch):
+    """A graph captured before the model code changed must not be reused after."""
+    from dlrm import TrainConfig
+    from dlrm.perfmodel import graph
+
+    cfg = TrainConfig(arch_embedding_size=(10, 20), arch_mlp_bot=(13, 16), arch_mlp_top=(4, 1))
+    before = graph.graph_key(cfg)
+    assert graph.graph_key(TrainConfig(**{**cfg.__dict__, "mini_batch_size": 7})) == before
+    monkeypatch.setattr(graph, "_step_code_fingerprint", lambda: "edited")
+    assert graph.graph_key(cfg) != before
+
+
+def test_measurements_wait_for_a_steady_machine(monkeypatch):
+    """A run during which the canary is slow is repeated; the last attempt is kept regardless."""
+    from dlrm.perfmodel import hardware
+
+    canary = iter([100.0, 100.0, 100.0, 300.0, 100.0, 100.0])  # us: run 1 steady, run 2 not
+    monkeypatch.setattr(hardware, "canary_us", lambda: next(canary))
+    monkeypatch.setattr(hardware.time, "sleep", lambda s: None)
+    runs = []
+    result, slow = hardware.on_steady_machine(lambda: runs.append(1) or len(runs), {"canary_us": 100.0})
+    assert (result, slow, len(runs)) == (1, 1.0, 1)
+    result, slow = hardware.on_steady_machine(lambda: runs.append(1) or len(runs), {"canary_us": 100.0})
+    assert (result, slow) == (3, 1.0)  # run 2 was followed by a 3x slow canary: run again
+    always_slow = iter([300.0] * 10)
+    monkeypatch.setattr(hardware, "canary_us", lambda: next(always_slow))
+    result, slow = hardware.on_steady_machine(lambda: "kept", {"canary_us": 100.0}, attempts=2)
+    assert (result, slow) == ("kept", 3.0)
