@@ -19,6 +19,7 @@ reports.
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from dataclasses import dataclass
@@ -342,27 +343,37 @@ class KernelModels:
         self.in_situ: dict[str, float] = {}
 
     @staticmethod
-    def situ_key(k: dict) -> str:
+    def situ_keys(k: dict) -> tuple[str, str]:
+        """(operator name, dtype and, for GEMMs, the operand strides; operator type and dtype):
+        the in-situ factor of the first key that the fit traces have is applied."""
         bf16 = any(d in ("c10::BFloat16", "c10::Half") for d in (k.get("dtypes") or []))
-        return f"{F.op_type(k['name'])}|{'bf16' if bf16 else 'fp32'}"
+        dtype = "bf16" if bf16 else "fp32"
+        fine = f"{k['name']}|{dtype}"
+        if F.op_type(k["name"]) in ("gemm", "bmm"):
+            fine += "|" + json.dumps([list(s) for s in (k.get("strides") or [])[:3]])
+        return fine, f"{F.op_type(k['name'])}|{dtype}"
 
     def calibrate_in_situ(self, recs: list[dict], lo: float = 0.25, hi: float = 4.0) -> dict:
-        """Per operator type and dtype, the factor between kernels timed inside training steps
-        (the fit traces) and the isolated-microbenchmark models: total measured / total
-        predicted time. A microbenchmark runs a kernel on warm, isolated inputs; inside a step
-        the inputs come from other kernels (caches, layouts, allocation), which the factor
-        carries over to predictions."""
+        """Per operator (name, dtype, GEMM layout) and per operator type and dtype, the factor
+        between kernels timed inside training steps (the fit traces) and the isolated-
+        microbenchmark models: total measured / total predicted time. A microbenchmark runs a
+        kernel on warm, isolated inputs; inside a step the inputs come from other kernels
+        (caches, layouts, allocation), which the factor carries over to predictions."""
         self.in_situ = {}
         sums: dict[str, list[float]] = {}
         for r in recs:
-            s = sums.setdefault(self.situ_key(r), [0.0, 0.0])
-            s[0] += r["dur_us"]
-            s[1] += self.predict(r)
+            pred = self._predict(r)
+            for key in self.situ_keys(r):
+                s = sums.setdefault(key, [0.0, 0.0])
+                s[0] += r["dur_us"]
+                s[1] += pred
         self.in_situ = {key: min(max(m / p, lo), hi) for key, (m, p) in sums.items() if p > 0}
         return dict(self.in_situ)
 
     def predict(self, k: dict) -> float:
-        return self._predict(k) * self.in_situ.get(self.situ_key(k), 1.0)
+        fine, coarse = self.situ_keys(k)
+        factor = self.in_situ.get(fine) or self.in_situ.get(coarse, 1.0)
+        return self._predict(k) * factor
 
     def _predict(self, k: dict) -> float:
         t = F.op_type(k["name"])

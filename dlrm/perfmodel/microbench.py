@@ -16,7 +16,8 @@ its median duration, in the kernel-record format of the perf traces (see
 - ``embedding``: the fused table-batched lookup forward and backward with the fused optimizer,
   over batch, tables, rows, dimension, Zipf skew and optimizer;
 - ``loss``: BCE with logits and its backward over batch;
-- ``copy``: element-wise ops and host-to-device copies (CUDA only) over sizes.
+- ``copy``: element-wise ops, row scatters (index_add_ of a table tier's sparse update) and
+  host-to-device copies (CUDA only) over sizes.
 
 Then `fit_configs` short training runs record full perf traces (the overhead statistics come from
 those, and their kernels join the samples).
@@ -281,6 +282,12 @@ def bench_copy(rng: random.Random, n: int, reps: int) -> list[dict]:
             torch.relu(a)
 
         out += profile_kernels(step, reps, {})
+        # row scatters: the sparse update of a table tier (FAE's device tier, the PyTorch path)
+        rows, dim = _log_uniform(rng, 1 << 10, 1 << 20), rng.choice([8, 16, 32, 64])
+        k = _log_uniform(rng, 64, 1 << 16)
+        table, src = torch.zeros(rows, dim), torch.randn(k, dim)
+        idx = torch.randint(rows, (k,), generator=torch.Generator().manual_seed(rng.randrange(1 << 30)))
+        out += profile_kernels(lambda: table.index_add_(0, idx, src, alpha=-0.01), reps, {})
         if torch.cuda.is_available():
             pinned = a.pin_memory()
             dev = torch.empty(numel, device="cuda")
@@ -325,6 +332,15 @@ FIT_CONFIGS = [
         "arch_mlp_top": (384, 1),
         "mini_batch_size": 3072,
         "precision": "fp32",
+    },
+    {  # FAE: the hot/cold split, the device tier's updates and the syncs
+        "arch_mlp_bot": (13, 256, 64, 16),
+        "arch_mlp_top": (256, 64, 1),
+        "mini_batch_size": 768,
+        "precision": "fp32",
+        "placement": "fae",
+        "hot_budget": "2MB",
+        "fae_switch_period": 8,
     },
 ]
 
