@@ -130,6 +130,8 @@ def bench_gemm(rng: random.Random, n: int, reps: int) -> list[dict]:
             else:  # the big end, on a generic grid (powers of two and 1.5x), where time goes
                 b = rng.choice([256, 512, 1024, 2048, 4096])
                 fi, fo = rng.choice(_WIDE), rng.choice(_WIDE)
+            if rng.random() < 0.2:  # the logit layer: one output, matrix-vector shaped GEMMs
+                fo = 1
             if 2 * b * fi * fo > (6e9 if dtype == torch.float32 else 2.5e9):
                 continue
             x, w = torch.randn(b, fi).to(dtype), torch.randn(fo, fi).to(dtype)
@@ -298,12 +300,12 @@ def bench_copy(rng: random.Random, n: int, reps: int) -> list[dict]:
 SWEEPS = {"gemm": bench_gemm, "mlp": bench_mlp, "interaction": bench_interaction,
           "embedding": bench_embedding, "loss": bench_loss, "copy": bench_copy}  # fmt: skip
 DEFAULT_COUNTS = {
-    "gemm": 160,
+    "gemm": 320,
     "mlp": 60,
     "interaction": 40,
     "embedding": 40,
     "loss": 10,
-    "copy": 15,
+    "copy": 40,
 }
 
 # Fit configurations: their traces give the overhead statistics. None of them is a report
