@@ -119,13 +119,13 @@ def on_steady_machine(fn, hw: dict, limit: float = SLOW_LIMIT, attempts: int = 3
     slower than described, wait and run again (at most `attempts` runs). Returns (fn's result,
     the worse of the two slowdowns of the run kept); the last attempt is kept whatever it is."""
     for attempt in range(1, attempts + 1):
-        before = slowdown(hw)
-        if before <= limit or attempt == attempts:
+        worst = slowdown(hw)
+        if worst <= limit or attempt == attempts:
             result = fn()
-            worst = max(before, slowdown(hw))
+            worst = max(worst, slowdown(hw))
             if worst <= limit or attempt == attempts:
                 return result, worst
-        log.info("machine %.2fx slower than described: waiting %.0f s (attempt %d)", before, pause_s, attempt)
+        log.info("machine %.2fx slower than described: waiting %.0f s (attempt %d)", worst, pause_s, attempt)
         time.sleep(pause_s)
     raise AssertionError("unreachable")
 
