@@ -13,8 +13,8 @@ Prints one JSON object: per placement samples/s, embedding bytes moved per sampl
 counted as if over PCIe even on the CPU), hot-input share, syncs, test AUC; then FAE against
 host-only: bytes ratio (target >= 3x) and AUC difference (target within 0.002), with the block
 order (all cold, then all hot mini-batches) as the ablation. `oracle` is the bound no FAE plan
-can beat on this data and budget (see `oracle_bound`; `--oracle-only` prints just that). Checkpoints are not written (the
-tables are 2.2 GB; writing them is not what is measured).
+can beat on this data and budget (see `oracle_bound`; `--oracle-only` prints just that).
+Checkpoints are not written (the tables are 2.2 GB; writing them is not what is measured).
 """
 
 from __future__ import annotations

@@ -144,7 +144,7 @@ def _step_code_fingerprint() -> str:
     return h.hexdigest()[:16]
 
 
-def _is_fae(trainer) -> bool:
+def is_fae(trainer) -> bool:
     emb = trainer.model.embeddings
     return hasattr(emb, "last_phase") and bool(getattr(emb, "num_hot", 0))
 
@@ -152,7 +152,7 @@ def _is_fae(trainer) -> bool:
 def capture_variants(trainer, batch_size: int, max_steps: int = 64) -> dict[str, list[dict]]:
     """{"step": ops}, or with FAE {"hot": ops, "cold": ops}: the two kinds of mini-batch the
     scheduler makes run different operators (the device-tier lookup vs the host one)."""
-    if not _is_fae(trainer):
+    if not is_fae(trainer):
         return {"step": capture_ops(trainer, batch_size)[0]}
     from dlrm.perfmodel.recorder import profile_steps
 
@@ -177,7 +177,7 @@ def capture_variants(trainer, batch_size: int, max_steps: int = 64) -> dict[str,
 def hot_share(trainer, n_batches: int = 8) -> float:
     """FAE: the share of training inputs whose lookups are all hot (= the share of hot batches
     the scheduler makes); 0 without FAE."""
-    if not _is_fae(trainer):
+    if not is_fae(trainer):
         return 0.0
     emb = trainer.model.embeddings
     src = getattr(trainer.data.train, "source", trainer.data.train)

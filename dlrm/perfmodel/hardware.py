@@ -91,7 +91,7 @@ def matmul_gflops(dtype: torch.dtype, n: int = 1024) -> float:
 
 
 def canary_us() -> float:
-    """Best of 5 thread-CPU timings of a fixed workload: 8 fp32 256x256 matmuls and a 4 MiB
+    """Best of 6 thread-CPU timings of a fixed workload: 8 fp32 256x256 matmuls and a 4 MiB
     copy (compute and memory; a few ms)."""
     a, b = torch.randn(256, 256), torch.randn(256, 256)
     src, dst = torch.randn(1 << 20), torch.empty(1 << 20)

@@ -348,10 +348,11 @@ class KernelModels:
         the in-situ factor of the first key that the fit traces have is applied."""
         bf16 = any(d in ("c10::BFloat16", "c10::Half") for d in (k.get("dtypes") or []))
         dtype = "bf16" if bf16 else "fp32"
+        kind = F.op_type(k["name"])
         fine = f"{k['name']}|{dtype}"
-        if F.op_type(k["name"]) in ("gemm", "bmm"):
+        if kind in ("gemm", "bmm"):
             fine += "|" + json.dumps([list(s) for s in (k.get("strides") or [])[:3]])
-        return fine, f"{F.op_type(k['name'])}|{dtype}"
+        return fine, f"{kind}|{dtype}"
 
     def calibrate_in_situ(self, recs: list[dict], lo: float = 0.25, hi: float = 4.0) -> dict:
         """Per operator (name, dtype, GEMM layout) and per operator type and dtype, the factor

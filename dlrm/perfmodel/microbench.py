@@ -360,22 +360,13 @@ def trace_config(cfg, out: Path, warmup: int = 3, steps: int = 3, timed: int = 1
     """Record a perf trace of `steps` steps of cfg (after warm-up) with batches made up front,
     on a steady machine (see `hardware.on_steady_machine`)."""
     from dlrm.perfmodel.graph import batches_for, build_trainer
-    from dlrm.perfmodel.recorder import profile_steps, trace_meta
+    from dlrm.perfmodel.recorder import trace_meta
 
     threads = torch.get_num_threads()
     trainer = build_trainer(cfg)
     bs = batches_for(trainer, cfg.mini_batch_size, warmup + timed + steps)
     torch.set_num_threads(threads)
-
-    def record():
-        for b in bs[:warmup]:
-            trainer.train_step(b)
-        times = time_steps(trainer, bs[warmup : warmup + timed])
-        graphs = profile_steps(trainer.train_step, bs[warmup + timed :], trainer.model,
-                               trainer.dense_optimizer, trainer.device.type == "cuda")  # fmt: skip
-        return times, graphs
-
-    ((wall, cpu), graphs), slow = hardware.on_steady_machine(record, hardware.describe())
+    wall, cpu, graphs, slow = measure_steps(trainer, bs[:warmup], bs[warmup : warmup + timed], bs[warmup + timed :])
     meta = trace_meta(trainer, cfg.mini_batch_size)
     meta["unprofiled_step_us"], meta["unprofiled_step_cpu_us"] = wall, cpu
     meta["machine_slowdown"] = slow
@@ -383,8 +374,26 @@ def trace_config(cfg, out: Path, warmup: int = 3, steps: int = 3, timed: int = 1
     return tr.write_trace(tr.make_doc(meta, graphs), out)
 
 
-def time_steps(trainer, batches: list) -> tuple[float, float]:
-    """Median wall and thread-CPU microseconds of plain (unprofiled) training steps.
+def measure_steps(trainer, warm: list, timed: list, profiled: list, agg=statistics.median):
+    """Warm-up steps, then `timed` plain steps and `profiled` profiled ones, all on a steady
+    machine (see `hardware.on_steady_machine`). Returns (wall us, thread-CPU us, each `agg` over
+    the timed steps; the profiled steps' graphs; the machine's slowdown)."""
+    from dlrm.perfmodel.recorder import profile_steps
+
+    def run():
+        for b in warm:
+            trainer.train_step(b)
+        wall, cpu = time_steps(trainer, timed, agg)
+        graphs = profile_steps(trainer.train_step, profiled, trainer.model, trainer.dense_optimizer,
+                               trainer.device.type == "cuda")  # fmt: skip
+        return wall, cpu, graphs
+
+    (wall, cpu, graphs), slow = hardware.on_steady_machine(run, hardware.describe())
+    return wall, cpu, graphs, slow
+
+
+def time_steps(trainer, batches: list, agg=statistics.median) -> tuple[float, float]:
+    """Wall and thread-CPU microseconds of plain (unprofiled) training steps, `agg` over steps.
 
     Thread CPU time excludes the time other processes held the core: on a shared machine it is
     the measure that means something; on an idle one with one thread it equals wall time.
@@ -398,7 +407,7 @@ def time_steps(trainer, batches: list) -> tuple[float, float]:
             torch.cuda.synchronize()
         walls.append((time.perf_counter() - w0) * 1e6)
         cpus.append((time.thread_time() - c0) * 1e6)
-    return statistics.median(walls), statistics.median(cpus)
+    return agg(walls), agg(cpus)
 
 
 def run(out_dir: str | Path, scale: float = 1.0, reps: int = 5, seed: int = 0, sweeps: list[str] | None = None,

@@ -28,13 +28,18 @@ from pathlib import Path
 
 import torch
 
-from dlrm.perfmodel import hardware
 from dlrm.perfmodel import trace as tr
 from dlrm.perfmodel.features import op_type
-from dlrm.perfmodel.graph import batches_for, build_trainer, corrected_us, records_from_trace
+from dlrm.perfmodel.graph import (
+    batches_for,
+    build_trainer,
+    corrected_us,
+    is_fae,
+    records_from_trace,
+)
 from dlrm.perfmodel.kernels import gmae
-from dlrm.perfmodel.microbench import base_config
-from dlrm.perfmodel.recorder import profile_steps, trace_meta
+from dlrm.perfmodel.microbench import base_config, measure_steps
+from dlrm.perfmodel.recorder import trace_meta
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +78,7 @@ def measure(cfg, steps: int, profiled: int = 6) -> dict:
     """Time `steps` plain steps (after warm-up) and profile `profiled` more."""
     threads = torch.get_num_threads()
     trainer = build_trainer(cfg)
-    fae = hasattr(trainer.model.embeddings, "last_phase") and bool(
-        getattr(trainer.model.embeddings, "num_hot", 0)
-    )
+    fae = is_fae(trainer)
     warm = 3
     if fae:  # whole scheduling windows, in the scheduler's order
         period = cfg.fae_switch_period
@@ -88,28 +91,12 @@ def measure(cfg, steps: int, profiled: int = 6) -> dict:
         bs = batches_for(trainer, cfg.mini_batch_size, warm + steps + profiled)
         timed = bs[warm : warm + steps]
     torch.set_num_threads(threads)
-
-    def run_steps():
-        for b in bs[:warm]:
-            trainer.train_step(b)
-        walls, cpus = [], []
-        for b in timed:
-            w0, c0 = time.perf_counter(), time.thread_time()
-            trainer.train_step(b)
-            if trainer.device.type == "cuda":
-                torch.cuda.synchronize()
-            walls.append((time.perf_counter() - w0) * 1e6)
-            cpus.append((time.thread_time() - c0) * 1e6)
-        graphs = profile_steps(trainer.train_step, bs[-profiled:], trainer.model, trainer.dense_optimizer,
-                               trainer.device.type == "cuda")  # fmt: skip
-        return walls, cpus, graphs
-
-    (walls, cpus, graphs), slow = hardware.on_steady_machine(run_steps, hardware.describe())
     agg = statistics.mean if fae else statistics.median
+    wall, cpu, graphs, slow = measure_steps(trainer, bs[:warm], timed, bs[-profiled:], agg)
     meta = trace_meta(trainer, cfg.mini_batch_size)
-    meta["unprofiled_step_us"], meta["unprofiled_step_cpu_us"] = agg(walls), agg(cpus)
+    meta["unprofiled_step_us"], meta["unprofiled_step_cpu_us"] = wall, cpu
     meta["machine_slowdown"] = slow
-    return {"wall_us": agg(walls), "cpu_us": agg(cpus), "steps": len(timed), "machine_slowdown": slow,
+    return {"wall_us": wall, "cpu_us": cpu, "steps": len(timed), "machine_slowdown": slow,
             "doc": tr.make_doc(meta, graphs)}  # fmt: skip
 
 
