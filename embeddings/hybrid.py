@@ -70,7 +70,7 @@ class _HotTable:
     def update(self, rows: torch.Tensor, grad: torch.Tensor) -> None:
         c = self.coll
         apply_sparse_update(c.hot_weight, c.hot_state, rows, grad, c.optimizer, c.lr)
-        c._device_dirty[rows] = True
+        c._device_dirty.index_fill_(0, rows, True)
         c._device_ahead = True
 
 
@@ -295,7 +295,7 @@ class HybridEmbeddingBagCollection(nn.Module):
         if hidx is not None:  # the host is about to update these hot rows: the device copy goes stale
             touched = hidx[hidx >= 0].cpu().long()
             if touched.numel():
-                self._host_dirty[touched] = True
+                self._host_dirty.index_fill_(0, touched, True)
                 self._host_ahead = True
         self._count("cold", pooled.shape[0])
         return _ToDevice.apply(pooled, self.device, self.stats)

@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     mb.add_argument(
         "--sweeps",
         default=None,
-        help="comma-separated subset of mlp,interaction,embedding,loss,copy",
+        help="comma-separated subset of gemm,mlp,interaction,embedding,elementwise,loss,copy",
     )
     mb.add_argument("--no-fit-configs", action="store_true", help="skip the training traces")
     mb.add_argument(

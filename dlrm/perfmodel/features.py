@@ -15,6 +15,10 @@ ESIZE = {
 }  # fmt: skip
 
 GEMM_OPS = {"aten::addmm", "aten::mm"}
+SCATTER_OPS = {
+    "aten::index_add_", "aten::scatter_add_", "aten::index_put_", "aten::index_copy_",
+    "aten::index_fill_",
+}  # fmt: skip
 BMM_OPS = {"aten::bmm", "aten::baddbmm"}
 
 
@@ -30,7 +34,7 @@ def op_type(name: str) -> str:
         return "embedding_bwd"
     if name == "aten::index_select":
         return "gather"
-    if name in ("aten::index_add_", "aten::scatter_add_", "aten::index_put_"):
+    if name in SCATTER_OPS:
         return "scatter"
     if name == "aten::cat":
         return "concat"
@@ -80,10 +84,16 @@ def bytes_moved(k: dict) -> float:
         dim = int((k.get("scalars") or {}).get("1", 1 if len(src) > 1 else 0))
         out = numel(src) // max(int(src[dim]), 1) * numel(idx)
         return float(2 * out * es0 + numel(idx) * 8)
+    if name == "aten::index_fill_" and len(shapes) >= 3 and shapes[0]:
+        # a value written to every indexed slice of dim (recorded as a scalar)
+        dim = int((k.get("scalars") or {}).get("1", 0))
+        per_index = numel(shapes[0]) // max(int(shapes[0][dim]), 1)
+        return float(numel(shapes[2]) * (per_index * es0 + 8))
     if (
-        name in ("aten::index_add_", "aten::scatter_add_", "aten::index_put_", "aten::index_put")
+        name in ("aten::index_add_", "aten::scatter_add_", "aten::index_put_", "aten::index_put",
+                 "aten::index_copy_")
         and len(shapes) >= 3
-    ):
+    ):  # fmt: skip
         # only the written rows move, not the whole destination
         src_bytes = (
             numel(
@@ -100,6 +110,31 @@ def bytes_moved(k: dict) -> float:
         dim = int(shapes[0][1])
         return float(numel(shapes[1]) * dim * es0 * 2 + numel(shapes[1]) * 8)
     return float(sum(sizes) + max(sizes))
+
+
+INDEXED_OPS = {
+    "aten::index_select": 2, "aten::index_add_": 2, "aten::index_copy_": 2, "aten::index_fill_": 2,
+}  # fmt: skip  (position of the index tensor)
+
+
+def index_count(k: dict) -> int:
+    """Number of indices of an indexed op (0 for other ops)."""
+    pos = INDEXED_OPS.get(k["name"])
+    shapes = k.get("shapes") or []
+    return numel(shapes[pos]) if pos is not None and len(shapes) > pos and shapes[pos] else 0
+
+
+def all_contiguous(k: dict) -> bool:
+    """Whether every recorded tensor operand is row-major contiguous."""
+    for shape, stride in zip(k.get("shapes") or [], k.get("strides") or []):
+        if not shape or not stride or len(shape) != len(stride):
+            continue
+        expect = 1
+        for n, st in zip(reversed(shape), reversed(stride)):
+            if int(n) > 1 and int(st) != expect:
+                return False
+            expect *= int(n)
+    return True
 
 
 def _is_t(shape, stride) -> int:

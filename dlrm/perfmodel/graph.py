@@ -271,19 +271,34 @@ def records_from_trace(doc: dict) -> list[dict]:
     for steps in groups.values():
         ratios = [min(s.get("cpu_us", 1.0) / max(s.get("wall_us", 1.0), 1e-9), 1.0) for s in steps]
         kernels = [[k for op in s["ops"] for k in op["kernels"]] for s in steps]
+        parents = [c for op in steps[0]["ops"] for c in kernel_contexts(op)]
         for i, k in enumerate(kernels[0]):
             dur = kernel_estimate([ks[i]["dur_us"] for ks in kernels], ratios)
-            out.append(dict(k, dur_us=dur, ctx=ctx, event_cost_us=cost))
+            out.append(dict(k, dur_us=dur, ctx=ctx, event_cost_us=cost, op=parents[i]))
+    return out
+
+
+def kernel_contexts(op: dict) -> list[str]:
+    """Where each kernel of a top-level op runs: the op's name and the kernel's rank among the
+    op's kernels of the same name (the first and second `sub_` of a loss see different caches)."""
+    seen: dict[str, int] = {}
+    out = []
+    for k in op["kernels"]:
+        n = seen.get(k["name"], 0)
+        seen[k["name"]] = n + 1
+        out.append(f"{op['name']}#{n}")
     return out
 
 
 def ops_with_ctx(doc: dict, step: int) -> list[dict]:
-    """A traced step's ops with the trace's context on every kernel (for the traversal)."""
+    """A traced step's ops with the trace's context (and its op's name) on every kernel (for the
+    traversal)."""
     ctx = {k: doc["meta"].get(k) for k in CTX_FIELDS}
     ops = copy.deepcopy(doc["steps"][step]["ops"])
     for op in ops:
-        for k in op["kernels"]:
+        for k, c in zip(op["kernels"], kernel_contexts(op)):
             k["ctx"] = ctx
+            k["op"] = c
     return ops
 
 

@@ -104,15 +104,35 @@ def gmae(pred, meas) -> float:
 
 
 def _key(k: dict) -> str:
+    """Operator, the first two dtypes, and what changes its cost per byte: a strided
+    (non-contiguous) operand, an `index_add_` with alpha (a slower per-row path than alpha 1)."""
     d = k.get("dtypes") or []
-    return f"{k['name']}|{'/'.join(d[:2])}"
+    key = f"{k['name']}|{'/'.join(d[:2])}"
+    if not F.all_contiguous(k):
+        key += "|strided"
+    alpha = (k.get("scalars") or {}).get("4")
+    if k["name"] == "aten::index_add_" and alpha not in (None, 1, 1.0):
+        key += "|alpha"
+    return key
 
 
 class RooflineTable:
-    """t = c0 + bytes * inv_bw per operator key; pooled fallbacks per operator and overall."""
+    """t = c0 + bytes * inv_bw per operator key; pooled fallbacks per operator and overall.
 
-    def __init__(self, coefs: dict[str, list[float]] | None = None) -> None:
+    With `l2_bytes` (kind ``roofline_cache``) two more terms: the bytes beyond the per-core L2
+    (a working set that spills streams at the slower next-level bandwidth) and the number of
+    indices of an indexed op (a per-row cost: index_add_ runs one small add per index).
+    """
+
+    def __init__(self, coefs: dict[str, list[float]] | None = None, l2_bytes: float | None = None) -> None:
         self.coefs = coefs or {}
+        self.l2_bytes = l2_bytes
+
+    def terms(self, k: dict) -> list[float]:
+        b = F.bytes_moved(k)
+        if self.l2_bytes is None:
+            return [1.0, b]
+        return [1.0, b, max(b - self.l2_bytes, 0.0), float(F.index_count(k))]
 
     def fit(self, recs: list[dict]) -> RooflineTable:
         groups: dict[str, list[dict]] = {"*": recs}
@@ -122,22 +142,17 @@ class RooflineTable:
         for key, rs in groups.items():
             if len(rs) < 2 and key != "*":
                 continue
-            X = np.array([[1.0, F.bytes_moved(r)] for r in rs])
+            X = np.array([self.terms(r) for r in rs])
             t = np.array([r["dur_us"] for r in rs])
             self.coefs[key] = nnls_relative(X, t).tolist()
         return self
 
     def predict(self, k: dict) -> float:
-        c = (
-            self.coefs.get(_key(k))
-            or self.coefs.get(k["name"])
-            or self.coefs.get("*")
-            or [1.0, 0.0]
-        )
-        return c[0] + c[1] * F.bytes_moved(k)
+        c = self.coefs.get(_key(k)) or self.coefs.get(k["name"]) or self.coefs.get("*")
+        return float(np.dot(c, self.terms(k))) if c else 1.0
 
     def to_json(self) -> dict:
-        return {"kind": "roofline_table", "coefs": self.coefs}
+        return {"kind": "roofline_table", "coefs": self.coefs, "l2_bytes": self.l2_bytes}
 
 
 class GemmRoofline:
@@ -343,23 +358,28 @@ class KernelModels:
         self.in_situ: dict[str, float] = {}
 
     @staticmethod
-    def situ_keys(k: dict) -> tuple[str, str]:
-        """(operator name, dtype and, for GEMMs, the operand strides; operator type and dtype):
-        the in-situ factor of the first key that the fit traces have is applied."""
+    def situ_keys(k: dict) -> tuple[str, ...]:
+        """The in-situ keys of a kernel, finest first: (operator name, dtype, GEMM operand
+        strides or the roofline's key, the top-level op it runs in and its rank there); the same
+        without the op; operator type and dtype.
+        The factor of the first key the fit traces have is applied."""
         bf16 = any(d in ("c10::BFloat16", "c10::Half") for d in (k.get("dtypes") or []))
         dtype = "bf16" if bf16 else "fp32"
         kind = F.op_type(k["name"])
-        fine = f"{k['name']}|{dtype}"
         if kind in ("gemm", "bmm"):
-            fine += "|" + json.dumps([list(s) for s in (k.get("strides") or [])[:3]])
-        return fine, f"{kind}|{dtype}"
+            name = f"{k['name']}|{dtype}|" + json.dumps([list(s) for s in (k.get("strides") or [])[:3]])
+        else:
+            name = _key(k)
+        keys = (name, f"{kind}|{dtype}")
+        return (f"{name}|{k['op']}", *keys) if k.get("op") else keys
 
     def calibrate_in_situ(self, recs: list[dict], lo: float = 0.25, hi: float = 4.0) -> dict:
-        """Per operator (name, dtype, GEMM layout) and per operator type and dtype, the factor
-        between kernels timed inside training steps (the fit traces) and the isolated-
-        microbenchmark models: total measured / total predicted time. A microbenchmark runs a
-        kernel on warm, isolated inputs; inside a step the inputs come from other kernels
-        (caches, layouts, allocation), which the factor carries over to predictions."""
+        """Per kernel context (`situ_keys`), the factor between kernels timed inside training
+        steps (the fit traces) and the isolated-microbenchmark models: total measured / total
+        predicted time. A microbenchmark runs a kernel on warm, isolated inputs; inside a step the
+        inputs come from other kernels (caches, layouts, allocation), which the factor carries
+        over to predictions. The top-level op a kernel runs in (a weight cast inside
+        `aten::linear`, a gradient cast in `ToCopyBackward0`) is the finest context."""
         self.in_situ = {}
         sums: dict[str, list[float]] = {}
         for r in recs:
@@ -372,8 +392,7 @@ class KernelModels:
         return dict(self.in_situ)
 
     def predict(self, k: dict) -> float:
-        fine, coarse = self.situ_keys(k)
-        factor = self.in_situ.get(fine) or self.in_situ.get(coarse, 1.0)
+        factor = next((self.in_situ[key] for key in self.situ_keys(k) if key in self.in_situ), 1.0)
         return self._predict(k) * factor
 
     def _predict(self, k: dict) -> float:
@@ -386,7 +405,12 @@ class KernelModels:
         return max(float(m.predict(k)), 0.05)
 
     def fit(
-        self, recs: list[dict], cache_bytes: float, seed: int = 0, holdout: float = 0.25
+        self,
+        recs: list[dict],
+        cache_bytes: float,
+        seed: int = 0,
+        holdout: float = 0.25,
+        l2_bytes: float = 1 << 20,
     ) -> KernelModels:
         by_type: dict[str, list[dict]] = {}
         for r in recs:
@@ -396,7 +420,7 @@ class KernelModels:
             train, test = split_by_shape(rs, holdout, seed)
             if not test:
                 train, test = rs, rs
-            cands = self._candidates(t, train, cache_bytes, seed)
+            cands = self._candidates(t, train, cache_bytes, l2_bytes, seed)
             scored = []
             for name, model in cands:
                 pred = [model.predict(r) for r in test]
@@ -404,7 +428,7 @@ class KernelModels:
             scored.sort(key=lambda x: x[0])
             err, name, _ = scored[0]
             # refit the winner on everything
-            final = dict(self._candidates(t, rs, cache_bytes, seed, only=name))[name]
+            final = dict(self._candidates(t, rs, cache_bytes, l2_bytes, seed, only=name))[name]
             self.models[t] = final
             self.choice[t] = name
             self.errors[t] = {"heldout_gmae": err, "candidates": {n: e for e, n, _ in scored},
@@ -413,7 +437,12 @@ class KernelModels:
 
     @staticmethod
     def _candidates(
-        t: str, recs: list[dict], cache_bytes: float, seed: int, only: str | None = None
+        t: str,
+        recs: list[dict],
+        cache_bytes: float,
+        l2_bytes: float,
+        seed: int,
+        only: str | None = None,
     ):
         out = []
         if t in ("gemm", "bmm"):
@@ -440,7 +469,10 @@ class KernelModels:
         elif t in ("embedding_fwd", "embedding_bwd"):
             out.append(("bytes_hit_rate", EmbeddingModel({}, cache_bytes).fit(recs)))
         else:
-            out.append(("roofline", RooflineTable().fit(recs)))
+            if only in (None, "roofline"):
+                out.append(("roofline", RooflineTable().fit(recs)))
+            if only in (None, "roofline_cache"):
+                out.append(("roofline_cache", RooflineTable(l2_bytes=l2_bytes).fit(recs)))
         return out
 
     def to_json(self) -> dict:
@@ -453,7 +485,7 @@ class KernelModels:
         for t, m in data["models"].items():
             kind = m["kind"]
             if kind == "roofline_table":
-                models[t] = RooflineTable(m["coefs"])
+                models[t] = RooflineTable(m["coefs"], m.get("l2_bytes"))
             elif kind == "gemm_roofline":
                 models[t] = GemmRoofline(m["coefs"])
             elif kind == "gemm_mlp":

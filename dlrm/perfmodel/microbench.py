@@ -15,6 +15,10 @@ its median duration, in the kernel-record format of the perf traces (see
   the gather of the symmetric gradient matrix and one bmm) over batch, number of features, dimension and dtype;
 - ``embedding``: the fused table-batched lookup forward and backward with the fused optimizer,
   over batch, tables, rows, dimension, Zipf skew and optimizer;
+- ``elementwise``: the element-wise kernels around a linear layer at training sizes (the bias
+  gradient's column sum, in-place ReLU, threshold_backward, the autocast casts) over rows,
+  width and dtype: the ``mlp`` sweep draws small layers too, and these kernels' cost per byte
+  changes once a tensor outgrows the caches;
 - ``loss``: BCE with logits and its backward over batch;
 - ``copy``: element-wise ops, row scatters (index_add_ of a table tier's sparse update) and
   host-to-device copies (CUDA only) over sizes.
@@ -255,6 +259,26 @@ def bench_embedding(rng: random.Random, n: int, reps: int) -> list[dict]:
     return out
 
 
+def bench_elementwise(rng: random.Random, n: int, reps: int) -> list[dict]:
+    out = []
+    for _ in range(n):
+        b, w = _log_uniform(rng, 64, 8192), _log_uniform(rng, 1, 2048)
+        if b * w > 1 << 23:
+            continue
+        dtype = torch.bfloat16 if rng.random() < 0.5 else torch.float32
+        other = torch.float32 if dtype == torch.bfloat16 else torch.bfloat16
+        x, g = torch.randn(b, w, dtype=dtype), torch.randn(b, w, dtype=dtype)
+
+        def step() -> None:
+            x.sum(0)
+            x.clamp_min_(0.0)
+            torch.ops.aten.threshold_backward(g, x, 0.0)
+            x.to(other)
+
+        out += profile_kernels(step, reps, {"batch_size": b})
+    return out
+
+
 def bench_loss(rng: random.Random, n: int, reps: int) -> list[dict]:
     out = []
     for _ in range(n):
@@ -268,6 +292,24 @@ def bench_loss(rng: random.Random, n: int, reps: int) -> list[dict]:
 
         out += profile_kernels(step, reps, {"batch_size": b})
     return out
+
+
+def _sparse_update_step(rng: random.Random):
+    rows, dim = _log_uniform(rng, 1 << 10, 1 << 20), rng.choice([8, 16, 32, 64])
+    k = _log_uniform(rng, 64, 1 << 17)
+    gen = torch.Generator().manual_seed(rng.randrange(1 << 30))
+    uniq = max(1, min(rows, int(k * rng.uniform(0.05, 1.0))))
+    table, dirty = torch.zeros(rows, dim), torch.zeros(rows, dtype=torch.bool)
+    unique_rows = torch.randperm(rows, generator=gen)[:uniq]
+    inverse = torch.randint(uniq, (k,), generator=gen)
+    per_lookup = torch.randn(k, dim, generator=gen)
+
+    def step() -> None:
+        grad = torch.zeros(uniq, dim).index_add_(0, inverse, per_lookup)
+        table.index_copy_(0, unique_rows, table.index_select(0, unique_rows).add_(grad, alpha=-0.01))
+        dirty.index_fill_(0, unique_rows, True)
+
+    return step
 
 
 def bench_copy(rng: random.Random, n: int, reps: int) -> list[dict]:
@@ -284,12 +326,10 @@ def bench_copy(rng: random.Random, n: int, reps: int) -> list[dict]:
             torch.relu(a)
 
         out += profile_kernels(step, reps, {})
-        # row scatters: the sparse update of a table tier (FAE's device tier, the PyTorch path)
-        rows, dim = _log_uniform(rng, 1 << 10, 1 << 20), rng.choice([8, 16, 32, 64])
-        k = _log_uniform(rng, 64, 1 << 16)
-        table, src = torch.zeros(rows, dim), torch.randn(k, dim)
-        idx = torch.randint(rows, (k,), generator=torch.Generator().manual_seed(rng.randrange(1 << 30)))
-        out += profile_kernels(lambda: table.index_add_(0, idx, src, alpha=-0.01), reps, {})
+        # row scatters of a table tier's sparse update (FAE's device tier, the PyTorch path):
+        # the per-row gradient sum (index_add_ of k lookups into u unique rows), the update of
+        # those rows (gather, add, index_copy_) and the dirty-row flags (index_fill_)
+        out += profile_kernels(_sparse_update_step(rng), reps, {})
         if torch.cuda.is_available():
             pinned = a.pin_memory()
             dev = torch.empty(numel, device="cuda")
@@ -298,12 +338,14 @@ def bench_copy(rng: random.Random, n: int, reps: int) -> list[dict]:
 
 
 SWEEPS = {"gemm": bench_gemm, "mlp": bench_mlp, "interaction": bench_interaction,
-          "embedding": bench_embedding, "loss": bench_loss, "copy": bench_copy}  # fmt: skip
+          "embedding": bench_embedding, "elementwise": bench_elementwise, "loss": bench_loss,
+          "copy": bench_copy}  # fmt: skip
 DEFAULT_COUNTS = {
     "gemm": 320,
     "mlp": 60,
     "interaction": 40,
     "embedding": 40,
+    "elementwise": 80,
     "loss": 10,
     "copy": 40,
 }

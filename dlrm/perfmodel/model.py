@@ -88,7 +88,8 @@ class PerfModel:
         for r in recs:
             r["dur_us"] = corrected_us(r)
         hw = hardware.describe()
-        kernels = KernelModels().fit(recs, float(hw["llc_bytes"]), seed=seed)
+        l2 = float((hw.get("cache_bytes_os") or {}).get("L2") or (1 << 20))
+        kernels = KernelModels().fit(recs, float(hw["llc_bytes"]), seed=seed, l2_bytes=l2)
         in_situ_recs = [
             dict(r, dur_us=corrected_us(r)) for d in docs for r in records_from_trace(d)
         ]

@@ -71,7 +71,8 @@ METADATA_OPS = {
 # Ops that do the work even though the profiler shows children (bias broadcast, sub-steps).
 COMPUTE_OPS = {
     "aten::addmm", "aten::mm", "aten::bmm", "aten::baddbmm", "aten::index_select",
-    "aten::index_add_", "aten::scatter_add_", "aten::index_put_", "aten::cat", "aten::sum",
+    "aten::index_add_", "aten::scatter_add_", "aten::index_put_", "aten::index_copy_",
+    "aten::index_fill_", "aten::cat", "aten::sum",
     "aten::copy_", "aten::add_", "aten::add", "aten::div_", "aten::zero_", "aten::fill_",
     "aten::log_sigmoid_forward", "aten::log_sigmoid_backward", "aten::sigmoid", "aten::mul",
     "aten::mul_", "aten::sub_", "aten::sqrt", "aten::addcmul_", "aten::addcdiv_",

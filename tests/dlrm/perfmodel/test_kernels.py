@@ -121,3 +121,62 @@ def test_kernel_models_pick_per_type_and_round_trip():
     assert models.errors["gemm"]["heldout_gmae"] < 0.05  # the planted function is a roofline
     again = KernelModels.from_json(models.to_json())
     assert math.isclose(again.predict(recs[3]), models.predict(recs[3]), rel_tol=1e-9)
+
+
+def _index_add(rows, k, alpha, t=None):
+    rec = {"name": "aten::index_add_", "shapes": [[rows, 16], [], [k], [k, 16], []],
+           "strides": [[16, 1], [], [1], [16, 1], []],
+           "dtypes": ["float", "Scalar", "long int", "float", "Scalar"], "scalars": {"1": 0, "4": alpha}}  # fmt: skip
+    rec["dur_us"] = t if t is not None else 2.0 + 0.03 * k * (3 if alpha != 1 else 1)
+    return rec
+
+
+def test_cache_roofline_recovers_per_index_cost_and_keys_alpha_apart():
+    recs = [_index_add(4096, k, a) for k in (64, 500, 4000, 30_000, 100_000) for a in (1, -0.1)]
+    model = RooflineTable(l2_bytes=1 << 20).fit(recs)
+    for a in (1, -0.1):
+        probe = _index_add(4096, 12_345, a)
+        assert model.predict(probe) == pytest.approx(probe["dur_us"], rel=1e-2)
+    assert F.index_count(recs[0]) == 64 and F.index_count(_ew(10)) == 0
+
+
+def test_cache_roofline_fits_a_slower_bandwidth_beyond_l2():
+    l2 = 1 << 20
+
+    def rec(n):
+        k = _ew(n)
+        b = F.bytes_moved(k)
+        k["dur_us"] = 3.0 + b / 20_000 + max(b - l2, 0) / 10_000
+        return k
+
+    recs = [rec(int(n)) for n in np.geomspace(100, 4e6, 14)]
+    model = RooflineTable(l2_bytes=l2).fit(recs)
+    assert gmae([model.predict(r) for r in recs], [r["dur_us"] for r in recs]) < 1e-3
+    flat = RooflineTable().fit(recs)
+    assert gmae([flat.predict(r) for r in recs], [r["dur_us"] for r in recs]) > 0.05
+    again = KernelModels.from_json(KernelModels({"elementwise": model}).to_json())
+    assert again.models["elementwise"].predict(recs[5]) == pytest.approx(model.predict(recs[5]))
+
+
+def test_strided_operands_have_their_own_key():
+    dense = {"name": "aten::copy_", "shapes": [[8, 4], [8, 4]], "strides": [[4, 1], [4, 1]], "dtypes": ["float", "float"]}
+    strided = dict(dense, strides=[[4, 1], [1, 8]])  # copying a transposed view
+    assert F.all_contiguous(dense) and not F.all_contiguous(strided)
+    from dlrm.perfmodel.kernels import _key
+
+    assert _key(dense) != _key(strided)
+
+
+def test_in_situ_factors_are_per_op_context_with_fallbacks():
+    from dlrm.perfmodel.graph import kernel_contexts
+
+    op = {"name": "aten::binary_cross_entropy_with_logits",
+          "kernels": [{"name": "aten::sub_"}, {"name": "aten::mul_"}, {"name": "aten::sub_"}]}  # fmt: skip
+    assert kernel_contexts(op) == [f"{op['name']}#{i}" for i in (0, 0, 1)]  # rank per kernel name
+    models = KernelModels({"elementwise": RooflineTable({"*": [10.0, 0.0]})})
+    first, second = (dict(_ew(100), op=c) for c in ("loss#0", "loss#1"))
+    models.calibrate_in_situ([dict(first, dur_us=30.0), dict(second, dur_us=10.0)])
+    assert models.predict(first) == pytest.approx(30.0) and models.predict(second) == pytest.approx(10.0)
+    # a context never seen in the fit traces falls back to the operator's factor (total 40 / 20)
+    assert models.predict(dict(_ew(100), op="elsewhere#0")) == pytest.approx(20.0)
+    assert models.predict(_ew(100)) == pytest.approx(20.0)
