@@ -464,7 +464,13 @@ def run(out_dir: str | Path, scale: float = 1.0, reps: int = 5, seed: int = 0, s
     threads = torch.get_num_threads()
     for name in sweeps or list(SWEEPS):
         t0 = time.perf_counter()
-        recs = SWEEPS[name](rng, max(1, int(DEFAULT_COUNTS[name] * scale)), reps)
+        state = rng.getstate()
+
+        def sweep(name=name, state=state) -> list[dict]:
+            rng.setstate(state)  # a repeated sweep draws the same shapes
+            return SWEEPS[name](rng, max(1, int(DEFAULT_COUNTS[name] * scale)), reps)
+
+        recs, slow = hardware.on_steady_machine(sweep, hw)
         torch.set_num_threads(threads)
         with open(
             out_dir / f"kernels-{name}.jsonl", "w"
@@ -476,10 +482,10 @@ def run(out_dir: str | Path, scale: float = 1.0, reps: int = 5, seed: int = 0, s
         summary["sweeps"][name] = {
             "records": len(recs),
             "seconds": round(time.perf_counter() - t0, 1),
+            "machine_slowdown": round(slow, 3),
         }
-        log.info(
-            "microbench %s: %d kernel records in %.1f s", name, len(recs), time.perf_counter() - t0
-        )
+        log.info("microbench %s: %d kernel records in %.1f s (machine slowdown %.2f)", name,
+                 len(recs), time.perf_counter() - t0, slow)  # fmt: skip
     if fit_configs:
         for i, changes in enumerate(FIT_CONFIGS):
             trace_config(base_config(**changes), out_dir / "traces" / f"fit{i}.trace.json")

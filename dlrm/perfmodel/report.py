@@ -9,7 +9,8 @@ kernel models' held-out errors.
 
 Every measurement runs on a steady machine: a canary before and after it is compared with the
 hardware description's (`hardware.on_steady_machine`), and a run during which the machine was
-more than 15% slower than described is repeated after a pause (at most three runs; each row
+more than 15% slower than described is repeated after a pause (the canary is checked at most
+eight times; each row
 reports its `machine_slowdown`).
 
 The end-to-end error is against thread-CPU time: on a machine shared with other processes wall
