@@ -20,8 +20,12 @@ its median duration, in the kernel-record format of the perf traces (see
   width and dtype: the ``mlp`` sweep draws small layers too, and these kernels' cost per byte
   changes once a tensor outgrows the caches;
 - ``loss``: BCE with logits and its backward over batch;
-- ``copy``: element-wise ops, row scatters (index_add_ of a table tier's sparse update) and
-  host-to-device copies (CUDA only) over sizes.
+- ``copy``: element-wise ops, a table tier's sparse update in the PyTorch path (the per-row
+  gradient sum by index_add_, the unique-row update by index_select/add_/index_copy_, the dirty
+  flags by index_fill_) and host-to-device copies (CUDA only) over sizes.
+
+Each sweep runs on a steady machine (`hardware.on_steady_machine`): its `machine_slowdown` is in
+`microbench.json`.
 
 Then `fit_configs` short training runs record full perf traces (the overhead statistics come from
 those, and their kernels join the samples).
