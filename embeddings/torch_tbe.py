@@ -31,7 +31,7 @@ def apply_sparse_update(
     than `index_add_` with alpha != 1 (a per-row loop) and rounds the same way (one fused
     multiply-add per element, as fbgemm's SGD)."""
     if opt.kind == "sgd":
-        _add_rows(weight, rows, grad, -lr)
+        add_unique_rows(weight, rows, grad, -lr)
         return
     assert state is not None
     if opt.kind == "adagrad":
@@ -42,10 +42,10 @@ def apply_sparse_update(
         s = state.index_select(0, rows).add_(grad.pow(2).mean(dim=1))
         state.index_copy_(0, rows, s)
         step = grad / (s.sqrt_().add_(opt.eps)).unsqueeze(1)
-    _add_rows(weight, rows, step, -lr)
+    add_unique_rows(weight, rows, step, -lr)
 
 
-def _add_rows(weight: torch.Tensor, rows: torch.Tensor, delta: torch.Tensor, alpha: float) -> None:
+def add_unique_rows(weight: torch.Tensor, rows: torch.Tensor, delta: torch.Tensor, alpha: float) -> None:
     """weight[rows] += alpha * delta for unique `rows`."""
     weight.index_copy_(0, rows, weight.index_select(0, rows).add_(delta, alpha=alpha))
 

@@ -1,7 +1,7 @@
 """The unique-row sparse update of the PyTorch embedding path against `index_add_` with alpha.
 
 Prints one JSON object: for each (table rows, updated rows) the median microseconds of
-`weight.index_add_(0, rows, grad, alpha=-lr)` and of `embeddings.torch_tbe._add_rows` (gather,
+`weight.index_add_(0, rows, grad, alpha=-lr)` and of `embeddings.torch_tbe.add_unique_rows` (gather,
 add_ with alpha, index_copy_), measured alternately in the same process, and whether both give
 bit-identical weights.
 
@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from embeddings.torch_tbe import _add_rows
+from embeddings.torch_tbe import add_unique_rows
 
 
 def _median_us(fn, reps: int) -> float:
@@ -45,11 +45,11 @@ def main() -> None:
         grad = torch.randn(updated, args.dim, generator=gen)
         a, b = weight.clone(), weight.clone()
         a.index_add_(0, rows, grad, alpha=-0.05)
-        _add_rows(b, rows, grad, -0.05)
+        add_unique_rows(b, rows, grad, -0.05)
         old, new = [], []
         for _ in range(3):  # alternate: slow drifts of a shared machine hit both
             old.append(_median_us(lambda w=weight, r=rows, g=grad: w.index_add_(0, r, g, alpha=-0.05), args.reps))
-            new.append(_median_us(lambda w=weight, r=rows, g=grad: _add_rows(w, r, g, -0.05), args.reps))
+            new.append(_median_us(lambda w=weight, r=rows, g=grad: add_unique_rows(w, r, g, -0.05), args.reps))
         o, n = statistics.median(old), statistics.median(new)
         out["cases"].append({"table_rows": table_rows, "updated_rows": updated,
                              "index_add_alpha_us": round(o, 1), "gather_add_copy_us": round(n, 1),

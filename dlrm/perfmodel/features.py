@@ -89,11 +89,7 @@ def bytes_moved(k: dict) -> float:
         dim = int((k.get("scalars") or {}).get("1", 0))
         per_index = numel(shapes[0]) // max(int(shapes[0][dim]), 1)
         return float(numel(shapes[2]) * (per_index * es0 + 8))
-    if (
-        name in ("aten::index_add_", "aten::scatter_add_", "aten::index_put_", "aten::index_put",
-                 "aten::index_copy_")
-        and len(shapes) >= 3
-    ):  # fmt: skip
+    if (name in SCATTER_OPS or name == "aten::index_put") and len(shapes) >= 3:
         # only the written rows move, not the whole destination
         src_bytes = (
             numel(
@@ -112,16 +108,13 @@ def bytes_moved(k: dict) -> float:
     return float(sum(sizes) + max(sizes))
 
 
-INDEXED_OPS = {
-    "aten::index_select": 2, "aten::index_add_": 2, "aten::index_copy_": 2, "aten::index_fill_": 2,
-}  # fmt: skip  (position of the index tensor)
+INDEXED_OPS = {"aten::index_select", "aten::index_add_", "aten::index_copy_", "aten::index_fill_"}
 
 
 def index_count(k: dict) -> int:
-    """Number of indices of an indexed op (0 for other ops)."""
-    pos = INDEXED_OPS.get(k["name"])
+    """Number of indices of an indexed op (its third argument; 0 for other ops)."""
     shapes = k.get("shapes") or []
-    return numel(shapes[pos]) if pos is not None and len(shapes) > pos and shapes[pos] else 0
+    return numel(shapes[2]) if k["name"] in INDEXED_OPS and len(shapes) > 2 and shapes[2] else 0
 
 
 def all_contiguous(k: dict) -> bool:

@@ -299,6 +299,8 @@ def bench_loss(rng: random.Random, n: int, reps: int) -> list[dict]:
 
 
 def _sparse_update_step(rng: random.Random):
+    from embeddings.torch_tbe import add_unique_rows
+
     rows, dim = _log_uniform(rng, 1 << 10, 1 << 20), rng.choice([8, 16, 32, 64])
     k = _log_uniform(rng, 64, 1 << 17)
     gen = torch.Generator().manual_seed(rng.randrange(1 << 30))
@@ -310,7 +312,7 @@ def _sparse_update_step(rng: random.Random):
 
     def step() -> None:
         grad = torch.zeros(uniq, dim).index_add_(0, inverse, per_lookup)
-        table.index_copy_(0, unique_rows, table.index_select(0, unique_rows).add_(grad, alpha=-0.01))
+        add_unique_rows(table, unique_rows, grad, -0.01)
         dirty.index_fill_(0, unique_rows, True)
 
     return step
