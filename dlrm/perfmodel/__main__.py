@@ -29,6 +29,16 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(EXIT_USAGE)
 
 
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return n
+
+
 def _set_threads(n: int | None) -> None:
     """Before torch/numba start their pools: numba's OpenMP layer otherwise resets torch's
     thread count to its own after the first synthetic chunk."""
@@ -100,6 +110,11 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--json", action="store_true", help="print one JSON object")
     rep.add_argument("--steps", type=int, default=11, help="timed steps per configuration")
     rep.add_argument("--quick", action="store_true", help="a few small configurations only")
+    rep.add_argument(
+        "--passes", type=_positive_int, default=1,
+        help="measure every configuration this many times, in rounds (median; with 2 or more the "
+        "report has the measurement's own repeatability)",
+    )  # fmt: skip
     return p
 
 
@@ -187,7 +202,9 @@ def _predict(args, rest: list[str]) -> int:
 def _report(args) -> int:
     from dlrm.perfmodel import report
 
-    result = report.run(args.out, model_path=args.model_path, steps=args.steps, quick=args.quick)
+    result = report.run(
+        args.out, model_path=args.model_path, steps=args.steps, quick=args.quick, passes=args.passes
+    )
     if args.json:
         print(json.dumps(result))
     else:

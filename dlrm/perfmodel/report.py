@@ -13,6 +13,12 @@ more than 15% slower than described is repeated after a pause (the canary is che
 eight times; each row
 reports its `machine_slowdown`).
 
+With ``passes`` > 1 every configuration is measured that many times, in rounds over all of them
+(minutes apart): the measured step and each kernel are the median over the passes, and
+``repeatability`` holds the geomean difference between the first two passes, end to end and per
+operator type: the measurement's own noise floor on this machine, against which the model's errors
+can be read.
+
 The end-to-end error is against thread-CPU time: on a machine shared with other processes wall
 time also counts the time the core was given to someone else (``e2e_gmae_wall`` is reported
 too, with the load average before and after).
@@ -97,49 +103,101 @@ def measure(cfg, steps: int, profiled: int = 6) -> dict:
     meta = trace_meta(trainer, cfg.mini_batch_size)
     meta["unprofiled_step_us"], meta["unprofiled_step_cpu_us"] = wall, cpu
     meta["machine_slowdown"] = slow
+    doc = tr.make_doc(meta, graphs)
+    kinds = max(len({json.dumps([o["name"] for o in st["ops"]]) for st in doc["steps"]}), 1)
     return {"wall_us": wall, "cpu_us": cpu, "steps": len(timed), "machine_slowdown": slow,
-            "doc": tr.make_doc(meta, graphs)}  # fmt: skip
+            "kinds": kinds, "doc": doc}  # fmt: skip
+
+
+def kernel_key(rec: dict, seen: dict) -> tuple:
+    """A kernel's identity across two measurements of the same configuration: operator, shapes,
+    the op it runs in, and its occurrence among kernels alike."""
+    k = (rec["name"], json.dumps(rec.get("shapes")), rec.get("op", ""))
+    seen[k] = seen.get(k, 0) + 1
+    return (*k, seen[k])
+
+
+def combine_passes(per_pass: list[list[dict]]) -> tuple[list[dict], dict[tuple, list[float]]]:
+    """Kernel records of several measurements of one configuration -> the first pass's records
+    with each duration the median over the passes that have that kernel, and the per-pass
+    durations by kernel key (for the repeatability)."""
+    times: dict[tuple, list[float]] = {}
+    keyed = []
+    for recs in per_pass:
+        seen: dict = {}
+        keyed.append([(kernel_key(r, seen), r) for r in recs])
+        for key, r in keyed[-1]:
+            times.setdefault(key, []).append(corrected_us(r))
+    out = []
+    for key, r in keyed[0]:
+        rec = dict(r, dur_us=statistics.median(times[key]), n_events=1)
+        out.append(rec)
+    return out, times
 
 
 def run(
-    out_dir: str | Path, model_path: str | Path | None = None, steps: int = 11, quick: bool = False
+    out_dir: str | Path,
+    model_path: str | Path | None = None,
+    steps: int = 11,
+    quick: bool = False,
+    passes: int = 1,
 ) -> dict:
     from dlrm.perfmodel import load_model
 
+    if passes < 1:
+        raise ValueError(f"passes must be >= 1, got {passes}")
     model = load_model(model_path)
     out_dir = Path(out_dir)
     (out_dir / "traces").mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()[0]
+    configs = [(name, base_config(**changes)) for name, changes in heldout_configs(quick)]
+    preds = {}
+    for name, cfg in configs:
+        t0 = time.perf_counter()
+        preds[name] = (model.predict(cfg), time.perf_counter() - t0)
+    measured: dict[str, list[dict]] = {name: [] for name, _ in configs}
+    for p in range(passes):  # rounds over all configurations: the passes are minutes apart
+        for name, cfg in configs:
+            meas = measure(cfg, steps)
+            suffix = f".pass{p}" if passes > 1 else ""
+            tr.write_trace(meas["doc"], out_dir / "traces" / f"{name}{suffix}.trace.json")
+            meas["records"] = records_from_trace(meas["doc"])
+            meas.pop("doc")
+            measured[name].append(meas)
     rows = []
     kernel_pairs: dict[str, tuple[list[float], list[float]]] = {}
-    for name, changes in heldout_configs(quick):
-        cfg = base_config(**changes)
-        t0 = time.perf_counter()
-        pred = model.predict(cfg)
-        t_pred = time.perf_counter() - t0
-        meas = measure(cfg, steps)
-        tr.write_trace(meas["doc"], out_dir / "traces" / f"{name}.trace.json")
-        recs = records_from_trace(meas["doc"])
-        kinds = max(
-            len({json.dumps([o["name"] for o in st["ops"]]) for st in meas["doc"]["steps"]}), 1
-        )
-        measured_active = sum(corrected_us(r) for r in recs) / kinds
+    repeat_kernels: dict[str, tuple[list[float], list[float]]] = {}
+    for name, cfg in configs:
+        pred, t_pred = preds[name]
+        ms = measured[name]
+        recs, times = combine_passes([m["records"] for m in ms])
+        measured_active = sum(r["dur_us"] for r in recs) / ms[0]["kinds"]
         for rec in recs:
-            p, m = kernel_pairs.setdefault(op_type(rec["name"]), ([], []))
-            p.append(model.kernels.predict(rec))
-            m.append(corrected_us(rec))
+            pk, mk = kernel_pairs.setdefault(op_type(rec["name"]), ([], []))
+            pk.append(model.kernels.predict(rec))
+            mk.append(rec["dur_us"])
+        for key, ts in times.items():
+            if len(ts) >= 2:
+                a, b = repeat_kernels.setdefault(op_type(key[0]), ([], []))
+                a.append(ts[1])
+                b.append(ts[0])
+        cpu = statistics.median(m["cpu_us"] for m in ms)
+        wall = statistics.median(m["wall_us"] for m in ms)
         row = {
             "config": name, "batch_size": cfg.mini_batch_size, "precision": cfg.precision,
             "mlp_bot": "-".join(map(str, cfg.arch_mlp_bot)), "mlp_top": "-".join(map(str, cfg.arch_mlp_top)),
-            "placement": cfg.placement, "predicted_us": pred["per_batch_us"], "measured_cpu_us": meas["cpu_us"],
-            "measured_wall_us": meas["wall_us"], "timed_steps": meas["steps"],
-            "machine_slowdown": round(meas["machine_slowdown"], 3),
-            "error": pred["per_batch_us"] / meas["cpu_us"] - 1.0,
-            "error_wall": pred["per_batch_us"] / meas["wall_us"] - 1.0,
+            "placement": cfg.placement, "predicted_us": pred["per_batch_us"], "measured_cpu_us": cpu,
+            "measured_wall_us": wall, "timed_steps": ms[0]["steps"],
+            "machine_slowdown": round(max(m["machine_slowdown"] for m in ms), 3),
+            "error": pred["per_batch_us"] / cpu - 1.0,
+            "error_wall": pred["per_batch_us"] / wall - 1.0,
             "predicted_device_active_us": pred["device_active_total_us"],
             "measured_device_active_us": measured_active, "predict_s": t_pred,
             "hot_share": pred.get("hot_share"),
         }  # fmt: skip
+        if passes > 1:
+            row["passes_cpu_us"] = [m["cpu_us"] for m in ms]
+            row["passes_machine_slowdown"] = [round(m["machine_slowdown"], 3) for m in ms]
         rows.append(row)
         log.info("%s: predicted %.2f ms, measured %.2f ms (cpu) %.2f ms (wall): %+.1f%%", name,
                  row["predicted_us"] / 1e3, row["measured_cpu_us"] / 1e3, row["measured_wall_us"] / 1e3,
@@ -156,6 +214,7 @@ def run(
         "kernel_gmae": {t: gmae(p, m) for t, (p, m) in sorted(kernel_pairs.items())},
         "kernel_counts": {t: len(p) for t, (p, _) in sorted(kernel_pairs.items())},
         "n_heldout": len(rows),
+        "passes": passes,
         "load_avg_1m": {"before": load_before, "after": os.getloadavg()[0]},
         "threads": torch.get_num_threads(),
         "hardware": model.hardware.get("key"),
@@ -163,6 +222,11 @@ def run(
         "fit_heldout_shapes_gmae": model.fit_info.get("heldout_gmae"),
         "configs": rows,
     }
+    if passes > 1:
+        result["repeatability"] = {
+            "e2e_gmae": gmae([r["passes_cpu_us"][1] for r in rows], [r["passes_cpu_us"][0] for r in rows]),
+            "kernel_gmae": {t: gmae(a, b) for t, (a, b) in sorted(repeat_kernels.items())},
+        }  # fmt: skip
     (out_dir / "report.json").write_text(json.dumps(result, indent=2) + "\n")
     try:
         plot(result, out_dir / "report.png")
@@ -222,6 +286,10 @@ def format_table(result: dict) -> str:
                  f"{100 * result['device_active_gmae']:.2f}%")  # fmt: skip
     lines.append("kernel GMAE: " + ", ".join(f"{t} {100 * e:.1f}% (n={result['kernel_counts'][t]})"
                                              for t, e in result["kernel_gmae"].items()))  # fmt: skip
+    rep = result.get("repeatability")
+    if rep:
+        lines.append(f"repeatability (pass 1 vs 2): e2e {100 * rep['e2e_gmae']:.1f}%, kernels "
+                     + ", ".join(f"{t} {100 * e:.1f}%" for t, e in rep["kernel_gmae"].items()))  # fmt: skip
     la = result["load_avg_1m"]
     lines.append(
         f"load average {la['before']:.2f} -> {la['after']:.2f}, {result['threads']} thread(s)"
