@@ -280,7 +280,29 @@ def bench_elementwise(rng: random.Random, n: int, reps: int) -> list[dict]:
             x.to(other)
 
         out += profile_kernels(step, reps, {"batch_size": b})
+        if rng.random() < 0.3:
+            out += _dense_optimizer_records(rng, reps)
     return out
+
+
+def _dense_optimizer_records(rng: random.Random, reps: int) -> list[dict]:
+    """The trainer's fused dense optimizer step over an MLP's parameters (a random stack of
+    2-4 layers, 10^4 to 3x10^6 parameters): its kernel sees tensor lists, whose shapes the
+    profiler does not record, so the record carries the parameter count (`dense_params`)."""
+    widths = [_log_uniform(rng, 8, 2048) for _ in range(rng.randint(3, 5))]
+    params = []
+    for fi, fo in zip(widths, widths[1:]):
+        params += [torch.nn.Parameter(torch.randn(fo, fi)), torch.nn.Parameter(torch.randn(fo))]
+    n = sum(p.numel() for p in params)
+    if n > 3_000_000:
+        return []
+    for p in params:
+        p.grad = torch.randn_like(p)
+    if rng.random() < 0.75:
+        opt = torch.optim.SGD(params, lr=0.01, fused=True)
+    else:
+        opt = torch.optim.Adagrad(params, lr=0.01, eps=1e-8, fused=True)
+    return profile_kernels(opt.step, reps, {"dense_params": n})
 
 
 def bench_loss(rng: random.Random, n: int, reps: int) -> list[dict]:
@@ -382,6 +404,18 @@ FIT_CONFIGS = [
         "arch_mlp_top": (384, 1),
         "mini_batch_size": 3072,
         "precision": "fp32",
+    },
+    {  # wide layers (about 0.6M dense parameters): kernels at the sizes of the big MLPs
+        "arch_mlp_bot": (13, 768, 16),
+        "arch_mlp_top": (768, 384, 1),
+        "mini_batch_size": 1536,
+        "precision": "fp32",
+    },
+    {
+        "arch_mlp_bot": (13, 768, 16),
+        "arch_mlp_top": (768, 384, 1),
+        "mini_batch_size": 384,
+        "precision": "bf16",
     },
     {  # FAE: the hot/cold split, the device tier's updates and the syncs
         "arch_mlp_bot": (13, 256, 64, 16),

@@ -180,3 +180,22 @@ def test_in_situ_factors_are_per_op_context_with_fallbacks():
     # a context never seen in the fit traces falls back to the operator's factor (total 40 / 20)
     assert models.predict(dict(_ew(100), op="elsewhere#0")) == pytest.approx(20.0)
     assert models.predict(_ew(100)) == pytest.approx(20.0)
+
+
+def test_dense_optimizer_sweep_records_the_fused_step_with_its_parameter_count():
+    import random
+
+    from dlrm.perfmodel import features as F
+    from dlrm.perfmodel.microbench import _dense_optimizer_records
+
+    rng = random.Random(3)
+    seen = set()
+    for _ in range(12):
+        for r in _dense_optimizer_records(rng, reps=1):
+            if r["name"].startswith("aten::_fused_"):
+                seen.add(r["name"])
+                n = r["ctx"]["dense_params"]
+                assert 0 < n <= 3_000_000
+                assert F.bytes_moved(r) == 12.0 * n  # read param and grad, write param
+                assert r["dur_us"] > 0
+    assert "aten::_fused_sgd_" in seen
