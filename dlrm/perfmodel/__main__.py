@@ -4,6 +4,7 @@
     python -m dlrm.perfmodel fit --bench perf/bench              # -> the machine's perfmodel.json
     python -m dlrm.perfmodel predict --mini-batch-size 4096 --precision bf16 --arch-mlp-bot 13-512-256-64-16
     python -m dlrm.perfmodel report --out perf/report --json     # predicted vs measured, held out
+    python -m dlrm.perfmodel report --from-traces perf/report    # the same measurements, another model
 
 `predict` takes the trainer's own flags (everything `python -m dlrm.train` accepts). `--threads`
 fixes the intra-op thread count of every measurement and prediction (a model is per thread
@@ -111,6 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--steps", type=int, default=11, help="timed steps per configuration")
     rep.add_argument("--quick", action="store_true", help="a few small configurations only")
     rep.add_argument(
+        "--from-traces", metavar="DIR", default=None,
+        help="score the traces of an earlier report in DIR with the model (measure nothing)",
+    )  # fmt: skip
+    rep.add_argument(
         "--passes", type=_positive_int, default=1,
         help="measure every configuration this many times, in rounds (median; with 2 or more the "
         "report has the measurement's own repeatability)",
@@ -202,9 +207,12 @@ def _predict(args, rest: list[str]) -> int:
 def _report(args) -> int:
     from dlrm.perfmodel import report
 
-    result = report.run(
-        args.out, model_path=args.model_path, steps=args.steps, quick=args.quick, passes=args.passes
-    )
+    if args.from_traces:
+        result = report.rescore(args.from_traces, model_path=args.model_path)
+    else:
+        result = report.run(
+            args.out, model_path=args.model_path, steps=args.steps, quick=args.quick, passes=args.passes
+        )
     if args.json:
         print(json.dumps(result))
     else:

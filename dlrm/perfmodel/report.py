@@ -10,14 +10,16 @@ kernel models' held-out errors.
 Every measurement runs on a steady machine: a canary before and after it is compared with the
 hardware description's (`hardware.on_steady_machine`), and a run during which the machine was
 more than 15% slower than described is repeated after a pause (the canary is checked at most
-eight times; each row
-reports its `machine_slowdown`).
+eight times; each row reports its `machine_slowdown`).
 
 With ``passes`` > 1 every configuration is measured that many times, in rounds over all of them
-(minutes apart): the measured step and each kernel are the median over the passes, and
-``repeatability`` holds the geomean difference between the first two passes, end to end and per
-operator type: the measurement's own noise floor on this machine, against which the model's errors
-can be read.
+(minutes apart). The passes measured on a steady machine are kept (the least slow one when none
+was), and the measured step and each kernel are the median over those. ``repeatability`` holds
+the geomean difference between the first two passes, end to end and per operator type, over all
+configurations and over those whose two passes were both steady: the measurement's own noise
+floor on this machine, against which the model's errors can be read.
+
+`rescore` scores the traces of an earlier report with another model without measuring again.
 
 The end-to-end error is against thread-CPU time: on a machine shared with other processes wall
 time also counts the time the core was given to someone else (``e2e_gmae_wall`` is reported
@@ -44,6 +46,7 @@ from dlrm.perfmodel.graph import (
     is_fae,
     records_from_trace,
 )
+from dlrm.perfmodel.hardware import SLOW_LIMIT
 from dlrm.perfmodel.kernels import gmae
 from dlrm.perfmodel.microbench import base_config, measure_steps
 from dlrm.perfmodel.recorder import trace_meta
@@ -82,7 +85,9 @@ def heldout_configs(quick: bool = False) -> list[tuple[str, dict]]:
 
 
 def measure(cfg, steps: int, profiled: int = 6) -> dict:
-    """Time `steps` plain steps (after warm-up) and profile `profiled` more."""
+    """Time `steps` plain steps (after warm-up) and profile `profiled` more: a trace document
+    whose meta holds the timed step (``unprofiled_step_us``/``unprofiled_step_cpu_us``), the
+    number of timed steps and the machine's slowdown."""
     threads = torch.get_num_threads()
     trainer = build_trainer(cfg)
     fae = is_fae(trainer)
@@ -102,11 +107,9 @@ def measure(cfg, steps: int, profiled: int = 6) -> dict:
     wall, cpu, graphs, slow = measure_steps(trainer, bs[:warm], timed, bs[-profiled:], agg)
     meta = trace_meta(trainer, cfg.mini_batch_size)
     meta["unprofiled_step_us"], meta["unprofiled_step_cpu_us"] = wall, cpu
+    meta["timed_steps"] = len(timed)
     meta["machine_slowdown"] = slow
-    doc = tr.make_doc(meta, graphs)
-    kinds = max(len({json.dumps([o["name"] for o in st["ops"]]) for st in doc["steps"]}), 1)
-    return {"wall_us": wall, "cpu_us": cpu, "steps": len(timed), "machine_slowdown": slow,
-            "kinds": kinds, "doc": doc}  # fmt: skip
+    return tr.make_doc(meta, graphs)
 
 
 def kernel_key(rec: dict, seen: dict) -> tuple:
@@ -135,6 +138,18 @@ def combine_passes(per_pass: list[list[dict]]) -> tuple[list[dict], dict[tuple, 
     return out, times
 
 
+def steady_passes(docs: list[dict], limit: float = SLOW_LIMIT) -> list[dict]:
+    """The passes measured on a steady machine (slowdown within `limit`), or the least slow one
+    when none was."""
+    slow = [float(d["meta"].get("machine_slowdown") or 1.0) for d in docs]
+    kept = [d for d, x in zip(docs, slow) if x <= limit]
+    return kept or [docs[slow.index(min(slow))]]
+
+
+def _kinds(doc: dict) -> int:
+    return max(len({json.dumps([o["name"] for o in st["ops"]]) for st in doc["steps"]}), 1)
+
+
 def run(
     out_dir: str | Path,
     model_path: str | Path | None = None,
@@ -142,6 +157,8 @@ def run(
     quick: bool = False,
     passes: int = 1,
 ) -> dict:
+    """Measure every held-out configuration `passes` times (rounds over all of them), writing
+    each measurement's trace, then `score` them."""
     from dlrm.perfmodel import load_model
 
     if passes < 1:
@@ -150,54 +167,90 @@ def run(
     out_dir = Path(out_dir)
     (out_dir / "traces").mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()[0]
-    configs = [(name, base_config(**changes)) for name, changes in heldout_configs(quick)]
-    preds = {}
-    for name, cfg in configs:
-        t0 = time.perf_counter()
-        preds[name] = (model.predict(cfg), time.perf_counter() - t0)
-    measured: dict[str, list[dict]] = {name: [] for name, _ in configs}
+    configs = heldout_configs(quick)
+    docs: dict[str, list[dict]] = {name: [] for name, _ in configs}
     for p in range(passes):  # rounds over all configurations: the passes are minutes apart
-        for name, cfg in configs:
-            meas = measure(cfg, steps)
+        for name, changes in configs:
+            doc = measure(base_config(**changes), steps)
             suffix = f".pass{p}" if passes > 1 else ""
-            tr.write_trace(meas["doc"], out_dir / "traces" / f"{name}{suffix}.trace.json")
-            meas["records"] = records_from_trace(meas["doc"])
-            meas.pop("doc")
-            measured[name].append(meas)
+            tr.write_trace(doc, out_dir / "traces" / f"{name}{suffix}.trace.json")
+            docs[name].append(doc)
+            log.info("%s pass %d: %.2f ms (cpu), slowdown %.2f", name, p,
+                     doc["meta"]["unprofiled_step_cpu_us"] / 1e3, doc["meta"]["machine_slowdown"])  # fmt: skip
+    return score(model, configs, docs, out_dir, load_before)
+
+
+def rescore(report_dir: str | Path, model_path: str | Path | None = None) -> dict:
+    """Score the traces an earlier `report` wrote (``traces/<config>[.pass<p>].trace.json``)
+    with a model, measuring nothing: a refitted model against the same measurements."""
+    from dlrm.perfmodel import load_model
+
+    report_dir = Path(report_dir)
+    docs: dict[str, list[dict]] = {}
+    configs = []
+    for name, changes in heldout_configs():
+        paths = sorted((report_dir / "traces").glob(f"{name}.pass*.trace.json"))
+        single = report_dir / "traces" / f"{name}.trace.json"
+        paths = paths or ([single] if single.exists() else [])
+        if paths:
+            configs.append((name, changes))
+            docs[name] = [tr.read_trace(p) for p in paths]
+    if not configs:
+        raise tr.TraceError(f"{report_dir / 'traces'}: no held-out configuration traces")
+    return score(load_model(model_path), configs, docs, report_dir, None)
+
+
+def score(model, configs, docs: dict[str, list[dict]], out_dir: Path, load_before: float | None) -> dict:
+    """Predicted vs measured per configuration (the steady passes' medians, see
+    `steady_passes`), kernel errors per operator type, and with two or more passes the
+    repeatability between the first two."""
     rows = []
     kernel_pairs: dict[str, tuple[list[float], list[float]]] = {}
-    repeat_kernels: dict[str, tuple[list[float], list[float]]] = {}
-    for name, cfg in configs:
-        pred, t_pred = preds[name]
-        ms = measured[name]
-        recs, times = combine_passes([m["records"] for m in ms])
-        measured_active = sum(r["dur_us"] for r in recs) / ms[0]["kinds"]
+    repeat: dict[str, dict[str, tuple[list[float], list[float]]]] = {"all": {}, "steady": {}}
+    repeat_e2e: dict[str, tuple[list[float], list[float]]] = {"all": ([], []), "steady": ([], [])}
+    for name, changes in configs:
+        cfg = base_config(**changes)
+        t0 = time.perf_counter()
+        pred = model.predict(cfg)
+        t_pred = time.perf_counter() - t0
+        all_docs = docs[name]
+        kept = steady_passes(all_docs)
+        recs, _ = combine_passes([records_from_trace(d) for d in kept])
+        measured_active = sum(r["dur_us"] for r in recs) / _kinds(kept[0])
         for rec in recs:
             pk, mk = kernel_pairs.setdefault(op_type(rec["name"]), ([], []))
             pk.append(model.kernels.predict(rec))
             mk.append(rec["dur_us"])
-        for key, ts in times.items():
-            if len(ts) >= 2:
-                a, b = repeat_kernels.setdefault(op_type(key[0]), ([], []))
-                a.append(ts[1])
-                b.append(ts[0])
-        cpu = statistics.median(m["cpu_us"] for m in ms)
-        wall = statistics.median(m["wall_us"] for m in ms)
+        metas = [d["meta"] for d in all_docs]
+        if len(all_docs) >= 2:
+            _, times = combine_passes([records_from_trace(d) for d in all_docs[:2]])
+            both_steady = all(float(m.get("machine_slowdown") or 1.0) <= SLOW_LIMIT for m in metas[:2])
+            for which in ("all", "steady") if both_steady else ("all",):
+                for key, ts in times.items():
+                    if len(ts) == 2:
+                        a, b = repeat[which].setdefault(op_type(key[0]), ([], []))
+                        a.append(ts[1])
+                        b.append(ts[0])
+                repeat_e2e[which][0].append(metas[1]["unprofiled_step_cpu_us"])
+                repeat_e2e[which][1].append(metas[0]["unprofiled_step_cpu_us"])
+        cpu = statistics.median(d["meta"]["unprofiled_step_cpu_us"] for d in kept)
+        wall = statistics.median(d["meta"]["unprofiled_step_us"] for d in kept)
         row = {
             "config": name, "batch_size": cfg.mini_batch_size, "precision": cfg.precision,
             "mlp_bot": "-".join(map(str, cfg.arch_mlp_bot)), "mlp_top": "-".join(map(str, cfg.arch_mlp_top)),
             "placement": cfg.placement, "predicted_us": pred["per_batch_us"], "measured_cpu_us": cpu,
-            "measured_wall_us": wall, "timed_steps": ms[0]["steps"],
-            "machine_slowdown": round(max(m["machine_slowdown"] for m in ms), 3),
+            "measured_wall_us": wall, "timed_steps": kept[0]["meta"].get("timed_steps"),
+            "machine_slowdown": round(max(float(d["meta"].get("machine_slowdown") or 1.0) for d in kept), 3),
             "error": pred["per_batch_us"] / cpu - 1.0,
             "error_wall": pred["per_batch_us"] / wall - 1.0,
             "predicted_device_active_us": pred["device_active_total_us"],
             "measured_device_active_us": measured_active, "predict_s": t_pred,
             "hot_share": pred.get("hot_share"),
         }  # fmt: skip
-        if passes > 1:
-            row["passes_cpu_us"] = [m["cpu_us"] for m in ms]
-            row["passes_machine_slowdown"] = [round(m["machine_slowdown"], 3) for m in ms]
+        if len(all_docs) > 1:
+            row["passes_cpu_us"] = [m["unprofiled_step_cpu_us"] for m in metas]
+            row["passes_machine_slowdown"] = [round(float(m.get("machine_slowdown") or 1.0), 3) for m in metas]
+            row["passes_kept"] = len(kept)
         rows.append(row)
         log.info("%s: predicted %.2f ms, measured %.2f ms (cpu) %.2f ms (wall): %+.1f%%", name,
                  row["predicted_us"] / 1e3, row["measured_cpu_us"] / 1e3, row["measured_wall_us"] / 1e3,
@@ -214,18 +267,24 @@ def run(
         "kernel_gmae": {t: gmae(p, m) for t, (p, m) in sorted(kernel_pairs.items())},
         "kernel_counts": {t: len(p) for t, (p, _) in sorted(kernel_pairs.items())},
         "n_heldout": len(rows),
-        "passes": passes,
-        "load_avg_1m": {"before": load_before, "after": os.getloadavg()[0]},
+        "passes": max(len(v) for v in docs.values()),
+        "load_avg_1m": (
+            {"before": load_before, "after": os.getloadavg()[0]} if load_before is not None else None
+        ),  # None: rescored from traces
         "threads": torch.get_num_threads(),
         "hardware": model.hardware.get("key"),
         "device": "cuda" if torch.cuda.is_available() else "cpu",
         "fit_heldout_shapes_gmae": model.fit_info.get("heldout_gmae"),
         "configs": rows,
-    }
-    if passes > 1:
+    }  # fmt: skip
+    if repeat_e2e["all"][0]:
         result["repeatability"] = {
-            "e2e_gmae": gmae([r["passes_cpu_us"][1] for r in rows], [r["passes_cpu_us"][0] for r in rows]),
-            "kernel_gmae": {t: gmae(a, b) for t, (a, b) in sorted(repeat_kernels.items())},
+            which: {
+                "configs": len(repeat_e2e[which][0]),
+                "e2e_gmae": gmae(*repeat_e2e[which]) if repeat_e2e[which][0] else None,
+                "kernel_gmae": {t: gmae(a, b) for t, (a, b) in sorted(repeat[which].items())},
+            }
+            for which in ("all", "steady")
         }  # fmt: skip
     (out_dir / "report.json").write_text(json.dumps(result, indent=2) + "\n")
     try:
@@ -266,9 +325,8 @@ def plot(result: dict, path: Path) -> None:
     b.set_yticks(range(len(rows)), names, fontsize=7)
     b.axvline(0, color="k", lw=1)
     b.set_xlabel("prediction error, %")
-    b.set_title(
-        f"load avg {result['load_avg_1m']['before']:.1f} -> {result['load_avg_1m']['after']:.1f}"
-    )
+    la = result["load_avg_1m"]
+    b.set_title(f"load avg {la['before']:.1f} -> {la['after']:.1f}" if la else "rescored from traces")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -286,12 +344,14 @@ def format_table(result: dict) -> str:
                  f"{100 * result['device_active_gmae']:.2f}%")  # fmt: skip
     lines.append("kernel GMAE: " + ", ".join(f"{t} {100 * e:.1f}% (n={result['kernel_counts'][t]})"
                                              for t, e in result["kernel_gmae"].items()))  # fmt: skip
-    rep = result.get("repeatability")
-    if rep:
-        lines.append(f"repeatability (pass 1 vs 2): e2e {100 * rep['e2e_gmae']:.1f}%, kernels "
-                     + ", ".join(f"{t} {100 * e:.1f}%" for t, e in rep["kernel_gmae"].items()))  # fmt: skip
+    for which, rep in (result.get("repeatability") or {}).items():
+        if rep["configs"]:
+            lines.append(f"repeatability pass 1 vs 2 ({which}, {rep['configs']} configs): e2e "
+                         f"{100 * rep['e2e_gmae']:.1f}%, kernels " + ", ".join(
+                             f"{t} {100 * e:.1f}%" for t, e in rep["kernel_gmae"].items()))  # fmt: skip
     la = result["load_avg_1m"]
-    lines.append(
-        f"load average {la['before']:.2f} -> {la['after']:.2f}, {result['threads']} thread(s)"
-    )
+    if la:
+        lines.append(
+            f"load average {la['before']:.2f} -> {la['after']:.2f}, {result['threads']} thread(s)"
+        )
     return "\n".join(lines)

@@ -29,6 +29,7 @@ def test_cli_errors_are_one_line_exit_2(tmp_path, monkeypatch, capsys):
         (["predict", "--model", missing], "no performance model"),
         (["report", "--model", missing], "no performance model"),
         (["report", "--passes", "0"], "--passes: expected a positive integer, got '0'"),
+        (["report", "--from-traces", str(tmp_path)], "no held-out configuration traces"),
         (
             ["microbench", "--out", str(tmp_path / "mb"), "--sweeps", "mlp,bogus"],
             "--sweeps: unknown bogus",
