@@ -13,11 +13,10 @@ more than 15% slower than described is repeated after a pause (the canary is che
 eight times; each row reports its `machine_slowdown`).
 
 With ``passes`` > 1 every configuration is measured that many times, in rounds over all of them
-(minutes apart). The passes measured on a steady machine are kept (the least slow one when none
-was), and the measured step and each kernel are the median over those. ``repeatability`` holds
-the geomean difference between the first two passes, end to end and per operator type, over all
-configurations and over those whose two passes were both steady: the measurement's own noise
-floor on this machine, against which the model's errors can be read.
+(minutes apart); the measured step and each kernel are the median over the passes.
+``repeatability`` holds the geomean difference between the first two passes, end to end and per
+operator type, over all configurations and over those whose two passes both had a steady canary:
+the measurement's own noise floor on this machine, against which the model's errors can be read.
 
 `rescore` scores the traces of an earlier report with another model without measuring again.
 
@@ -138,14 +137,6 @@ def combine_passes(per_pass: list[list[dict]]) -> tuple[list[dict], dict[tuple, 
     return out, times
 
 
-def steady_passes(docs: list[dict], limit: float = SLOW_LIMIT) -> list[dict]:
-    """The passes measured on a steady machine (slowdown within `limit`), or the least slow one
-    when none was."""
-    slow = [float(d["meta"].get("machine_slowdown") or 1.0) for d in docs]
-    kept = [d for d, x in zip(docs, slow) if x <= limit]
-    return kept or [docs[slow.index(min(slow))]]
-
-
 def _kinds(doc: dict) -> int:
     return max(len({json.dumps([o["name"] for o in st["ops"]]) for st in doc["steps"]}), 1)
 
@@ -201,8 +192,8 @@ def rescore(report_dir: str | Path, model_path: str | Path | None = None) -> dic
 
 
 def score(model, configs, docs: dict[str, list[dict]], out_dir: Path, load_before: float | None) -> dict:
-    """Predicted vs measured per configuration (the steady passes' medians, see
-    `steady_passes`), kernel errors per operator type, and with two or more passes the
+    """Predicted vs measured per configuration (medians over the passes, as every measurement
+    here is a median), kernel errors per operator type, and with two or more passes the
     repeatability between the first two."""
     rows = []
     kernel_pairs: dict[str, tuple[list[float], list[float]]] = {}
@@ -213,8 +204,7 @@ def score(model, configs, docs: dict[str, list[dict]], out_dir: Path, load_befor
         t0 = time.perf_counter()
         pred = model.predict(cfg)
         t_pred = time.perf_counter() - t0
-        all_docs = docs[name]
-        kept = steady_passes(all_docs)
+        kept = all_docs = docs[name]
         recs, _ = combine_passes([records_from_trace(d) for d in kept])
         measured_active = sum(r["dur_us"] for r in recs) / _kinds(kept[0])
         for rec in recs:
@@ -250,7 +240,6 @@ def score(model, configs, docs: dict[str, list[dict]], out_dir: Path, load_befor
         if len(all_docs) > 1:
             row["passes_cpu_us"] = [m["unprofiled_step_cpu_us"] for m in metas]
             row["passes_machine_slowdown"] = [round(float(m.get("machine_slowdown") or 1.0), 3) for m in metas]
-            row["passes_kept"] = len(kept)
         rows.append(row)
         log.info("%s: predicted %.2f ms, measured %.2f ms (cpu) %.2f ms (wall): %+.1f%%", name,
                  row["predicted_us"] / 1e3, row["measured_cpu_us"] / 1e3, row["measured_wall_us"] / 1e3,

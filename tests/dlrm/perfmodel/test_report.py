@@ -41,11 +41,3 @@ def test_combine_passes_keeps_a_kernel_seen_in_one_pass_only():
     assert [r["dur_us"] for r in recs] == [5.0]
     assert len(times[("aten::fill_", "[[3]]", "f#0", 1)]) == 1
 
-
-def test_steady_passes_keeps_the_steady_ones_or_the_least_slow():
-    from dlrm.perfmodel.report import steady_passes
-
-    docs = [{"meta": {"machine_slowdown": s}, "i": i} for i, s in enumerate([1.4, 1.05, 1.1])]
-    assert [d["i"] for d in steady_passes(docs)] == [1, 2]
-    slow = [{"meta": {"machine_slowdown": s}, "i": i} for i, s in enumerate([1.9, 1.3, 1.6])]
-    assert [d["i"] for d in steady_passes(slow)] == [1]
