@@ -18,7 +18,8 @@ its median duration, in the kernel-record format of the perf traces (see
 - ``elementwise``: the element-wise kernels around a linear layer at training sizes (the bias
   gradient's column sum, in-place ReLU, threshold_backward, the autocast casts) over rows,
   width and dtype: the ``mlp`` sweep draws small layers too, and these kernels' cost per byte
-  changes once a tensor outgrows the caches;
+  changes once a tensor outgrows the caches; and the trainer's fused dense optimizer step
+  (SGD or Adagrad) over random MLPs of 10^4 to 3x10^6 parameters;
 - ``loss``: BCE with logits and its backward over batch;
 - ``copy``: element-wise ops, a table tier's sparse update in the PyTorch path (the per-row
   gradient sum by index_add_, the unique-row update by index_select/add_/index_copy_, the dirty
