@@ -25,8 +25,10 @@ its median duration, in the kernel-record format of the perf traces (see
   gradient sum by index_add_, the unique-row update by index_select/add_/index_copy_, the dirty
   flags by index_fill_) and host-to-device copies (CUDA only) over sizes.
 
-Each sweep runs on a steady machine (`hardware.on_steady_machine`): its `machine_slowdown` is in
-`microbench.json`.
+Every draw of a sweep is measured on a steady machine (`hardware.SteadyGate`: the canary before
+and after each draw, the draw retried after a 2 s pause while it ran more than 15% slower); per
+sweep, `microbench.json` has the draws' median and worst slowdown, the retries and the draws kept
+slow after five tries.
 
 Then `fit_configs` short training runs record full perf traces (the overhead statistics come from
 those, and their kernels join the samples).
@@ -64,6 +66,10 @@ def profile_kernels(fn, reps: int = 5, ctx: dict | None = None) -> list[dict]:
     On a machine shared with other processes the profiler's wall-clock durations include time
     the thread was descheduled: see `kernel_estimate`.
     """
+    return _gated(lambda: _profile_kernels(fn, reps, ctx))
+
+
+def _profile_kernels(fn, reps: int, ctx: dict | None) -> list[dict]:
     from torch.profiler import ProfilerActivity, profile
 
     from dlrm.perfmodel.hardware import profiler_event_cost_us
@@ -102,9 +108,21 @@ def kernel_estimate(durations: list[float], ratios: list[float]) -> float:
     return statistics.median(d * r for d, r in zip(durations, ratios))
 
 
+# While `run` sweeps, every draw's measurement is checked by the canary (see hardware.SteadyGate).
+_GATE: hardware.SteadyGate | None = None
+
+
+def _gated(measure):
+    return _GATE.run(measure) if _GATE is not None else measure()
+
+
 def time_call(fn, reps: int = 7) -> float:
     """Median thread-CPU microseconds of fn() after one warm call (thread CPU time ignores the
     time the thread was descheduled; the median ignores bursts of interference)."""
+    return _gated(lambda: _time_call(fn, reps))
+
+
+def _time_call(fn, reps: int) -> float:
     fn()
     ts = []
     for _ in range(reps):
@@ -511,7 +529,12 @@ def run(out_dir: str | Path, scale: float = 1.0, reps: int = 5, seed: int = 0, s
             rng.setstate(state)  # a repeated sweep draws the same shapes
             return SWEEPS[name](rng, max(1, int(DEFAULT_COUNTS[name] * scale)), reps)
 
-        recs, slow = hardware.on_steady_machine(sweep, hw)
+        global _GATE
+        _GATE = hardware.SteadyGate(hw)
+        try:
+            recs = sweep()
+        finally:
+            gate, _GATE = _GATE, None
         torch.set_num_threads(threads)
         with open(
             out_dir / f"kernels-{name}.jsonl", "w"
@@ -521,12 +544,10 @@ def run(out_dir: str | Path, scale: float = 1.0, reps: int = 5, seed: int = 0, s
                 r["ctx"] = {k: v for k, v in r.get("ctx", {}).items() if k in CTX_FIELDS}
                 f.write(json.dumps(r) + "\n")
         summary["sweeps"][name] = {
-            "records": len(recs),
-            "seconds": round(time.perf_counter() - t0, 1),
-            "machine_slowdown": round(slow, 3),
-        }
-        log.info("microbench %s: %d kernel records in %.1f s (machine slowdown %.2f)", name,
-                 len(recs), time.perf_counter() - t0, slow)  # fmt: skip
+            "records": len(recs), "seconds": round(time.perf_counter() - t0, 1), **gate.summary(),
+        }  # fmt: skip
+        log.info("microbench %s: %d kernel records in %.1f s (canary per draw: %s)", name,
+                 len(recs), time.perf_counter() - t0, gate.summary())  # fmt: skip
     if fit_configs:
         for i, changes in enumerate(FIT_CONFIGS):
             trace_config(base_config(**changes), out_dir / "traces" / f"fit{i}.trace.json")

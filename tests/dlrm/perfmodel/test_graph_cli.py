@@ -91,3 +91,26 @@ def test_measurements_wait_for_a_steady_machine(monkeypatch):
     monkeypatch.setattr(hardware, "canary_us", lambda: next(always_slow))
     result, slow = hardware.on_steady_machine(lambda: "kept", {"canary_us": 100.0}, attempts=2)
     assert (result, slow) == ("kept", 3.0)
+
+
+def test_each_microbenchmark_draw_is_gated_by_the_canary(monkeypatch):
+    """A sweep's draws are measured through `SteadyGate`: a draw with a slow canary before it is
+    not run until the canary is steady, one with a slow canary after it is run again, and the
+    summary counts the retries and what was kept."""
+    from dlrm.perfmodel import hardware, microbench
+
+    # draw 1: before slow (wait), before ok, after ok -> kept at 1.0
+    # draw 2: before ok, after 2x (run again), before ok, after 1.1 -> kept at 1.1
+    canary = iter([300.0, 100.0, 100.0, 100.0, 200.0, 100.0, 110.0])
+    monkeypatch.setattr(hardware, "canary_us", lambda: next(canary))
+    monkeypatch.setattr(hardware.time, "sleep", lambda s: None)
+    gate = hardware.SteadyGate({"canary_us": 100.0})
+    monkeypatch.setattr(microbench, "_GATE", gate)
+    calls = []
+    microbench.time_call(lambda: calls.append("a"), reps=1)
+    microbench.time_call(lambda: calls.append("b"), reps=1)
+    assert calls == ["a", "a", "b", "b", "b", "b"]  # warm + 1 rep per run; draw 2 ran twice
+    assert gate.slowdowns == [1.0, 1.1]
+    summary = gate.summary()
+    assert (summary["draws"], summary["retries"], summary["slow_draws"]) == (2, 2, 0)
+    assert summary["max_slowdown"] == 1.1
