@@ -135,16 +135,22 @@ class SteadyGate:
     this VM's neighbour comes and goes within seconds, so a long sweep checked only at its ends
     mixes fast and slow draws. A draw is retried after a short pause while the canary before or
     after it ran more than `limit` slower than described (at most `attempts` runs; the last is
-    kept whatever it is). `slowdowns` holds the worse canary of each kept draw."""
+    kept whatever it is). The pauses of one gate add up to at most `wait_budget_s`: in a long
+    slow period the draws then run without waiting (and say so in `slowdowns`) instead of
+    stretching a sweep into hours. `slowdowns` holds the worse canary of each kept draw."""
 
-    def __init__(self, hw: dict, limit: float = SLOW_LIMIT, attempts: int = 5, pause_s: float = 2.0) -> None:
+    def __init__(
+        self, hw: dict, limit: float = SLOW_LIMIT, attempts: int = 4, pause_s: float = 1.0,
+        wait_budget_s: float = 90.0,
+    ) -> None:  # fmt: skip
         self.hw, self.limit, self.attempts, self.pause_s = hw, limit, attempts, pause_s
+        self.wait_left = wait_budget_s
         self.slowdowns: list[float] = []
         self.retries = 0
 
     def run(self, fn):
         for attempt in range(1, self.attempts + 1):
-            last = attempt == self.attempts
+            last = attempt == self.attempts or self.wait_left < self.pause_s
             before = slowdown(self.hw)
             if before <= self.limit or last:
                 result = fn()
@@ -153,6 +159,7 @@ class SteadyGate:
                     self.slowdowns.append(worst)
                     return result
             self.retries += 1
+            self.wait_left -= self.pause_s
             time.sleep(self.pause_s)
         raise AssertionError("unreachable")
 

@@ -26,9 +26,9 @@ its median duration, in the kernel-record format of the perf traces (see
   flags by index_fill_) and host-to-device copies (CUDA only) over sizes.
 
 Every draw of a sweep is measured on a steady machine (`hardware.SteadyGate`: the canary before
-and after each draw, the draw retried after a 2 s pause while it ran more than 15% slower); per
-sweep, `microbench.json` has the draws' median and worst slowdown, the retries and the draws kept
-slow after five tries.
+and after each draw, the draw retried after a 1 s pause while it ran more than 15% slower, at
+most four tries and 90 s of pauses per sweep); per sweep, `microbench.json` has the draws'
+median and worst slowdown, the retries and the draws kept slow.
 
 Then `fit_configs` short training runs record full perf traces (the overhead statistics come from
 those, and their kernels join the samples).

@@ -114,3 +114,18 @@ def test_each_microbenchmark_draw_is_gated_by_the_canary(monkeypatch):
     summary = gate.summary()
     assert (summary["draws"], summary["retries"], summary["slow_draws"]) == (2, 2, 0)
     assert summary["max_slowdown"] == 1.1
+
+
+def test_the_gate_stops_waiting_when_its_budget_is_spent(monkeypatch):
+    from dlrm.perfmodel import hardware
+
+    monkeypatch.setattr(hardware, "canary_us", lambda: 300.0)  # a long slow period
+    slept = []
+    monkeypatch.setattr(hardware.time, "sleep", slept.append)
+    gate = hardware.SteadyGate({"canary_us": 100.0}, attempts=4, pause_s=1.0, wait_budget_s=5.0)
+    runs = []
+    for _ in range(4):
+        gate.run(lambda: runs.append(1))
+    assert len(runs) == 4  # every draw ran once, at the end of its tries or of the budget
+    assert sum(slept) == 5.0 and gate.retries == 5
+    assert gate.slowdowns == [3.0] * 4 and gate.summary()["slow_draws"] == 4
