@@ -180,15 +180,25 @@ def rescore(report_dir: str | Path, model_path: str | Path | None = None) -> dic
     docs: dict[str, list[dict]] = {}
     configs = []
     for name, changes in heldout_configs():
-        paths = sorted((report_dir / "traces").glob(f"{name}.pass*.trace.json"))
-        single = report_dir / "traces" / f"{name}.trace.json"
-        paths = paths or ([single] if single.exists() else [])
+        paths = trace_paths(report_dir / "traces", name)
         if paths:
             configs.append((name, changes))
             docs[name] = [tr.read_trace(p) for p in paths]
     if not configs:
         raise tr.TraceError(f"{report_dir / 'traces'}: no held-out configuration traces")
     return score(load_model(model_path), configs, docs, report_dir, None)
+
+
+def trace_paths(traces: Path, name: str) -> list[Path]:
+    """A configuration's traces in a report: ``<name>.pass<p>.trace.json`` in pass order, or the
+    single ``<name>.trace.json`` of a one-pass report."""
+    passes = {}
+    for path in traces.glob(f"{name}.pass*.trace.json"):
+        number = path.name[len(name) + len(".pass") : -len(".trace.json")]
+        if number.isdigit():
+            passes[int(number)] = path
+    single = traces / f"{name}.trace.json"
+    return [passes[p] for p in sorted(passes)] or ([single] if single.exists() else [])
 
 
 def score(model, configs, docs: dict[str, list[dict]], out_dir: Path, load_before: float | None) -> dict:
@@ -204,9 +214,9 @@ def score(model, configs, docs: dict[str, list[dict]], out_dir: Path, load_befor
         t0 = time.perf_counter()
         pred = model.predict(cfg)
         t_pred = time.perf_counter() - t0
-        kept = all_docs = docs[name]
-        recs, _ = combine_passes([records_from_trace(d) for d in kept])
-        measured_active = sum(r["dur_us"] for r in recs) / _kinds(kept[0])
+        all_docs = docs[name]
+        recs, _ = combine_passes([records_from_trace(d) for d in all_docs])
+        measured_active = sum(r["dur_us"] for r in recs) / _kinds(all_docs[0])
         for rec in recs:
             pk, mk = kernel_pairs.setdefault(op_type(rec["name"]), ([], []))
             pk.append(model.kernels.predict(rec))
@@ -223,14 +233,14 @@ def score(model, configs, docs: dict[str, list[dict]], out_dir: Path, load_befor
                         b.append(ts[0])
                 repeat_e2e[which][0].append(metas[1]["unprofiled_step_cpu_us"])
                 repeat_e2e[which][1].append(metas[0]["unprofiled_step_cpu_us"])
-        cpu = statistics.median(d["meta"]["unprofiled_step_cpu_us"] for d in kept)
-        wall = statistics.median(d["meta"]["unprofiled_step_us"] for d in kept)
+        cpu = statistics.median(m["unprofiled_step_cpu_us"] for m in metas)
+        wall = statistics.median(m["unprofiled_step_us"] for m in metas)
         row = {
             "config": name, "batch_size": cfg.mini_batch_size, "precision": cfg.precision,
             "mlp_bot": "-".join(map(str, cfg.arch_mlp_bot)), "mlp_top": "-".join(map(str, cfg.arch_mlp_top)),
             "placement": cfg.placement, "predicted_us": pred["per_batch_us"], "measured_cpu_us": cpu,
-            "measured_wall_us": wall, "timed_steps": kept[0]["meta"].get("timed_steps"),
-            "machine_slowdown": round(max(float(d["meta"].get("machine_slowdown") or 1.0) for d in kept), 3),
+            "measured_wall_us": wall, "timed_steps": metas[0].get("timed_steps"),
+            "machine_slowdown": round(max(float(m.get("machine_slowdown") or 1.0) for m in metas), 3),
             "error": pred["per_batch_us"] / cpu - 1.0,
             "error_wall": pred["per_batch_us"] / wall - 1.0,
             "predicted_device_active_us": pred["device_active_total_us"],

@@ -41,3 +41,16 @@ def test_combine_passes_keeps_a_kernel_seen_in_one_pass_only():
     assert [r["dur_us"] for r in recs] == [5.0]
     assert len(times[("aten::fill_", "[[3]]", "f#0", 1)]) == 1
 
+
+
+def test_trace_paths_in_pass_order_or_the_single_trace(tmp_path):
+    from dlrm.perfmodel.report import trace_paths
+
+    for p in (0, 1, 2, 10):
+        (tmp_path / f"small-b128-fp32.pass{p}.trace.json").write_text("{}")
+    (tmp_path / "small-b128-fp32-fae.pass0.trace.json").write_text("{}")  # another config
+    (tmp_path / "kaggle-b256-fp32.trace.json").write_text("{}")
+    names = [p.name for p in trace_paths(tmp_path, "small-b128-fp32")]
+    assert names == [f"small-b128-fp32.pass{p}.trace.json" for p in (0, 1, 2, 10)]
+    assert [p.name for p in trace_paths(tmp_path, "kaggle-b256-fp32")] == ["kaggle-b256-fp32.trace.json"]
+    assert trace_paths(tmp_path, "wide-b512-fp32") == []
