@@ -215,7 +215,8 @@ def score(model, configs, docs: dict[str, list[dict]], out_dir: Path, load_befor
         pred = model.predict(cfg)
         t_pred = time.perf_counter() - t0
         all_docs = docs[name]
-        recs, _ = combine_passes([records_from_trace(d) for d in all_docs])
+        per_pass = [records_from_trace(d) for d in all_docs]
+        recs, _ = combine_passes(per_pass)
         measured_active = sum(r["dur_us"] for r in recs) / _kinds(all_docs[0])
         for rec in recs:
             pk, mk = kernel_pairs.setdefault(op_type(rec["name"]), ([], []))
@@ -223,7 +224,7 @@ def score(model, configs, docs: dict[str, list[dict]], out_dir: Path, load_befor
             mk.append(rec["dur_us"])
         metas = [d["meta"] for d in all_docs]
         if len(all_docs) >= 2:
-            _, times = combine_passes([records_from_trace(d) for d in all_docs[:2]])
+            _, times = combine_passes(per_pass[:2])
             both_steady = all(float(m.get("machine_slowdown") or 1.0) <= SLOW_LIMIT for m in metas[:2])
             for which in ("all", "steady") if both_steady else ("all",):
                 for key, ts in times.items():
