@@ -97,6 +97,7 @@ class TrainConfig:
     lr_decay_start_step: int = 0
     lr_num_decay_steps: int = 0
     precision: str = "fp32"
+    flush_denormal: bool = True  # CPU: denormal floats read and written as zero (see Trainer)
     device: str = "auto"
     seed: int = 123
 

@@ -94,6 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     opt("--lr-decay-start-step", int)
     opt("--lr-num-decay-steps", int)
     opt("--precision", help_="fp32 or bf16 (autocast of the dense part; embeddings stay fp32)")
+    flag("--flush-denormal", "CPU: treat denormal floats as zero (default true; a denormal operand "
+         "makes oneDNN's bf16 matmuls several times slower)")
     opt("--device", help_="auto, cpu or cuda")
     opt("--numpy-rand-seed", int, dest="seed", help_="seed of initialisation and data order")
     opt("--seed", int, help_="alias of --numpy-rand-seed")

@@ -178,3 +178,14 @@ def test_default_run_directories_are_new(tmp_path, monkeypatch):
     Path(a.out_dir).mkdir(parents=True)
     assert TrainConfig().out_dir != a.out_dir
     del b
+
+
+def test_trainer_flushes_denormals_unless_told_not_to(make_config, tmp_path):
+    tiny = torch.tensor([1e-39])  # a denormal float32
+    try:
+        Trainer(make_config(out_dir=str(tmp_path / "on")))
+        assert (tiny * 1.0).item() == 0.0 and (tiny + 0.0).item() == 0.0
+        Trainer(make_config(flush_denormal=False, out_dir=str(tmp_path / "off")))
+        assert (tiny * 1.0).item() == pytest.approx(1e-39, rel=1e-3)
+    finally:
+        torch.set_flush_denormal(False)  # the process default, for the tests after this one
