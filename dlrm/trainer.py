@@ -161,10 +161,11 @@ class _Timer:
 def set_flush_denormal(on: bool) -> bool:
     """Denormal floats (magnitude below 1.2e-38, fp32 and bf16 alike) read and written as zero on
     the CPU (x86 DAZ/FTZ), or not. Every instruction with a denormal operand takes a microcode
-    assist: measured here, oneDNN's bf16 batched matmul of the interaction ran 4x slower whenever
-    its scratch buffers held denormal bit patterns (left by whatever the memory held before), so
-    the same step took 111 ms or 165 ms depending on the allocator's history. Values that small
-    are far below anything a recommendation model's weights, activations or gradients carry.
+    assist: measured here, oneDNN's bf16 batched matmul of the interaction ran 4-5x slower
+    whenever the scratch memory the allocator handed it uninitialised held denormal bit patterns
+    (freed small integers such as the batches' indices, or tiny floats), so the same step took
+    111 ms or 165 ms depending on the allocator's history. Values that small are far below
+    anything a recommendation model's weights, activations or gradients carry.
 
     The setting is per thread: the calling thread's, inherited by intra-op worker threads started
     after it, so the trainer applies it before it runs any parallel work. An application that ran
