@@ -129,3 +129,19 @@ def test_the_gate_stops_waiting_when_its_budget_is_spent(monkeypatch):
     assert len(runs) == 4  # every draw ran once, at the end of its tries or of the budget
     assert sum(slept) == 5.0 and gate.retries == 5
     assert gate.slowdowns == [3.0] * 4 and gate.summary()["slow_draws"] == 4
+
+
+def test_the_cli_flushes_denormals_as_the_trainer_does(tmp_path, monkeypatch):
+    """Microbenchmarks and held-out steps run with the trainer's CPU setting: a denormal operand
+    would make oneDNN's bf16 kernels several times slower than in training."""
+    import torch
+
+    from dlrm.perfmodel.__main__ import main
+
+    monkeypatch.setenv("HYBRID_DLRM_CACHE", str(tmp_path / "cache"))
+    torch.set_flush_denormal(False)
+    try:
+        assert main(["predict", "--model", str(tmp_path / "missing.json")]) == 2
+        assert (torch.tensor([1e-39]) * 1.0).item() == 0.0
+    finally:
+        torch.set_flush_denormal(False)
