@@ -21,7 +21,8 @@ import numpy as np
 import torch
 
 
-def sample(seconds: float, pause_s: float = 0.2) -> dict[str, list[float]]:
+def sample(seconds: float, pause_s: float = 0.2) -> tuple[dict[str, list[float]], float]:
+    """The series, and the canary's time when the machine was described."""
     from dlrm.perfmodel import hardware
     from dlrm.perfmodel.graph import batches_for, build_trainer
     from dlrm.perfmodel.microbench import base_config
@@ -51,17 +52,14 @@ def sample(seconds: float, pause_s: float = 0.2) -> dict[str, list[float]]:
         out["canary"].append(hardware.canary_us())
         i += 1
         time.sleep(pause_s)
-    out["described_canary_us"] = [hw["canary_us"]]
-    return out
+    return out, hw["canary_us"]
 
 
-def summarize(series: dict[str, list[float]], slow: float = 1.15) -> dict:
-    series = dict(series)
-    described = series.pop("described_canary_us", None)
+def summarize(series: dict[str, list[float]], described_canary_us: float | None = None, slow: float = 1.15) -> dict:
     canary = np.asarray(series["canary"])
     result: dict = {"samples": len(canary)}
-    if described:  # how the canary compares with the machine's description (1.0 = as fast)
-        result["canary_slowdown_median"] = round(float(np.median(canary)) / described[0], 3)
+    if described_canary_us:  # how the canary compares with the machine's description (1.0 = as fast)
+        result["canary_slowdown_median"] = round(float(np.median(canary)) / described_canary_us, 3)
     for name, values in series.items():
         x = np.asarray(values)
         p10 = float(np.percentile(x, 10))
@@ -86,8 +84,7 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=60.0)
     args = p.parse_args()
     torch.set_num_threads(1)
-    torch.set_flush_denormal(True)
-    print(json.dumps(summarize(sample(args.seconds)), indent=2))
+    print(json.dumps(summarize(*sample(args.seconds)), indent=2))
 
 
 if __name__ == "__main__":

@@ -133,11 +133,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("dlrm.perfmodel").setLevel(logging.INFO if args.verbose else logging.WARNING)
     logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
     _set_threads(args.threads)
-    import torch
+    from dlrm.trainer import set_flush_denormal
 
-    # as the trainer runs (dlrm.trainer.set_flush_denormal), before any pool starts: the
+    # as the trainer runs, and before any thread pool starts (workers inherit the setting): the
     # microbenchmarks then time the kernels the training steps run
-    torch.set_flush_denormal(True)
+    set_flush_denormal(True)
 
     from dlrm.config import ConfigError
     from dlrm.perfmodel.model import ModelError

@@ -517,7 +517,9 @@ def run(out_dir: str | Path, scale: float = 1.0, reps: int = 5, seed: int = 0, s
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    torch.set_flush_denormal(True)  # the kernels as the trainer runs them (dlrm.trainer.set_flush_denormal)
+    from dlrm.trainer import set_flush_denormal
+
+    set_flush_denormal(True)  # the kernels as the trainer runs them
     hw = hardware.describe()
     rng = random.Random(seed)
     summary: dict = {"hardware": hw["key"], "sweeps": {}, "threads": torch.get_num_threads()}

@@ -137,6 +137,10 @@ def combine_passes(per_pass: list[list[dict]]) -> tuple[list[dict], dict[tuple, 
     return out, times
 
 
+def _slowdown(meta: dict) -> float:
+    return float(meta.get("machine_slowdown") or 1.0)
+
+
 def _kinds(doc: dict) -> int:
     return max(len({json.dumps([o["name"] for o in st["ops"]]) for st in doc["steps"]}), 1)
 
@@ -225,7 +229,7 @@ def score(model, configs, docs: dict[str, list[dict]], out_dir: Path, load_befor
         metas = [d["meta"] for d in all_docs]
         if len(all_docs) >= 2:
             _, times = combine_passes(per_pass[:2])
-            both_steady = all(float(m.get("machine_slowdown") or 1.0) <= SLOW_LIMIT for m in metas[:2])
+            both_steady = all(_slowdown(m) <= SLOW_LIMIT for m in metas[:2])
             for which in ("all", "steady") if both_steady else ("all",):
                 for key, ts in times.items():
                     if len(ts) == 2:
@@ -241,7 +245,7 @@ def score(model, configs, docs: dict[str, list[dict]], out_dir: Path, load_befor
             "mlp_bot": "-".join(map(str, cfg.arch_mlp_bot)), "mlp_top": "-".join(map(str, cfg.arch_mlp_top)),
             "placement": cfg.placement, "predicted_us": pred["per_batch_us"], "measured_cpu_us": cpu,
             "measured_wall_us": wall, "timed_steps": metas[0].get("timed_steps"),
-            "machine_slowdown": round(max(float(m.get("machine_slowdown") or 1.0) for m in metas), 3),
+            "machine_slowdown": round(max(_slowdown(m) for m in metas), 3),
             "error": pred["per_batch_us"] / cpu - 1.0,
             "error_wall": pred["per_batch_us"] / wall - 1.0,
             "predicted_device_active_us": pred["device_active_total_us"],
@@ -250,7 +254,7 @@ def score(model, configs, docs: dict[str, list[dict]], out_dir: Path, load_befor
         }  # fmt: skip
         if len(all_docs) > 1:
             row["passes_cpu_us"] = [m["unprofiled_step_cpu_us"] for m in metas]
-            row["passes_machine_slowdown"] = [round(float(m.get("machine_slowdown") or 1.0), 3) for m in metas]
+            row["passes_machine_slowdown"] = [round(_slowdown(m), 3) for m in metas]
         rows.append(row)
         log.info("%s: predicted %.2f ms, measured %.2f ms (cpu) %.2f ms (wall): %+.1f%%", name,
                  row["predicted_us"] / 1e3, row["measured_cpu_us"] / 1e3, row["measured_wall_us"] / 1e3,

@@ -14,7 +14,7 @@ def test_summary_counts_slow_samples_and_runs_against_the_10th_percentile():
     fast, slow = 100.0, 150.0
     step = [fast] * 6 + [slow, slow, slow, fast, slow, fast, fast, fast, fast, fast]
     canary = [1.0 if s == fast else 1.5 for s in step]
-    out = host_noise.summarize({"step": step, "canary": canary, "described_canary_us": [0.5]})
+    out = host_noise.summarize({"step": step, "canary": canary}, described_canary_us=0.5)
     assert out["canary_slowdown_median"] == 2.0 and "described_canary_us" not in out
     s = out["step"]
     assert out["samples"] == 16 and s["p10_us"] == fast

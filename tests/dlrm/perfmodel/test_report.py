@@ -42,7 +42,6 @@ def test_combine_passes_keeps_a_kernel_seen_in_one_pass_only():
     assert len(times[("aten::fill_", "[[3]]", "f#0", 1)]) == 1
 
 
-
 def test_trace_paths_in_pass_order_or_the_single_trace(tmp_path):
     from dlrm.perfmodel.report import trace_paths
 
