@@ -19,7 +19,7 @@ from dlrm.perfmodel.graph import (
     records_from_trace,
 )
 from dlrm.perfmodel.kernels import KernelModels
-from dlrm.perfmodel.microbench import read_records
+from dlrm.perfmodel.microbench import at_described_speed, read_records
 from dlrm.perfmodel.overheads import Overheads
 
 FORMAT = "hybrid-dlrm/perfmodel"
@@ -86,7 +86,7 @@ class PerfModel:
             if not direct or op_type(r["name"]) not in ("gemm", "bmm") or r.get("sweep") == "gemm"
         ]
         for r in recs:
-            r["dur_us"] = corrected_us(r)
+            r["dur_us"] = at_described_speed(r, corrected_us(r))
         hw = hardware.describe()
         l2 = float((hw.get("cache_bytes_os") or {}).get("L2") or (1 << 20))
         kernels = KernelModels().fit(recs, float(hw["llc_bytes"]), seed=seed, l2_bytes=l2)

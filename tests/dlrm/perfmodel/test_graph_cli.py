@@ -1,5 +1,7 @@
 import json
 
+import pytest
+
 from dlrm.perfmodel.graph import B1, B2, instantiate
 from dlrm.perfmodel.model import ModelError, PerfModel
 
@@ -114,6 +116,25 @@ def test_each_microbenchmark_draw_is_gated_by_the_canary(monkeypatch):
     summary = gate.summary()
     assert (summary["draws"], summary["retries"], summary["slow_draws"]) == (2, 2, 0)
     assert summary["max_slowdown"] == 1.1
+
+
+def test_gemm_draws_carry_their_slowdown_and_are_fitted_at_the_described_speed(monkeypatch):
+    """A timed GEMM record holds the canary slowdown of its draw; the fit divides the gemm
+    sweep's durations by it and leaves the other sweeps' as measured."""
+    import torch
+
+    from dlrm.perfmodel import hardware, microbench
+
+    canary = iter([100.0, 150.0])  # before, after: the draw ran at up to 1.5x
+    monkeypatch.setattr(hardware, "canary_us", lambda: next(canary))
+    gate = hardware.SteadyGate({"canary_us": 100.0}, limit=2.0)
+    monkeypatch.setattr(microbench, "_GATE", gate)
+    a = torch.randn(8, 8)
+    rec = microbench._timed_gemm("aten::mm", [a, a], lambda: torch.mm(a, a), 1, {})
+    assert rec["machine_slowdown"] == 1.5 and rec["shapes"] == [[8, 8], [8, 8]]
+    assert microbench.at_described_speed(dict(rec, sweep="gemm"), 30.0) == pytest.approx(20.0)
+    assert microbench.at_described_speed(dict(rec, sweep="mlp"), 30.0) == 30.0
+    assert microbench.at_described_speed({"sweep": "gemm"}, 30.0) == 30.0  # no canary: as measured
 
 
 def test_the_gate_stops_waiting_when_its_budget_is_spent(monkeypatch):
