@@ -90,10 +90,9 @@ class PerfModel:
         hw = hardware.describe()
         l2 = float((hw.get("cache_bytes_os") or {}).get("L2") or (1 << 20))
         kernels = KernelModels().fit(recs, float(hw["llc_bytes"]), seed=seed, l2_bytes=l2)
-        in_situ_recs = [
-            dict(r, dur_us=corrected_us(r)) for d in docs for r in records_from_trace(d)
-        ]
-        in_situ = kernels.calibrate_in_situ(in_situ_recs)
+        in_situ = kernels.calibrate_in_situ(
+            [[dict(r, dur_us=corrected_us(r)) for r in records_from_trace(d)] for d in docs]
+        )
         cost = float(hw.get("profiler_event_cost_us", 0.0))
         calib = event_cost_check(docs, cost)
         overheads = Overheads.from_traces(docs, event_cost=cost)

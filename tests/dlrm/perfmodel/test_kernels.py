@@ -175,11 +175,23 @@ def test_in_situ_factors_are_per_op_context_with_fallbacks():
     assert kernel_contexts(op) == [f"{op['name']}#{i}" for i in (0, 0, 1)]  # rank per kernel name
     models = KernelModels({"elementwise": RooflineTable({"*": [10.0, 0.0]})})
     first, second = (dict(_ew(100), op=c) for c in ("loss#0", "loss#1"))
-    models.calibrate_in_situ([dict(first, dur_us=30.0), dict(second, dur_us=10.0)])
+    models.calibrate_in_situ([[dict(first, dur_us=30.0), dict(second, dur_us=10.0)]])
     assert models.predict(first) == pytest.approx(30.0) and models.predict(second) == pytest.approx(10.0)
     # a context never seen in the fit traces falls back to the operator's factor (total 40 / 20)
     assert models.predict(dict(_ew(100), op="elsewhere#0")) == pytest.approx(20.0)
     assert models.predict(_ew(100)) == pytest.approx(20.0)
+
+
+def test_in_situ_factors_weigh_every_fit_trace_alike():
+    """Per key, the geometric mean of the traces' factors: one trace timed 4x slower than the
+    model and one as fast give 2x, however many kernels each trace has."""
+    models = KernelModels({"elementwise": RooflineTable({"*": [10.0, 0.0]})})
+    k = dict(_ew(100), op="loss#0")
+    slow_long = [dict(k, dur_us=40.0)] * 9  # nine kernels of one trace, 4x the model's 10 us
+    fast_short = [dict(k, dur_us=10.0)]
+    factors = models.calibrate_in_situ([slow_long, fast_short])
+    assert factors[KernelModels.situ_keys(k)[0]] == pytest.approx(2.0)
+    assert models.predict(k) == pytest.approx(20.0)  # a sum over both would say 37 us
 
 
 def test_dense_optimizer_sweep_records_the_fused_step_with_its_parameter_count():
