@@ -373,7 +373,14 @@ class KernelModels:
         keys = (name, f"{kind}|{dtype}")
         return (f"{name}|{k['op']}", *keys) if k.get("op") else keys
 
-    def calibrate_in_situ(self, traces: list[list[dict]], lo: float = 0.25, hi: float = 4.0) -> dict:
+    def calibrate_in_situ(
+        self,
+        traces: list[list[dict]],
+        slowdowns: list[float | None] | None = None,
+        steady: float = 1.15,
+        lo: float = 0.25,
+        hi: float = 4.0,
+    ) -> dict:
         """Per kernel context (`situ_keys`), the factor between kernels timed inside training
         steps (the kernel records of each fit trace) and the isolated-microbenchmark models. A
         microbenchmark runs a kernel on warm, isolated inputs; inside a step the inputs come from
@@ -387,10 +394,18 @@ class KernelModels:
         slower than described between traces of one fit), so every trace counts once, as in the
         geomean errors the model is judged by; a sum over all traces would let the longest one
         set the factor of every key it has (fp32 keys from one slow fp32 trace, bf16 ones from a
-        fast bf16 trace)."""
+        fast bf16 trace).
+
+        With `slowdowns` (each trace's `machine_slowdown`), a key's factor comes from the traces
+        measured on a steady machine (slowdown at most `steady`) when any has the key, and from
+        all of them otherwise: a trace measured while the machine ran 1.5-1.9x slower than
+        described would carry that slowdown into every prediction of its keys (measured here:
+        fp32 predictions 26-70% high when four of the seven fit traces ran slow)."""
         self.in_situ = {}
         logs: dict[str, list[float]] = {}
-        for recs in traces:
+        steady_logs: dict[str, list[float]] = {}
+        slowdowns = list(slowdowns) if slowdowns is not None else [None] * len(traces)
+        for recs, slow in zip(traces, slowdowns):
             sums: dict[str, list[float]] = {}
             for r in recs:
                 pred = self._predict(r)
@@ -401,7 +416,11 @@ class KernelModels:
             for key, (m, p) in sums.items():
                 if m > 0 and p > 0:
                     logs.setdefault(key, []).append(math.log(m / p))
-        self.in_situ = {key: min(max(math.exp(sum(v) / len(v)), lo), hi) for key, v in logs.items()}
+                    if slow is not None and slow <= steady:
+                        steady_logs.setdefault(key, []).append(math.log(m / p))
+        for key, v in logs.items():
+            v = steady_logs.get(key) or v
+            self.in_situ[key] = min(max(math.exp(sum(v) / len(v)), lo), hi)
         return dict(self.in_situ)
 
     def predict(self, k: dict) -> float:

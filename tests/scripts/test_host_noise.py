@@ -21,3 +21,16 @@ def test_summary_counts_slow_samples_and_runs_against_the_10th_percentile():
     assert s["slow_share"] == pytest.approx(4 / 16) and s["longest_slow_run"] == 3
     assert s["median_over_p10"] == 1.0 and s["p90_over_p10"] == pytest.approx(1.5)
     assert s["corr_with_canary"] == pytest.approx(1.0)
+
+
+def test_steal_share_reads_the_steal_column_of_proc_stat(tmp_path):
+    stat = tmp_path / "stat"
+    # user nice system idle iowait irq softirq steal guest guest_nice
+    stat.write_text("cpu  100 0 20 800 10 0 5 65 0 0\ncpu0 50 0 10 400 5 0 2 33 0 0\n")
+    before = host_noise.cpu_times(str(stat))
+    assert before == (65, 1000)
+    stat.write_text("cpu  150 0 30 900 10 0 5 105 0 0\n")
+    after = host_noise.cpu_times(str(stat))
+    assert host_noise.steal_share(before, after) == pytest.approx(40 / 200)
+    assert host_noise.steal_share(before, None) is None
+    assert host_noise.cpu_times(str(tmp_path / "missing")) is None

@@ -137,6 +137,30 @@ def test_gemm_draws_carry_their_slowdown_and_are_fitted_at_the_described_speed(m
     assert microbench.at_described_speed({"sweep": "gemm"}, 30.0) == 30.0  # no canary: as measured
 
 
+def test_a_slow_fit_trace_is_measured_again_and_the_steadier_kept(tmp_path, monkeypatch):
+    from dlrm.perfmodel import microbench
+
+    slowdowns = iter([1.6, 1.05, 1.3, 1.9])  # fit0 slow, fit1 steady; fit0 again 1.3 (kept)
+    written = []
+
+    def fake_trace_config(cfg, out):
+        out.write_text(json.dumps({"meta": {"machine_slowdown": next(slowdowns)}}))
+        written.append(out.name)
+        return out
+
+    monkeypatch.setattr(microbench, "FIT_CONFIGS", [{}, {}])
+    monkeypatch.setattr(microbench, "trace_config", fake_trace_config)
+    monkeypatch.setattr(microbench.tr, "read_trace", lambda p: json.loads(p.read_text()))
+    assert microbench.fit_traces(tmp_path, 1) == [1.3, 1.05]
+    assert written == ["fit0.trace.json", "fit1.trace.json", "fit0.retry"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fit0.trace.json", "fit1.trace.json"]
+    assert json.loads((tmp_path / "fit0.trace.json").read_text())["meta"]["machine_slowdown"] == 1.3
+    # a retry no steadier than the first measurement is dropped
+    slowdowns = iter([1.6, 1.05, 1.9])
+    assert microbench.fit_traces(tmp_path, 1) == [1.6, 1.05]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fit0.trace.json", "fit1.trace.json"]
+
+
 def test_the_gate_stops_waiting_when_its_budget_is_spent(monkeypatch):
     from dlrm.perfmodel import hardware
 

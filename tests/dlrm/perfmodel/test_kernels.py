@@ -211,3 +211,15 @@ def test_dense_optimizer_sweep_records_the_fused_step_with_its_parameter_count()
                 assert F.bytes_moved(r) == 12.0 * n  # read param and grad, write param
                 assert r["dur_us"] > 0
     assert "aten::_fused_sgd_" in seen
+
+
+def test_in_situ_factors_come_from_the_steady_traces_when_a_key_has_one():
+    models = KernelModels({"elementwise": RooflineTable({"*": [10.0, 0.0]})})
+    both, slow_only = dict(_ew(100), op="loss#0"), dict(_ew(100), op="loss#1")
+    steady_trace = [dict(both, dur_us=10.0)]
+    slow_trace = [dict(both, dur_us=18.0), dict(slow_only, dur_us=18.0)]
+    factors = models.calibrate_in_situ([steady_trace, slow_trace], slowdowns=[1.05, 1.8], steady=1.15)
+    assert factors[KernelModels.situ_keys(both)[0]] == pytest.approx(1.0)  # the slow trace ignored
+    assert factors[KernelModels.situ_keys(slow_only)[0]] == pytest.approx(1.8)  # nothing better
+    without = models.calibrate_in_situ([steady_trace, slow_trace])  # no slowdowns: every trace
+    assert without[KernelModels.situ_keys(both)[0]] == pytest.approx(1.8**0.5)
