@@ -4,8 +4,10 @@ For `--seconds` it repeats, every 0.2 s: one training step of a small DLRM (batc
 384^3 matmul, a 2M-element gather and the perf model's canary (`hardware.canary_us`), each timed
 by thread CPU time. Per series: the 10th percentile, the median and 90th percentile as multiples
 of it, the share of samples more than 15% above it and the longest such run (in samples); and
-the correlation of each series with the canary, and the canary's median against the time it
-took when the machine was described (`canary_slowdown_median`). Run it before a `python -m dlrm.perfmodel`
+the correlation of each series with the canary, the canary's median against the time it
+took when the machine was described (`canary_slowdown_median`), and the share of the
+machine's CPU time the hypervisor gave to other guests meanwhile (`steal_share`, from the
+`steal` column of /proc/stat; 0.44 measured here in a slow hour). Run it before a `python -m dlrm.perfmodel`
 microbench/report cycle: on a shared VM the figures tell whether the kernel timings can repeat.
 
     python scripts/host_noise.py --seconds 60
@@ -55,6 +57,26 @@ def sample(seconds: float, pause_s: float = 0.2) -> tuple[dict[str, list[float]]
     return out, hw["canary_us"]
 
 
+def cpu_times(stat: str = "/proc/stat") -> tuple[int, int] | None:
+    """(steal, total) jiffies of all CPUs since boot, or None where /proc/stat has no steal column."""
+    try:
+        with open(stat) as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if len(fields) < 9 or fields[0] != "cpu":
+        return None
+    ticks = [int(x) for x in fields[1:9]]  # user nice system idle iowait irq softirq steal
+    return ticks[7], sum(ticks)
+
+
+def steal_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """Stolen share of the CPU time that passed between two `cpu_times` readings."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return round((after[0] - before[0]) / (after[1] - before[1]), 3)
+
+
 def summarize(series: dict[str, list[float]], described_canary_us: float | None = None, slow: float = 1.15) -> dict:
     canary = np.asarray(series["canary"])
     result: dict = {"samples": len(canary)}
@@ -84,7 +106,10 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=60.0)
     args = p.parse_args()
     torch.set_num_threads(1)
-    print(json.dumps(summarize(*sample(args.seconds)), indent=2))
+    before = cpu_times()
+    result = summarize(*sample(args.seconds))
+    result["steal_share"] = steal_share(before, cpu_times())
+    print(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":
