@@ -14,7 +14,9 @@ its median duration, in the kernel-record format of the perf traces (see
 - ``interaction``: the dot interaction (cat, the transposed copy, bmm, index_select; backward:
   the gather of the symmetric gradient matrix and one bmm) over batch, number of features, dimension and dtype;
 - ``embedding``: the fused table-batched lookup forward and backward with the fused optimizer,
-  over batch, tables, rows, dimension, Zipf skew and optimizer;
+  over batch, tables, rows (half the draws with tables of one size class, half a Criteo-like mix
+  of tiny and large tables), dimension, Zipf skew and optimizer, each draw's reps cycling
+  through 16 distinct index batches;
 - ``elementwise``: the element-wise kernels around a linear layer at training sizes (the bias
   gradient's column sum, in-place ReLU, threshold_backward, the autocast casts) over rows,
   width and dtype: the ``mlp`` sweep draws small layers too, and these kernels' cost per byte
@@ -283,7 +285,10 @@ def bench_embedding(rng: random.Random, n: int, reps: int) -> list[dict]:
         b = _log_uniform(rng, 64, 4096)
         tables = rng.choice([4, 8, 16, 26])
         rows = _log_uniform(rng, 100, 500_000)
-        sizes = [max(2, int(rows * rng.uniform(0.2, 1.0))) for _ in range(tables)]
+        if rng.random() < 0.5:  # tables of one size class
+            sizes = [max(2, int(rows * rng.uniform(0.2, 1.0))) for _ in range(tables)]
+        else:  # a mix of tiny and large tables, as in Criteo (3 to 10^7 rows in one dataset)
+            sizes = [_log_uniform(rng, 2, rows) for _ in range(tables)]
         dim = rng.choice([8, 16, 32, 64])
         alpha = rng.choice([0.0, 0.8, 1.05, 1.2])
         opt = rng.choice(["sgd", "sgd", "rowwise_adagrad", "adagrad"])
@@ -293,11 +298,12 @@ def bench_embedding(rng: random.Random, n: int, reps: int) -> list[dict]:
         emb = FusedEmbeddingBagCollection(
             tables_for_features(sizes, dim), SparseOptimizer(opt, 0.01)
         )
-        rows_t, _, _ = world.chunk("train", 0)
-        kjts = [
-            world._kjt(rows_t[:, i * b % 8192 : i * b % 8192 + b].contiguous())
-            for i in range(max(1, 8192 // b))
-        ]
+        # at least 16 distinct batches, cycled: inside a training step a lookup's indices come
+        # from a new batch, not from the cache the previous rep left them in
+        n_batches = 16
+        chunks = -(-n_batches * b // 8192)
+        rows_t = torch.cat([world.chunk("train", c)[0] for c in range(chunks)], dim=1)
+        kjts = [world._kjt(rows_t[:, i * b : (i + 1) * b].contiguous()) for i in range(n_batches)]
         it = iter(range(1 << 30))
 
         def step() -> None:
@@ -424,7 +430,7 @@ DEFAULT_COUNTS = {
     "gemm": 320,
     "mlp": 60,
     "interaction": 40,
-    "embedding": 40,
+    "embedding": 60,
     "elementwise": 80,
     "loss": 10,
     "copy": 40,

@@ -223,3 +223,35 @@ def test_in_situ_factors_come_from_the_steady_traces_when_a_key_has_one():
     assert factors[KernelModels.situ_keys(slow_only)[0]] == pytest.approx(1.8)  # nothing better
     without = models.calibrate_in_situ([steady_trace, slow_trace])  # no slowdowns: every trace
     assert without[KernelModels.situ_keys(both)[0]] == pytest.approx(1.8**0.5)
+
+
+def test_embedding_sweep_records_forward_and_backward_over_distinct_batches(monkeypatch):
+    """Each draw records fbgemm's forward and fused backward with its tables in the context, and
+    its reps cycle through 16 distinct index batches (as steps see new batches, not cached ones)."""
+    import random
+
+    from dlrm.perfmodel import microbench
+
+    seen = []
+    real = microbench.profile_kernels
+
+    def spy(step, reps, ctx):
+        from embeddings import FusedEmbeddingBagCollection
+
+        calls = []
+        orig = FusedEmbeddingBagCollection.forward
+        monkeypatch.setattr(FusedEmbeddingBagCollection, "forward",
+                            lambda self, kjt: calls.append(kjt.values().data_ptr()) or orig(self, kjt))  # fmt: skip
+        out = real(step, reps, ctx)
+        monkeypatch.setattr(FusedEmbeddingBagCollection, "forward", orig)
+        seen.append(len(set(calls)))
+        return out
+
+    monkeypatch.setattr(microbench, "profile_kernels", spy)
+    recs = microbench.bench_embedding(random.Random(3), 2, 20)
+    names = {r["name"] for r in recs}
+    assert "fbgemm::split_embedding_codegen_forward_cpu" in names
+    assert any(n.startswith("fbgemm::split_embedding_backward_codegen_") for n in names)
+    fwd = [r for r in recs if r["name"] == "fbgemm::split_embedding_codegen_forward_cpu"]
+    assert len(fwd) == 2 and all(len(r["ctx"]["table_sizes"]) in (4, 8, 16, 26) for r in fwd)
+    assert seen == [16, 16]  # a warm call + 20 reps over 16 distinct batches each
