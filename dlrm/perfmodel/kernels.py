@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from dlrm.perfmodel import features as F
+from dlrm.perfmodel.hardware import SLOW_LIMIT
 
 # --- cache residency of Zipf-distributed rows ------------------------------------------------
 
@@ -377,7 +378,7 @@ class KernelModels:
         self,
         traces: list[list[dict]],
         slowdowns: list[float | None] | None = None,
-        steady: float = 1.15,
+        steady: float = SLOW_LIMIT,
         lo: float = 0.25,
         hi: float = 4.0,
     ) -> dict:

@@ -496,9 +496,10 @@ def base_config(**changes):
     return TrainConfig(**base)
 
 
-def trace_config(cfg, out: Path, warmup: int = 3, steps: int = 3, timed: int = 11) -> Path:
+def trace_config(cfg, out: Path, warmup: int = 3, steps: int = 3, timed: int = 11) -> tuple[Path, float]:
     """Record a perf trace of `steps` steps of cfg (after warm-up) with batches made up front,
-    on a steady machine (see `hardware.on_steady_machine`)."""
+    on a steady machine (see `hardware.on_steady_machine`). Returns the trace's path and the
+    machine's slowdown while it was measured."""
     from dlrm.perfmodel.graph import batches_for, build_trainer
     from dlrm.perfmodel.recorder import trace_meta
 
@@ -511,7 +512,7 @@ def trace_config(cfg, out: Path, warmup: int = 3, steps: int = 3, timed: int = 1
     meta["unprofiled_step_us"], meta["unprofiled_step_cpu_us"] = wall, cpu
     meta["machine_slowdown"] = slow
     log.info("fit trace %s: machine slowdown %.2f", out.name, slow)
-    return tr.write_trace(tr.make_doc(meta, graphs), out)
+    return tr.write_trace(tr.make_doc(meta, graphs), out), slow
 
 
 def fit_traces(traces_dir: Path, threads: int) -> list[float]:
@@ -522,15 +523,14 @@ def fit_traces(traces_dir: Path, threads: int) -> list[float]:
     slowdown."""
     slowdowns = []
     for i, changes in enumerate(FIT_CONFIGS):
-        path = trace_config(base_config(**changes), traces_dir / f"fit{i}.trace.json")
+        _, slow = trace_config(base_config(**changes), traces_dir / f"fit{i}.trace.json")
         torch.set_num_threads(threads)
-        slowdowns.append(tr.read_trace(path)["meta"]["machine_slowdown"])
+        slowdowns.append(slow)
     for i, changes in enumerate(FIT_CONFIGS):
         if slowdowns[i] <= hardware.SLOW_LIMIT:
             continue
-        retry = trace_config(base_config(**changes), traces_dir / f"fit{i}.retry")
+        retry, again = trace_config(base_config(**changes), traces_dir / f"fit{i}.retry")
         torch.set_num_threads(threads)
-        again = tr.read_trace(retry)["meta"]["machine_slowdown"]
         if again < slowdowns[i]:
             retry.replace(traces_dir / f"fit{i}.trace.json")
             slowdowns[i] = again

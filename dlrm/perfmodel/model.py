@@ -90,10 +90,9 @@ class PerfModel:
         hw = hardware.describe()
         l2 = float((hw.get("cache_bytes_os") or {}).get("L2") or (1 << 20))
         kernels = KernelModels().fit(recs, float(hw["llc_bytes"]), seed=seed, l2_bytes=l2)
+        slowdowns = [d["meta"].get("machine_slowdown") for d in docs]
         in_situ = kernels.calibrate_in_situ(
-            [[dict(r, dur_us=corrected_us(r)) for r in records_from_trace(d)] for d in docs],
-            [d["meta"].get("machine_slowdown") for d in docs],
-            steady=hardware.SLOW_LIMIT,
+            [[dict(r, dur_us=corrected_us(r)) for r in records_from_trace(d)] for d in docs], slowdowns
         )
         cost = float(hw.get("profiler_event_cost_us", 0.0))
         calib = event_cost_check(docs, cost)
@@ -101,7 +100,7 @@ class PerfModel:
         info = {"records": len(recs), "traces": [str(p) for p in trace_paths], "choice": kernels.choice,
                 "heldout_gmae": {t: e["heldout_gmae"] for t, e in kernels.errors.items()},
                 "event_cost_us": cost, "calibration": calib, "in_situ": in_situ,
-                "trace_slowdowns": [d["meta"].get("machine_slowdown") for d in docs]}  # fmt: skip
+                "trace_slowdowns": slowdowns}  # fmt: skip
         return cls(hw, kernels, overheads, info)
 
     # --- files -----------------------------------------------------------------------------
