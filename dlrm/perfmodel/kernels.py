@@ -330,6 +330,8 @@ def _indices_arg(k: dict) -> int:
 # --- the collection ----------------------------------------------------------------------------
 
 MLP_GRID = [(32, 2, 0.0), (64, 2, 0.0), (64, 3, 1e-4)]
+SITU_BANDWIDTH = math.log(2.0)  # of the in-situ factor's size kernel, in log size
+SITU_PRIOR = 0.1  # weight of a key's overall in-situ factor against its sized points
 
 
 def split_by_shape(recs: list[dict], frac: float, seed: int) -> tuple[list[dict], list[dict]]:
@@ -357,6 +359,9 @@ class KernelModels:
         self.choice = choice or {}
         self.errors = errors or {}
         self.in_situ: dict[str, float] = {}
+        # per key, [log size, log factor, weight] points of the fit traces (see `situ_factor`)
+        self.in_situ_points: dict[str, list[list[float]]] = {}
+        self._points: dict[str, np.ndarray] = {}
 
     @staticmethod
     def situ_keys(k: dict) -> tuple[str, ...]:
@@ -401,32 +406,94 @@ class KernelModels:
         measured on a steady machine (slowdown at most `steady`) when any has the key, and from
         all of them otherwise: a trace measured while the machine ran 1.5-1.9x slower than
         described would carry that slowdown into every prediction of its keys (measured here:
-        fp32 predictions 26-70% high when four of the seven fit traces ran slow)."""
-        self.in_situ = {}
+        fp32 predictions 26-70% high when four of the seven fit traces ran slow).
+
+        Kernels other than GEMMs also keep their factor per size (`situ_size`): per trace and
+        key, one point per distinct size (its measured over predicted total), weighted so that
+        each trace counts once per key. `situ_factor` reads the factor at a kernel's size off
+        these points."""
+        self.in_situ, self.in_situ_points, self._points = {}, {}, {}
         logs: dict[str, list[float]] = {}
         steady_logs: dict[str, list[float]] = {}
+        points: dict[str, list[list[float]]] = {}
+        steady_points: dict[str, list[list[float]]] = {}
         slowdowns = list(slowdowns) if slowdowns is not None else [None] * len(traces)
         for recs, slow in zip(traces, slowdowns):
+            is_steady = slow is not None and slow <= steady
             sums: dict[str, list[float]] = {}
+            sized: dict[str, dict[float, list[float]]] = {}
             for r in recs:
                 pred = self._predict(r)
+                size = self.situ_size(r, pred)
                 for key in self.situ_keys(r):
                     s = sums.setdefault(key, [0.0, 0.0])
                     s[0] += r["dur_us"]
                     s[1] += pred
+                    if size is not None:
+                        s = sized.setdefault(key, {}).setdefault(round(size, 4), [0.0, 0.0])
+                        s[0] += r["dur_us"]
+                        s[1] += pred
             for key, (m, p) in sums.items():
                 if m > 0 and p > 0:
                     logs.setdefault(key, []).append(math.log(m / p))
-                    if slow is not None and slow <= steady:
+                    if is_steady:
                         steady_logs.setdefault(key, []).append(math.log(m / p))
+            for key, by_size in sized.items():
+                pts = [[size, math.log(m / p)] for size, (m, p) in by_size.items() if m > 0 and p > 0]
+                pts = [[size, f, 1.0 / len(pts)] for size, f in pts]
+                points.setdefault(key, []).extend(pts)
+                if is_steady:
+                    steady_points.setdefault(key, []).extend(pts)
         for key, v in logs.items():
             v = steady_logs.get(key) or v
             self.in_situ[key] = min(max(math.exp(sum(v) / len(v)), lo), hi)
+            pts = steady_points.get(key) or points.get(key)
+            if pts:
+                self.in_situ_points[key] = [[round(x, 6) for x in pt] for pt in pts]
         return dict(self.in_situ)
 
+    @staticmethod
+    def situ_size(k: dict, predicted_us: float) -> float | None:
+        """Where a kernel sits on its in-situ factor curve (natural log): bytes moved for the
+        bandwidth-roofline kernels, the isolated model's time for embedding lookups; None for
+        GEMMs, whose contexts are already per operand layout and keep one factor."""
+        kind = F.op_type(k["name"])
+        if kind in ("gemm", "bmm"):
+            return None
+        if kind.startswith("embedding"):
+            return math.log(max(predicted_us, 1e-3))
+        return math.log(max(F.bytes_moved(k), 1.0))
+
+    def situ_factor(self, k: dict, predicted_us: float) -> float:
+        """The in-situ factor of a kernel: of the first of its `situ_keys` the fit traces have,
+        the factor at the kernel's size, a Gaussian-weighted mean of that key's log factors
+        (bandwidth SITU_BANDWIDTH in log size) with the key's overall factor as a prior worth
+        SITU_PRIOR of one trace; the overall factor where the key has no sized points.
+
+        Why per size: inside a step a 2 us cast of a bias costs about what it costs alone,
+        while the 200 us cast of the same layer's weight runs 1.5-2x slower than alone (its
+        input comes from DRAM, not from a warm cache); one factor per context, set by the
+        large kernels that dominate its time, made the small ones 30-100% too slow (measured
+        by rescoring four report runs: element-wise 12.9-14.8% -> 10.5-13.0%, embedding backward
+        7.5-10.8% -> 4.2-8.1%)."""
+        for key in self.situ_keys(k):
+            if key not in self.in_situ:
+                continue
+            prior = math.log(self.in_situ[key])
+            size = self.situ_size(k, predicted_us)
+            if size is None or key not in self.in_situ_points:
+                return self.in_situ[key]
+            pts = self._points.get(key)
+            if pts is None:
+                pts = self._points[key] = np.asarray(self.in_situ_points[key], dtype=np.float64)
+            w = pts[:, 2] * np.exp(-0.5 * ((pts[:, 0] - size) / SITU_BANDWIDTH) ** 2)
+            f = (float(w @ pts[:, 1]) + SITU_PRIOR * prior) / (float(w.sum()) + SITU_PRIOR)
+            return min(max(math.exp(f), 0.25), 4.0)
+        return 1.0
+
     def predict(self, k: dict) -> float:
-        factor = next((self.in_situ[key] for key in self.situ_keys(k) if key in self.in_situ), 1.0)
-        return self._predict(k) * factor
+        raw = self._predict(k)
+        return raw * self.situ_factor(k, raw)
 
     def _predict(self, k: dict) -> float:
         t = F.op_type(k["name"])
@@ -510,7 +577,8 @@ class KernelModels:
 
     def to_json(self) -> dict:
         return {"models": {t: m.to_json() for t, m in self.models.items()}, "choice": self.choice,
-                "errors": self.errors, "in_situ": self.in_situ}  # fmt: skip
+                "errors": self.errors, "in_situ": self.in_situ,
+                "in_situ_points": self.in_situ_points}  # fmt: skip
 
     @classmethod
     def from_json(cls, data: dict) -> KernelModels:
@@ -529,4 +597,5 @@ class KernelModels:
                 raise ValueError(f"unknown kernel model kind {kind!r}")
         out = cls(models, data.get("choice"), data.get("errors"))
         out.in_situ = dict(data.get("in_situ") or {})
+        out.in_situ_points = dict(data.get("in_situ_points") or {})
         return out

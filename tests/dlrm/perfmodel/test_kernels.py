@@ -1,3 +1,4 @@
+import json
 import math
 import random
 
@@ -192,6 +193,37 @@ def test_in_situ_factors_weigh_every_fit_trace_alike():
     factors = models.calibrate_in_situ([slow_long, fast_short])
     assert factors[KernelModels.situ_keys(k)[0]] == pytest.approx(2.0)
     assert models.predict(k) == pytest.approx(20.0)  # a sum over both would say 37 us
+
+
+def test_in_situ_factor_follows_the_kernel_size():
+    """Small kernels of a context as fast as alone, large ones 2x slower: the factor at a size
+    comes from the fit kernels of about that size, not from the context's total (which the large
+    ones set); far from every fitted size it is the context's overall factor. GEMMs keep one
+    factor per context."""
+    models = KernelModels({"elementwise": RooflineTable({"*": [1.0, 1e-3]})})
+    sizes = (100, 200, 400, 10**6, 2 * 10**6, 4 * 10**6)
+    small, large = sizes[:3], sizes[3:]
+    trace = [dict(_ew(n), op="relu#0", dur_us=models._predict(_ew(n)) * (1.0 if n in small else 2.0))
+             for n in sizes]  # fmt: skip
+    factors = models.calibrate_in_situ([trace, trace])
+    overall = factors[KernelModels.situ_keys(trace[0])[0]]
+    assert 1.9 < overall < 2.0  # one sum per trace: the large kernels hold nearly all the time
+    # (the overall factor is a weak prior, SITU_PRIOR of a trace: a few % where points are few)
+    for n in small:
+        k = dict(_ew(n), op="relu#0")
+        assert 1.0 < models.predict(k) / models._predict(k) < 1.12  # the one factor said 1.95
+    for n in large:
+        k = dict(_ew(n), op="relu#0")
+        assert models.predict(k) / models._predict(k) == pytest.approx(2.0, rel=0.02)
+    far = dict(_ew(30_000), op="relu#0")  # 5 doublings from both groups: the overall factor
+    assert models.situ_factor(far, models._predict(far)) == pytest.approx(overall, rel=0.02)
+    # the sized points survive the model file
+    again = KernelModels.from_json(json.loads(json.dumps(models.to_json())))
+    k = dict(_ew(200), op="relu#0")
+    assert again.predict(k) == pytest.approx(models.predict(k), rel=1e-6)
+    gemm = {"name": "aten::mm", "shapes": [[64, 32], [32, 16]], "strides": [[32, 1], [16, 1]],
+            "dtypes": ["float", "float"]}  # fmt: skip
+    assert KernelModels.situ_size(gemm, 5.0) is None
 
 
 def test_dense_optimizer_sweep_records_the_fused_step_with_its_parameter_count():
