@@ -14,7 +14,7 @@ CUDA device) one JSON file under ``~/.cache/hybrid-dlrm/`` (or ``HYBRID_DLRM_CAC
   overheads);
 - on CUDA: ``cuda_sm_count`` and ``h2d_gbs``/``d2h_gbs`` (pinned copies of 64 MiB);
 - ``canary_us``: the thread-CPU time of a fixed small workload (`canary_us()`), the machine's
-  speed when it was described. Measurements compare the canary before and after themselves with
+  speed when it was described (``canary_bf16_us``: the same with bf16 matmuls). Measurements compare the canary before and after themselves with
   it (`slowdown`): on a VM that shares its host, thread-CPU time grows by 2-3x for minutes at a
   time while another tenant is busy, and a measurement taken then is of another machine.
 """
@@ -90,13 +90,16 @@ def matmul_gflops(dtype: torch.dtype, n: int = 1024) -> float:
     return 2 * n**3 / t / 1e9
 
 
-def canary_us() -> float:
-    """Best of 6 thread-CPU timings of a fixed workload: 8 fp32 256x256 matmuls and a 4 MiB
-    copy (compute and memory; a few ms)."""
-    a, b = torch.randn(256, 256), torch.randn(256, 256)
+def canary_us(dtype: torch.dtype = torch.float32) -> float:
+    """Best of 6 thread-CPU timings of a fixed workload: 8 256x256 matmuls and a 4 MiB copy
+    (compute and memory; a few ms). The matmuls are fp32, or bf16 for the bf16 canary (best of
+    3: bf16 matmuls run about 4x longer on a CPU without bf16 instructions), which tracks bf16
+    GEMMs: measured here while a neighbour slowed fp32 GEMMs and the fp32 canary by 1.38-1.39x,
+    a 2048x1024x1024 bf16 GEMM and the bf16 canary ran 1.04x and 1.07x slower."""
+    a, b = torch.randn(256, 256).to(dtype), torch.randn(256, 256).to(dtype)
     src, dst = torch.randn(1 << 20), torch.empty(1 << 20)
     best = float("inf")
-    for _ in range(6):
+    for _ in range(6 if dtype == torch.float32 else 3):
         c0 = time.thread_time()
         for _ in range(8):
             torch.mm(a, b)
@@ -105,10 +108,11 @@ def canary_us() -> float:
     return best * 1e6
 
 
-def slowdown(hw: dict) -> float:
-    """How much slower the machine runs now than when `hw` was measured (1.0 = as fast)."""
-    ref = hw.get("canary_us")
-    return canary_us() / ref if ref else 1.0
+def slowdown(hw: dict, dtype: torch.dtype = torch.float32) -> float:
+    """How much slower the machine runs now than when `hw` was measured (1.0 = as fast), by the
+    fp32 canary or, for bf16, the bf16 canary."""
+    ref = hw.get("canary_us" if dtype == torch.float32 else "canary_bf16_us")
+    return canary_us(dtype) / ref if ref else 1.0
 
 
 SLOW_LIMIT = 1.15  # a measurement is retried when the canary ran more than this much slower
@@ -276,6 +280,7 @@ def measure(quick: bool = False) -> dict:
     desc["llc_bytes"] = int(llc)
     desc["profiler_event_cost_us"] = measure_profiler_event_cost(500 if quick else 2000)
     desc["canary_us"] = min(canary_us() for _ in range(3))
+    desc["canary_bf16_us"] = min(canary_us(torch.bfloat16) for _ in range(3))
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         desc["cuda_device"] = props.name
@@ -316,6 +321,9 @@ def describe(path: str | Path | None = None, refresh: bool = False, quick: bool 
     path = Path(path) if path else default_path()
     if not refresh:
         cached = _read_cache(path)
+        if cached is not None and "canary_bf16_us" not in cached:  # described before it existed
+            cached["canary_bf16_us"] = min(canary_us(torch.bfloat16) for _ in range(3))
+            path.write_text(json.dumps(cached, indent=2) + "\n")
         if cached is not None:
             return cached
     desc = measure(quick=quick)

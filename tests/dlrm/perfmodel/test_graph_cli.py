@@ -82,7 +82,7 @@ def test_measurements_wait_for_a_steady_machine(monkeypatch):
     from dlrm.perfmodel import hardware
 
     canary = iter([100.0, 100.0, 100.0, 300.0, 100.0, 100.0])  # us: run 1 steady, run 2 not
-    monkeypatch.setattr(hardware, "canary_us", lambda: next(canary))
+    monkeypatch.setattr(hardware, "canary_us", lambda dtype=None: next(canary))
     monkeypatch.setattr(hardware.time, "sleep", lambda s: None)
     runs = []
     result, slow = hardware.on_steady_machine(lambda: runs.append(1) or len(runs), {"canary_us": 100.0})
@@ -90,7 +90,7 @@ def test_measurements_wait_for_a_steady_machine(monkeypatch):
     result, slow = hardware.on_steady_machine(lambda: runs.append(1) or len(runs), {"canary_us": 100.0})
     assert (result, slow) == (3, 1.0)  # run 2 was followed by a 3x slow canary: run again
     always_slow = iter([300.0] * 10)
-    monkeypatch.setattr(hardware, "canary_us", lambda: next(always_slow))
+    monkeypatch.setattr(hardware, "canary_us", lambda dtype=None: next(always_slow))
     result, slow = hardware.on_steady_machine(lambda: "kept", {"canary_us": 100.0}, attempts=2)
     assert (result, slow) == ("kept", 3.0)
 
@@ -104,7 +104,7 @@ def test_each_microbenchmark_draw_is_gated_by_the_canary(monkeypatch):
     # draw 1: before slow (wait), before ok, after ok -> kept at 1.0
     # draw 2: before ok, after 2x (run again), before ok, after 1.1 -> kept at 1.1
     canary = iter([300.0, 100.0, 100.0, 100.0, 200.0, 100.0, 110.0])
-    monkeypatch.setattr(hardware, "canary_us", lambda: next(canary))
+    monkeypatch.setattr(hardware, "canary_us", lambda dtype=None: next(canary))
     monkeypatch.setattr(hardware.time, "sleep", lambda s: None)
     gate = hardware.SteadyGate({"canary_us": 100.0})
     monkeypatch.setattr(microbench, "_GATE", gate)
@@ -126,7 +126,7 @@ def test_gemm_draws_carry_their_slowdown_and_are_fitted_at_the_described_speed(m
     from dlrm.perfmodel import hardware, microbench
 
     canary = iter([100.0, 150.0])  # before, after: the draw ran at up to 1.5x
-    monkeypatch.setattr(hardware, "canary_us", lambda: next(canary))
+    monkeypatch.setattr(hardware, "canary_us", lambda dtype=None: next(canary))
     gate = hardware.SteadyGate({"canary_us": 100.0}, limit=2.0)
     monkeypatch.setattr(microbench, "_GATE", gate)
     a = torch.randn(8, 8)
@@ -135,6 +135,46 @@ def test_gemm_draws_carry_their_slowdown_and_are_fitted_at_the_described_speed(m
     assert microbench.at_described_speed(dict(rec, sweep="gemm"), 30.0) == pytest.approx(20.0)
     assert microbench.at_described_speed(dict(rec, sweep="mlp"), 30.0) == 30.0
     assert microbench.at_described_speed({"sweep": "gemm"}, 30.0) == 30.0  # no canary: as measured
+    assert "machine_slowdown_bf16" not in rec
+
+
+def test_bf16_gemm_draws_are_fitted_at_the_bf16_canary_speed(monkeypatch):
+    """A neighbour may slow fp32 matmuls and leave bf16 ones alone: a bf16 GEMM draw also
+    records the bf16 canary's slowdown, measured after it, and is divided by that one."""
+    import torch
+
+    from dlrm.perfmodel import hardware, microbench
+
+    def canary(dtype=torch.float32):
+        return 150.0 if dtype == torch.float32 else 420.0  # fp32 1.5x, bf16 1.05x
+
+    monkeypatch.setattr(hardware, "canary_us", canary)
+    gate = hardware.SteadyGate({"canary_us": 100.0, "canary_bf16_us": 400.0}, limit=2.0)
+    monkeypatch.setattr(microbench, "_GATE", gate)
+    a = torch.randn(8, 8).bfloat16()
+    rec = microbench._timed_gemm("aten::mm", [a, a], lambda: torch.mm(a, a), 1, {})
+    assert rec["machine_slowdown"] == 1.5
+    assert rec["machine_slowdown_bf16"] == pytest.approx(1.05)
+    assert microbench.at_described_speed(dict(rec, sweep="gemm"), 21.0) == pytest.approx(20.0)
+    # a description without the bf16 canary: the draw is divided by the fp32 canary's slowdown
+    monkeypatch.setattr(microbench, "_GATE", hardware.SteadyGate({"canary_us": 100.0}, limit=2.0))
+    rec = microbench._timed_gemm("aten::mm", [a, a], lambda: torch.mm(a, a), 1, {})
+    assert "machine_slowdown_bf16" not in rec
+    assert microbench.at_described_speed(dict(rec, sweep="gemm"), 30.0) == pytest.approx(20.0)
+
+
+def test_a_cached_description_without_the_bf16_canary_gets_it_measured(tmp_path, monkeypatch):
+    import torch
+
+    from dlrm.perfmodel import hardware
+
+    monkeypatch.setattr(hardware, "canary_us", lambda dtype=torch.float32: 400.0)
+    path = tmp_path / "hw.json"
+    old = {"version": hardware.VERSION, "key": hardware.machine_key(), "canary_us": 100.0}
+    path.write_text(json.dumps(old))
+    desc = hardware.describe(path)
+    assert desc["canary_bf16_us"] == 400.0 and desc["canary_us"] == 100.0
+    assert json.loads(path.read_text())["canary_bf16_us"] == 400.0  # written back once
 
 
 def test_a_slow_fit_trace_is_measured_again_and_the_steadier_kept(tmp_path, monkeypatch):
@@ -164,7 +204,7 @@ def test_a_slow_fit_trace_is_measured_again_and_the_steadier_kept(tmp_path, monk
 def test_the_gate_stops_waiting_when_its_budget_is_spent(monkeypatch):
     from dlrm.perfmodel import hardware
 
-    monkeypatch.setattr(hardware, "canary_us", lambda: 300.0)  # a long slow period
+    monkeypatch.setattr(hardware, "canary_us", lambda dtype=None: 300.0)  # a long slow period
     slept = []
     monkeypatch.setattr(hardware.time, "sleep", slept.append)
     gate = hardware.SteadyGate({"canary_us": 100.0}, attempts=4, pause_s=1.0, wait_budget_s=5.0)
