@@ -183,11 +183,28 @@ def _timed_gemm(name: str, tensors: list, fn, reps: int, ctx: dict) -> dict:
 _WIDE = [64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536]
 
 
+def linear_gemms(b: int, fi: int, fo: int, dtype: torch.dtype) -> list[tuple[str, list, object]]:
+    """The GEMMs of one MLP layer's training step, (name, operands, call), in the layouts the
+    trainer's autograd runs them: forward addmm(bias, x, W.t()) (W.t() contiguous for narrow
+    inputs, see `NarrowInputLinear`), input gradient mm(g, W), and the weight gradient x^T g for
+    a row-major weight operand or (g^T x)^T for a transposed view (`mm_mat2_backward` keeps the
+    weight's layout)."""
+    x, w = torch.randn(b, fi).to(dtype), torch.randn(fo, fi).to(dtype)
+    bias, g = torch.randn(fo).to(dtype), torch.randn(b, fo).to(dtype)
+    narrow = fi < NARROW_INPUT
+    w_t = w.t().contiguous() if narrow else w.t()
+    wgrad = [x.t(), g] if narrow else [g.t(), x]
+    return [
+        ("aten::addmm", [bias, x, w_t], lambda: torch.addmm(bias, x, w_t)),
+        ("aten::mm", [g, w], lambda: torch.mm(g, w)),
+        ("aten::mm", wgrad, lambda: torch.mm(*wgrad)),
+    ]
+
+
 def bench_gemm(rng: random.Random, n: int, reps: int) -> list[dict]:
-    """addmm/mm/bmm timed directly by thread-CPU time in the layouts training uses: forward
-    addmm(bias, x, W.t()) (with W.t() contiguous for narrow inputs, see `NarrowInputLinear`);
-    backward mm(g, W) and mm(x.t(), g); the dot interaction's bmm(t^T^T, t^T) (t^T contiguous)
-    and its backward bmm(G, t) (see `_DotInteractionFn`)."""
+    """addmm/mm/bmm timed directly by thread-CPU time in the layouts training uses: an MLP
+    layer's three GEMMs (`linear_gemms`), the dot interaction's bmm(t^T^T, t^T) (t^T
+    contiguous) and its backward bmm(G, t) (see `_DotInteractionFn`)."""
     out = []
     for _ in range(n):
         dtype = torch.bfloat16 if rng.random() < 0.5 else torch.float32
@@ -202,14 +219,7 @@ def bench_gemm(rng: random.Random, n: int, reps: int) -> list[dict]:
                 fo = 1
             if 2 * b * fi * fo > (6e9 if dtype == torch.float32 else 2.5e9):
                 continue
-            x, w = torch.randn(b, fi).to(dtype), torch.randn(fo, fi).to(dtype)
-            bias, g = torch.randn(fo).to(dtype), torch.randn(b, fo).to(dtype)
-            w_t = w.t().contiguous() if fi < NARROW_INPUT else w.t()
-            for name, args, fn in (
-                ("aten::addmm", [bias, x, w_t], lambda: torch.addmm(bias, x, w_t)),
-                ("aten::mm", [g, w], lambda: torch.mm(g, w)),
-                ("aten::mm", [x.t(), g], lambda: torch.mm(x.t(), g)),
-            ):
+            for name, args, fn in linear_gemms(b, fi, fo, dtype):
                 out.append(_timed_gemm(name, args, fn, reps, {"batch_size": b}))
         else:
             b = _log_uniform(rng, 16, 4096)

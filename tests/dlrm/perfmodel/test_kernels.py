@@ -287,3 +287,31 @@ def test_embedding_sweep_records_forward_and_backward_over_distinct_batches(monk
     fwd = [r for r in recs if r["name"] == "fbgemm::split_embedding_codegen_forward_cpu"]
     assert len(fwd) == 2 and all(len(r["ctx"]["table_sizes"]) in (4, 8, 16, 26) for r in fwd)
     assert seen == [16, 16]  # a warm call + 20 reps over 16 distinct batches each
+
+
+@pytest.mark.parametrize("fan_in", [13, 64])
+def test_gemm_sweep_runs_a_layer_in_the_layouts_of_a_training_step(fan_in):
+    """The sweep's GEMMs of an MLP layer have the shapes and strides autograd gives the
+    trainer's layer (`nn.Linear`, or `NarrowInputLinear` for narrow inputs): the weight
+    gradient of a transposed weight view is g^T x, not x^T g."""
+    import torch
+
+    from dlrm.models.dlrm import NARROW_INPUT, NarrowInputLinear
+    from dlrm.perfmodel.microbench import linear_gemms, profile_kernels
+
+    b, fo = 32, 24
+    layer = (NarrowInputLinear if fan_in < NARROW_INPUT else torch.nn.Linear)(fan_in, fo)
+    x = torch.randn(b, fan_in, requires_grad=True)
+    g = torch.randn(b, fo)
+    recs = profile_kernels(lambda: layer(x).backward(g), reps=1)
+
+    def operands(name, shapes, strides):  # the two matrices (addmm's first operand is the bias)
+        i = 1 if name == "aten::addmm" else 0
+        return (name, [list(x) for x in shapes[i : i + 2]], [list(x) for x in strides[i : i + 2]])
+
+    step = sorted(operands(r["name"], r["shapes"], r["strides"]) for r in recs if r["name"] in ("aten::addmm", "aten::mm"))
+    sweep = sorted(
+        operands(name, [t.shape for t in args], [t.stride() for t in args])
+        for name, args, _ in linear_gemms(b, fan_in, fo, torch.float32)
+    )
+    assert len(step) == 3 and step == sweep
