@@ -7,8 +7,9 @@ of it, the share of samples more than 15% above it and the longest such run (in 
 the correlation of each series with the canary, the canary's median against the time it
 took when the machine was described (`canary_slowdown_median`), and the share of the
 machine's CPU time the hypervisor gave to other guests meanwhile (`steal_share`, from the
-`steal` column of /proc/stat; 0.44 measured here in a slow hour). Run it before a `python -m dlrm.perfmodel`
-microbench/report cycle: on a shared VM the figures tell whether the kernel timings can repeat.
+`steal` column of /proc/stat; 0.44 measured here in a slow hour). Run it before a
+`python -m dlrm.perfmodel` microbench/report cycle: on a shared VM the figures tell whether the
+kernel timings can repeat.
 
     python scripts/host_noise.py --seconds 60
 """

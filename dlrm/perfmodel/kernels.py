@@ -332,6 +332,23 @@ def _indices_arg(k: dict) -> int:
 MLP_GRID = [(32, 2, 0.0), (64, 2, 0.0), (64, 3, 1e-4)]
 SITU_BANDWIDTH = math.log(2.0)  # of the in-situ factor's size kernel, in log size
 SITU_PRIOR = 0.1  # weight of a key's overall in-situ factor against its sized points
+SITU_LIMITS = (0.25, 4.0)  # an in-situ factor is clamped to this range
+
+
+def _clamp_factor(log_factor: float) -> float:
+    return min(max(math.exp(log_factor), SITU_LIMITS[0]), SITU_LIMITS[1])
+
+
+def _add(totals: dict, key, measured: float, predicted: float) -> None:
+    """Accumulate a (measured, predicted) pair of times under key."""
+    t = totals.setdefault(key, [0.0, 0.0])
+    t[0] += measured
+    t[1] += predicted
+
+
+def _steady_first(items: list[tuple[bool, object]]) -> list:
+    """The values from steady traces when there are any, else all of them."""
+    return [x for steady, x in items if steady] or [x for _, x in items]
 
 
 def split_by_shape(recs: list[dict], frac: float, seed: int) -> tuple[list[dict], list[dict]]:
@@ -384,8 +401,6 @@ class KernelModels:
         traces: list[list[dict]],
         slowdowns: list[float | None] | None = None,
         steady: float = SLOW_LIMIT,
-        lo: float = 0.25,
-        hi: float = 4.0,
     ) -> dict:
         """Per kernel context (`situ_keys`), the factor between kernels timed inside training
         steps (the kernel records of each fit trace) and the isolated-microbenchmark models. A
@@ -413,10 +428,9 @@ class KernelModels:
         each trace counts once per key. `situ_factor` reads the factor at a kernel's size off
         these points."""
         self.in_situ, self.in_situ_points, self._points = {}, {}, {}
-        logs: dict[str, list[float]] = {}
-        steady_logs: dict[str, list[float]] = {}
-        points: dict[str, list[list[float]]] = {}
-        steady_points: dict[str, list[list[float]]] = {}
+        # per key, one (steady trace?, value) per trace: its log factor, its sized points
+        logs: dict[str, list[tuple[bool, float]]] = {}
+        points: dict[str, list[tuple[bool, list[float]]]] = {}
         slowdowns = list(slowdowns) if slowdowns is not None else [None] * len(traces)
         for recs, slow in zip(traces, slowdowns):
             is_steady = slow is not None and slow <= steady
@@ -426,28 +440,20 @@ class KernelModels:
                 pred = self._predict(r)
                 size = self.situ_size(r, pred)
                 for key in self.situ_keys(r):
-                    s = sums.setdefault(key, [0.0, 0.0])
-                    s[0] += r["dur_us"]
-                    s[1] += pred
+                    _add(sums, key, r["dur_us"], pred)
                     if size is not None:
-                        s = sized.setdefault(key, {}).setdefault(round(size, 4), [0.0, 0.0])
-                        s[0] += r["dur_us"]
-                        s[1] += pred
+                        _add(sized.setdefault(key, {}), round(size, 4), r["dur_us"], pred)
             for key, (m, p) in sums.items():
                 if m > 0 and p > 0:
-                    logs.setdefault(key, []).append(math.log(m / p))
-                    if is_steady:
-                        steady_logs.setdefault(key, []).append(math.log(m / p))
+                    logs.setdefault(key, []).append((is_steady, math.log(m / p)))
             for key, by_size in sized.items():
-                pts = [[size, math.log(m / p)] for size, (m, p) in by_size.items() if m > 0 and p > 0]
-                pts = [[size, f, 1.0 / len(pts)] for size, f in pts]
-                points.setdefault(key, []).extend(pts)
-                if is_steady:
-                    steady_points.setdefault(key, []).extend(pts)
+                pts = [(size, math.log(m / p)) for size, (m, p) in by_size.items() if m > 0 and p > 0]
+                weight = 1.0 / max(len(pts), 1)  # each trace counts once per key
+                points.setdefault(key, []).extend((is_steady, [x, f, weight]) for x, f in pts)
         for key, v in logs.items():
-            v = steady_logs.get(key) or v
-            self.in_situ[key] = min(max(math.exp(sum(v) / len(v)), lo), hi)
-            pts = steady_points.get(key) or points.get(key)
+            v = _steady_first(v)
+            self.in_situ[key] = _clamp_factor(sum(v) / len(v))
+            pts = _steady_first(points.get(key, []))
             if pts:
                 self.in_situ_points[key] = [[round(x, 6) for x in pt] for pt in pts]
         return dict(self.in_situ)
@@ -488,7 +494,7 @@ class KernelModels:
                 pts = self._points[key] = np.asarray(self.in_situ_points[key], dtype=np.float64)
             w = pts[:, 2] * np.exp(-0.5 * ((pts[:, 0] - size) / SITU_BANDWIDTH) ** 2)
             f = (float(w @ pts[:, 1]) + SITU_PRIOR * prior) / (float(w.sum()) + SITU_PRIOR)
-            return min(max(math.exp(f), 0.25), 4.0)
+            return _clamp_factor(f)
         return 1.0
 
     def predict(self, k: dict) -> float:

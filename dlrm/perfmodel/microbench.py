@@ -137,11 +137,11 @@ def at_described_speed(rec: dict, dur_us: float) -> float:
     """A microbenchmark duration as on the machine when it was described: a draw of the
     ``gemm`` sweep divided by its `machine_slowdown` (a bf16 GEMM by its bf16 canary's,
     `machine_slowdown_bf16`: a neighbour that slows fp32 matmuls 1.4x may leave bf16 ones
-    alone, and dividing them by the fp32 canary made big bf16 GEMMs 28% too fast). The canary is itself small matmuls and a
-    copy; measured here, its slowdown follows isolated GEMMs' (correlation ~0.8) but not the
-    memory-bound kernels' or whole steps' (~0.3), so the other sweeps are left as measured. The
-    in-situ factors (`KernelModels.calibrate_in_situ`) carry GEMMs from the described speed to
-    the speed inside steps."""
+    alone, and dividing them by the fp32 canary made big bf16 GEMMs 28% too fast). The canary
+    is itself small matmuls and a copy; measured here, its slowdown follows isolated GEMMs'
+    (correlation ~0.8) but not the memory-bound kernels' or whole steps' (~0.3), so the other
+    sweeps are left as measured. The in-situ factors (`KernelModels.calibrate_in_situ`) carry
+    GEMMs from the described speed to the speed inside steps."""
     slow = rec.get("machine_slowdown_bf16") or rec.get("machine_slowdown")
     if rec.get("sweep") in NORMALISED_SWEEPS and slow:
         return dur_us / float(slow)
