@@ -47,20 +47,21 @@ def _rank_buckets(n_rows: int, alpha: float, n_buckets: int = 256) -> tuple[np.n
 
 
 def hit_rate(
-    table_sizes: list[int], alpha: float, batch: int, row_bytes: float, cache_bytes: float
+    table_sizes: list[int], alpha: float, draws: float, row_bytes: float, cache_bytes: float
 ) -> dict:
-    """Expected cache hit rate of one batch's lookups and its unique rows.
+    """Expected cache hit rate of one batch's lookups and its unique rows, for `draws` ids per
+    table and batch (the batch size times the mean ids per bag).
 
-    The cache is filled with the globally most-accessed rows (per-row rate = batch * p(row));
+    The cache is filled with the globally most-accessed rows (per-row rate = draws * p(row));
     `hit` is the share of lookups that go to them. `unique` is the expected number of distinct
-    rows a batch touches, sum over rows of 1 - (1 - p)^batch.
+    rows a batch touches, sum over rows of 1 - (1 - p)^draws.
     """
     counts, probs, unique = [], [], 0.0
     for n in table_sizes:
         c, p = _rank_buckets(int(n), alpha)
         counts.append(c)
         probs.append(p)
-        unique += float(np.sum(c * -np.expm1(batch * np.log1p(-np.minimum(p, 1 - 1e-12)))))
+        unique += float(np.sum(c * -np.expm1(draws * np.log1p(-np.minimum(p, 1 - 1e-12)))))
     c = np.concatenate(counts)
     p = np.concatenate(probs)
     order = np.argsort(-p)
@@ -288,7 +289,9 @@ class EmbeddingModel:
             if k.get("shapes")
             else batch * len(sizes)
         )
-        hr = hit_rate(sizes, float(ctx.get("zipf", 1.05)), batch, row_bytes, self.cache_bytes)
+        # ids per table and batch: the batch size times the mean ids per bag (multi-hot bags)
+        draws = lookups / len(sizes)
+        hr = hit_rate(sizes, float(ctx.get("zipf", 1.05)), draws, row_bytes, self.cache_bytes)
         return [
             1.0, lookups, lookups * row_bytes * (1 - hr["hit"]), lookups * row_bytes * hr["hit"],
             hr["unique"] * row_bytes, batch * len(sizes) * dim * 4.0,
@@ -315,15 +318,18 @@ class EmbeddingModel:
 
 
 def _indices_arg(k: dict) -> int:
-    """Position of the indices tensor in fbgemm's CPU kernels: the last large 1-D int tensor
-    followed by the offsets (indices numel + 1 == offsets numel; the largest such pair, since the
-    per-table offset arrays look alike)."""
+    """Position of the indices tensor in fbgemm's CPU kernels: the 1-D integer tensor right
+    before the offsets, a 1-D integer tensor of tables x batch + 1 entries; at least as many ids
+    as bags (one per bag one-hot, more with multi-hot bags). Of the pairs that fit, the one with
+    the most offsets (the per-table offset arrays before it also fit, with a few entries)."""
     shapes = k.get("shapes") or []
+    dtypes = k.get("dtypes") or []
     best, best_n = 0, -1
     for i in range(len(shapes) - 1):
         a, b = shapes[i], shapes[i + 1]
-        if len(a) == 1 and len(b) == 1 and int(b[0]) == int(a[0]) + 1 and int(a[0]) > best_n:
-            best, best_n = i, int(a[0])
+        ints = all("int" in (dtypes[j] if j < len(dtypes) else "int") for j in (i, i + 1))
+        if len(a) == 1 and len(b) == 1 and ints and int(a[0]) >= int(b[0]) - 1 and int(b[0]) >= best_n:
+            best, best_n = i, int(b[0])
     return best
 
 

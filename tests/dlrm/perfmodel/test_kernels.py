@@ -114,6 +114,43 @@ def test_embedding_model_recovers_planted_bytes_and_hit_rate_terms():
     assert model.terms(recs[0])[1] == 128 * 8  # lookups from the indices tensor
 
 
+def test_multi_hot_bags_count_their_ids():
+    """With multi-hot bags the indices outnumber the bags: the lookups come from the indices
+    tensor (found before the offsets, not as offsets - 1) and the unique rows a batch touches
+    from its ids per table, as for a one-hot batch with that many samples."""
+    one_hot = _emb(512, 20_000, 1.05, [0.0] * 6)
+    multi = _emb(128, 20_000, 1.05, [0.0] * 6)
+    multi["shapes"][5] = [512 * 8]  # 4 ids per bag: 128 bags x 8 tables, 4096 ids
+    multi["dtypes"] = ["float", "long int", "int", "Scalar", "long int", "long int", "long int"]
+    model = EmbeddingModel({}, cache_bytes=2e6)
+    t_one, t_multi = model.terms(one_hot), model.terms(multi)
+    assert t_multi[1] == 512 * 8  # lookups: the ids, not the bags
+    assert t_multi[4] == pytest.approx(t_one[4])  # unique rows: 512 ids per table either way
+    assert t_multi[5] == pytest.approx(t_one[5] / 4)  # pooled output: one row per bag
+    assert hit_rate([20_000] * 8, 1.05, 512, 64, 2e6)["unique"] > hit_rate([20_000] * 8, 1.05, 128, 64, 2e6)["unique"]
+    # fbgemm's backward: the gradient first, then weights, offsets arrays, indices, offsets
+    bwd = {"shapes": [[172, 512], [208256], [8], [8], [9], [], [9], [], [5453], [1377], [], []],
+           "dtypes": ["float", "float", "int", "long int", "int", "Scalar", "long int", "Scalar",
+                      "long int", "long int", "Scalar", ""]}  # fmt: skip
+    from dlrm.perfmodel.kernels import _indices_arg
+
+    assert _indices_arg(bwd) == 8
+
+
+def test_pooled_kjt_takes_each_features_ids_in_order():
+    import torch
+
+    from dlrm.perfmodel.microbench import pooled_kjt
+
+    rows = torch.arange(20).reshape(2, 10)
+    lengths = torch.tensor([[1, 3], [2, 2]])
+    kjt = pooled_kjt(["a", "b"], rows, lengths)
+    assert kjt.values().tolist() == [0, 1, 2, 3, 10, 11, 12, 13]
+    assert kjt.lengths().tolist() == [1, 3, 2, 2]
+    assert kjt["b"].values().tolist() == [10, 11, 12, 13]
+    assert kjt["b"].lengths().tolist() == [2, 2]
+
+
 def test_kernel_models_pick_per_type_and_round_trip():
     recs = [_ew(n) for n in np.geomspace(10, 2e6, 12).astype(int)] + [
         _gemm(2 ** (4 + i % 7), 2 ** (i % 9), 2 ** (2 + i % 8)) for i in range(60)]  # fmt: skip
@@ -286,6 +323,7 @@ def test_embedding_sweep_records_forward_and_backward_over_distinct_batches(monk
     assert any(n.startswith("fbgemm::split_embedding_backward_codegen_") for n in names)
     fwd = [r for r in recs if r["name"] == "fbgemm::split_embedding_codegen_forward_cpu"]
     assert len(fwd) == 2 and all(len(r["ctx"]["table_sizes"]) in (4, 8, 16, 26) for r in fwd)
+    assert all(r["ctx"]["pooling"] in microbench.POOLING for r in fwd)
     assert seen == [16, 16]  # a warm call + 20 reps over 16 distinct batches each
 
 
@@ -315,3 +353,25 @@ def test_gemm_sweep_runs_a_layer_in_the_layouts_of_a_training_step(fan_in):
         for name, args, _ in linear_gemms(b, fan_in, fo, torch.float32)
     )
     assert len(step) == 3 and step == sweep
+
+
+def test_profile_kernels_matches_kernels_across_reps_that_ran_the_same_sequence():
+    """A rep with a one-off kernel (here an extra fill_ in the first rep, as a cached value
+    computed on first use) is left out instead of shifting every later kernel's durations."""
+    import torch
+
+    from dlrm.perfmodel.microbench import profile_kernels
+
+    a, b, x = torch.randn(64, 64), torch.randn(64, 64), torch.zeros(8)
+    calls = []
+
+    def step():
+        calls.append(1)
+        if len(calls) == 2:  # the first profiled rep (the first call warms up)
+            x.fill_(1.0)
+        torch.mm(a, b)
+        torch.sigmoid(a)
+
+    recs = profile_kernels(step, reps=5)
+    assert [r["name"] for r in recs] == ["aten::mm", "aten::sigmoid"]
+    assert recs[0]["shapes"][:2] == [[64, 64], [64, 64]]
