@@ -349,7 +349,11 @@ def bench_embedding(rng: random.Random, n: int, reps: int) -> list[dict]:
                    else torch.ones(tables, b, dtype=torch.int64) for _ in range(n_batches)]  # fmt: skip
         per_batch = [int(ln.sum(1).max()) for ln in lengths]
         chunks = -(-sum(per_batch) // 8192)
+        threads = torch.get_num_threads()
         rows_t = torch.cat([world.chunk("train", c)[0] for c in range(chunks)], dim=1)
+        # numba's OpenMP layer sets torch's intra-op threads to its own count on first use: a
+        # 2-thread team beside another process's work ran fbgemm's backward 10-100x slower
+        torch.set_num_threads(threads)
         starts = [sum(per_batch[:i]) for i in range(n_batches)]
         kjts = [pooled_kjt(world.feature_names, rows_t[:, s : s + m], ln)
                 for s, m, ln in zip(starts, per_batch, lengths)]  # fmt: skip
@@ -365,7 +369,6 @@ def bench_embedding(rng: random.Random, n: int, reps: int) -> list[dict]:
             "zipf": alpha,
             "optimizer": opt,
             "batch_size": b,
-            "pooling": pooling,
         }
         out += profile_kernels(step, reps, ctx)
     return out
