@@ -12,7 +12,9 @@ CUDA device) one JSON file under ``~/.cache/hybrid-dlrm/`` (or ``HYBRID_DLRM_CAC
 - ``profiler_event_cost_us``: the thread-CPU time one recorded profiler event (with shapes)
   adds to a run, from a tiny op timed with and without the profiler (subtracted from traced
   overheads);
-- on CUDA: ``cuda_sm_count`` and ``h2d_gbs``/``d2h_gbs`` (pinned copies of 64 MiB);
+- on CUDA: ``cuda_sm_count``, ``cuda_memory_bytes``, ``cuda_l2_bytes``, ``cuda_matmul_tflops``
+  per dtype (fp32, bf16, fp16; 8192^3 matmuls timed with CUDA events), ``cuda_mem_bw_gbs`` (a
+  1 GiB device-to-device copy) and ``h2d_gbs``/``d2h_gbs`` (pinned copies of 64 MiB);
 - ``canary_us``: the thread-CPU time of a fixed small workload (`canary_us()`), the machine's
   speed when it was described (``canary_bf16_us``: the same with bf16 matmuls). Measurements
   compare the canary before and after themselves with it (`slowdown`): on a VM that shares its
@@ -291,9 +293,44 @@ def measure(quick: bool = False) -> dict:
         props = torch.cuda.get_device_properties(0)
         desc["cuda_device"] = props.name
         desc["cuda_sm_count"] = props.multi_processor_count
+        desc["cuda_memory_bytes"] = int(props.total_memory)
+        desc["cuda_l2_bytes"] = int(getattr(props, "L2_cache_size", 0)) or None
+        n = 1024 if quick else 8192
+        desc["cuda_matmul_tflops"] = {name: cuda_matmul_tflops(dt, n) for name, dt in
+                                      (("fp32", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16))}  # fmt: skip
+        desc["cuda_mem_bw_gbs"] = cuda_copy_bandwidth_gbs(64 << 20 if quick else 1 << 30)
         desc.update(_cuda_copy_bandwidth())
     desc["measure_s"] = time.perf_counter() - t0
     return desc
+
+
+def _cuda_time(fn, reps: int = 10) -> float:
+    """Best device seconds of fn() over `reps` calls, timed with CUDA events after a warm call."""
+    fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) / 1e3)
+    return best
+
+
+def cuda_matmul_tflops(dtype: torch.dtype, n: int = 8192) -> float:
+    """Peak matmul throughput of the CUDA device in a dtype (fp32 at the current TF32 setting)."""
+    a = torch.randn(n, n, device="cuda").to(dtype)
+    b = torch.randn(n, n, device="cuda").to(dtype)
+    return 2 * n**3 / _cuda_time(lambda: torch.mm(a, b)) / 1e12
+
+
+def cuda_copy_bandwidth_gbs(nbytes: int = 1 << 30) -> float:
+    """Device memory bandwidth: a device-to-device copy reads and writes `nbytes`."""
+    a = torch.empty(nbytes // 4, device="cuda").fill_(1.0)
+    b = torch.empty_like(a)
+    return 2 * nbytes / _cuda_time(lambda: b.copy_(a)) / 1e9
 
 
 def _cuda_copy_bandwidth(nbytes: int = 64 << 20) -> dict:

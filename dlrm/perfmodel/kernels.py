@@ -107,9 +107,12 @@ def gmae(pred, meas) -> float:
 
 def _key(k: dict) -> str:
     """Operator, the first two dtypes, and what changes its cost per byte: a strided
-    (non-contiguous) operand, an `index_add_` with alpha (a slower per-row path than alpha 1)."""
+    (non-contiguous) operand, an `index_add_` with alpha (a slower per-row path than alpha 1),
+    a CUDA device (on a CUDA machine the host tier's kernels run on the CPU beside it)."""
     d = k.get("dtypes") or []
     key = f"{k['name']}|{'/'.join(d[:2])}"
+    if str(k.get("stream", "cpu")).startswith("cuda"):
+        key += "|cuda"
     if not F.all_contiguous(k):
         key += "|strided"
     alpha = (k.get("scalars") or {}).get("4")

@@ -79,15 +79,21 @@ def _profile_kernels(fn, reps: int, ctx: dict | None) -> list[dict]:
 
     from dlrm.perfmodel.hardware import profiler_event_cost_us
 
+    cuda = _on_cuda()
     fn()
     ratios = []
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities, record_shapes=True) as prof:
         for _ in range(reps):
             w0, c0 = time.perf_counter(), time.thread_time()
             with torch.autograd.profiler.record_function(tr.STEP_LABEL):
                 fn()
-            ratios.append(min((time.thread_time() - c0) / max(time.perf_counter() - w0, 1e-9), 1.0))
-    steps = tr.graph_from_events(prof.events())
+                if cuda:
+                    torch.cuda.synchronize()
+            # device kernels' durations are the device's: the host's descheduling is not in them
+            cpu_share = (time.thread_time() - c0) / max(time.perf_counter() - w0, 1e-9)
+            ratios.append(1.0 if cuda else min(cpu_share, 1.0))
+    steps = tr.graph_from_events(prof.events(), uses_cuda=cuda)
     per_rep = [[k for op in st["ops"] for k in op["kernels"]] for st in steps]
     # kernels are matched by position across the reps that ran the most common sequence (a rep
     # with a one-off kernel, e.g. a cached value computed on first use, would shift the rest)
@@ -154,14 +160,35 @@ def at_described_speed(rec: dict, dur_us: float) -> float:
     return dur_us
 
 
+# Where the sweeps run: the CUDA device when there is one (the trainer's dense part and its
+# device tables run there), else the CPU. `run` sets it; the sweeps allocate on it.
+DEVICE = torch.device("cpu")
+
+
+def _on_cuda() -> bool:
+    return DEVICE.type == "cuda"
+
+
 def time_call(fn, reps: int = 7) -> float:
-    """Median thread-CPU microseconds of fn() after one warm call (thread CPU time ignores the
-    time the thread was descheduled; the median ignores bursts of interference)."""
+    """Median microseconds of fn() after one warm call: on CPU thread-CPU time (it ignores the
+    time the thread was descheduled; the median ignores bursts of interference), on CUDA the
+    device time between two events around the call."""
     return _gated(lambda: _time_call(fn, reps))
 
 
 def _time_call(fn, reps: int) -> float:
     fn()
+    if _on_cuda():
+        torch.cuda.synchronize()
+        ts = []
+        for _ in range(reps):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            ts.append(start.elapsed_time(end) * 1e3)
+        return statistics.median(ts)
     ts = []
     for _ in range(reps):
         c0 = time.thread_time()
@@ -172,7 +199,8 @@ def _time_call(fn, reps: int) -> float:
 
 def _gemm_record(name: str, tensors: list, dur: float, ctx: dict) -> dict:
     dt = {torch.float32: "float", torch.bfloat16: "c10::BFloat16"}
-    return {"name": name, "stream": "cpu", "dur_us": dur, "n_events": 1, "launch_us": 0.0,
+    stream = "cuda:0" if tensors[-1].is_cuda else "cpu"
+    return {"name": name, "stream": stream, "dur_us": dur, "n_events": 1, "launch_us": 0.0,
             "shapes": [list(t.shape) for t in tensors], "strides": [list(t.stride()) for t in tensors],
             "dtypes": [dt[t.dtype] for t in tensors], "ctx": ctx, "event_cost_us": 0.0}  # fmt: skip
 
@@ -189,14 +217,16 @@ def _timed_gemm(name: str, tensors: list, fn, reps: int, ctx: dict) -> dict:
 _WIDE = [64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536]
 
 
-def linear_gemms(b: int, fi: int, fo: int, dtype: torch.dtype) -> list[tuple[str, list, object]]:
+def linear_gemms(
+    b: int, fi: int, fo: int, dtype: torch.dtype, device: torch.device | str = "cpu"
+) -> list[tuple[str, list, object]]:
     """The GEMMs of one MLP layer's training step, (name, operands, call), in the layouts the
     trainer's autograd runs them: forward addmm(bias, x, W.t()) (W.t() contiguous for narrow
     inputs, see `NarrowInputLinear`), input gradient mm(g, W), and the weight gradient x^T g for
     a row-major weight operand or (g^T x)^T for a transposed view (`mm_mat2_backward` keeps the
     weight's layout)."""
-    x, w = torch.randn(b, fi).to(dtype), torch.randn(fo, fi).to(dtype)
-    bias, g = torch.randn(fo).to(dtype), torch.randn(b, fo).to(dtype)
+    x, w = torch.randn(b, fi, device=device).to(dtype), torch.randn(fo, fi, device=device).to(dtype)
+    bias, g = torch.randn(fo, device=device).to(dtype), torch.randn(b, fo, device=device).to(dtype)
     narrow = fi < NARROW_INPUT
     w_t = w.t().contiguous() if narrow else w.t()
     wgrad = [x.t(), g] if narrow else [g.t(), x]
@@ -225,14 +255,14 @@ def bench_gemm(rng: random.Random, n: int, reps: int) -> list[dict]:
                 fo = 1
             if 2 * b * fi * fo > (6e9 if dtype == torch.float32 else 2.5e9):
                 continue
-            for name, args, fn in linear_gemms(b, fi, fo, dtype):
+            for name, args, fn in linear_gemms(b, fi, fo, dtype, DEVICE):
                 out.append(_timed_gemm(name, args, fn, reps, {"batch_size": b}))
         else:
             b = _log_uniform(rng, 16, 4096)
             f, d = rng.choice([4, 8, 13, 18, 27, 33]), rng.choice([8, 16, 32, 64, 128])
-            t = torch.randn(b, f, d).to(dtype)
+            t = torch.randn(b, f, d, device=DEVICE).to(dtype)
             t_t = t.transpose(1, 2).contiguous()
-            gz = torch.randn(b, f, f).to(dtype)
+            gz = torch.randn(b, f, f, device=DEVICE).to(dtype)
             for args, fn in (
                 ([t_t.transpose(1, 2), t_t], lambda: torch.bmm(t_t.transpose(1, 2), t_t)),
                 ([gz, t], lambda: torch.bmm(gz, t)),
@@ -253,12 +283,12 @@ def bench_mlp(rng: random.Random, n: int, reps: int) -> list[dict]:
         if 2 * b * fi * fo * 3 > 3e9:
             continue
         bf16 = rng.random() < 0.5
-        lin = torch.nn.Linear(fi, fo)
-        x = torch.randn(b, fi, requires_grad=rng.random() < 0.8)
+        lin = torch.nn.Linear(fi, fo, device=DEVICE)
+        x = torch.randn(b, fi, device=DEVICE, requires_grad=rng.random() < 0.8)
         opt = torch.optim.SGD(lin.parameters(), lr=0.01)
 
         def step() -> None:
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            with torch.autocast(DEVICE.type, dtype=torch.bfloat16, enabled=bf16):
                 y = torch.relu(lin(x))
             y.float().sum().backward()
             opt.step()
@@ -282,12 +312,12 @@ def bench_interaction(rng: random.Random, n: int, reps: int) -> list[dict]:
         if b * feats * feats * dim > 4e8:
             continue
         bf16 = rng.random() < 0.5
-        inter = Interaction(feats, "dot", False)
-        dense = torch.randn(b, dim, requires_grad=True)
-        sparse = torch.randn(b, (feats - 1) * dim, requires_grad=True)
+        inter = Interaction(feats, "dot", False).to(DEVICE)
+        dense = torch.randn(b, dim, device=DEVICE, requires_grad=True)
+        sparse = torch.randn(b, (feats - 1) * dim, device=DEVICE, requires_grad=True)
 
         def step() -> None:
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            with torch.autocast(DEVICE.type, dtype=torch.bfloat16, enabled=bf16):
                 z = inter(dense, sparse)
             z.float().sum().backward()
             dense.grad = sparse.grad = None
@@ -338,7 +368,7 @@ def bench_embedding(rng: random.Random, n: int, reps: int) -> list[dict]:
             SyntheticConfig(table_sizes=sizes, zipf_alpha=alpha, seed=rng.randrange(1000))
         )
         emb = FusedEmbeddingBagCollection(
-            tables_for_features(sizes, dim), SparseOptimizer(opt, 0.01)
+            tables_for_features(sizes, dim), SparseOptimizer(opt, 0.01), device=DEVICE
         )
         # at least 16 distinct batches, cycled: inside a training step a lookup's indices come
         # from a new batch, not from the cache the previous rep left them in. Multi-hot bags
@@ -355,7 +385,7 @@ def bench_embedding(rng: random.Random, n: int, reps: int) -> list[dict]:
         # 2-thread team beside another process's work ran fbgemm's backward 10-100x slower
         torch.set_num_threads(threads)
         starts = [sum(per_batch[:i]) for i in range(n_batches)]
-        kjts = [pooled_kjt(world.feature_names, rows_t[:, s : s + m], ln)
+        kjts = [pooled_kjt(world.feature_names, rows_t[:, s : s + m], ln).to(DEVICE)
                 for s, m, ln in zip(starts, per_batch, lengths)]  # fmt: skip
         it = iter(range(1 << 30))
 
@@ -382,7 +412,7 @@ def bench_elementwise(rng: random.Random, n: int, reps: int) -> list[dict]:
             continue
         dtype = torch.bfloat16 if rng.random() < 0.5 else torch.float32
         other = torch.float32 if dtype == torch.bfloat16 else torch.bfloat16
-        x, g = torch.randn(b, w, dtype=dtype), torch.randn(b, w, dtype=dtype)
+        x, g = torch.randn(b, w, dtype=dtype, device=DEVICE), torch.randn(b, w, dtype=dtype, device=DEVICE)
 
         def step() -> None:
             x.sum(0)
@@ -403,7 +433,8 @@ def _dense_optimizer_records(rng: random.Random, reps: int) -> list[dict]:
     widths = [_log_uniform(rng, 8, 2048) for _ in range(rng.randint(3, 5))]
     params = []
     for fi, fo in zip(widths, widths[1:]):
-        params += [torch.nn.Parameter(torch.randn(fo, fi)), torch.nn.Parameter(torch.randn(fo))]
+        params += [torch.nn.Parameter(torch.randn(fo, fi, device=DEVICE)),
+                   torch.nn.Parameter(torch.randn(fo, device=DEVICE))]  # fmt: skip
     n = sum(p.numel() for p in params)
     if n > 3_000_000:
         return []
@@ -420,8 +451,8 @@ def bench_loss(rng: random.Random, n: int, reps: int) -> list[dict]:
     out = []
     for _ in range(n):
         b = _log_uniform(rng, 64, 8192)
-        logits = torch.randn(b, requires_grad=True)
-        labels = (torch.rand(b) < 0.3).float()
+        logits = torch.randn(b, device=DEVICE, requires_grad=True)
+        labels = (torch.rand(b, device=DEVICE) < 0.3).float()
 
         def step() -> None:
             torch.nn.functional.binary_cross_entropy_with_logits(logits, labels).backward()
@@ -431,20 +462,21 @@ def bench_loss(rng: random.Random, n: int, reps: int) -> list[dict]:
     return out
 
 
-def _sparse_update_step(rng: random.Random):
+def _sparse_update_step(rng: random.Random, device: torch.device):
     from embeddings.torch_tbe import add_unique_rows
 
     rows, dim = _log_uniform(rng, 1 << 10, 1 << 20), rng.choice([8, 16, 32, 64])
     k = _log_uniform(rng, 64, 1 << 17)
     gen = torch.Generator().manual_seed(rng.randrange(1 << 30))
     uniq = max(1, min(rows, int(k * rng.uniform(0.05, 1.0))))
-    table, dirty = torch.zeros(rows, dim), torch.zeros(rows, dtype=torch.bool)
-    unique_rows = torch.randperm(rows, generator=gen)[:uniq]
-    inverse = torch.randint(uniq, (k,), generator=gen)
-    per_lookup = torch.randn(k, dim, generator=gen)
+    table = torch.zeros(rows, dim, device=device)
+    dirty = torch.zeros(rows, dtype=torch.bool, device=device)
+    unique_rows = torch.randperm(rows, generator=gen)[:uniq].to(device)
+    inverse = torch.randint(uniq, (k,), generator=gen).to(device)
+    per_lookup = torch.randn(k, dim, generator=gen).to(device)
 
     def step() -> None:
-        grad = torch.zeros(uniq, dim).index_add_(0, inverse, per_lookup)
+        grad = torch.zeros(uniq, dim, device=device).index_add_(0, inverse, per_lookup)
         add_unique_rows(table, unique_rows, grad, -0.01)
         dirty.index_fill_(0, unique_rows, True)
 
@@ -455,8 +487,8 @@ def bench_copy(rng: random.Random, n: int, reps: int) -> list[dict]:
     out = []
     for _ in range(n):
         numel = _log_uniform(rng, 64, 1 << 22)
-        a = torch.randn(numel)
-        bf = torch.empty(numel, dtype=torch.bfloat16)
+        a = torch.randn(numel, device=DEVICE)
+        bf = torch.empty(numel, dtype=torch.bfloat16, device=DEVICE)
 
         def step() -> None:
             bf.copy_(a)
@@ -468,10 +500,11 @@ def bench_copy(rng: random.Random, n: int, reps: int) -> list[dict]:
         # row scatters of a table tier's sparse update (FAE's device tier, the PyTorch path):
         # the per-row gradient sum (index_add_ of k lookups into u unique rows), the update of
         # those rows (gather, add, index_copy_) and the dirty-row flags (index_fill_)
-        out += profile_kernels(_sparse_update_step(rng), reps, {})
-        if torch.cuda.is_available():
-            pinned = a.pin_memory()
-            dev = torch.empty(numel, device="cuda")
+        out += profile_kernels(_sparse_update_step(rng, DEVICE), reps, {})
+        if _on_cuda():  # the host tier's updates run on the CPU; its rows cross to the device
+            out += profile_kernels(_sparse_update_step(rng, torch.device("cpu")), reps, {})
+            pinned = torch.randn(numel).pin_memory()
+            dev = torch.empty(numel, device=DEVICE)
             out += profile_kernels(lambda: dev.copy_(pinned, non_blocking=True), reps, {})
     return out
 
@@ -640,8 +673,11 @@ def time_steps(trainer, batches: list, agg=statistics.median) -> tuple[float, fl
 
 
 def run(out_dir: str | Path, scale: float = 1.0, reps: int = 5, seed: int = 0, sweeps: list[str] | None = None,
-        fit_configs: bool = True) -> dict:  # fmt: skip
-    """Each sweep into OUT/kernels-<sweep>.jsonl, the fit configurations' traces into OUT/traces/."""
+        fit_configs: bool = True, device: str | None = None) -> dict:  # fmt: skip
+    """Each sweep into OUT/kernels-<sweep>.jsonl, the fit configurations' traces into OUT/traces/.
+    The sweeps run on `device` (default: CUDA when available, as the trainer does)."""
+    global DEVICE
+    DEVICE = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -650,7 +686,8 @@ def run(out_dir: str | Path, scale: float = 1.0, reps: int = 5, seed: int = 0, s
     set_flush_denormal(True)  # the kernels as the trainer runs them
     hw = hardware.describe()
     rng = random.Random(seed)
-    summary: dict = {"hardware": hw["key"], "sweeps": {}, "threads": torch.get_num_threads()}
+    summary: dict = {"hardware": hw["key"], "device": str(DEVICE), "sweeps": {},
+                     "threads": torch.get_num_threads()}  # fmt: skip
     threads = torch.get_num_threads()
     for name in sweeps or list(SWEEPS):
         t0 = time.perf_counter()

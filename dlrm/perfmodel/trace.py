@@ -28,12 +28,14 @@ step (inside the ``perf::step`` label): an operator with no parent but the phase
 an autograd engine node running on another thread (CUDA).
 Its ``phase`` is the innermost label around it (autograd engine nodes are always ``backward``,
 ``Optimizer.*`` ops ``optimizer``); unlabelled ops between the forward pass and backward are the
-``loss``, other unlabelled ones ``other``. A *kernel* is where an op's work is done: on CUDA the device
-kernels the op launched (``stream`` = ``cuda:<stream id>``, ``launch_us`` the
-``cudaLaunchKernel`` call); on CPU, where nothing is launched, the outermost compute operator
-inside the op (``aten::addmm`` inside ``aten::linear``, ``aten::copy_`` inside an autocast
-``aten::to``, fbgemm's ``*_cpu`` kernels inside the lookup wrappers), ``stream`` = ``cpu``,
-``launch_us`` = 0. ``n_events`` counts the profiler events inside a span: each costs
+``loss``, other unlabelled ones ``other``. A *kernel* is where an op's work is done: the outermost
+compute operator inside the op (``aten::addmm`` inside ``aten::linear``, ``aten::copy_`` inside
+an autocast ``aten::to``, fbgemm's ``*_cpu`` kernels inside the lookup wrappers), with its
+shapes, strides and dtypes. On CPU, where nothing is launched, its span is its time, ``stream``
+= ``cpu`` and ``launch_us`` = 0; on CUDA its time is the summed duration of the device kernels it
+launched (``device_kernels`` their names, ``stream`` = ``cuda:<device>``, ``launch_us`` its
+``cudaLaunchKernel`` calls), and a compute operator that launched nothing ran on the host and
+stays a ``cpu`` kernel. ``n_events`` counts the profiler events inside a span: each costs
 ``profiler_event_cost_us`` that an unprofiled run does not pay, and the overhead statistics
 subtract it.
 """
@@ -78,6 +80,7 @@ COMPUTE_OPS = {
     "aten::mul_", "aten::sub_", "aten::sqrt", "aten::addcmul_", "aten::addcdiv_",
     "aten::clamp_min", "aten::threshold_backward", "aten::_foreach_add_",
 }  # fmt: skip
+LAUNCH_CALLS = {"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cudaMemcpyAsync"}
 SYNC_OPS = {
     "aten::item",
     "aten::_local_scalar_dense",
@@ -125,6 +128,8 @@ def _cpu_kernels(e, out: list) -> None:
     for c in e.cpu_children:
         if is_compute(c.name):
             out.append(c)
+        elif c.name.startswith("cuda"):  # a CUDA runtime call (launch, copy, sync): not an op
+            continue
         elif c.name in METADATA_OPS or c.name.startswith(LABEL_PREFIX) or _is_host_only(c.name):
             _cpu_kernels(c, out)
         else:
@@ -170,15 +175,29 @@ def _has_sync(e) -> bool:
     return e.name in SYNC_OPS or any(_has_sync(c) for c in e.cpu_children)
 
 
-def _device_kernels(e) -> list[dict]:
-    """CUDA kernels launched by op e (and its children), with their launch calls."""
-    out = []
-    for k in getattr(e, "kernels", []) or []:
-        out.append({"name": k.name, "stream": f"cuda:{getattr(k, 'device', 0)}", "start_us": None,
-                    "dur_us": float(k.duration), "n_events": 0, "launch_us": 0.0,
-                    "shapes": [], "strides": [], "dtypes": []})  # fmt: skip
-    for c in e.cpu_children:
-        out.extend(_device_kernels(c))
+def _device_work(e) -> tuple[list, float]:
+    """The CUDA kernels launched inside op e (its subtree), and the time its launch calls took.
+    The profiler attaches a device kernel to the runtime call that launched it
+    (``cudaLaunchKernel``) and may also list it on the enclosing operator: the runtime calls'
+    kernels are taken when there are any, so none is counted twice."""
+    events = list(_walk(e))
+    launched = [k for ev in events if ev.name.startswith("cuda") for k in (getattr(ev, "kernels", None) or [])]
+    kernels = launched or [k for ev in events for k in (getattr(ev, "kernels", None) or [])]
+    launch_us = sum(_span(ev)[1] - _span(ev)[0] for ev in events if ev.name in LAUNCH_CALLS)
+    return kernels, launch_us
+
+
+def _cuda_kernel(k, s0: float) -> dict:
+    """A compute op of a CUDA step as a kernel record: the op's name, shapes and dtypes (what the
+    kernel models read, as on CPU), the summed duration of the device kernels it launched on
+    their stream, its launch calls' time. An op that launched nothing ran on the host (a table
+    tier in host memory, index preparation) and stays a ``cpu`` kernel."""
+    out = _cpu_kernel(k, s0)
+    kernels, launch_us = _device_work(k)
+    if kernels:
+        out.update(stream=f"cuda:{getattr(kernels[0], 'device', 0)}", start_us=None,
+                   dur_us=float(sum(x.duration for x in kernels)), launch_us=launch_us,
+                   device_kernels=[x.name for x in kernels])  # fmt: skip
     return out
 
 
@@ -226,20 +245,22 @@ def _one_step(events: list, step, uses_cuda: bool) -> dict:
         if phase == "other" and "forward" in seen and "backward" not in seen:
             phase = "loss"  # between the forward pass and backward: the loss
         seen.add(phase)
-        if uses_cuda:
-            kernels = _device_kernels(e)
-            launches = [c for c in _walk(e) if c.name in ("cudaLaunchKernel", "cudaMemcpyAsync")]
-            for k, lc in zip(kernels, launches):
-                k["launch_us"] = _span(lc)[1] - _span(lc)[0]
+        found: list = []
+        if is_compute(e.name):
+            found = [e]
         else:
-            found: list = []
-            if is_compute(e.name):
+            _cpu_kernels(e, found)
+            if not found and e.name not in METADATA_OPS and not _is_host_only(e.name):
                 found = [e]
-            else:
-                _cpu_kernels(e, found)
-                if not found and e.name not in METADATA_OPS and not _is_host_only(e.name):
-                    found = [e]
-            kernels = [_cpu_kernel(k, s0) for k in found]
+        kernels = [_cuda_kernel(k, s0) if uses_cuda else _cpu_kernel(k, s0) for k in found]
+        if uses_cuda:  # device work the op launched outside the compute ops found in it
+            every, _ = _device_work(e)
+            found_n = sum(len(k.get("device_kernels", [])) for k in kernels)
+            if len(every) > found_n:
+                rest = sum(x.duration for x in every) - sum(k["dur_us"] for k in kernels if "device_kernels" in k)
+                kernels.append({**_cpu_kernel(e, s0), "stream": f"cuda:{getattr(every[0], 'device', 0)}",
+                                "start_us": None, "dur_us": float(max(rest, 0.0)), "launch_us": 0.0,
+                                "device_kernels": ["(outside the compute ops)"] * (len(every) - found_n)})  # fmt: skip
         ops.append({
             "name": e.name, "phase": phase, "thread": int(e.thread), "start_us": a - s0,
             "dur_us": b - a, "n_events": _count(e), "shapes": _shapes(e),

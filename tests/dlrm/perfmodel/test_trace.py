@@ -95,3 +95,47 @@ def test_trainer_perf_log_writes_a_trace_and_costs_nothing_when_off(tmp_path):
         "loss",
         "backward",
     }
+
+
+class _Ev:
+    """The parts of a torch.profiler FunctionEvent that the trace reader uses."""
+
+    def __init__(self, name, start, end, children=(), kernels=(), shapes=None, dtypes=None):
+        from collections import namedtuple
+
+        self.name, self.thread = name, 1
+        self.time_range = namedtuple("Interval", "start end")(start, end)
+        self.cpu_children = list(children)
+        self.cpu_parent = None
+        for c in self.cpu_children:
+            c.cpu_parent = self
+        Kernel = namedtuple("Kernel", "name device duration")
+        self.kernels = [Kernel(n, 0, d) for n, d in kernels]
+        self.input_shapes, self.input_dtypes = shapes or [], dtypes or []
+        self.concrete_inputs, self.structured_input_strides = [], []
+
+
+def test_cuda_kernels_are_the_compute_ops_with_their_device_time():
+    """On CUDA a kernel record is the compute op (name, shapes, dtypes: what the kernel models
+    read) with the summed time of the device kernels its launch calls started; a compute op that
+    launched nothing ran on the host; device work outside every compute op is kept too."""
+    addmm = _Ev("aten::addmm", 12, 30, shapes=[[2], [4, 3], [3, 2]], dtypes=["float"] * 3, children=[
+        _Ev("cudaLaunchKernel", 14, 19, kernels=[("sm90_gemm", 40.0)]),
+        _Ev("cudaLaunchKernel", 20, 24, kernels=[("splitk_reduce", 5.0)])])  # fmt: skip
+    host_op = _Ev("aten::index_select", 31, 40, shapes=[[100, 16], [], [8]])
+    stray = _Ev("aten::weird_wrapper", 41, 45, children=[_Ev("cudaLaunchKernel", 42, 43, kernels=[("fill", 2.0)])])
+    direct = _Ev("cudaLaunchKernel", 46, 47, kernels=[("copy", 3.0)])
+    linear = _Ev("aten::linear", 10, 50, children=[addmm, host_op, stray, direct], shapes=[[4, 3], [2, 3], [2]])
+    step = _Ev(tr.STEP_LABEL, 0, 100, children=[linear])
+    events = [step, linear, addmm, *addmm.cpu_children, host_op, stray, *stray.cpu_children, direct]
+    [graph] = tr.graph_from_events(events, uses_cuda=True)
+    [op] = graph["ops"]
+    gemm, host, wrapper, rest = op["kernels"]
+    assert (gemm["name"], gemm["stream"], gemm["dur_us"]) == ("aten::addmm", "cuda:0", 45.0)
+    assert gemm["shapes"] == [[2], [4, 3], [3, 2]] and gemm["launch_us"] == 9.0
+    assert gemm["device_kernels"] == ["sm90_gemm", "splitk_reduce"]
+    assert (host["name"], host["stream"], host["dur_us"]) == ("aten::index_select", "cpu", 9.0)
+    assert (wrapper["name"], wrapper["stream"], wrapper["dur_us"]) == ("aten::weird_wrapper", "cuda:0", 2.0)
+    assert (rest["name"], rest["stream"], rest["dur_us"]) == ("aten::linear", "cuda:0", 3.0)
+    [cpu_graph] = tr.graph_from_events(events, uses_cuda=False)
+    assert [k["name"] for k in cpu_graph["ops"][0]["kernels"]] == ["aten::addmm", "aten::index_select", "aten::weird_wrapper"]
