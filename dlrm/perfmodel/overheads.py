@@ -17,8 +17,10 @@ run synchronously on the calling thread (see `dlrm.perfmodel.trace`). The kinds 
 - T5: dispatch between consecutive compute ops of one top-level op (e.g. the casts of autocast
   before an ``addmm``, the two ``mm`` of an ``AddmmBackward0``).
 
-An op that does no compute (views, AccumulateGrad) is all host time; it is stored as T2 with no
-kernels. Statistics are mean/std/count/median per op key (name plus the names of its kernels, so an
+On CUDA a kernel record is the op's device work (see `dlrm.perfmodel.trace`), which has no place
+in the op's host span: T4 holds its launch calls and T2 the rest of the op's host time (T3 and
+T5 come from the ops that ran on the host). An op that does no compute (views, AccumulateGrad)
+is all host time; it is stored as T2 with no kernels. Statistics are mean/std/count/median per op key (name plus the names of its kernels, so an
 autocast ``aten::linear`` and an fp32 one are separate) with a per-name and a global fallback.
 
 The profiler itself costs ``profiler_event_cost_us`` per recorded event; a trace's overheads
@@ -67,8 +69,13 @@ def op_overheads(op: dict, prev_end: float | None, event_cost: float) -> dict[st
     if prev_end is not None:
         out["T1"].append(max(start - prev_end - event_cost, 0.0))  # the op's own event entry
     kernels = [k for k in op.get("kernels", []) if k.get("start_us") is not None]
+    # CUDA kernels run on the device, not inside the op's host span: the op's host time is its
+    # launch calls (T4) and the rest (T2)
+    launched = [k for k in op.get("kernels", []) if k.get("start_us") is None]
+    launch_us = [float(k.get("launch_us", 0.0)) for k in launched]
+    out["T4"].extend(launch_us)
     if not kernels:
-        out["T2"].append(max(op["dur_us"] - event_cost * op.get("n_events", 1), 0.0))
+        out["T2"].append(max(op["dur_us"] - sum(launch_us) - event_cost * op.get("n_events", 1), 0.0))
         return out
     host_events = max(op.get("n_events", 1) - sum(k.get("n_events", 1) for k in kernels), 0)
     t2 = kernels[0]["start_us"] - start

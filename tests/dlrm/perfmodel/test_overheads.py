@@ -61,3 +61,17 @@ def test_profiler_cost_is_subtracted():
     assert corrected.table[key]["T2"]["mean"] == pytest.approx((2 * 4 / 6 + 2 * 5 / 7) / 2)
     assert corrected.table[key]["T1"]["mean"] == pytest.approx(6.0)
     assert Overheads.from_json(corrected.to_json()).table == corrected.table
+
+
+def test_a_cuda_ops_host_time_is_its_launches_and_the_rest():
+    from dlrm.perfmodel.overheads import op_overheads
+
+    op = {"name": "aten::linear", "start_us": 100.0, "dur_us": 30.0, "n_events": 4,
+          "kernels": [{"name": "aten::addmm", "stream": "cuda:0", "start_us": None, "dur_us": 500.0,
+                       "launch_us": 6.0, "n_events": 1},
+                      {"name": "aten::add_", "stream": "cuda:0", "start_us": None, "dur_us": 20.0,
+                       "launch_us": 4.0, "n_events": 1}]}  # fmt: skip
+    out = op_overheads(op, prev_end=90.0, event_cost=1.0)
+    assert out["T1"] == [9.0]
+    assert out["T4"] == [6.0, 4.0]
+    assert out["T2"] == [30.0 - 10.0 - 4 * 1.0]  # the device's 520 us are not host time
