@@ -139,3 +139,24 @@ def test_cuda_kernels_are_the_compute_ops_with_their_device_time():
     assert (rest["name"], rest["stream"], rest["dur_us"]) == ("aten::linear", "cuda:0", 3.0)
     [cpu_graph] = tr.graph_from_events(events, uses_cuda=False)
     assert [k["name"] for k in cpu_graph["ops"][0]["kernels"]] == ["aten::addmm", "aten::index_select", "aten::weird_wrapper"]
+
+
+def test_device_kernel_times_are_not_corrected_for_host_effects():
+    """The profiler's per-event cost and the host thread's descheduling are host time: a CPU
+    kernel's duration is corrected for them, a CUDA kernel's (device time) is not."""
+    from dlrm.perfmodel.graph import corrected_us, records_from_trace
+
+    def kernel(stream):
+        return {"name": "aten::addmm", "stream": stream, "start_us": None if stream != "cpu" else 1.0,
+                "dur_us": 4000.0, "n_events": 5, "launch_us": 0.0, "shapes": [[2], [4, 3], [3, 2]],
+                "strides": [], "dtypes": ["float"] * 3}  # fmt: skip
+
+    steps = [{"dur_us": 9000.0, "wall_us": 9000.0, "cpu_us": 4500.0,
+              "ops": [{"name": "aten::linear", "phase": "forward", "start_us": 0.0, "dur_us": 4100.0,
+                       "n_events": 6, "shapes": [], "kernels": [kernel("cpu"), kernel("cuda:0")]}]}] * 3  # fmt: skip
+    doc = tr.make_doc({"batch_size": 4, "profiler_event_cost_us": 10.0}, steps)
+    host, device = records_from_trace(doc)
+    assert host["dur_us"] == 2000.0  # a long host kernel in steps that had half the core
+    assert device["dur_us"] == 4000.0
+    assert corrected_us(host) == 2000.0 - 4 * 10.0  # its 4 nested profiler events
+    assert corrected_us(device) == 4000.0
