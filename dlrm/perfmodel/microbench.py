@@ -155,7 +155,8 @@ def at_described_speed(rec: dict, dur_us: float) -> float:
     sweeps are left as measured. The in-situ factors (`KernelModels.calibrate_in_situ`) carry
     GEMMs from the described speed to the speed inside steps."""
     slow = rec.get("machine_slowdown_bf16") or rec.get("machine_slowdown")
-    if rec.get("sweep") in NORMALISED_SWEEPS and slow:
+    on_host = rec.get("stream", "cpu") == "cpu"  # the canary times the CPU, not a CUDA device
+    if rec.get("sweep") in NORMALISED_SWEEPS and slow and on_host:
         return dur_us / float(slow)
     return dur_us
 

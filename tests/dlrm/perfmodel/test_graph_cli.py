@@ -135,6 +135,8 @@ def test_gemm_draws_carry_their_slowdown_and_are_fitted_at_the_described_speed(m
     assert microbench.at_described_speed(dict(rec, sweep="gemm"), 30.0) == pytest.approx(20.0)
     assert microbench.at_described_speed(dict(rec, sweep="mlp"), 30.0) == 30.0
     assert microbench.at_described_speed({"sweep": "gemm"}, 30.0) == 30.0  # no canary: as measured
+    # a CUDA device's GEMM: the CPU canary says nothing about it
+    assert microbench.at_described_speed(dict(rec, sweep="gemm", stream="cuda:0"), 30.0) == 30.0
     assert "machine_slowdown_bf16" not in rec
 
 
