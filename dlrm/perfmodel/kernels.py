@@ -125,19 +125,24 @@ class RooflineTable:
     """t = c0 + bytes * inv_bw per operator key; pooled fallbacks per operator and overall.
 
     With `l2_bytes` (kind ``roofline_cache``) two more terms: the bytes beyond the per-core L2
-    (a working set that spills streams at the slower next-level bandwidth) and the number of
+    (a working set that spills streams at the slower next-level bandwidth; for a CUDA device's
+    kernels, beyond the device's L2, `device_l2_bytes`, when it is known) and the number of
     indices of an indexed op (a per-row cost: index_add_ runs one small add per index).
     """
 
-    def __init__(self, coefs: dict[str, list[float]] | None = None, l2_bytes: float | None = None) -> None:
+    def __init__(self, coefs: dict[str, list[float]] | None = None, l2_bytes: float | None = None,
+                 device_l2_bytes: float | None = None) -> None:  # fmt: skip
         self.coefs = coefs or {}
         self.l2_bytes = l2_bytes
+        self.device_l2_bytes = device_l2_bytes  # a CUDA device's L2, for its kernels
 
     def terms(self, k: dict) -> list[float]:
         b = F.bytes_moved(k)
         if self.l2_bytes is None:
             return [1.0, b]
-        return [1.0, b, max(b - self.l2_bytes, 0.0), float(F.index_count(k))]
+        on_device = str(k.get("stream", "cpu")).startswith("cuda") and self.device_l2_bytes
+        l2 = self.device_l2_bytes if on_device else self.l2_bytes
+        return [1.0, b, max(b - l2, 0.0), float(F.index_count(k))]
 
     def fit(self, recs: list[dict]) -> RooflineTable:
         groups: dict[str, list[dict]] = {"*": recs}
@@ -157,7 +162,8 @@ class RooflineTable:
         return float(np.dot(c, self.terms(k))) if c else 1.0
 
     def to_json(self) -> dict:
-        return {"kind": "roofline_table", "coefs": self.coefs, "l2_bytes": self.l2_bytes}
+        return {"kind": "roofline_table", "coefs": self.coefs, "l2_bytes": self.l2_bytes,
+                "device_l2_bytes": self.device_l2_bytes}  # fmt: skip
 
 
 class GemmRoofline:
@@ -526,6 +532,7 @@ class KernelModels:
         seed: int = 0,
         holdout: float = 0.25,
         l2_bytes: float = 1 << 20,
+        device_l2_bytes: float | None = None,
     ) -> KernelModels:
         by_type: dict[str, list[dict]] = {}
         for r in recs:
@@ -535,7 +542,7 @@ class KernelModels:
             train, test = split_by_shape(rs, holdout, seed)
             if not test:
                 train, test = rs, rs
-            cands = self._candidates(t, train, cache_bytes, l2_bytes, seed)
+            cands = self._candidates(t, train, cache_bytes, (l2_bytes, device_l2_bytes), seed)
             scored = []
             for name, model in cands:
                 pred = [model.predict(r) for r in test]
@@ -543,7 +550,7 @@ class KernelModels:
             scored.sort(key=lambda x: x[0])
             err, name, _ = scored[0]
             # refit the winner on everything
-            final = dict(self._candidates(t, rs, cache_bytes, l2_bytes, seed, only=name))[name]
+            final = dict(self._candidates(t, rs, cache_bytes, (l2_bytes, device_l2_bytes), seed, only=name))[name]
             self.models[t] = final
             self.choice[t] = name
             self.errors[t] = {"heldout_gmae": err, "candidates": {n: e for e, n, _ in scored},
@@ -555,7 +562,7 @@ class KernelModels:
         t: str,
         recs: list[dict],
         cache_bytes: float,
-        l2_bytes: float,
+        l2_bytes: tuple[float, float | None],
         seed: int,
         only: str | None = None,
     ):
@@ -587,7 +594,8 @@ class KernelModels:
             if only in (None, "roofline"):
                 out.append(("roofline", RooflineTable().fit(recs)))
             if only in (None, "roofline_cache"):
-                out.append(("roofline_cache", RooflineTable(l2_bytes=l2_bytes).fit(recs)))
+                host_l2, device_l2 = l2_bytes
+                out.append(("roofline_cache", RooflineTable(l2_bytes=host_l2, device_l2_bytes=device_l2).fit(recs)))
         return out
 
     def to_json(self) -> dict:
@@ -601,7 +609,7 @@ class KernelModels:
         for t, m in data["models"].items():
             kind = m["kind"]
             if kind == "roofline_table":
-                models[t] = RooflineTable(m["coefs"], m.get("l2_bytes"))
+                models[t] = RooflineTable(m["coefs"], m.get("l2_bytes"), m.get("device_l2_bytes"))
             elif kind == "gemm_roofline":
                 models[t] = GemmRoofline(m["coefs"])
             elif kind == "gemm_mlp":

@@ -89,7 +89,8 @@ class PerfModel:
             r["dur_us"] = at_described_speed(r, corrected_us(r))
         hw = hardware.describe()
         l2 = float((hw.get("cache_bytes_os") or {}).get("L2") or (1 << 20))
-        kernels = KernelModels().fit(recs, float(hw["llc_bytes"]), seed=seed, l2_bytes=l2)
+        kernels = KernelModels().fit(recs, float(hw["llc_bytes"]), seed=seed, l2_bytes=l2,
+                                     device_l2_bytes=hw.get("cuda_l2_bytes"))  # fmt: skip
         slowdowns = [d["meta"].get("machine_slowdown") for d in docs]
         in_situ = kernels.calibrate_in_situ(
             [[dict(r, dur_us=corrected_us(r)) for r in records_from_trace(d)] for d in docs], slowdowns

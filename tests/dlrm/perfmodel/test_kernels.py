@@ -384,3 +384,17 @@ def test_profile_kernels_matches_kernels_across_reps_that_ran_the_same_sequence(
     recs = profile_kernels(step, reps=5)
     assert [r["name"] for r in recs] == ["aten::mm", "aten::sigmoid"]
     assert recs[0]["shapes"][:2] == [[64, 64], [64, 64]]
+
+
+def test_device_kernels_spill_beyond_the_devices_l2():
+    """On a CUDA machine the roofline's cache term of a device kernel uses the device's L2, a
+    host kernel's the CPU's; both survive the model file."""
+    model = RooflineTable(l2_bytes=1 << 20, device_l2_bytes=50 << 20)
+    host = _ew(1 << 20)  # 8 MiB moved: beyond the CPU's 1 MiB L2, inside the device's 50 MiB
+    device = dict(host, stream="cuda:0")
+    assert model.terms(host)[2] == F.bytes_moved(host) - (1 << 20) > 0
+    assert model.terms(device)[2] == 0.0
+    again = KernelModels.from_json(
+        {"models": {"elementwise": model.to_json()}, "choice": {}, "errors": {}, "in_situ": {}}
+    ).models["elementwise"]
+    assert again.terms(device) == model.terms(device) and again.terms(host) == model.terms(host)
