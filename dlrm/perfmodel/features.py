@@ -22,6 +22,11 @@ SCATTER_OPS = {
 BMM_OPS = {"aten::bmm", "aten::baddbmm"}
 
 
+def on_device(k: dict) -> bool:
+    """Whether a kernel ran on a CUDA device (``stream`` = ``cuda:<n>``) rather than the host."""
+    return str(k.get("stream", "cpu")).startswith("cuda")
+
+
 def op_type(name: str) -> str:
     """The operator type a kernel model and its error are reported under."""
     if name in GEMM_OPS:

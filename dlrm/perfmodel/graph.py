@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from dlrm.config import TrainConfig
+from dlrm.perfmodel.features import on_device
 
 log = logging.getLogger(__name__)
 
@@ -274,7 +275,7 @@ def records_from_trace(doc: dict) -> list[dict]:
         parents = [c for op in steps[0]["ops"] for c in kernel_contexts(op)]
         for i, k in enumerate(kernels[0]):
             # device kernels' durations are the device's: the host's descheduling is not in them
-            dur = kernel_estimate([ks[i]["dur_us"] for ks in kernels], [1.0] * len(ratios) if _on_device(k) else ratios)
+            dur = kernel_estimate([ks[i]["dur_us"] for ks in kernels], [1.0] * len(ratios) if on_device(k) else ratios)
             out.append(dict(k, dur_us=dur, ctx=ctx, event_cost_us=cost, op=parents[i]))
     return out
 
@@ -312,15 +313,11 @@ def least_disturbed_step(doc: dict) -> int:
     )
 
 
-def _on_device(rec: dict) -> bool:
-    return str(rec.get("stream", "cpu")).startswith("cuda")
-
-
 def corrected_us(rec: dict) -> float:
     """A traced kernel's duration less the profiler events nested inside it (host kernels: the
     profiler's events cost host time, not device time)."""
     cost = float(rec.get("event_cost_us") or 0.0)
     d = float(rec["dur_us"])
-    if _on_device(rec):
+    if on_device(rec):
         return d
     return max(d - cost * max(int(rec.get("n_events", 1)) - 1, 0), 0.5 * d)

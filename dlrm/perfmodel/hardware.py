@@ -304,19 +304,24 @@ def measure(quick: bool = False) -> dict:
     return desc
 
 
-def _cuda_time(fn, reps: int = 10) -> float:
-    """Best device seconds of fn() over `reps` calls, timed with CUDA events after a warm call."""
+def cuda_event_seconds(fn, reps: int) -> list[float]:
+    """Device seconds of each of `reps` calls of fn(), timed with CUDA events after a warm call."""
     fn()
     torch.cuda.synchronize()
-    best = float("inf")
+    out = []
     for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()
         end.record()
         end.synchronize()
-        best = min(best, start.elapsed_time(end) / 1e3)
-    return best
+        out.append(start.elapsed_time(end) / 1e3)
+    return out
+
+
+def _cuda_time(fn, reps: int = 10) -> float:
+    """Best device seconds of fn() over `reps` calls (`cuda_event_seconds`)."""
+    return min(cuda_event_seconds(fn, reps))
 
 
 def cuda_matmul_tflops(dtype: torch.dtype, n: int = 8192) -> float:

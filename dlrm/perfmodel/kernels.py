@@ -111,7 +111,7 @@ def _key(k: dict) -> str:
     a CUDA device (on a CUDA machine the host tier's kernels run on the CPU beside it)."""
     d = k.get("dtypes") or []
     key = f"{k['name']}|{'/'.join(d[:2])}"
-    if str(k.get("stream", "cpu")).startswith("cuda"):
+    if F.on_device(k):
         key += "|cuda"
     if not F.all_contiguous(k):
         key += "|strided"
@@ -140,8 +140,7 @@ class RooflineTable:
         b = F.bytes_moved(k)
         if self.l2_bytes is None:
             return [1.0, b]
-        on_device = str(k.get("stream", "cpu")).startswith("cuda") and self.device_l2_bytes
-        l2 = self.device_l2_bytes if on_device else self.l2_bytes
+        l2 = self.device_l2_bytes if F.on_device(k) and self.device_l2_bytes else self.l2_bytes
         return [1.0, b, max(b - l2, 0.0), float(F.index_count(k))]
 
     def fit(self, recs: list[dict]) -> RooflineTable:

@@ -56,6 +56,7 @@ import torch
 from dlrm.models.dlrm import NARROW_INPUT
 from dlrm.perfmodel import hardware
 from dlrm.perfmodel import trace as tr
+from dlrm.perfmodel.features import on_device
 from dlrm.perfmodel.graph import CTX_FIELDS
 
 log = logging.getLogger(__name__)
@@ -155,8 +156,8 @@ def at_described_speed(rec: dict, dur_us: float) -> float:
     sweeps are left as measured. The in-situ factors (`KernelModels.calibrate_in_situ`) carry
     GEMMs from the described speed to the speed inside steps."""
     slow = rec.get("machine_slowdown_bf16") or rec.get("machine_slowdown")
-    on_host = rec.get("stream", "cpu") == "cpu"  # the canary times the CPU, not a CUDA device
-    if rec.get("sweep") in NORMALISED_SWEEPS and slow and on_host:
+    # the canary times the CPU, not a CUDA device
+    if rec.get("sweep") in NORMALISED_SWEEPS and slow and not on_device(rec):
         return dur_us / float(slow)
     return dur_us
 
@@ -178,18 +179,9 @@ def time_call(fn, reps: int = 7) -> float:
 
 
 def _time_call(fn, reps: int) -> float:
-    fn()
     if _on_cuda():
-        torch.cuda.synchronize()
-        ts = []
-        for _ in range(reps):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            ts.append(start.elapsed_time(end) * 1e3)
-        return statistics.median(ts)
+        return statistics.median(hardware.cuda_event_seconds(fn, reps)) * 1e6
+    fn()
     ts = []
     for _ in range(reps):
         c0 = time.thread_time()

@@ -254,13 +254,13 @@ def _one_step(events: list, step, uses_cuda: bool) -> dict:
                 found = [e]
         kernels = [_cuda_kernel(k, s0) if uses_cuda else _cpu_kernel(k, s0) for k in found]
         if uses_cuda:  # device work the op launched outside the compute ops found in it
-            every, _ = _device_work(e)
-            found_n = sum(len(k.get("device_kernels", [])) for k in kernels)
-            if len(every) > found_n:
-                rest = sum(x.duration for x in every) - sum(k["dur_us"] for k in kernels if "device_kernels" in k)
-                kernels.append({**_cpu_kernel(e, s0), "stream": f"cuda:{getattr(every[0], 'device', 0)}",
-                                "start_us": None, "dur_us": float(max(rest, 0.0)), "launch_us": 0.0,
-                                "device_kernels": ["(outside the compute ops)"] * (len(every) - found_n)})  # fmt: skip
+            whole = _cuda_kernel(e, s0)
+            launched = [k for k in kernels if "device_kernels" in k]
+            extra = len(whole.get("device_kernels", [])) - sum(len(k["device_kernels"]) for k in launched)
+            if extra > 0:
+                rest = whole["dur_us"] - sum(k["dur_us"] for k in launched)
+                kernels.append({**whole, "dur_us": max(rest, 0.0), "launch_us": 0.0,
+                                "device_kernels": ["(outside the compute ops)"] * extra})  # fmt: skip
         ops.append({
             "name": e.name, "phase": phase, "thread": int(e.thread), "start_us": a - s0,
             "dur_us": b - a, "n_events": _count(e), "shapes": _shapes(e),
