@@ -15,11 +15,13 @@ embedding dimension, Zipf exponent, optimizer, batch size).
 
 from __future__ import annotations
 
+import atexit
 import copy
 import functools
 import hashlib
 import json
 import logging
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -51,11 +53,25 @@ def _with(cfg: TrainConfig, **changes) -> TrainConfig:
     return TrainConfig.from_json(data)
 
 
+@functools.cache
+def _scratch_root() -> Path:
+    """One scratch directory per process for the trainers built here, removed at exit."""
+    root = Path(tempfile.mkdtemp(prefix="perfmodel-"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    return root
+
+
+def scratch_dir(prefix: str) -> Path:
+    """A fresh directory under the process's scratch root (run directories, placement plans:
+    an FAE trainer writes its access profile there, tens of MB)."""
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=_scratch_root()))
+
+
 def build_trainer(cfg: TrainConfig):
     """A Trainer for measuring and capturing (never writes its run directory unless fit)."""
     from dlrm.trainer import Trainer
 
-    tmp = tempfile.mkdtemp(prefix="perfmodel-")
+    tmp = str(scratch_dir("run-"))
     return Trainer(_with(cfg, out_dir=tmp, perf_log=None, resume=None, progress=False))
 
 
@@ -209,7 +225,7 @@ def capture_template(cfg: TrainConfig) -> dict:
         "placement_plan"
     ):
         # both captures must train with the same placement: the first writes the plan
-        plan = {"placement_plan": str(Path(tempfile.mkdtemp(prefix="perfmodel-plan-")) / "plan")}
+        plan = {"placement_plan": str(scratch_dir("plan-") / "plan")}
     variants = []
     meta: dict = {}
     share = 0.0

@@ -232,3 +232,25 @@ def test_the_cli_flushes_denormals_as_the_trainer_does(tmp_path, monkeypatch):
         assert (torch.tensor([1e-39]) * 1.0).item() == 0.0
     finally:
         torch.set_flush_denormal(False)
+
+
+def test_trainers_built_for_measuring_leave_nothing_behind(tmp_path):
+    """An FAE trainer writes its access profile and plan (tens of MB at real sizes) into its run
+    directory; the report builds dozens of them, so their directories go when the process ends."""
+    import os
+    import subprocess
+    import sys
+
+    code = """
+from dlrm.perfmodel.graph import build_trainer
+from dlrm.perfmodel.microbench import base_config
+t = build_trainer(base_config(placement="fae", arch_embedding_size=(50, 80),
+                              arch_mlp_bot=(13, 16), arch_mlp_top=(8, 1)))
+import pathlib
+print(sorted(p.name for p in pathlib.Path(t.cfg.out_dir).iterdir()))
+"""
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "access_profile.npz" in out.stdout  # the trainer did write into its directory
+    assert list(tmp_path.iterdir()) == []
