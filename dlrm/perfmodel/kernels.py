@@ -345,16 +345,10 @@ def _indices_arg(k: dict) -> int:
 
 MLP_GRID = [(32, 2, 0.0), (64, 2, 0.0), (64, 3, 1e-4)]
 SITU_BANDWIDTH = math.log(2.0)  # of the in-situ factor's size kernel, in log size
-SITU_BATCH_BANDWIDTH = math.log(2.0)  # and in the log batch size of the step it runs in
 SITU_PRIOR = 0.1  # weight of a key's overall in-situ factor against its sized points
 # an in-situ factor is clamped to this range: a safety net, not a prior (fit traces measure
 # 5-7x for 10-byte bias casts inside `aten::linear`, which a limit of 4 cut short)
 SITU_LIMITS = (0.125, 8.0)
-
-
-def _log_batch(k: dict) -> float:
-    """The log batch size of the step a kernel ran in (1 where its context has none)."""
-    return math.log(max(float((k.get("ctx") or {}).get("batch_size") or 1), 1.0))
 
 
 def _clamp_factor(log_factor: float) -> float:
@@ -445,10 +439,10 @@ class KernelModels:
         described would carry that slowdown into every prediction of its keys (measured here:
         fp32 predictions 26-70% high when four of the seven fit traces ran slow).
 
-        Kernels other than GEMMs also keep their factor per size (`situ_size`) and batch: per
-        trace and key, one point per distinct size (its measured over predicted total, and the
-        trace's batch size), weighted so that each trace counts once per key. `situ_factor`
-        reads the factor at a kernel's size and batch off these points."""
+        Kernels other than GEMMs also keep their factor per size (`situ_size`): per trace and
+        key, one point per distinct size (its measured over predicted total), weighted so that
+        each trace counts once per key. `situ_factor` reads the factor at a kernel's size off
+        these points."""
         self.in_situ, self.in_situ_points, self._points = {}, {}, {}
         # per key, one (steady trace?, value) per trace: its log factor, its sized points
         logs: dict[str, list[tuple[bool, float]]] = {}
@@ -458,7 +452,6 @@ class KernelModels:
             is_steady = slow is not None and slow <= steady
             sums: dict[str, list[float]] = {}
             sized: dict[str, dict[float, list[float]]] = {}
-            batch = _log_batch(recs[0]) if recs else 0.0
             for r in recs:
                 pred = self._predict(r)
                 size = self.situ_size(r, pred)
@@ -472,7 +465,7 @@ class KernelModels:
             for key, by_size in sized.items():
                 pts = [(size, math.log(m / p)) for size, (m, p) in by_size.items() if m > 0 and p > 0]
                 weight = 1.0 / max(len(pts), 1)  # each trace counts once per key
-                points.setdefault(key, []).extend((is_steady, [x, f, weight, batch]) for x, f in pts)
+                points.setdefault(key, []).extend((is_steady, [x, f, weight]) for x, f in pts)
         for key, v in logs.items():
             v = _steady_first(v)
             self.in_situ[key] = _clamp_factor(sum(v) / len(v))
@@ -495,22 +488,16 @@ class KernelModels:
 
     def situ_factor(self, k: dict, predicted_us: float) -> float:
         """The in-situ factor of a kernel: of the first of its `situ_keys` the fit traces have,
-        the factor at the kernel's size and its step's batch size, a Gaussian-weighted mean of
-        that key's log factors (bandwidths SITU_BANDWIDTH in log size and SITU_BATCH_BANDWIDTH
-        in log batch) with the key's overall factor as a prior worth SITU_PRIOR of one trace;
-        the overall factor where the key has no sized points.
+        the factor at the kernel's size, a Gaussian-weighted mean of that key's log factors
+        (bandwidth SITU_BANDWIDTH in log size) with the key's overall factor as a prior worth
+        SITU_PRIOR of one trace; the overall factor where the key has no sized points.
 
         Why per size: inside a step a 2 us cast of a bias costs about what it costs alone,
         while the 200 us cast of the same layer's weight runs 1.5-2x slower than alone (its
         input comes from DRAM, not from a warm cache); one factor per context, set by the
         large kernels that dominate its time, made the small ones 30-100% too slow (measured
         by rescoring four report runs: element-wise 12.9-14.8% -> 10.5-13.0%, embedding backward
-        7.5-10.8% -> 4.2-8.1%).
-
-        Why per batch: a kernel's own size does not say how much of the step's working set has
-        gone through the caches before it. The same 128-element bias cast inside `aten::linear`
-        took 4.8 us in a batch-128 step, 9.1 us at batch 1024 and 14.5 us at batch 4096
-        (session 9's held-out traces), and the fit traces show the same trend."""
+        7.5-10.8% -> 4.2-8.1%)."""
         for key in self.situ_keys(k):
             if key not in self.in_situ:
                 continue
@@ -521,10 +508,7 @@ class KernelModels:
             pts = self._points.get(key)
             if pts is None:
                 pts = self._points[key] = np.asarray(self.in_situ_points[key], dtype=np.float64)
-            d2 = ((pts[:, 0] - size) / SITU_BANDWIDTH) ** 2
-            if pts.shape[1] > 3:  # model files before the batch term have no batch column
-                d2 = d2 + ((pts[:, 3] - _log_batch(k)) / SITU_BATCH_BANDWIDTH) ** 2
-            w = pts[:, 2] * np.exp(-0.5 * d2)
+            w = pts[:, 2] * np.exp(-0.5 * ((pts[:, 0] - size) / SITU_BANDWIDTH) ** 2)
             f = (float(w @ pts[:, 1]) + SITU_PRIOR * prior) / (float(w.sum()) + SITU_PRIOR)
             return _clamp_factor(f)
         return 1.0

@@ -263,30 +263,6 @@ def test_in_situ_factor_follows_the_kernel_size():
     assert KernelModels.situ_size(gemm, 5.0) is None
 
 
-def test_in_situ_factor_follows_the_steps_batch_size():
-    """The same small kernel costs more inside a larger batch's step (more of the step's data
-    has gone through the caches before it): the factor is read at the step's batch size too;
-    a model file written before the batch term (three columns per point) still predicts."""
-    models = KernelModels({"elementwise": RooflineTable({"*": [1.0, 1e-3]})})
-
-    def kernel(batch, factor=1.0):
-        k = dict(_ew(256), op="linear#0", ctx={"batch_size": batch})
-        return dict(k, dur_us=models._predict(k) * factor)
-
-    traces = [[kernel(256, 1.0)], [kernel(512, 1.0)], [kernel(4096, 3.0)], [kernel(8192, 3.0)]]
-    models.calibrate_in_situ(traces)
-    ratio = {b: models.predict(kernel(b)) / models._predict(kernel(b)) for b in (256, 384, 6000)}
-    assert ratio[256] == pytest.approx(1.0, rel=0.05) and ratio[384] == pytest.approx(1.0, rel=0.05)
-    assert ratio[6000] == pytest.approx(3.0, rel=0.05)
-    key = KernelModels.situ_keys(kernel(256))[0]
-    assert all(len(p) == 4 for p in models.in_situ_points[key])
-    old = models.to_json()
-    old["in_situ_points"] = {k: [p[:3] for p in v] for k, v in old["in_situ_points"].items()}
-    again = KernelModels.from_json(json.loads(json.dumps(old)))
-    flat = again.predict(kernel(256)) / again._predict(kernel(256))
-    assert 1.0 < flat < 3.0  # one factor for every batch: between the two
-
-
 def test_in_situ_factors_may_exceed_four():
     """Tiny casts inside `aten::linear` measure 5-7x their isolated time in the fit traces."""
     models = KernelModels({"elementwise": RooflineTable({"*": [1.0, 1e-3]})})
