@@ -543,7 +543,7 @@ class KernelModels:
             train, test = split_by_shape(rs, holdout, seed)
             if not test:
                 train, test = rs, rs
-            cands = self._candidates(t, train, cache_bytes, (l2_bytes, device_l2_bytes), seed)
+            cands = self._candidates(t, train, cache_bytes, l2_bytes, device_l2_bytes, seed)
             scored = []
             for name, model in cands:
                 pred = [model.predict(r) for r in test]
@@ -551,7 +551,7 @@ class KernelModels:
             scored.sort(key=lambda x: x[0])
             err, name, _ = scored[0]
             # refit the winner on everything
-            final = dict(self._candidates(t, rs, cache_bytes, (l2_bytes, device_l2_bytes), seed, only=name))[name]
+            final = dict(self._candidates(t, rs, cache_bytes, l2_bytes, device_l2_bytes, seed, only=name))[name]
             self.models[t] = final
             self.choice[t] = name
             self.errors[t] = {"heldout_gmae": err, "candidates": {n: e for e, n, _ in scored},
@@ -563,7 +563,8 @@ class KernelModels:
         t: str,
         recs: list[dict],
         cache_bytes: float,
-        l2_bytes: tuple[float, float | None],
+        l2_bytes: float,
+        device_l2_bytes: float | None,
         seed: int,
         only: str | None = None,
     ):
@@ -595,8 +596,8 @@ class KernelModels:
             if only in (None, "roofline"):
                 out.append(("roofline", RooflineTable().fit(recs)))
             if only in (None, "roofline_cache"):
-                host_l2, device_l2 = l2_bytes
-                out.append(("roofline_cache", RooflineTable(l2_bytes=host_l2, device_l2_bytes=device_l2).fit(recs)))
+                cache_model = RooflineTable(l2_bytes=l2_bytes, device_l2_bytes=device_l2_bytes)
+                out.append(("roofline_cache", cache_model.fit(recs)))
         return out
 
     def to_json(self) -> dict:
