@@ -271,6 +271,32 @@ def test_in_situ_factors_may_exceed_four():
     assert models.predict(k) / models._predict(k) == pytest.approx(6.0)
 
 
+def test_outer_products_share_an_in_situ_factor_across_widths():
+    """The logit layer's input gradient [B, 1] x [1, N] runs slower in a step than alone; a
+    held-out width N has no key of its own but takes the factor of the outer products fitted in
+    the same context, not the factor of every GEMM (which the big layers set)."""
+    models = KernelModels({"gemm": GemmRoofline({"0": [1.0, 0.0, 1e-4, 1e-3]})})
+
+    def mm(b, n, k, op="AddmmBackward0#0"):
+        return {"name": "aten::mm", "shapes": [[b, k], [k, n]], "strides": [[k, 1], [n, 1]],
+                "dtypes": ["float", "float"], "op": op}  # fmt: skip
+
+    big, outer = mm(512, 256, 512), mm(512, 128, 1)
+    models.calibrate_in_situ([[dict(big, dur_us=models._predict(big)),  # the big layer as alone
+                               dict(outer, dur_us=models._predict(outer) * 2.5)]])  # fmt: skip
+    held_out = mm(1024, 512, 1)  # another batch and width: strides [[1, 1], [512, 1]]
+    assert KernelModels.situ_keys(held_out)[0] not in models.in_situ
+    assert models.predict(held_out) / models._predict(held_out) == pytest.approx(2.5)
+    # a general GEMM of a held-out width falls back to the GEMM-wide factor
+    other = mm(1024, 512, 64)
+    gemm_wide = models.in_situ["gemm|fp32"]
+    assert 1.0 < gemm_wide < 2.5
+    assert models.predict(other) / models._predict(other) == pytest.approx(gemm_wide)
+    # so does an outer product in a context the fit traces never had
+    elsewhere = mm(1024, 512, 1, op="MmBackward0#0")
+    assert models.predict(elsewhere) / models._predict(elsewhere) == pytest.approx(gemm_wide)
+
+
 def test_dense_optimizer_sweep_records_the_fused_step_with_its_parameter_count():
     import random
 
