@@ -406,7 +406,7 @@ class KernelModels:
 
         Why outer products have a key of their own: the logit layer's input gradient,
         [B, 1] x [1, N], writes B x N from almost nothing read, and that output is cache-cold
-        inside a step (measured 2-2.7x its isolated time). Its strides hold the layer's width,
+        inside a step (1.1-3x its isolated time in the held-out traces). Its strides hold the layer's width,
         so a held-out width has no finest key, and the GEMM-wide factor (about 1.2x, set by the
         big layers) predicted it 40-60% low (rescored on three cycles' held-out traces: gemm
         9.8 -> 9.4%, 8.4 -> 8.0%, 12.9 -> 10.9%; nothing else moves)."""
