@@ -113,6 +113,15 @@ def bytes_moved(k: dict) -> float:
     return float(sum(sizes) + max(sizes))
 
 
+DENSE_TYPES = ("gemm", "bmm", "elementwise")
+
+
+def step_dense_bytes(kernels) -> float:
+    """Bytes moved by one step's dense kernels (GEMMs, bmm, element-wise): how much the step
+    streams through the caches, which sets how cold a kernel's inputs are by the time it runs."""
+    return float(sum(bytes_moved(k) for k in kernels if op_type(k["name"]) in DENSE_TYPES))
+
+
 INDEXED_OPS = {"aten::index_select", "aten::index_add_", "aten::index_copy_", "aten::index_fill_"}
 
 

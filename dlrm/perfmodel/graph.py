@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from dlrm.config import TrainConfig
-from dlrm.perfmodel.features import on_device
+from dlrm.perfmodel.features import on_device, step_dense_bytes
 
 log = logging.getLogger(__name__)
 
@@ -289,10 +289,12 @@ def records_from_trace(doc: dict) -> list[dict]:
         ratios = [min(s.get("cpu_us", 1.0) / max(s.get("wall_us", 1.0), 1e-9), 1.0) for s in steps]
         kernels = [[k for op in s["ops"] for k in op["kernels"]] for s in steps]
         parents = [c for op in steps[0]["ops"] for c in kernel_contexts(op)]
+        step_bytes = step_dense_bytes(kernels[0])
         for i, k in enumerate(kernels[0]):
             # device kernels' durations are the device's: the host's descheduling is not in them
             dur = kernel_estimate([ks[i]["dur_us"] for ks in kernels], [1.0] * len(ratios) if on_device(k) else ratios)
-            out.append(dict(k, dur_us=dur, ctx=ctx, event_cost_us=cost, op=parents[i]))
+            out.append(dict(k, dur_us=dur, ctx=ctx, event_cost_us=cost, op=parents[i],
+                            step_bytes=step_bytes))  # fmt: skip
     return out
 
 

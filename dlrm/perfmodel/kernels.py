@@ -346,6 +346,15 @@ def _indices_arg(k: dict) -> int:
 MLP_GRID = [(32, 2, 0.0), (64, 2, 0.0), (64, 3, 1e-4)]
 SITU_BANDWIDTH = math.log(2.0)  # of the in-situ factor's size kernel, in log size
 SITU_PRIOR = 0.1  # weight of a key's overall in-situ factor against its sized points
+# of the in-situ factor's step kernel, in log bytes of the step's dense working set
+# (`features.step_dense_bytes`); None: the factor does not depend on the step. Chosen, with the
+# kinds below, by leave-one-fit-trace-out over 15 fit traces (mean geomean error over the kernel
+# types 7.8% without the step kernel, 7.1% with sqrt(2), 7.6% with 2)
+SITU_STEP_BANDWIDTH: float | None = math.log(math.sqrt(2.0))
+# the kinds whose in-situ factor depends on the step: those that stream tensors other kernels
+# of the step wrote; embedding lookups read their tables, which their own model's cache term
+# covers (with them too: embedding backward 5.4 -> 7.1% in the same cross-validation)
+SITU_STEP_KINDS = ("gemm", "bmm", "elementwise", "concat", "gather", "scatter")
 # an in-situ factor is clamped to this range: a safety net, not a prior (fit traces measure
 # 5-7x for 10-byte bias casts inside `aten::linear`, which a limit of 4 cut short)
 SITU_LIMITS = (0.125, 8.0)
@@ -353,6 +362,14 @@ SITU_LIMITS = (0.125, 8.0)
 
 def _clamp_factor(log_factor: float) -> float:
     return min(max(math.exp(log_factor), SITU_LIMITS[0]), SITU_LIMITS[1])
+
+
+def _log_step(step_bytes: float | None) -> float | None:
+    return math.log(step_bytes) if step_bytes else None
+
+
+def _round(x: float | None) -> float | None:
+    return round(x, 6) if x is not None else None
 
 
 def _add(totals: dict, key, measured: float, predicted: float) -> None:
@@ -392,7 +409,7 @@ class KernelModels:
         self.choice = choice or {}
         self.errors = errors or {}
         self.in_situ: dict[str, float] = {}
-        # per key, [log size, log factor, weight] points of the fit traces (see `situ_factor`)
+        # per key, [log size, log factor, weight, log step bytes] points of the fit traces (see `situ_factor`)
         self.in_situ_points: dict[str, list[list[float]]] = {}
         self._points: dict[str, np.ndarray] = {}
 
@@ -454,8 +471,11 @@ class KernelModels:
 
         Kernels other than GEMMs also keep their factor per size (`situ_size`): per trace and
         key, one point per distinct size (its measured over predicted total), weighted so that
-        each trace counts once per key. `situ_factor` reads the factor at a kernel's size off
-        these points."""
+        each trace counts once per key. A point also holds the log of its step's dense working
+        set (the record's ``step_bytes``, see `features.step_dense_bytes`; None when the record
+        has none), and the GEMMs of `SITU_STEP_KINDS` get points too, all at one size. A point
+        is ``[log size, log factor, weight, log step bytes]``. `situ_factor` reads the factor at
+        a kernel's size and step off these points."""
         self.in_situ, self.in_situ_points, self._points = {}, {}, {}
         # per key, one (steady trace?, value) per trace: its log factor, its sized points
         logs: dict[str, list[tuple[bool, float]]] = {}
@@ -464,27 +484,28 @@ class KernelModels:
         for recs, slow in zip(traces, slowdowns):
             is_steady = slow is not None and slow <= steady
             sums: dict[str, list[float]] = {}
-            sized: dict[str, dict[float, list[float]]] = {}
+            sized: dict[str, dict[tuple, list[float]]] = {}
             for r in recs:
                 pred = self._predict(r)
-                size = self.situ_size(r, pred)
+                size = self._point_size(r, pred)
+                step = _log_step(r.get("step_bytes"))
                 for key in self.situ_keys(r):
                     _add(sums, key, r["dur_us"], pred)
                     if size is not None:
-                        _add(sized.setdefault(key, {}), round(size, 4), r["dur_us"], pred)
+                        _add(sized.setdefault(key, {}), (round(size, 4), step), r["dur_us"], pred)
             for key, (m, p) in sums.items():
                 if m > 0 and p > 0:
                     logs.setdefault(key, []).append((is_steady, math.log(m / p)))
             for key, by_size in sized.items():
-                pts = [(size, math.log(m / p)) for size, (m, p) in by_size.items() if m > 0 and p > 0]
+                pts = [(x, st, math.log(m / p)) for (x, st), (m, p) in by_size.items() if m > 0 and p > 0]
                 weight = 1.0 / max(len(pts), 1)  # each trace counts once per key
-                points.setdefault(key, []).extend((is_steady, [x, f, weight]) for x, f in pts)
+                points.setdefault(key, []).extend((is_steady, [x, f, weight, st]) for x, st, f in pts)
         for key, v in logs.items():
             v = _steady_first(v)
             self.in_situ[key] = _clamp_factor(sum(v) / len(v))
             pts = _steady_first(points.get(key, []))
             if pts:
-                self.in_situ_points[key] = [[round(x, 6) for x in pt] for pt in pts]
+                self.in_situ_points[key] = [[_round(x) for x in pt] for pt in pts]
         return dict(self.in_situ)
 
     @staticmethod
@@ -499,36 +520,76 @@ class KernelModels:
             return math.log(max(predicted_us, 1e-3))
         return math.log(max(F.bytes_moved(k), 1.0))
 
-    def situ_factor(self, k: dict, predicted_us: float) -> float:
+    @classmethod
+    def _point_size(cls, k: dict, predicted_us: float) -> float | None:
+        """`situ_size`, or one size for all of a key's kernels when their factor depends on the
+        step only (GEMMs of the step kinds)."""
+        size = cls.situ_size(k, predicted_us)
+        if size is None and SITU_STEP_BANDWIDTH is not None and F.op_type(k["name"]) in SITU_STEP_KINDS:
+            return 0.0
+        return size
+
+    def situ_factor(self, k: dict, predicted_us: float, step_bytes: float | None = None) -> float:
         """The in-situ factor of a kernel: of the first of its `situ_keys` the fit traces have,
         the factor at the kernel's size, a Gaussian-weighted mean of that key's log factors
         (bandwidth SITU_BANDWIDTH in log size) with the key's overall factor as a prior worth
-        SITU_PRIOR of one trace; the overall factor where the key has no sized points.
+        SITU_PRIOR of one trace; the overall factor where the key has no sized points. For the
+        kinds of `SITU_STEP_KINDS` the points are also weighted by how far their step's dense
+        working set is from the kernel's step's (`step_bytes`, else the record's own), a Gaussian
+        of bandwidth SITU_STEP_BANDWIDTH in log bytes, counted from the nearest fit step: a step
+        outside the fit traces' range reads the nearest ones.
 
         Why per size: inside a step a 2 us cast of a bias costs about what it costs alone,
         while the 200 us cast of the same layer's weight runs 1.5-2x slower than alone (its
         input comes from DRAM, not from a warm cache); one factor per context, set by the
         large kernels that dominate its time, made the small ones 30-100% too slow (measured
         by rescoring four report runs: element-wise 12.9-14.8% -> 10.5-13.0%, embedding backward
-        7.5-10.8% -> 4.2-8.1%)."""
+        7.5-10.8% -> 4.2-8.1%).
+
+        Why per step: a kernel's inputs are colder the more the step streams through the caches
+        between the kernel that wrote them and the one that reads them. The fit traces' steps
+        move 11-390 MB through their dense kernels; per trace, the factor of the same kernels
+        grows with it (the bias gradient's `sum` and `threshold_backward` run at their isolated
+        speed in a 5 MB step and at 1.9-2.4x in a 100 MB one; fp32 bmm 1.4x at 25 MB, 2.1x at
+        360 MB). Rescored on two quiet cycles' held-out traces (15 fit traces each): element-wise
+        10.1 -> 9.3% and 10.2 -> 9.7%, gemm 10.1 -> 9.0% and 10.0 -> 9.3%, device active time
+        4.2 -> 1.8% and 3.9 -> 2.4%."""
         for key in self.situ_keys(k):
             if key not in self.in_situ:
                 continue
             prior = math.log(self.in_situ[key])
-            size = self.situ_size(k, predicted_us)
+            size = self._point_size(k, predicted_us)
             if size is None or key not in self.in_situ_points:
                 return self.in_situ[key]
             pts = self._points.get(key)
             if pts is None:
                 pts = self._points[key] = np.asarray(self.in_situ_points[key], dtype=np.float64)
             w = pts[:, 2] * np.exp(-0.5 * ((pts[:, 0] - size) / SITU_BANDWIDTH) ** 2)
+            w = w * self._step_weights(k, pts, step_bytes)
             f = (float(w @ pts[:, 1]) + SITU_PRIOR * prior) / (float(w.sum()) + SITU_PRIOR)
             return _clamp_factor(f)
         return 1.0
 
-    def predict(self, k: dict) -> float:
+    @staticmethod
+    def _step_weights(k: dict, pts: np.ndarray, step_bytes: float | None) -> np.ndarray | float:
+        """Weights of a key's sized points by how close their step's dense working set is to
+        the kernel's step's, relative to the closest (so that a step outside the fit traces'
+        range reads the nearest traces, not the prior)."""
+        if SITU_STEP_BANDWIDTH is None or F.op_type(k["name"]) not in SITU_STEP_KINDS:
+            return 1.0
+        step = _log_step(step_bytes if step_bytes is not None else k.get("step_bytes"))
+        if step is None or pts.shape[1] < 4:
+            return 1.0
+        d = np.abs(pts[:, 3] - step)
+        known = ~np.isnan(d)
+        if not known.any():
+            return 1.0
+        d = np.where(known, d - d[known].min(), 0.0)
+        return np.exp(-0.5 * (d / SITU_STEP_BANDWIDTH) ** 2)
+
+    def predict(self, k: dict, step_bytes: float | None = None) -> float:
         raw = self._predict(k)
-        return raw * self.situ_factor(k, raw)
+        return raw * self.situ_factor(k, raw, step_bytes)
 
     def _predict(self, k: dict) -> float:
         t = F.op_type(k["name"])

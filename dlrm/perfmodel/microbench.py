@@ -515,8 +515,8 @@ DEFAULT_COUNTS = {
     "copy": 40,
 }
 
-# Fit configurations: their traces give the overhead statistics. None of them is a report
-# configuration (different MLP shapes and batch sizes).
+# Fit configurations: their traces give the overhead statistics and the in-situ factors. None of
+# them is a report configuration (different MLP shapes and batch sizes).
 FIT_CONFIGS = [
     {
         "arch_mlp_bot": (13, 256, 64, 16),
@@ -574,7 +574,28 @@ FIT_CONFIGS = [
         "hot_budget": "2MB",
         "fae_switch_period": 8,
     },
-]
+    # Steps that span the held-out ones' dense working sets (`features.step_dense_bytes`, on
+    # which in-situ factors depend): small batches (about 10-40 MB) and a wide, large one
+    # (about 390 MB). No fit trace shares a batch size with a held-out configuration, so no
+    # held-out kernel (the embedding lookups and the loss depend on the batch only) has been
+    # timed in a fit step
+    {"arch_mlp_bot": (13, 256, 64, 16), "arch_mlp_top": (256, 64, 1), "mini_batch_size": 96,
+     "precision": "fp32"},
+    {"arch_mlp_bot": (13, 96, 16), "arch_mlp_top": (384, 1), "mini_batch_size": 192,
+     "precision": "bf16"},
+    {"arch_mlp_bot": (13, 768, 16), "arch_mlp_top": (768, 384, 1), "mini_batch_size": 192,
+     "precision": "fp32"},
+    {"arch_mlp_bot": (13, 768, 16), "arch_mlp_top": (768, 384, 1), "mini_batch_size": 3072,
+     "precision": "fp32"},
+    # more FAE steps: the device tier's row scatters over batch 320-2560 (with two FAE traces
+    # the held-out scatter kernels were 12-16% off; with five, 9-10%)
+    {"arch_mlp_bot": (13, 256, 64, 16), "arch_mlp_top": (256, 64, 1), "mini_batch_size": 320,
+     "precision": "bf16", "placement": "fae", "hot_budget": "2MB", "fae_switch_period": 8},
+    {"arch_mlp_bot": (13, 96, 16), "arch_mlp_top": (384, 1), "mini_batch_size": 1536,
+     "precision": "fp32", "placement": "fae", "hot_budget": "2MB", "fae_switch_period": 8},
+    {"arch_mlp_bot": (13, 256, 64, 16), "arch_mlp_top": (256, 64, 1), "mini_batch_size": 2560,
+     "precision": "fp32", "placement": "fae", "hot_budget": "2MB", "fae_switch_period": 8},
+]  # fmt: skip
 
 
 def base_config(**changes):

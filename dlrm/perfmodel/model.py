@@ -12,7 +12,7 @@ from pathlib import Path
 
 from dlrm.perfmodel import critical_path, hardware
 from dlrm.perfmodel import trace as tr
-from dlrm.perfmodel.features import op_type
+from dlrm.perfmodel.features import op_type, step_dense_bytes
 from dlrm.perfmodel.graph import (
     corrected_us,
     graph_for,
@@ -133,9 +133,11 @@ class PerfModel:
     # --- prediction ------------------------------------------------------------------------
 
     def predict_ops(self, ops: list[dict]) -> dict:
+        step = step_dense_bytes(k for op in ops for k in op.get("kernels", []))
         return critical_path.traverse(
-            ops, self.kernels.predict, self.overheads.get, self.overheads.step_end()
-        )
+            ops, lambda k: self.kernels.predict(k, step), self.overheads.get,
+            self.overheads.step_end(),
+        )  # fmt: skip
 
     def predict(self, cfg, batch_size: int | None = None) -> dict:
         """Per-batch prediction; with FAE the hot- and cold-batch steps weighted by their share

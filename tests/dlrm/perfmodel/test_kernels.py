@@ -432,3 +432,61 @@ def test_device_kernels_spill_beyond_the_devices_l2():
         {"models": {"elementwise": model.to_json()}, "choice": {}, "errors": {}, "in_situ": {}}
     ).models["elementwise"]
     assert again.terms(device) == model.terms(device) and again.terms(host) == model.terms(host)
+
+
+def test_in_situ_factor_follows_the_steps_working_set():
+    """The same kernels run at their isolated speed inside a step that moves 10 MB and 2x slower
+    inside one that moves 200 MB: a kernel reads the factor of the fit steps nearest its own
+    step's working set (the nearest ones beyond the fitted range); embedding lookups, whose
+    model has its own cache term, and calls without a step keep the step-free factor."""
+    models = KernelModels({"elementwise": RooflineTable({"*": [1.0, 1e-3]}),
+                           "gemm": GemmRoofline({"0": [1.0, 0.0, 1e-4, 1e-3]})})  # fmt: skip
+    mm = {"name": "aten::mm", "shapes": [[256, 64], [64, 32]], "strides": [[64, 1], [32, 1]],
+          "dtypes": ["float", "float"], "op": "AddmmBackward0#0"}  # fmt: skip
+    kernels = [dict(_ew(n), op="relu#0") for n in (1000, 50_000)] + [mm]
+
+    def trace(step_bytes, factor):
+        return [dict(k, step_bytes=step_bytes, dur_us=models._predict(k) * factor) for k in kernels]
+
+    models.calibrate_in_situ([trace(10e6, 1.0), trace(200e6, 2.0)])
+    for k in kernels:
+        raw = models._predict(k)
+        # (the key's overall factor, sqrt 2, is a weak prior: it pulls a few % toward itself)
+        assert models.predict(k, 10e6) / raw == pytest.approx(1.0, rel=0.07)
+        assert models.predict(k, 200e6) / raw == pytest.approx(2.0, rel=0.07)
+        assert models.predict(k, 2e6) / raw == pytest.approx(1.0, rel=0.07)  # below the range
+        assert models.predict(k, 2e9) / raw == pytest.approx(2.0, rel=0.07)  # above it
+        between = models.predict(k, math.sqrt(10e6 * 200e6)) / raw  # equally far from both
+        assert between == pytest.approx(math.sqrt(2.0), rel=0.02)
+        # the record's own step_bytes when no step is given; the step-free factor without either
+        assert models.predict(dict(k, step_bytes=10e6)) == pytest.approx(models.predict(k, 10e6))
+        assert models.predict(k) / raw == pytest.approx(between, rel=0.02)
+    # the points keep their step through the model file
+    again = KernelModels.from_json(json.loads(json.dumps(models.to_json())))
+    for k in kernels:
+        assert again.predict(k, 10e6) == pytest.approx(models.predict(k, 10e6), rel=1e-6)
+
+
+def test_embedding_in_situ_factors_do_not_depend_on_the_step():
+    name = "fbgemm::split_embedding_codegen_forward_unweighted_cpu"
+    models = KernelModels({"embedding_fwd": EmbeddingModel({name: [5.0, 1e-3, 0, 0, 0, 0]}, 2e6)})
+    k = {"name": name, "op": "FusedLookup#0", "shapes": [], "dtypes": ["float"],
+         "ctx": {"batch_size": 64, "table_sizes": [1000] * 4}}  # fmt: skip
+    assert F.op_type(name) == "embedding_fwd"
+    raw = models._predict(k)
+    models.calibrate_in_situ([[dict(k, step_bytes=10e6, dur_us=raw)],
+                              [dict(k, step_bytes=200e6, dur_us=2 * raw)]])  # fmt: skip
+    assert models.predict(k, 10e6) == pytest.approx(models.predict(k, 200e6))
+    assert models.predict(k, 10e6) / raw == pytest.approx(math.sqrt(2.0), rel=0.02)
+
+
+def test_model_files_written_before_step_points_still_predict():
+    """In-situ points of three columns (no step) read as step-free."""
+    models = KernelModels({"elementwise": RooflineTable({"*": [1.0, 1e-3]})})
+    k = dict(_ew(1000), op="relu#0")
+    raw = models._predict(k)
+    models.calibrate_in_situ([[dict(k, dur_us=1.5 * raw)]])
+    doc = models.to_json()
+    doc["in_situ_points"] = {key: [pt[:3] for pt in pts] for key, pts in doc["in_situ_points"].items()}
+    old = KernelModels.from_json(json.loads(json.dumps(doc)))
+    assert old.predict(k, 10e6) / raw == pytest.approx(1.5, rel=1e-6)

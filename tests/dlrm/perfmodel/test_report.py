@@ -53,3 +53,18 @@ def test_trace_paths_in_pass_order_or_the_single_trace(tmp_path):
     assert names == [f"small-b128-fp32.pass{p}.trace.json" for p in (0, 1, 2, 10)]
     assert [p.name for p in trace_paths(tmp_path, "kaggle-b256-fp32")] == ["kaggle-b256-fp32.trace.json"]
     assert trace_paths(tmp_path, "wide-b512-fp32") == []
+
+
+def test_no_fit_configuration_shares_a_batch_size_or_mlp_with_a_held_out_one():
+    """The report's configurations are held out: no fit trace has their MLP shapes, and none
+    their batch sizes (the embedding lookups and the loss depend on the batch only)."""
+    from dlrm.perfmodel.microbench import FIT_CONFIGS
+    from dlrm.perfmodel.report import heldout_configs
+
+    held = [c for _, c in heldout_configs()]
+    assert len(held) >= 12
+    fit_batches = {c["mini_batch_size"] for c in FIT_CONFIGS}
+    assert not fit_batches & {c["mini_batch_size"] for c in held}
+    mlps = lambda c: (tuple(c["arch_mlp_bot"]), tuple(c["arch_mlp_top"]))  # noqa: E731
+    fit_mlps = {mlps(c) for c in FIT_CONFIGS}
+    assert not fit_mlps & {mlps(c) for c in held}

@@ -160,3 +160,49 @@ def test_device_kernel_times_are_not_corrected_for_host_effects():
     assert device["dur_us"] == 4000.0
     assert corrected_us(host) == 2000.0 - 4 * 10.0  # its 4 nested profiler events
     assert corrected_us(device) == 4000.0
+
+
+def test_kernel_records_carry_their_steps_dense_working_set():
+    """Each kernel record holds the bytes its step's dense kernels move (the in-situ factors'
+    step context); steps whose ops differ (FAE's hot and cold batches) each have their own."""
+    from dlrm.perfmodel.features import bytes_moved, step_dense_bytes
+    from dlrm.perfmodel.graph import records_from_trace
+
+    def kernel(name, shape):
+        return {"name": name, "stream": "cpu", "start_us": 1.0, "dur_us": 10.0, "n_events": 1,
+                "launch_us": 0.0, "shapes": [shape, shape], "strides": [], "dtypes": ["float"] * 2}  # fmt: skip
+
+    def step(*kernels):
+        return {"dur_us": 100.0, "wall_us": 100.0, "cpu_us": 100.0,
+                "ops": [{"name": k["name"], "phase": "forward", "start_us": 0.0, "dur_us": 20.0,
+                         "n_events": 2, "shapes": [], "kernels": [k]} for k in kernels]}  # fmt: skip
+
+    relu, add = kernel("aten::relu", [64, 32]), kernel("aten::add", [64, 32])
+    emb = kernel("fbgemm::split_embedding_codegen_forward_unweighted_cpu", [4096])
+    doc = tr.make_doc({"batch_size": 64}, [step(relu, emb), step(relu, emb, add), step(relu, emb)])
+    recs = records_from_trace(doc)
+    assert len(recs) == 5
+    one, two = bytes_moved(relu), bytes_moved(relu) + bytes_moved(add)
+    assert [r["step_bytes"] for r in recs] == [one, one, two, two, two]
+    assert step_dense_bytes([relu, emb, add]) == two  # the lookup's table reads are not dense
+
+
+def test_the_traversal_predicts_each_kernel_in_its_steps_context():
+    from dlrm.perfmodel.features import step_dense_bytes
+    from dlrm.perfmodel.kernels import KernelModels, RooflineTable
+    from dlrm.perfmodel.model import PerfModel
+    from dlrm.perfmodel.overheads import Overheads
+
+    seen = []
+
+    class Recording(KernelModels):
+        def predict(self, k, step_bytes=None):
+            seen.append(step_bytes)
+            return 1.0
+
+    model = PerfModel({}, Recording({"elementwise": RooflineTable({"*": [1.0, 0.0]})}), Overheads())
+    ks = [{"name": "aten::relu", "shapes": [[1000]], "dtypes": ["float"]},
+          {"name": "aten::add", "shapes": [[500], [500]], "dtypes": ["float"] * 2}]  # fmt: skip
+    out = model.predict_ops([{"name": "a", "kernels": ks[:1]}, {"name": "b", "kernels": ks[1:]}])
+    assert out["per_batch_us"] == 2.0
+    assert seen == [step_dense_bytes(ks)] * 2
