@@ -135,8 +135,8 @@ class PerfModel:
     def predict_ops(self, ops: list[dict]) -> dict:
         step = step_dense_bytes(k for op in ops for k in op.get("kernels", []))
         return critical_path.traverse(
-            ops, lambda k: self.kernels.predict(k, step), self.overheads.get,
-            self.overheads.step_end(),
+            ops, lambda k: self.kernels.predict(k, step),
+            lambda op, kind: self.overheads.get(op, kind, step), self.overheads.step_end(step),
         )  # fmt: skip
 
     def predict(self, cfg, batch_size: int | None = None) -> dict:

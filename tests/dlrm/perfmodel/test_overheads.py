@@ -75,3 +75,42 @@ def test_a_cuda_ops_host_time_is_its_launches_and_the_rest():
     assert out["T1"] == [9.0]
     assert out["T4"] == [6.0, 4.0]
     assert out["T2"] == [30.0 - 10.0 - 4 * 1.0]  # the device's 520 us are not host time
+
+
+def _sized_doc(numel, t2):
+    """`_doc` with kernels that move `numel` floats and the linear ops' T2 set to t2 (their
+    kernels moved later by t2 - 2, still inside the op)."""
+    import copy
+
+    doc = copy.deepcopy(_doc())
+    for op in doc["steps"][0]["ops"]:
+        for k in op["kernels"]:
+            k.update(shapes=[[numel], [numel]], dtypes=["float", "float"])
+            k["start_us"] += t2 - 2.0
+        if op["kernels"]:
+            op["dur_us"] += t2 - 2.0
+    return doc
+
+
+def test_overheads_are_read_at_the_predicted_steps_working_set():
+    """Fit steps that move more have longer host spans (allocation of larger tensors): a
+    prediction reads the fit steps nearest its own step's dense working set; without a step,
+    the pooled median as before."""
+    from dlrm.perfmodel.features import step_dense_bytes
+
+    small, large = _sized_doc(1_000, 2.0), _sized_doc(1_000_000, 20.0)
+    ov = Overheads.from_traces([small, large])
+    first = small["steps"][0]["ops"][0]
+    size = lambda d: step_dense_bytes(k for op in d["steps"][0]["ops"] for k in op["kernels"])  # noqa: E731
+    assert ov.get(first, "T2", size(small)) == pytest.approx(2.0)
+    assert ov.get(first, "T2", size(large)) == pytest.approx(20.0)
+    assert ov.get(first, "T2", size(small) / 10) == pytest.approx(2.0)  # below the fitted range
+    assert ov.get(first, "T2", size(large) * 10) == pytest.approx(20.0)  # above it
+    assert 2.0 < ov.get(first, "T2", (size(small) * size(large)) ** 0.5) < 20.0
+    pooled = ov.get(first, "T2")
+    assert pooled == ov.table[op_key(first)]["T2"]["median"]
+    # the points survive the model file
+    again = Overheads.from_json(ov.to_json())
+    assert again.get(first, "T2", size(large)) == pytest.approx(20.0)
+    assert again.step_end(size(small)) == pytest.approx(6.0)
+    assert again.step_end(size(large)) == pytest.approx(0.0)  # its last op ends after 80 us
