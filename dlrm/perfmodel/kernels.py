@@ -551,9 +551,10 @@ class KernelModels:
         move 11-390 MB through their dense kernels; per trace, the factor of the same kernels
         grows with it (the bias gradient's `sum` and `threshold_backward` run at their isolated
         speed in a 5 MB step and at 1.9-2.4x in a 100 MB one; fp32 bmm 1.4x at 25 MB, 2.1x at
-        360 MB). Rescored on two quiet cycles' held-out traces (15 fit traces each): element-wise
-        10.1 -> 9.3% and 10.2 -> 9.7%, gemm 10.1 -> 9.0% and 10.0 -> 9.3%, device active time
-        4.2 -> 1.8% and 3.9 -> 2.4%."""
+        360 MB). With cycle C's fit (docs/perfmodel-measurements.md, session 11) scored on its
+        own and on cycle A's held-out traces, against session 10's model (no step kernel, 8 fit
+        traces): element-wise 10.1 -> 9.3% and 10.4 -> 9.6%, gemm 9.3 -> 8.9% and 9.2 -> 9.0%,
+        device active time 3.4 -> 1.7% and 3.8 -> 2.5%."""
         for key in self.situ_keys(k):
             if key not in self.in_situ:
                 continue
