@@ -346,12 +346,8 @@ def _indices_arg(k: dict) -> int:
 MLP_GRID = [(32, 2, 0.0), (64, 2, 0.0), (64, 3, 1e-4)]
 SITU_BANDWIDTH = math.log(2.0)  # of the in-situ factor's size kernel, in log size
 SITU_PRIOR = 0.1  # weight of a key's overall in-situ factor against its sized points
-# of the in-situ factor's step kernel, in log bytes of the step's dense working set
-# (`features.step_dense_bytes`); None: the factor does not depend on the step. Chosen, with the
-# kinds below, by leave-one-fit-trace-out over 15 fit traces (mean geomean error over the kernel
-# types 7.8% without the step kernel, 7.1% with sqrt(2), 7.6% with 2)
-SITU_STEP_BANDWIDTH: float | None = math.log(math.sqrt(2.0))
-# the kinds whose in-situ factor depends on the step: those that stream tensors other kernels
+# the kinds whose in-situ factor depends on the step (`features.step_weights`, its bandwidth
+# chosen with these kinds by leave-one-fit-trace-out): those that stream tensors other kernels
 # of the step wrote; embedding lookups read their tables, which their own model's cache term
 # covers (with them too: embedding backward 5.4 -> 7.1% in the same cross-validation)
 SITU_STEP_KINDS = ("gemm", "bmm", "elementwise", "concat", "gather", "scatter")
@@ -525,7 +521,7 @@ class KernelModels:
         """`situ_size`, or one size for all of a key's kernels when their factor depends on the
         step only (GEMMs of the step kinds)."""
         size = cls.situ_size(k, predicted_us)
-        if size is None and SITU_STEP_BANDWIDTH is not None and F.op_type(k["name"]) in SITU_STEP_KINDS:
+        if size is None and F.op_type(k["name"]) in SITU_STEP_KINDS:
             return 0.0
         return size
 
@@ -535,9 +531,8 @@ class KernelModels:
         (bandwidth SITU_BANDWIDTH in log size) with the key's overall factor as a prior worth
         SITU_PRIOR of one trace; the overall factor where the key has no sized points. For the
         kinds of `SITU_STEP_KINDS` the points are also weighted by how far their step's dense
-        working set is from the kernel's step's (`step_bytes`, else the record's own), a Gaussian
-        of bandwidth SITU_STEP_BANDWIDTH in log bytes, counted from the nearest fit step: a step
-        outside the fit traces' range reads the nearest ones.
+        working set is from the kernel's step's (`step_bytes`, else the record's own;
+        `features.step_weights`): a step outside the fit traces' range reads the nearest ones.
 
         Why per size: inside a step a 2 us cast of a bias costs about what it costs alone,
         while the 200 us cast of the same layer's weight runs 1.5-2x slower than alone (its
@@ -573,20 +568,11 @@ class KernelModels:
 
     @staticmethod
     def _step_weights(k: dict, pts: np.ndarray, step_bytes: float | None) -> np.ndarray | float:
-        """Weights of a key's sized points by how close their step's dense working set is to
-        the kernel's step's, relative to the closest (so that a step outside the fit traces'
-        range reads the nearest traces, not the prior)."""
-        if SITU_STEP_BANDWIDTH is None or F.op_type(k["name"]) not in SITU_STEP_KINDS:
+        """Weights of a key's sized points by how close their step is to the kernel's."""
+        if F.op_type(k["name"]) not in SITU_STEP_KINDS or pts.shape[1] < 4:
             return 1.0
-        step = _log_step(step_bytes if step_bytes is not None else k.get("step_bytes"))
-        if step is None or pts.shape[1] < 4:
-            return 1.0
-        d = np.abs(pts[:, 3] - step)
-        known = ~np.isnan(d)
-        if not known.any():
-            return 1.0
-        d = np.where(known, d - d[known].min(), 0.0)
-        return np.exp(-0.5 * (d / SITU_STEP_BANDWIDTH) ** 2)
+        step_bytes = step_bytes if step_bytes is not None else k.get("step_bytes")
+        return F.step_weights(pts[:, 3], step_bytes) if step_bytes else 1.0
 
     def predict(self, k: dict, step_bytes: float | None = None) -> float:
         raw = self._predict(k)

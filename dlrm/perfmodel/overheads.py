@@ -41,7 +41,9 @@ import math
 import statistics
 from collections import defaultdict
 
-from dlrm.perfmodel.features import step_dense_bytes
+import numpy as np
+
+from dlrm.perfmodel.features import step_dense_bytes, step_weights
 
 KINDS = ("T1", "T2", "T3", "T4", "T5")
 
@@ -100,23 +102,15 @@ def op_overheads(op: dict, prev_end: float | None, event_cost: float) -> dict[st
     return out
 
 
-# of the Gaussian over fit steps by their dense working set (log bytes), as for the kernels'
-# in-situ factors (`kernels.SITU_STEP_BANDWIDTH`)
-STEP_BANDWIDTH = math.log(math.sqrt(2.0))
-
-
 def _at_step(entry: dict, step_bytes: float | None) -> float:
     """An entry's overhead at a step's dense working set: the mean of the fit steps' medians,
-    weighted by a Gaussian in log step bytes counted from the nearest fit step (a step outside
-    the fitted range reads the nearest ones); the pooled median without a step."""
+    weighted by `features.step_weights`; the pooled median without a step."""
     points = entry.get("by_step")
     if not step_bytes or not points:
         return entry.get("median", entry["mean"])
-    at = math.log(step_bytes)
-    dist = [abs(p[0] - at) for p in points]
-    near = min(dist)
-    weights = [math.exp(-0.5 * ((d - near) / STEP_BANDWIDTH) ** 2) for d in dist]
-    return sum(w * p[1] for w, p in zip(weights, points)) / sum(weights)
+    pts = np.asarray(points, dtype=np.float64)
+    w = step_weights(pts[:, 0], step_bytes)
+    return float(w @ pts[:, 1] / w.sum())
 
 
 class Overheads:
@@ -132,19 +126,18 @@ class Overheads:
         the log of that step's dense working set (``by_step``: ``[log step bytes, median,
         count]``), which `get` reads at a predicted step's working set."""
         accs: dict[str, dict[str, _Acc]] = defaultdict(lambda: defaultdict(_Acc))
-        by_step: dict[str, dict[str, list[list[float]]]] = defaultdict(lambda: defaultdict(list))
+        by_step: dict[tuple[str, str], list[list[float]]] = defaultdict(list)
         for doc in docs:
             cost = (
                 float(doc["meta"].get("profiler_event_cost_us") or 0.0)
                 if event_cost is None
                 else event_cost
             )
-            # per step variant (its dense working set): this trace's samples
-            local: dict[float, dict[str, dict[str, _Acc]]] = {}
+            # this trace's samples per step variant (its log dense working set) and (key, kind)
+            local: dict[float, dict[tuple[str, str], _Acc]] = {}
             for step in doc["steps"]:
                 size = step_dense_bytes(k for op in step["ops"] for k in op.get("kernels", []))
-                here = local.setdefault(round(math.log(max(size, 1.0)), 6),
-                                        defaultdict(lambda: defaultdict(_Acc)))  # fmt: skip
+                here = local.setdefault(round(math.log(max(size, 1.0)), 6), defaultdict(_Acc))
                 prev_end: dict[int, float] = {}
                 for op in step["ops"]:
                     thread = op.get("thread", 0)
@@ -154,25 +147,22 @@ class Overheads:
                         for kind, xs in samples.items():
                             for x in xs:
                                 accs[key][kind].add(x)
-                                here[key][kind].add(x)
+                                here[key, kind].add(x)
                 # the tail of the step after its last op (the trainer's return path)
                 if step["ops"]:
                     last = max(o["start_us"] + o["dur_us"] for o in step["ops"])
                     tail = max(step["dur_us"] - last, 0.0)
                     accs["<step_end>"]["T1"].add(tail)
-                    here["<step_end>"]["T1"].add(tail)
-            for log_size, keys in local.items():
-                for key, kinds in keys.items():
-                    for kind, acc in kinds.items():
-                        if acc.xs:
-                            stats = acc.stats()
-                            by_step[key][kind].append([log_size, stats["median"], stats["count"]])
+                    here["<step_end>", "T1"].add(tail)
+            for log_size, accs_here in local.items():
+                for (key, kind), acc in accs_here.items():
+                    stats = acc.stats()
+                    by_step[key, kind].append([log_size, stats["median"], stats["count"]])
         table = {
             key: {kind: acc.stats() for kind, acc in kinds.items()} for key, kinds in accs.items()
         }
-        for key, kinds in by_step.items():
-            for kind, points in kinds.items():
-                table[key][kind]["by_step"] = points
+        for (key, kind), points in by_step.items():
+            table[key][kind]["by_step"] = points
         return cls(table)
 
     def get(self, op: dict, kind: str, step_bytes: float | None = None) -> float:
