@@ -1,0 +1,138 @@
+"""The embedding-collection contract: what every way of storing embedding rows offers.
+
+Models and the trainer hold an `EmbeddingCollection` and never ask which one: where rows live
+(one device, host and device tiers, an SSD file) is the collection's business. The face is
+torchrec's `EmbeddingBagCollection` (`forward(kjt) -> KeyedTensor`, keys in feature order), plus
+what training around it needs:
+
+- sparse updates are fused into backward, so `forward`'s output needs no optimizer step; the
+  learning rate is pushed in with `set_learning_rate`;
+- full-table export whatever the placement: `table_weights()` / `optimizer_states()` are every
+  row of every table, current (after `sync()`), and `state_dict()` is placement-independent
+  (`<table>.weight`, one tensor per table), so checkpoints move between placements;
+- `sync()` makes every tier current (before evaluation, checkpoints, exports);
+- `counters()` for metrics.jsonl / summary.json (transfer bytes, cache hits, ...),
+  `placement_info()` for the summary's description of where rows live;
+- `extra_state()` / `load_extra_state()`: tensors a checkpoint must carry beyond the weights and
+  optimizer state (counters, caches' bookkeeping) so a resumed run continues exactly;
+- `last_step_kind()`: what kind of step the last training forward was, for collections whose
+  steps differ (FAE: "hot" or "cold"), so the trainer can time them apart.
+
+Tables are deliberately not registered parameters: their fused optimizer updates them inside
+backward, so they must not reach the dense optimizer through `.parameters()` (and a data-parallel
+wrapper would not keep them in step across ranks: see `replicated_across_ranks`).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+from torch import nn
+
+from embeddings.config import SparseOptimizer, TableSpec
+
+
+class EmbeddingCollection(nn.Module, ABC):
+    """Sum-pooled embedding bags for many features, sparse optimizer fused into backward."""
+
+    tables: list[TableSpec]
+    feature_names: list[str]
+    dims: list[int]
+    optimizer: SparseOptimizer
+    device: torch.device
+    backend: str  # how lookups run, for people (e.g. "fbgemm", "fae(host=fbgemm, device=torch)")
+
+    # --- lookups and training ------------------------------------------------------------------
+
+    @abstractmethod
+    def forward(self, features):  # KeyedJaggedTensor -> KeyedTensor
+        """Pooled embeddings, keys in `feature_names` order (any key order in)."""
+
+    @abstractmethod
+    def set_learning_rate(self, lr: float) -> None:
+        """The fused sparse optimizer's learning rate from the next backward on."""
+
+    def last_step_kind(self) -> str | None:
+        """The kind of the last training forward when a collection has several (FAE: "hot" or
+        "cold"); None when every step is alike."""
+        return None
+
+    # --- full tables, whatever the placement ---------------------------------------------------
+
+    @abstractmethod
+    def table_weights(self) -> list[torch.Tensor]:
+        """Every table as one [rows, dim] tensor, current. Views where the storage allows: after
+        writing into them call `after_tables_written()`."""
+
+    @abstractmethod
+    def optimizer_states(self) -> list[torch.Tensor | None]:
+        """Per table the fused optimizer's state ([rows, dim] for Adagrad, [rows] for row-wise
+        Adagrad), None for SGD; current, views where the storage allows."""
+
+    def after_tables_written(self) -> None:
+        """Called after `table_weights()` / `optimizer_states()` were written into, so copies
+        of those rows elsewhere (another tier) are refreshed."""
+
+    def sparse_state_dict(self) -> dict[str, torch.Tensor]:
+        """The fused optimizer's state, one tensor per table, for checkpoints."""
+        return {
+            self._state_key(t): s.detach()
+            for t, s in zip(self.tables, self.optimizer_states())
+            if s is not None
+        }
+
+    def load_sparse_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        dst = {
+            self._state_key(t): s
+            for t, s in zip(self.tables, self.optimizer_states())
+            if s is not None
+        }
+        missing = sorted(set(dst) - set(state))
+        if missing:
+            more = "..." if len(missing) > 3 else ""
+            raise KeyError(f"sparse optimizer state: missing {', '.join(missing[:3])}{more}")
+        with torch.no_grad():
+            for key, d in dst.items():
+                s = state[key]
+                if tuple(s.shape) != tuple(d.shape):
+                    raise ValueError(
+                        f"sparse optimizer state: {key} has shape {tuple(s.shape)}, "
+                        f"expected {tuple(d.shape)}"
+                    )
+                d.copy_(s)
+        self.after_tables_written()
+
+    def _state_key(self, table: TableSpec) -> str:
+        return f"{table.name}.{self.optimizer.kind}_state"
+
+    # --- tiers, counters, checkpoints ----------------------------------------------------------
+
+    def sync(self) -> None:
+        """Make every tier current (before evaluation, checkpoints and exports)."""
+
+    def counters(self) -> dict[str, int | float | None]:
+        """Counters for metrics.jsonl and summary.json (e.g. bytes over the host/device link)."""
+        return {}
+
+    @abstractmethod
+    def placement_info(self) -> dict:
+        """Where rows live, for the summary: at least `kind` and `backend`."""
+
+    def extra_state(self) -> dict[str, torch.Tensor]:
+        """Tensors a checkpoint must carry beyond weights and optimizer state."""
+        return {}
+
+    def load_extra_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Restore what `extra_state` returned (keys it does not know are an error)."""
+        unknown = sorted(state)
+        if unknown:
+            raise KeyError(f"embedding collection: unexpected checkpoint state {', '.join(unknown[:3])}")
+
+    # --- processes -------------------------------------------------------------------------------
+
+    def replicated_across_ranks(self) -> bool:
+        """True when every rank of a process group holds and updates the same rows and keeps them
+        in step itself. The collections here are single-process: each rank would update its own
+        copy and the copies would drift, so the trainer refuses them with a process group."""
+        return False
