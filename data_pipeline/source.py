@@ -13,8 +13,9 @@ from torchrec.datasets.utils import Batch
 class BatchSource(Protocol):
     """A split of a dataset cut into batches.
 
-    `batches(epoch, start)` yields batch `start`, `start + 1`, ... of `epoch`; the order may depend
-    on the epoch (seeded shuffling) but never on anything else, so it can be replayed.
+    `batches(epoch, start)` yields batch `start`, `start + 1`, ... of `epoch`; `batch(epoch, index)`
+    is one of them on its own. The order may depend on the epoch (seeded shuffling) but never on
+    anything else, so it can be replayed.
     `rank`/`world_size` (given at construction) select a shard of every batch for data parallelism.
     """
 
@@ -28,3 +29,5 @@ class BatchSource(Protocol):
         ...
 
     def batches(self, epoch: int = 0, start: int = 0) -> Iterator[Batch]: ...
+
+    def batch(self, epoch: int, index: int) -> Batch: ...

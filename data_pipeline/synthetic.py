@@ -267,11 +267,17 @@ class SyntheticBatchSource:
         return self.num_batches
 
     def batches(self, epoch: int = 0, start: int = 0) -> Iterator[Batch]:
+        if not 0 <= start <= self.num_batches:
+            raise IndexError(f"start batch {start} of {self.num_batches}")
         for i in range(start, self.num_batches):
-            yield self.batch(epoch * self.num_batches + i)
+            yield self.batch(epoch, i)
 
-    def batch(self, index: int) -> Batch:
-        """Global batch `index` of the stream (this rank's shard of it)."""
+    def batch(self, epoch: int, index: int) -> Batch:
+        """Batch `index` of `epoch` (this rank's shard of it). Epochs are consecutive stretches
+        of one endless stream, so no two epochs repeat a batch."""
+        if not 0 <= index < self.num_batches:
+            raise IndexError(f"batch {index} of {self.num_batches}")
+        index += epoch * self.num_batches
         local = self.batch_size // self.world_size
         lo, hi = index * local, (index + 1) * local
         parts = []

@@ -2,9 +2,20 @@
 
     from dlrm import Trainer, TrainConfig
     summary = Trainer(TrainConfig(num_batches=100, out_dir="runs/demo")).fit()
+
+`Trainer` is imported on first use: parsing a command line (`dlrm.train`, `dlrm.config`) must not
+pay for importing torchrec and fbgemm.
 """
 
-from dlrm.config import ConfigError, TrainConfig
-from dlrm.trainer import Trainer
+from dlrm.config import TrainConfig
+from dlrm.errors import ConfigError
 
 __all__ = ["ConfigError", "TrainConfig", "Trainer"]
+
+
+def __getattr__(name: str):
+    if name == "Trainer":
+        from dlrm.trainer import Trainer
+
+        return Trainer
+    raise AttributeError(f"module 'dlrm' has no attribute {name!r}")

@@ -105,3 +105,31 @@ def set_rng_state(state: dict) -> None:
     np.random.set_state(("MT19937", state["numpy_keys"].numpy().astype(np.uint32), state["numpy_pos"], 0, 0.0))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# --- model files (weights only: --save-model / --load-model, inference) ----------------------------
+
+
+def save_model_file(path: Path, model: torch.nn.Module, arch: dict) -> None:
+    """Weights only (no optimizer state), with the architecture they were trained for."""
+    atomic_save({"format": FORMAT, "version": VERSION, "arch": arch, "model": model.state_dict()}, path)
+
+
+def load_model_state(model: torch.nn.Module, state: dict, path: Path) -> None:
+    """Every weight of `model` from `state` (written by any placement); one line when it does not fit."""
+    try:
+        result = model.load_state_dict(state, strict=False)
+    except RuntimeError as e:  # shape mismatches
+        raise CheckpointError(f"{path}: does not fit the model ({str(e).splitlines()[-1].strip()})") from None
+    problems = list(result.missing_keys) + list(result.unexpected_keys)
+    if problems:
+        raise CheckpointError(f"{path}: does not fit the model (keys {', '.join(problems[:4])})")
+
+
+def load_model_file(path: Path, model: torch.nn.Module) -> dict:
+    """Load a model file or checkpoint's weights into `model`; returns the file's contents."""
+    if not path.exists():
+        raise CheckpointError(f"--load-model: no such file: {path}")
+    data = load(path)
+    load_model_state(model, data["model"], path)
+    return data

@@ -8,13 +8,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from dlrm.errors import ConfigError
 from embeddings.config import SPARSE_OPTIMIZERS
 from embeddings.placement import parse_bytes
-
-
-class ConfigError(ValueError):
-    """A user's mistake in the configuration: one line naming the flag and what was expected."""
-
 
 DATA_SETS = ("synthetic", "kaggle", "terabyte", "taobao")
 MODELS = ("dlrm", "tbsm")
@@ -45,14 +41,32 @@ def _new_run_dir() -> str:
     return str(candidate)
 
 
+# The reference configurations (facebookresearch/dlrm's bench scripts for Criteo Kaggle and
+# Terabyte, facebookresearch/tbsm's for Taobao) for the fields a run does not set. The synthetic
+# data is Kaggle-shaped and takes Kaggle's; DLRM on Taobao is the candidate-step baseline TBSM is
+# compared with (scripts/bench_tbsm_vs_dlrm.py).
+_KAGGLE = dict(arch_sparse_feature_size=16, arch_mlp_bot=(13, 512, 256, 64, 16), arch_mlp_top=(512, 256, 1))
+REFERENCE_ARCH: dict[tuple[str, str], dict] = {
+    ("dlrm", "synthetic"): _KAGGLE,
+    ("dlrm", "kaggle"): _KAGGLE,
+    ("dlrm", "terabyte"): dict(
+        arch_sparse_feature_size=64, arch_mlp_bot=(13, 512, 256, 64), arch_mlp_top=(512, 512, 256, 1),
+        max_ind_range=10_000_000,
+    ),
+    ("dlrm", "taobao"): dict(arch_sparse_feature_size=16, arch_mlp_bot=(1, 16), arch_mlp_top=(15, 1)),
+    ("tbsm", "taobao"): dict(arch_sparse_feature_size=16, arch_mlp_bot=(1, 16), arch_mlp_top=(15, 15)),
+}  # fmt: skip
+
+
 @dataclass
 class TrainConfig:
     # model (names as in facebookresearch/dlrm)
+    # None: the data set's reference configuration (REFERENCE_ARCH), filled in at construction
     model: str = "dlrm"
-    arch_sparse_feature_size: int = 16
+    arch_sparse_feature_size: int | None = None
     arch_embedding_size: tuple[int, ...] | None = None  # None: the data set's table sizes
-    arch_mlp_bot: tuple[int, ...] = (13, 512, 256, 64, 16)
-    arch_mlp_top: tuple[int, ...] = (512, 256, 1)
+    arch_mlp_bot: tuple[int, ...] | None = None
+    arch_mlp_top: tuple[int, ...] | None = None
     arch_interaction_op: str = "dot"
     arch_interaction_itself: bool = False
     embedding_backend: str = "auto"  # auto | fbgemm | torch
@@ -75,7 +89,7 @@ class TrainConfig:
     raw_data_file: str | None = None
     processed_data_file: str | None = None
     data_randomize: str = "total"
-    max_ind_range: int = -1
+    max_ind_range: int | None = None  # None: the reference's for the data set (Terabyte's hashes)
     data_sub_sample_rate: float = 0.0
     frequency_threshold: int = 0
     on_bad_line: str = "error"
@@ -126,6 +140,7 @@ class TrainConfig:
 
 
     def __post_init__(self) -> None:
+        self.reference_defaults = self._fill_reference_defaults()
         self.arch_mlp_bot = parse_widths(self.arch_mlp_bot, "--arch-mlp-bot")
         self.arch_mlp_top = parse_widths(self.arch_mlp_top, "--arch-mlp-top")
         self.tsl_mlp = parse_widths(self.tsl_mlp, "--tsl-mlp")
@@ -135,6 +150,27 @@ class TrainConfig:
         if not self.out_dir:
             self.out_dir = _new_run_dir()
         self.validate()
+
+    def _fill_reference_defaults(self) -> dict:
+        """Fields left None take the data set's reference configuration; returns what was filled
+        (so it can be printed at start)."""
+        reference = REFERENCE_ARCH.get((self.model, self.data_set), REFERENCE_ARCH[("dlrm", "kaggle")])
+        filled = {}
+        for name, value in reference.items():
+            if getattr(self, name) is None:
+                setattr(self, name, value)
+                filled[name] = value
+        return filled
+
+    def describe_reference_defaults(self) -> str:
+        """One line: the reference settings this run took for fields it was not given."""
+        if not self.reference_defaults:
+            return ""
+        shown = []
+        for name, value in self.reference_defaults.items():
+            text = "-".join(map(str, value)) if isinstance(value, tuple) else str(value)
+            shown.append(f"--{name.replace('_', '-')} {text}")
+        return f"{self.model} on {self.data_set}: reference settings {' '.join(shown)}"
 
     def validate(self) -> None:
         def choice(flag: str, value: str, options: tuple[str, ...]) -> None:

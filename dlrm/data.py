@@ -56,7 +56,7 @@ def _criteo(cfg: TrainConfig, rank: int, world_size: int) -> DataSplits:
     directory = Path(cfg.processed_data_file or f"{cfg.raw_data_file}.processed")
     if cfg.raw_data_file:
         options = {
-            "max_ind_range": cfg.max_ind_range if cfg.max_ind_range > 0 else None,
+            "max_ind_range": cfg.max_ind_range if (cfg.max_ind_range or 0) > 0 else None,
             "frequency_threshold": cfg.frequency_threshold if cfg.frequency_threshold > 0 else None,
             "sub_sample_rate": cfg.data_sub_sample_rate,
             "seed": cfg.seed,

@@ -12,12 +12,23 @@ _EPS = 1e-7
 
 
 def gather_across_ranks(t: torch.Tensor) -> torch.Tensor:
-    """All ranks' predictions, concatenated (identity without torch.distributed)."""
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+    """Every rank's rows of `t`, concatenated in rank order (identity without a process group).
+
+    Ranks may hold different numbers of rows (the last, short batch of a split does not divide
+    evenly), so the sizes are exchanged first and each rank's rows padded to the largest."""
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return t
-    parts = [torch.empty_like(t) for _ in range(torch.distributed.get_world_size())]
-    torch.distributed.all_gather(parts, t)  # shards are equal-sized by construction
-    return torch.cat(parts)
+    world = dist.get_world_size()
+    mine = torch.tensor([t.shape[0]], dtype=torch.int64, device=t.device)
+    sizes = [torch.zeros_like(mine) for _ in range(world)]
+    dist.all_gather(sizes, mine)
+    counts = [int(s) for s in sizes]
+    padded = t.new_zeros((max(counts), *t.shape[1:]))
+    padded[: t.shape[0]] = t
+    parts = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(parts, padded)
+    return torch.cat([p[:n] for p, n in zip(parts, counts)])
 
 
 def binary_metrics(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:

@@ -13,8 +13,8 @@ import logging
 import sys
 
 from data_pipeline.errors import DataError
-from dlrm.config import ConfigError, TrainConfig
-from dlrm.errors import CheckpointError, TrainingDiverged
+from dlrm.config import TrainConfig
+from dlrm.errors import CheckpointError, ConfigError, TrainingDiverged
 
 EXIT_USAGE = 2
 
@@ -136,9 +136,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
     try:
         cfg = config_from_args(argv)
-        from dlrm.trainer import Trainer  # after parsing: --help stays fast
+        if cfg.reference_defaults:
+            print(cfg.describe_reference_defaults(), flush=True)
+        from dlrm.trainer import Trainer  # after parsing: --help and flag errors stay fast
 
-        summary = Trainer(cfg).fit()
+        summary = Trainer(cfg, step_hook=_perf_recorder(cfg)).fit()
     except (ConfigError, DataError, CheckpointError) as e:
         sys.stderr.write(f"python -m dlrm.train: error: {e}\n")
         return EXIT_USAGE
@@ -147,6 +149,15 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     _print_summary(cfg, summary)
     return 0
+
+
+def _perf_recorder(cfg: TrainConfig):
+    """`--perf-log DIR`: the performance model's recorder, attached as the trainer's step hook."""
+    if not cfg.perf_log:
+        return None
+    from perfmodel.recorder import StepRecorder
+
+    return StepRecorder(cfg.perf_log)
 
 
 def _print_summary(cfg: TrainConfig, s: dict) -> None:

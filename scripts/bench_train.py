@@ -97,7 +97,7 @@ class NaiveStep:
 
 
 class OursStep:
-    """Our trainer's step with its data generator: the body of `Trainer.fit`'s loop."""
+    """Our trainer's step with its data generator: the train pipeline `Trainer.fit` runs."""
 
     def __init__(self, table_sizes, batch_size: int, precision: str, out_dir: str) -> None:
         cfg = make_config(table_sizes, batch_size, 1_000_000, precision, out_dir)
@@ -105,9 +105,8 @@ class OursStep:
         self.batches = self.trainer.data.train.batches(0)
 
     def run(self, steps: int) -> None:
-        tr = self.trainer
         for _ in range(steps):
-            tr.train_step(next(self.batches).to(tr.device, non_blocking=True))
+            self.trainer.pipeline.progress(self.batches)
 
 
 def timed(step, steps: int, batch_size: int) -> float:

@@ -15,20 +15,20 @@ import torch
 from torch import nn
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from dlrm.errors import ArchError
+
 INTERACTIONS = ("dot", "cat")
 
 
 def check_bottom_mlp(bottom: tuple[int, ...], num_dense: int, embedding_dim: int) -> None:
     """The bottom MLP reads the dense features and must output one embedding-sized vector."""
     if not bottom or bottom[0] != num_dense:
-        raise ValueError(
-            f"--arch-mlp-bot: first width must be the number of dense features "
-            f"({num_dense}), got {'-'.join(map(str, bottom))}"
+        raise ArchError(
+            "bottom",
+            f"first width must be the number of dense features ({num_dense}), got {'-'.join(map(str, bottom))}",
         )
     if bottom[-1] != embedding_dim:
-        raise ValueError(
-            f"--arch-mlp-bot: last width ({bottom[-1]}) must equal --arch-sparse-feature-size ({embedding_dim})"
-        )
+        raise ArchError("bottom", f"last width ({bottom[-1]}) must equal the embedding dimension ({embedding_dim})")
 
 
 @dataclass(frozen=True)
@@ -46,12 +46,10 @@ class DLRMArch:
 
     def __post_init__(self) -> None:
         if self.interaction not in INTERACTIONS:
-            raise ValueError(f"--arch-interaction-op: expected dot or cat, got {self.interaction!r}")
+            raise ArchError("interaction", f"expected dot or cat, got {self.interaction!r}")
         check_bottom_mlp(self.bottom, self.num_dense, self.embedding_dim)
         if not self.top or self.top[-1] != 1:
-            raise ValueError(
-                f"--arch-mlp-top: last width must be 1 (one logit), got {'-'.join(map(str, self.top))}"
-            )
+            raise ArchError("top", f"last width must be 1 (one logit), got {'-'.join(map(str, self.top))}")
 
     @property
     def top_input(self) -> int:

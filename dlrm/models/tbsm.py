@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from dlrm.errors import ArchError
 from dlrm.models.dlrm import INTERACTIONS, Interaction, check_bottom_mlp, make_mlp
 
 MODEL_TYPES = ("tsl", "mha", "rnn")
@@ -72,23 +73,23 @@ class TBSMArch:
     interaction_itself: bool = False
 
     def __post_init__(self) -> None:
-        def choice(flag: str, value: str, options: tuple[str, ...]) -> None:
+        def choice(field: str, options: tuple[str, ...]) -> None:
+            value = getattr(self, field)
             if value not in options:
-                raise ValueError(f"{flag}: expected one of {', '.join(options)}, got {value!r}")
+                raise ArchError(field, f"expected one of {', '.join(options)}, got {value!r}")
 
-        choice("--model-type", self.model_type, MODEL_TYPES)
-        choice("--tsl-inner", self.tsl_inner, TSL_INNER)
-        choice("--tsl-mechanism", self.tsl_mechanism, TSL_MECHANISMS)
-        choice("--arch-interaction-op", self.interaction, INTERACTIONS)
+        choice("model_type", MODEL_TYPES)
+        choice("tsl_inner", TSL_INNER)
+        choice("tsl_mechanism", TSL_MECHANISMS)
+        choice("interaction", INTERACTIONS)
         check_bottom_mlp(self.bottom, self.num_dense, self.embedding_dim)
         if not self.top:
-            raise ValueError("--arch-mlp-top: needs at least one width")
+            raise ArchError("top", "needs at least one width")
         if not self.arch_mlp or self.arch_mlp[-1] != 1:
-            raise ValueError(f"--arch-mlp: last width must be 1 (one logit), got {'-'.join(map(str, self.arch_mlp))}")
-        for flag, value in (("--ts-length", self.ts_length), ("--tsl-num-heads", self.tsl_num_heads),
-                            ("--mha-num-heads", self.mha_num_heads), ("--rnn-num-layers", self.rnn_num_layers)):  # fmt: skip
-            if value < 1:
-                raise ValueError(f"{flag}: expected a positive integer, got {value}")
+            raise ArchError("arch_mlp", f"last width must be 1 (one logit), got {'-'.join(map(str, self.arch_mlp))}")
+        for field in ("ts_length", "tsl_num_heads", "mha_num_heads", "rnn_num_layers"):
+            if getattr(self, field) < 1:
+                raise ArchError(field, f"expected a positive integer, got {getattr(self, field)}")
 
     @property
     def step_dim(self) -> int:

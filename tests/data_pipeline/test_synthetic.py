@@ -48,6 +48,17 @@ def test_replay_from_any_position_and_across_chunks(world):
     assert torch.equal(torch.cat([small[0].labels, small[1].labels]), big[0].labels)
 
 
+def test_batch_is_the_same_face_as_every_source(world):
+    """batch(epoch, index) is batches(epoch, index)'s first batch, as for Criteo and Taobao."""
+    src = SyntheticBatchSource(world, "train", 700, 4)
+    for epoch in (0, 2):
+        assert batches_equal(src.batch(epoch, 3), next(src.batches(epoch, start=3)))
+    with pytest.raises(IndexError, match="batch 4 of 4"):
+        src.batch(0, 4)
+    with pytest.raises(IndexError, match="start batch 5 of 4"):
+        next(src.batches(0, start=5))
+
+
 def test_splits_epochs_and_shards_differ(world):
     tr = next(SyntheticBatchSource(world, "train", 500, 2).batches(0))
     te = next(SyntheticBatchSource(world, "test", 500, 2).batches(0))

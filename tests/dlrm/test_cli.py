@@ -26,7 +26,7 @@ def test_reference_flags_map_to_config():
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--arch-mlp-bot", "13-512-8"], "--arch-mlp-bot: last width (8) must equal --arch-sparse-feature-size (4)"),
+        (["--arch-mlp-bot", "13-512-8"], "--arch-mlp-bot: last width (8) must equal the embedding dimension (4)"),
         (["--arch-mlp-top", "512-2"], "--arch-mlp-top: last width must be 1"),
         (["--optimizer", "adam"], "--optimizer: expected one of sgd, adagrad, rowwise_adagrad, got 'adam'"),
         (["--arch-mlp-bot", "13-x-16"], "--arch-mlp-bot: expected dash-separated integers"),
@@ -57,3 +57,22 @@ def test_module_runs_end_to_end(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "test AUC" in out.stdout and "samples/s" in out.stdout
     assert (tmp_path / "r" / "summary.json").exists()
+
+
+def test_each_data_set_gets_its_reference_architecture_printed_at_start(tmp_path, capsys):
+    from data_pipeline.taobao_synthetic import PlantedBehavior, write_user_behavior
+
+    raw = tmp_path / "ub.csv"
+    write_user_behavior(raw, PlantedBehavior(num_users=60, min_events=8, max_events=12, seed=2))
+    rc = main(["--model", "tbsm", "--data-set", "taobao", "--raw-data-file", str(raw), "--ts-length", "4",
+               "--mini-batch-size", "32", "--num-batches", "2", "--out-dir", str(tmp_path / "r")])  # fmt: skip
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    assert ("tbsm on taobao: reference settings --arch-sparse-feature-size 16 --arch-mlp-bot 1-16 "
+            "--arch-mlp-top 15-15") in out.out  # fmt: skip
+    terabyte = config_from_args(["--data-set", "terabyte", "--raw-data-file", "day", "--arch-mlp-top", "64-1"])
+    assert (terabyte.arch_sparse_feature_size, terabyte.arch_mlp_bot) == (64, (13, 512, 256, 64))
+    assert terabyte.max_ind_range == 10_000_000 and terabyte.arch_mlp_top == (64, 1)  # given flags win
+    assert "arch_mlp_top" not in terabyte.reference_defaults
+    given = ["--arch-sparse-feature-size", "16", "--arch-mlp-bot", "13-16", "--arch-mlp-top", "4-1"]
+    assert config_from_args(given).describe_reference_defaults() == ""  # nothing taken: nothing printed

@@ -4,6 +4,7 @@ import pytest
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from dlrm.errors import ArchError
 from dlrm.models.dlrm import DLRM, DLRMArch, Interaction, NarrowInputLinear, make_mlp
 from embeddings import FusedEmbeddingBagCollection, tables_for_features
 
@@ -123,14 +124,15 @@ def test_forward_shapes_and_dense_parameters_exclude_embeddings():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(bottom=(13, 64, 8)), r"--arch-mlp-bot: last width \(8\) must equal --arch-sparse-feature-size \(16\)"),
-        (dict(bottom=(12, 16)), r"--arch-mlp-bot: first width must be the number of dense features \(13\)"),
-        (dict(top=(64, 2)), r"--arch-mlp-top: last width must be 1"),
-        (dict(interaction="sum"), r"--arch-interaction-op: expected dot or cat"),
+        (dict(bottom=(13, 64, 8)), r"^bottom: last width \(8\) must equal the embedding dimension \(16\)"),
+        (dict(bottom=(12, 16)), r"^bottom: first width must be the number of dense features \(13\)"),
+        (dict(top=(64, 2)), r"^top: last width must be 1"),
+        (dict(interaction="sum"), r"^interaction: expected dot or cat"),
     ],
 )
-def test_inconsistent_architecture_names_the_flag(kwargs, message):
+def test_inconsistent_architecture_names_the_field(kwargs, message):
+    """Models name their own fields; the CLI names flags (tests/dlrm/test_cli.py)."""
     base = dict(num_dense=13, embedding_dim=16, num_sparse=26, bottom=(13, 16), top=(1,))
     base.update(kwargs)
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ArchError, match=message):
         DLRMArch(**base)

@@ -6,9 +6,9 @@ import numpy as np
 import torch
 
 from dlrm import Trainer
-from dlrm.placement import FAEBatchSource, concat_batches, select_batch
+from dlrm.fae_schedule import BatchSelector, FAEBatchSource, concat_batches
 from dlrm.train import main
-from embeddings.hybrid import HybridEmbeddingBagCollection
+from embeddings.hot_inputs import AllHotClassifier
 from embeddings.placement import PlacementPlan
 
 # a budget of about a quarter of the tiny model's rows: some inputs hot, some cold
@@ -25,7 +25,7 @@ def test_fae_training_reports_placement_and_counters(make_config):
     cfg = make_config(**FAE, optimizer="rowwise_adagrad")
     trainer = Trainer(cfg)
     emb = trainer.model.embeddings
-    assert isinstance(emb, HybridEmbeddingBagCollection) and 0 < emb.num_hot < 607
+    assert emb.placement_info()["kind"] == "fae" and 0 < emb.num_hot < 607
     assert isinstance(trainer.data.train, FAEBatchSource)
     summary = trainer.fit()
     p = summary["placement"]
@@ -46,15 +46,15 @@ def test_fae_training_reports_placement_and_counters(make_config):
 def test_fae_epoch_is_a_regrouping_of_the_same_inputs_and_replays_from_any_batch(make_config):
     trainer = Trainer(make_config(**FAE))
     fae, plain = trainer.data.train, trainer.data.train.source
-    emb = trainer.model.embeddings
+    all_hot = AllHotClassifier(trainer.placement.plan)
     got = list(fae.batches(1))
     assert len(got) == len(fae) == len(plain) == 30
     assert sorted(k for b in got for k in sample_key(b)) == sorted(k for b in plain.batches(1) for k in sample_key(b))
-    kinds = [bool(emb.hot_input_mask(b.sparse_features).all()) for b in got]
+    kinds = [bool(all_hot(b.sparse_features).all()) for b in got]
     assert 0 < sum(kinds) < 30 and all(b.labels.numel() == 64 for b in got)
     tail = list(fae.batches(1, start=13))  # mid-window: what a resumed run sees
     assert len(tail) == 17
-    for a, b in zip(tail, got[13:]):
+    for a, b in zip(tail + [fae.batch(1, 13)], got[13:] + [got[13]]):
         assert torch.equal(a.sparse_features.values(), b.sparse_features.values())
         assert torch.equal(a.dense_features, b.dense_features) and torch.equal(a.labels, b.labels)
 
@@ -84,10 +84,10 @@ def test_fae_resume_reproduces_the_uninterrupted_run_exactly(make_config, tmp_pa
 
 def test_auto_placement_and_plan_reuse(make_config, tmp_path):
     small = Trainer(make_config(placement="auto", hot_budget="1GB", device="cpu"))
-    assert not isinstance(small.model.embeddings, HybridEmbeddingBagCollection)
+    assert small.model.embeddings.placement_info()["kind"] == "device"
     plan_file, profile_file = tmp_path / "plan.npz", tmp_path / "prof.npz"
     first = Trainer(make_config(**dict(FAE, placement="auto"), placement_plan=str(plan_file), profile_file=str(profile_file)))
-    assert isinstance(first.model.embeddings, HybridEmbeddingBagCollection)
+    assert first.model.embeddings.placement_info()["kind"] == "fae"
     assert plan_file.is_file() and profile_file.is_file()
     # reused as given, whatever the budget says now
     again = Trainer(make_config(**dict(FAE, hot_budget="1KB"), placement_plan=str(plan_file), out_dir=str(tmp_path / "r2")))
@@ -131,7 +131,7 @@ def test_select_and_concat_batches_handle_jagged_features():
     assert both.sparse_features.stride() == 5
     assert [v.tolist() for v in both.sparse_features.to_dict()["a"].to_dense()] == [[1], [], [2, 3], [], [6, 7, 8]]
     assert [v.tolist() for v in both.sparse_features.to_dict()["b"].to_dense()] == [[4], [5], [], [9, 10], []]
-    sel = select_batch(both, np.array([4, 0, 3]))
+    sel = BatchSelector(both).select(np.array([4, 0, 3]))
     d = sel.sparse_features.to_dict()
     assert [v.tolist() for v in d["a"].to_dense()] == [[6, 7, 8], [1], []]
     assert [v.tolist() for v in d["b"].to_dense()] == [[], [4], [9, 10]]

@@ -130,9 +130,9 @@ def test_mha_context_is_attention_from_candidate():
 
 
 def test_arch_and_config_errors(tmp_path):
-    with pytest.raises(ValueError, match="--tsl-inner: expected one of dot, ind, def, got 'cos'"):
+    with pytest.raises(ValueError, match="^tsl_inner: expected one of dot, ind, def, got 'cos'"):
         _model(tsl_inner="cos")
-    with pytest.raises(ValueError, match="--arch-mlp: last width must be 1"):
+    with pytest.raises(ValueError, match="^arch_mlp: last width must be 1"):
         TBSMArch(num_dense=1, embedding_dim=4, num_sparse=3, bottom=(1, 4), top=(5,), arch_mlp=(7, 2))
     with pytest.raises(ConfigError, match="--model-type: expected one of tsl, mha, rnn, got 'gru'"):
         TrainConfig(model="tbsm", model_type="gru")

@@ -1,0 +1,80 @@
+"""From a configuration and a data set to a model on a device: what training, evaluation and an
+inference tool all need, without a Trainer."""
+
+from __future__ import annotations
+
+import torch
+
+from dlrm.config import TrainConfig
+from dlrm.data import DataSplits
+from dlrm.embedding_setup import PlacedEmbeddings, build_embeddings
+from dlrm.errors import ArchError, ConfigError
+from dlrm.models.dlrm import DLRM, DLRMArch
+from dlrm.models.tbsm import TBSM, TBSMArch
+from embeddings import tables_for_features
+
+# the command-line flag of each architecture field, for messages
+ARCH_FLAGS = {
+    "bottom": "--arch-mlp-bot", "top": "--arch-mlp-top", "interaction": "--arch-interaction-op",
+    "embedding_dim": "--arch-sparse-feature-size", "model_type": "--model-type", "tsl_inner": "--tsl-inner",
+    "tsl_mechanism": "--tsl-mechanism", "arch_mlp": "--arch-mlp", "ts_length": "--ts-length",
+    "tsl_num_heads": "--tsl-num-heads", "mha_num_heads": "--mha-num-heads", "rnn_num_layers": "--rnn-num-layers",
+}  # fmt: skip
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda: no CUDA device is available")
+    return torch.device(name)
+
+
+def table_sizes(cfg: TrainConfig, data: DataSplits) -> list[int]:
+    """The data set's table sizes, or `--arch-embedding-size` when given (never smaller)."""
+    sizes = list(data.table_sizes)
+    if cfg.arch_embedding_size is None:
+        return sizes
+    given = list(cfg.arch_embedding_size)
+    if len(given) != len(sizes):
+        raise ConfigError(
+            f"--arch-embedding-size: {len(given)} tables given, the data set has {len(sizes)} sparse features"
+        )
+    small = [i for i, (g, n) in enumerate(zip(given, sizes)) if g < n]
+    if small:
+        i = small[0]
+        raise ConfigError(f"--arch-embedding-size: table {i} has {given[i]} rows but the data set's ids need {sizes[i]}")
+    return given
+
+
+def build_placed_embeddings(cfg: TrainConfig, data: DataSplits, device: torch.device) -> PlacedEmbeddings:
+    tables = tables_for_features(table_sizes(cfg, data), cfg.arch_sparse_feature_size, data.feature_names)
+    return build_embeddings(cfg, tables, data.train, device)  # --placement
+
+
+def build_model(
+    cfg: TrainConfig, data: DataSplits, device: torch.device, embeddings: torch.nn.Module | None = None
+) -> DLRM | TBSM:
+    """The model `cfg` describes, around `embeddings` (built from `--placement` when None)."""
+    num_sparse = len(data.table_sizes)
+    common = dict(
+        num_dense=data.num_dense, embedding_dim=cfg.arch_sparse_feature_size, num_sparse=num_sparse,
+        bottom=cfg.arch_mlp_bot, top=cfg.arch_mlp_top, interaction=cfg.arch_interaction_op,
+        interaction_itself=cfg.arch_interaction_itself,
+    )  # fmt: skip
+    try:
+        if cfg.model == "tbsm":
+            arch = TBSMArch(
+                **common, ts_length=cfg.ts_length, model_type=cfg.model_type, tsl_inner=cfg.tsl_inner,
+                tsl_mechanism=cfg.tsl_mechanism, tsl_num_heads=cfg.tsl_num_heads, tsl_mlp=cfg.tsl_mlp,
+                arch_mlp=cfg.arch_mlp, tsl_proj=cfg.tsl_proj, mha_num_heads=cfg.mha_num_heads,
+                rnn_num_layers=cfg.rnn_num_layers,
+            )  # fmt: skip
+        else:
+            arch = DLRMArch(**common)
+    except ArchError as e:
+        raise ConfigError(f"{ARCH_FLAGS.get(e.field, e.field)}: {e.reason}") from None
+    if embeddings is None:
+        embeddings = build_placed_embeddings(cfg, data, device).collection
+    model_class = TBSM if cfg.model == "tbsm" else DLRM
+    return model_class(arch, embeddings, seed=cfg.seed).to(device)

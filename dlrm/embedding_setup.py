@@ -1,0 +1,177 @@
+"""From `--placement` to an embedding collection: profile a sample of the training batches, plan,
+build the collection; and the FAE schedule of the training split when the placement asks for it.
+
+`--placement`:
+- `device`: every table on the training device (the fused collection);
+- `host`:   every table in host memory, pooled embeddings sent to the device (CPU-GPU hybrid);
+- `fae`:    hot rows replicated on the device, hot mini-batches trained there (embeddings/fae.py);
+- `auto`:   `device` when all tables (weights + optimizer state) fit `--hot-budget`, else `fae`.
+
+The plan comes from `--placement-plan` when that file exists; otherwise from the access profile
+(`--profile-file` when it exists, else a `--profile-sample-rate` share of the epoch-0 training
+batches, evenly spread) and `--hot-budget`. Profile and plan are written to the run directory
+(and to `--profile-file` / `--placement-plan` when those did not exist yet); a resumed run reuses
+the run directory's plan, so it trains with exactly the placement of the interrupted one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from dlrm.config import TrainConfig
+from dlrm.errors import ConfigError
+from dlrm.fae_schedule import FAEBatchSource
+from embeddings import FusedEmbeddingBagCollection, SparseOptimizer, TableSpec
+from embeddings.collection import EmbeddingCollection
+from embeddings.errors import PlacementError, ProfileError
+from embeddings.fae import FAEEmbeddingBagCollection
+from embeddings.hot_inputs import AllHotClassifier
+from embeddings.placement import (
+    PlacementPlan,
+    fits_on_device,
+    parse_bytes,
+    plan_placement,
+    row_bytes,
+)
+from embeddings.profile import AccessProfile, AccessProfiler
+
+log = logging.getLogger(__name__)
+
+PLACEMENTS = ("device", "host", "fae", "auto")
+PROFILE_NAME = "access_profile.npz"
+PLAN_NAME = "placement_plan.npz"
+
+
+@dataclass
+class PlacedEmbeddings:
+    """The collection `--placement` built, the placement it resolved to, and its plan (if any)."""
+
+    collection: EmbeddingCollection
+    kind: str
+    plan: PlacementPlan | None = None
+
+
+def resolve_placement(cfg: TrainConfig, tables: list[TableSpec], opt: SparseOptimizer) -> str:
+    if cfg.placement != "auto":
+        return cfg.placement
+    budget = parse_bytes(cfg.hot_budget)
+    sizes, dims = [t.num_embeddings for t in tables], [t.embedding_dim for t in tables]
+    return "device" if fits_on_device(sizes, dims, opt, budget) else "fae"
+
+
+def build_embeddings(
+    cfg: TrainConfig, tables: list[TableSpec], train_source, device: torch.device
+) -> PlacedEmbeddings:
+    """The embedding collection `--placement` asks for (profiling and planning when it is fae)."""
+    opt = SparseOptimizer(cfg.optimizer, cfg.learning_rate)
+    backend, seed = cfg.embedding_backend, cfg.seed
+    try:
+        kind = resolve_placement(cfg, tables, opt)
+        if kind == "device":
+            coll = FusedEmbeddingBagCollection(tables, opt, device=device, backend=backend, seed=seed)
+            return PlacedEmbeddings(coll, kind)
+        if kind == "host":
+            return PlacedEmbeddings(FAEEmbeddingBagCollection(tables, opt, None, device, backend, seed), kind)
+        plan = obtain_plan(cfg, tables, opt, train_source)
+        return PlacedEmbeddings(FAEEmbeddingBagCollection(tables, opt, plan, device, backend, seed), kind, plan)
+    except (PlacementError, ProfileError) as e:
+        raise ConfigError(str(e)) from None
+
+
+def schedule_training_data(cfg: TrainConfig, data, placed: PlacedEmbeddings, per_epoch: int):
+    """`data` with its training split regrouped into hot and cold mini-batches when FAE is on."""
+    if placed.kind != "fae" or placed.plan is None or not placed.plan.num_hot:
+        return data
+    classify = AllHotClassifier(placed.plan)
+    train = FAEBatchSource(data.train, classify, cfg.fae_switch_period, cfg.fae_order, per_epoch)
+    return dataclasses.replace(data, train=train)
+
+
+def obtain_plan(cfg: TrainConfig, tables: list[TableSpec], opt: SparseOptimizer, train_source) -> PlacementPlan:
+    names = [t.feature_name for t in tables]
+    sizes = [t.num_embeddings for t in tables]
+    dims = [t.embedding_dim for t in tables]
+    run_plan = cfg.run_dir / PLAN_NAME
+    given = Path(cfg.placement_plan).with_suffix(".npz") if cfg.placement_plan else None
+    if given is not None and given.is_file():
+        plan, source = PlacementPlan.load(given), f"--placement-plan {given}"
+    elif cfg.resume and run_plan.is_file():
+        plan, source = PlacementPlan.load(run_plan), str(run_plan)
+    else:
+        profile = obtain_profile(cfg, names, sizes, train_source)
+        plan = plan_placement(profile, dims, opt, parse_bytes(cfg.hot_budget))
+        source = None
+        if given is not None:
+            plan.save(given)
+    plan.check_fits(names, sizes, dims, opt.kind, source or "placement plan")
+    plan.save(run_plan)
+    r = plan.report
+    log.info(
+        "fae placement: %d hot rows (%.1f MB), in-sample hot lookups %.3f, hot inputs %.3f",
+        plan.num_hot, plan.device_bytes() / 2**20, r.get("hot_lookup_share") or 0.0, r.get("hot_input_share") or 0.0,
+    )  # fmt: skip
+    return plan
+
+
+def obtain_profile(cfg: TrainConfig, names: list[str], sizes: list[int], train_source) -> AccessProfile:
+    given = Path(cfg.profile_file) if cfg.profile_file else None
+    if given is not None and given.is_file():
+        profile = AccessProfile.load(given)
+        if profile.feature_names != names or profile.table_sizes != sizes:
+            raise ProfileError(f"--profile-file {given}: made for other tables than this model's")
+        return profile
+    profile = profile_training_sample(train_source, names, sizes, cfg.profile_sample_rate)
+    profile.save(given if given is not None else cfg.run_dir / PROFILE_NAME)
+    return profile
+
+
+def profile_training_sample(source, names: list[str], sizes: list[int], rate: float) -> AccessProfile:
+    """Counts over `rate` of the epoch-0 training batches, evenly spread over the epoch."""
+    n = len(source)
+    k = min(n, max(1, math.ceil(rate * n)))
+    profiler = AccessProfiler(sizes, names)
+    for j in range(k):
+        profiler.add_kjt(source.batch(0, (j * n) // k).sparse_features)
+    return profiler.finish(sample_rate=k / n)
+
+
+# --- what the run directory reports ---------------------------------------------------------------
+
+# the counters a metrics.jsonl train event carries (the summary carries every counter)
+LOGGED_COUNTERS = (
+    "emb_bytes_h2d", "emb_bytes_d2h", "emb_bytes_h2d_lookup", "emb_bytes_d2h_lookup",
+    "emb_bytes_h2d_sync", "emb_bytes_d2h_sync", "syncs", "hot_input_share", "sync_s",
+)  # fmt: skip
+
+
+def placement_summary(embeddings: EmbeddingCollection, device: torch.device) -> dict:
+    """The summary's `placement` block: where rows live and the collection's counters."""
+    tables = embeddings.tables
+    rows = sum(t.num_embeddings for t in tables)
+    out = {
+        "device": str(device),
+        "tables": len(tables),
+        "rows": rows,
+        "embedding_bytes": sum(t.num_embeddings * t.embedding_dim * 4 for t in tables),
+        "embedding_bytes_with_state": rows * row_bytes(tables[0].embedding_dim, embeddings.optimizer),
+    }
+    out.update(embeddings.placement_info())
+    out.update(embeddings.counters())
+    return out
+
+
+def logged_counters(embeddings: EmbeddingCollection, times: dict[str, float]) -> dict:
+    """The counters (and time per step kind, from the trainer's timer) for a metrics.jsonl event;
+    empty for placements that move nothing."""
+    if embeddings.placement_info()["kind"] == "device":
+        return {}
+    counters = embeddings.counters()
+    out = {k: counters[k] for k in LOGGED_COUNTERS if k in counters}
+    out.update({k: times[k] for k in ("hot_s", "cold_s") if k in times})
+    return out

@@ -1,0 +1,109 @@
+"""The training step as an object, in torchrec's style: `progress(batches)` takes the next batch
+from an iterator and runs one optimisation step on it.
+
+Variants of the step (Hotline's popular/non-popular split, Slipstream's skipping) are subclasses
+of `TrainPipeline`, not branches in the trainer's loop. The trainer owns what is around the step
+(learning-rate policy, logging, evaluation, checkpoints); a pipeline owns the step itself.
+
+`StepHook` is how tools watch steps without patching torch: the performance model's recorder
+wraps whole steps (`step`) and labels their phases (`phase`: "forward", "backward", "optimizer").
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torchrec.datasets.utils import Batch
+
+from dlrm.errors import NonFiniteLoss
+
+
+@dataclass
+class StepResult:
+    loss: torch.Tensor  # detached, on the training device
+    samples: int
+    data_s: float  # waiting for the batch and moving it to the device
+    compute_s: float  # forward, backward (with the fused sparse updates), optimizer
+    kind: str | None = None  # the embedding collection's step kind (FAE: "hot" or "cold")
+
+
+class StepHook:
+    """Does nothing: the default. Subclasses observe steps (see the module docstring)."""
+
+    def attach(self, trainer) -> None:
+        """Called once by the Trainer that runs the steps (what a hook may want to describe)."""
+
+    def step(self, run: Callable[[], torch.Tensor]) -> torch.Tensor:
+        return run()
+
+    def phase(self, name: str) -> AbstractContextManager:
+        return nullcontext()
+
+
+class TrainPipeline(ABC):
+    hook: StepHook
+
+    @abstractmethod
+    def progress(self, batches: Iterator[Batch]) -> StepResult:
+        """One optimisation step on the next batch of `batches` (StopIteration when there is none)."""
+
+
+def loss_of(logits: torch.Tensor, labels: torch.Tensor, kind: str) -> torch.Tensor:
+    logits = logits.float()
+    if kind == "mse":
+        return F.mse_loss(torch.sigmoid(logits), labels)
+    return F.binary_cross_entropy_with_logits(logits, labels)
+
+
+class PlainTrainPipeline(TrainPipeline):
+    """Forward (the dense part under bf16 autocast when asked; embeddings stay fp32), the loss,
+    backward (which applies the fused sparse updates inside the embedding collection), then the
+    dense optimizer's step."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        dense_optimizer: torch.optim.Optimizer,
+        device: torch.device,
+        precision: str = "fp32",
+        loss_function: str = "bce",
+        hook: StepHook | None = None,
+    ) -> None:
+        self.model = model
+        self.dense_optimizer = dense_optimizer
+        self.device = device
+        self.bf16 = precision == "bf16"
+        self.loss_function = loss_function
+        self.hook = hook or StepHook()
+
+    def progress(self, batches: Iterator[Batch]) -> StepResult:
+        t0 = time.perf_counter()
+        batch = next(batches).to(self.device, non_blocking=True)
+        t1 = time.perf_counter()
+        loss = self.hook.step(lambda: self.step(batch))
+        t2 = time.perf_counter()
+        kind = self.model.embeddings.last_step_kind()
+        return StepResult(loss, batch.labels.numel(), t1 - t0, t2 - t1, kind)
+
+    def step(self, batch: Batch) -> torch.Tensor:
+        """One optimisation step on a batch already on the device; returns the detached loss."""
+        hook = self.hook
+        with hook.phase("forward"), torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+            logits = self.model(batch.dense_features, batch.sparse_features)
+        loss = loss_of(logits, batch.labels, self.loss_function)
+        value = loss.item()
+        if not math.isfinite(value):
+            raise NonFiniteLoss(value)
+        self.dense_optimizer.zero_grad(set_to_none=True)
+        with hook.phase("backward"):
+            loss.backward()  # also applies the fused sparse updates
+        with hook.phase("optimizer"):
+            self.dense_optimizer.step()
+        return loss.detach()
