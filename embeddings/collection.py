@@ -127,7 +127,9 @@ class EmbeddingCollection(nn.Module, ABC):
         """Restore what `extra_state` returned (keys it does not know are an error)."""
         unknown = sorted(state)
         if unknown:
-            raise KeyError(f"embedding collection: unexpected checkpoint state {', '.join(unknown[:3])}")
+            raise KeyError(
+                f"embedding collection: unexpected checkpoint state {', '.join(unknown[:3])}"
+            )
 
     # --- processes -------------------------------------------------------------------------------
 

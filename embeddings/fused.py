@@ -155,11 +155,15 @@ class FusedEmbeddingBagCollection(nn.Module):
         }
 
     def load_sparse_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        _copy_named(state, {
-            f"{t.name}.{self.optimizer.kind}_state": s
-            for t, s in zip(self.tables, self.optimizer_states())
-            if s is not None
-        }, what="sparse optimizer state")
+        _copy_named(
+            state,
+            {
+                f"{t.name}.{self.optimizer.kind}_state": s
+                for t, s in zip(self.tables, self.optimizer_states())
+                if s is not None
+            },
+            what="sparse optimizer state",
+        )
 
     # --- placement-independent state dict ----------------------------------------------------
 
@@ -190,10 +194,14 @@ class FusedEmbeddingBagCollection(nn.Module):
 def _copy_named(src: dict[str, torch.Tensor], dst: dict[str, torch.Tensor], what: str) -> None:
     missing = sorted(set(dst) - set(src))
     if missing:
-        raise KeyError(f"{what}: missing {', '.join(missing[:3])}{'...' if len(missing) > 3 else ''}")
+        raise KeyError(
+            f"{what}: missing {', '.join(missing[:3])}{'...' if len(missing) > 3 else ''}"
+        )
     with torch.no_grad():
         for key, d in dst.items():
             s = src[key]
             if tuple(s.shape) != tuple(d.shape):
-                raise ValueError(f"{what}: {key} has shape {tuple(s.shape)}, expected {tuple(d.shape)}")
+                raise ValueError(
+                    f"{what}: {key} has shape {tuple(s.shape)}, expected {tuple(d.shape)}"
+                )
             d.copy_(s)

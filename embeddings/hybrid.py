@@ -110,7 +110,9 @@ class HybridEmbeddingBagCollection(nn.Module):
         self.plan = plan
         self.stats = TransferStats()
         self.last_phase: str | None = None  # "hot" or "cold": the last training mini-batch's kind
-        host = FusedEmbeddingBagCollection(tables, optimizer, device="cpu", backend=host_backend, seed=seed)
+        host = FusedEmbeddingBagCollection(
+            tables, optimizer, device="cpu", backend=host_backend, seed=seed
+        )
         object.__setattr__(self, "host", host)  # not a submodule: exports go through our state dict
         self.backend = f"hybrid(host={host.backend}, device=torch)"
         sizes = [t.num_embeddings for t in tables]
@@ -121,7 +123,9 @@ class HybridEmbeddingBagCollection(nn.Module):
             plan.check_fits(self.feature_names, sizes, self.dims, optimizer.kind, "placement plan")
             self.num_hot = plan.num_hot
         if self.num_hot and len(set(self.dims)) != 1:
-            raise ValueError("hybrid placement: the hot table needs every embedding table to have the same width")
+            raise ValueError(
+                "hybrid placement: the hot table needs every embedding table to have the same width"
+            )
         self._row_bytes = row_bytes(self.dims[0], optimizer)
         self._w_flat = _flat_rows(host.table_weights())
         states = host.optimizer_states()
@@ -143,7 +147,9 @@ class HybridEmbeddingBagCollection(nn.Module):
         if dev.type != "cpu":
             self._remap[dev] = self._remap[torch.device("cpu")].to(dev)
         hot_t, hot_r = self.plan.hot_ids()
-        self._hot_gid = torch.from_numpy(hot_r + self._row_base.numpy()[hot_t])  # host flat row of each hot entry
+        self._hot_gid = torch.from_numpy(
+            hot_r + self._row_base.numpy()[hot_t]
+        )  # host flat row of each hot entry
         self.hot_weight = torch.zeros(H, dim, dtype=torch.float32, device=dev)
         kind = self.optimizer.kind
         self.hot_state = (
@@ -151,7 +157,9 @@ class HybridEmbeddingBagCollection(nn.Module):
             else torch.zeros(H, dim, device=dev) if kind == "adagrad"
             else torch.zeros(H, device=dev)
         )  # fmt: skip
-        self._device_dirty = torch.zeros(H, dtype=torch.bool, device=dev)  # updated on device since sync
+        self._device_dirty = torch.zeros(
+            H, dtype=torch.bool, device=dev
+        )  # updated on device since sync
         self._host_dirty = torch.zeros(H, dtype=torch.bool)  # updated on host since sync
         self._placeholder = torch.zeros(0, device=dev, requires_grad=True)
         self.refresh_device()
@@ -163,7 +171,9 @@ class HybridEmbeddingBagCollection(nn.Module):
         views = self.host.optimizer_states() if state else self.host.table_weights()
         table = torch.bucketize(gid, self._row_base, right=True) - 1
         out = torch.empty((gid.numel(), *views[0].shape[1:]), dtype=views[0].dtype)
-        for t in torch.unique(table).tolist():  # per table, vectorised within (non-contiguous layouts)
+        for t in torch.unique(
+            table
+        ).tolist():  # per table, vectorised within (non-contiguous layouts)
             sel = torch.nonzero(table == t).squeeze(1)
             out[sel] = views[t].index_select(0, gid[sel] - self._row_base[t])
         return out
@@ -252,7 +262,11 @@ class HybridEmbeddingBagCollection(nn.Module):
         lengths = features.lengths().cpu().long()
         values = features.values().cpu()
         cold = (self._hot_index(values, lengths, batch) < 0).to(torch.int64)
-        owner = torch.arange(lengths.numel()).remainder(batch).repeat_interleave(lengths, output_size=values.numel())
+        owner = (
+            torch.arange(lengths.numel())
+            .remainder(batch)
+            .repeat_interleave(lengths, output_size=values.numel())
+        )
         return torch.zeros(batch, dtype=torch.int64).index_add_(0, owner, cold) == 0
 
     # --- the collection contract --------------------------------------------------------------
@@ -292,7 +306,9 @@ class HybridEmbeddingBagCollection(nn.Module):
         pooled = self.host._impl(values.cpu(), offsets.cpu())
         if not training:
             return pooled.to(self.device)
-        if hidx is not None:  # the host is about to update these hot rows: the device copy goes stale
+        if (
+            hidx is not None
+        ):  # the host is about to update these hot rows: the device copy goes stale
             touched = hidx[hidx >= 0].cpu().long()
             if touched.numel():
                 self._host_dirty.index_fill_(0, touched, True)

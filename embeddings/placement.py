@@ -45,7 +45,9 @@ def parse_bytes(text: str | int, flag: str = "--hot-budget") -> int:
     else:
         m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgtKMGT]?)(?:i?[bB])?\s*", str(text))
         if not m:
-            raise PlacementError(f"{flag}: expected a size like 256MB, 1.5GB or 1048576, got {text!r}")
+            raise PlacementError(
+                f"{flag}: expected a size like 256MB, 1.5GB or 1048576, got {text!r}"
+            )
         value = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
     if value < 0:
         raise PlacementError(f"{flag}: expected a size >= 0, got {text!r}")
@@ -117,18 +119,39 @@ class PlacementPlan:
         base[1:] = np.cumsum(self.table_sizes)[:-1]
         return np.concatenate(self.remaps), base
 
-    def check_fits(self, feature_names: list[str], table_sizes: list[int], dims: list[int], optimizer: str, what: str) -> None:
+    def check_fits(
+        self,
+        feature_names: list[str],
+        table_sizes: list[int],
+        dims: list[int],
+        optimizer: str,
+        what: str,
+    ) -> None:
         """Raise one line when the plan was made for other tables or another optimizer."""
         if list(feature_names) != self.feature_names:
-            raise PlacementError(f"{what}: made for features {self.feature_names[:3]}..., the model has {list(feature_names)[:3]}...")
+            raise PlacementError(
+                f"{what}: made for features {self.feature_names[:3]}..., the model has {list(feature_names)[:3]}..."
+            )
         if list(table_sizes) != self.table_sizes:
-            bad = next(i for i, (a, b) in enumerate(zip(table_sizes, self.table_sizes)) if a != b) if len(table_sizes) == len(self.table_sizes) else None
-            detail = f"table {bad}: {self.table_sizes[bad]} rows in the plan, {table_sizes[bad]} in the model" if bad is not None else f"{len(self.table_sizes)} tables in the plan, {len(table_sizes)} in the model"
+            bad = (
+                next(i for i, (a, b) in enumerate(zip(table_sizes, self.table_sizes)) if a != b)
+                if len(table_sizes) == len(self.table_sizes)
+                else None
+            )
+            detail = (
+                f"table {bad}: {self.table_sizes[bad]} rows in the plan, {table_sizes[bad]} in the model"
+                if bad is not None
+                else f"{len(self.table_sizes)} tables in the plan, {len(table_sizes)} in the model"
+            )
             raise PlacementError(f"{what}: made for other tables ({detail})")
         if list(dims) != self.dims:
-            raise PlacementError(f"{what}: made for embedding widths {sorted(set(self.dims))}, the model has {sorted(set(dims))}")
+            raise PlacementError(
+                f"{what}: made for embedding widths {sorted(set(self.dims))}, the model has {sorted(set(dims))}"
+            )
         if optimizer != self.optimizer:
-            raise PlacementError(f"{what}: made for optimizer {self.optimizer}, the model uses {optimizer} (its budget counts that optimizer's state)")
+            raise PlacementError(
+                f"{what}: made for optimizer {self.optimizer}, the model uses {optimizer} (its budget counts that optimizer's state)"
+            )
 
     # --- files --------------------------------------------------------------------------------
 
@@ -156,7 +179,11 @@ class PlacementPlan:
         path.parent.mkdir(parents=True, exist_ok=True)
         meta = self.meta()
         tmp = path.with_name(path.name + ".tmp.npz")
-        np.savez(tmp, meta=np.array(json.dumps(meta)), **{f"remap_{t}": r for t, r in enumerate(self.remaps)})
+        np.savez(
+            tmp,
+            meta=np.array(json.dumps(meta)),
+            **{f"remap_{t}": r for t, r in enumerate(self.remaps)},
+        )
         tmp.replace(path)
         path.with_suffix(".json").write_text(json.dumps(meta, indent=1) + "\n")
         return path
@@ -170,14 +197,20 @@ class PlacementPlan:
             with np.load(path, allow_pickle=False) as z:
                 meta = json.loads(str(z["meta"]))
                 if meta.get("format") != FORMAT:
-                    raise PlacementError(f"{path}: not a placement plan (format {meta.get('format')!r})")
+                    raise PlacementError(
+                        f"{path}: not a placement plan (format {meta.get('format')!r})"
+                    )
                 if meta.get("version") != VERSION:
-                    raise PlacementError(f"{path}: plan version {meta.get('version')}, expected {VERSION}")
+                    raise PlacementError(
+                        f"{path}: plan version {meta.get('version')}, expected {VERSION}"
+                    )
                 remaps = [np.asarray(z[f"remap_{t}"]) for t in range(len(meta["table_sizes"]))]
         except PlacementError:
             raise
         except (OSError, ValueError, KeyError, json.JSONDecodeError) as e:
-            raise PlacementError(f"{path}: not a readable placement plan ({str(e).splitlines()[0][:160]})") from None
+            raise PlacementError(
+                f"{path}: not a readable placement plan ({str(e).splitlines()[0][:160]})"
+            ) from None
         plan = cls(
             list(meta["feature_names"]), [int(n) for n in meta["table_sizes"]], [int(d) for d in meta["dims"]],
             str(meta["optimizer"]), remaps, int(meta["device_budget"]), meta.get("host_budget"),
@@ -189,17 +222,29 @@ class PlacementPlan:
     def validate(self, what: str = "placement plan") -> None:
         """The remap arrays must be integer, in range and a bijection onto the hot table."""
         if len(self.remaps) != len(self.table_sizes):
-            raise PlacementError(f"{what}: {len(self.remaps)} remap arrays for {len(self.table_sizes)} tables")
-        for t, (r, n, off, h) in enumerate(zip(self.remaps, self.table_sizes, self.hot_offsets, self.hot_rows)):
+            raise PlacementError(
+                f"{what}: {len(self.remaps)} remap arrays for {len(self.table_sizes)} tables"
+            )
+        for t, (r, n, off, h) in enumerate(
+            zip(self.remaps, self.table_sizes, self.hot_offsets, self.hot_rows)
+        ):
             if r.dtype.kind != "i":
-                raise PlacementError(f"{what}: remap of table {t} is {r.dtype}, expected signed integers")
+                raise PlacementError(
+                    f"{what}: remap of table {t} is {r.dtype}, expected signed integers"
+                )
             if r.shape != (n,):
-                raise PlacementError(f"{what}: remap of table {t} has shape {list(r.shape)}, expected [{n}]")
+                raise PlacementError(
+                    f"{what}: remap of table {t} has shape {list(r.shape)}, expected [{n}]"
+                )
             hot = np.sort(r[r >= 0])
             if (r < -1).any() or not np.array_equal(hot, np.arange(off, off + h, dtype=hot.dtype)):
-                raise PlacementError(f"{what}: remap of table {t} must map its hot rows onto {off}..{off + h - 1} exactly once (-1 = cold)")
+                raise PlacementError(
+                    f"{what}: remap of table {t} must map its hot rows onto {off}..{off + h - 1} exactly once (-1 = cold)"
+                )
         if self.device_bytes() > self.device_budget:
-            raise PlacementError(f"{what}: hot rows need {self.device_bytes()} bytes, over the device budget of {self.device_budget}")
+            raise PlacementError(
+                f"{what}: hot rows need {self.device_bytes()} bytes, over the device budget of {self.device_budget}"
+            )
 
 
 def plan_placement(
@@ -216,7 +261,9 @@ def plan_placement(
     bpr = np.array([row_bytes(d, optimizer) for d in dims], dtype=np.int64)
     host_need = int(sum(n * b for n, b in zip(profile.table_sizes, bpr)))
     if host_budget is not None and host_need > host_budget:
-        raise PlacementError(f"the host tier needs {host_need} bytes for every row, over its budget of {host_budget}")
+        raise PlacementError(
+            f"the host tier needs {host_need} bytes for every row, over its budget of {host_budget}"
+        )
     # candidates: rows seen at least once (never-seen rows are never hot)
     tables, rows, counts = [], [], []
     for t, c in enumerate(profile.counts):
@@ -268,7 +315,11 @@ def placement_report(plan: PlacementPlan, profile: AccessProfile) -> dict:
             "hot_lookup_share": h / n if n else None,
         })  # fmt: skip
     inputs = profile.kept_inputs
-    hot_in = hot_input_mask(plan, profile.sample_lengths, profile.sample_values) if inputs else np.zeros(0, bool)
+    hot_in = (
+        hot_input_mask(plan, profile.sample_lengths, profile.sample_values)
+        if inputs
+        else np.zeros(0, bool)
+    )
     return {
         "hot_rows": plan.num_hot,
         "device_bytes": plan.device_bytes(),
@@ -293,7 +344,9 @@ def hot_input_mask(plan: PlacementPlan, lengths: np.ndarray, values: np.ndarray)
     return np.bincount(owner, weights=cold, minlength=n) == 0
 
 
-def all_hot_plan(feature_names: list[str], table_sizes: list[int], dims: list[int], optimizer: SparseOptimizer) -> PlacementPlan:
+def all_hot_plan(
+    feature_names: list[str], table_sizes: list[int], dims: list[int], optimizer: SparseOptimizer
+) -> PlacementPlan:
     """Every row hot (what `--placement device` means, as a plan, for reports and budgets)."""
     remaps, offset = [], 0
     dtype = remap_dtype(sum(table_sizes))
@@ -301,10 +354,14 @@ def all_hot_plan(feature_names: list[str], table_sizes: list[int], dims: list[in
         remaps.append(np.arange(offset, offset + n, dtype=dtype))
         offset += n
     budget = sum(n * row_bytes(d, optimizer) for n, d in zip(table_sizes, dims))
-    return PlacementPlan(list(feature_names), list(table_sizes), list(dims), optimizer.kind, remaps, budget)
+    return PlacementPlan(
+        list(feature_names), list(table_sizes), list(dims), optimizer.kind, remaps, budget
+    )
 
 
-def fits_on_device(table_sizes: list[int], dims: list[int], optimizer: SparseOptimizer, budget: int) -> bool:
+def fits_on_device(
+    table_sizes: list[int], dims: list[int], optimizer: SparseOptimizer, budget: int
+) -> bool:
     return sum(n * row_bytes(d, optimizer) for n, d in zip(table_sizes, dims)) <= budget
 
 

@@ -45,7 +45,9 @@ def apply_sparse_update(
     add_unique_rows(weight, rows, step, -lr)
 
 
-def add_unique_rows(weight: torch.Tensor, rows: torch.Tensor, delta: torch.Tensor, alpha: float) -> None:
+def add_unique_rows(
+    weight: torch.Tensor, rows: torch.Tensor, delta: torch.Tensor, alpha: float
+) -> None:
     """weight[rows] += alpha * delta for unique `rows`."""
     weight.index_copy_(0, rows, weight.index_select(0, rows).add_(delta, alpha=alpha))
 
@@ -57,7 +59,9 @@ def segment_sum_rows(
     lengths = offsets[1:] - offsets[:-1]
     per_lookup = grad_bags.repeat_interleave(lengths, dim=0, output_size=indices.numel())
     rows, inverse = torch.unique(indices, return_inverse=True)
-    grad = torch.zeros(rows.numel(), grad_bags.shape[1], dtype=grad_bags.dtype, device=grad_bags.device)
+    grad = torch.zeros(
+        rows.numel(), grad_bags.shape[1], dtype=grad_bags.dtype, device=grad_bags.device
+    )
     grad.index_add_(0, inverse, per_lookup)
     return rows, grad
 
@@ -183,7 +187,11 @@ def _select_tables(indices, offsets, table_ids, batch):
     for t in table_ids:
         start, end = int(offsets[t * batch]), int(offsets[(t + 1) * batch])
         parts.append(indices[start:end])
-        lens.append(offsets[t * batch + 1 : (t + 1) * batch + 1] - offsets[t * batch : (t + 1) * batch])
-    new_offsets = torch.zeros(len(table_ids) * batch + 1, dtype=offsets.dtype, device=offsets.device)
+        lens.append(
+            offsets[t * batch + 1 : (t + 1) * batch + 1] - offsets[t * batch : (t + 1) * batch]
+        )
+    new_offsets = torch.zeros(
+        len(table_ids) * batch + 1, dtype=offsets.dtype, device=offsets.device
+    )
     torch.cumsum(torch.cat(lens), 0, out=new_offsets[1:])
     return torch.cat(parts), new_offsets

@@ -45,12 +45,16 @@ class TransferStats:
 
     def state_tensor(self) -> torch.Tensor:
         """The counters as one int64 tensor (checkpoints hold tensors and plain values only)."""
-        return torch.tensor([getattr(self, f) for f in INT_FIELDS] + [round(self.sync_s * 1e9)], dtype=torch.int64)
+        return torch.tensor(
+            [getattr(self, f) for f in INT_FIELDS] + [round(self.sync_s * 1e9)], dtype=torch.int64
+        )
 
     def load_state_tensor(self, t: torch.Tensor) -> None:
         values = t.tolist()
         if len(values) != len(INT_FIELDS) + 1:
-            raise ValueError(f"transfer counters: {len(values)} values, expected {len(INT_FIELDS) + 1}")
+            raise ValueError(
+                f"transfer counters: {len(values)} values, expected {len(INT_FIELDS) + 1}"
+            )
         for f, v in zip(INT_FIELDS, values):
             setattr(self, f, int(v))
         self.sync_s = values[-1] / 1e9

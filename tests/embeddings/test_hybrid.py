@@ -39,7 +39,9 @@ def make_plan(opt, budget_rows=30, seed=0):
     rng = np.random.default_rng(seed)
     prof = AccessProfiler(SIZES, NAMES)
     # skewed, with the hottest rows away from row 0 (a permutation per table)
-    rows = np.stack([rng.permutation(n)[np.minimum(rng.zipf(1.4, 400) - 1, n - 1)] for n in SIZES], 1)
+    rows = np.stack(
+        [rng.permutation(n)[np.minimum(rng.zipf(1.4, 400) - 1, n - 1)] for n in SIZES], 1
+    )
     prof.add_rows(rows)
     return plan_placement(prof.finish(), [DIM] * 4, opt, budget_rows * row_bytes(DIM, opt))
 
@@ -131,7 +133,10 @@ def test_counters_and_hot_batches_cross_no_link():
     pooled = 10 * 4 * DIM * 4
     assert s["emb_bytes_h2d_lookup"] == pooled and s["emb_bytes_d2h_lookup"] == pooled
     assert s["emb_bytes_d2h_sync"] == dirty * row_bytes(DIM, opt) and s["syncs"] == 1
-    assert s["hot_input_share"] == 0.5 and s["emb_bytes_per_sample"] == (2 * pooled + s["emb_bytes_d2h_sync"]) / 20
+    assert (
+        s["hot_input_share"] == 0.5
+        and s["emb_bytes_per_sample"] == (2 * pooled + s["emb_bytes_d2h_sync"]) / 20
+    )
     # eval-mode lookups never count or dirty anything
     fae.eval()
     with torch.no_grad():
@@ -164,7 +169,10 @@ def test_hot_input_mask_agrees_with_the_planner():
     fae = HybridEmbeddingBagCollection(tables(), opt, plan)
     rng = np.random.default_rng(4)
     lengths = rng.integers(0, 3, (4, 64))
-    values = [rng.choice(hot_row_lists(plan)[t] if t != 2 else np.arange(SIZES[2]), int(lengths[t].sum())) for t in range(4)]
+    values = [
+        rng.choice(hot_row_lists(plan)[t] if t != 2 else np.arange(SIZES[2]), int(lengths[t].sum()))
+        for t in range(4)
+    ]
     kjt = kjt_from(lengths, values)
     want = hot_input_mask(plan, lengths, np.concatenate(values))
     assert 0 < want.sum() < 64
@@ -217,7 +225,9 @@ def test_fae_on_cuda_trains_like_the_fused_collection(kind):
     opt = SparseOptimizer(kind, 0.05)
     plan = make_plan(opt)
     ref = FusedEmbeddingBagCollection(tables(), opt, backend="torch", seed=7)
-    fae = HybridEmbeddingBagCollection(tables(), opt, plan, device="cuda", seed=7, host_backend="torch")
+    fae = HybridEmbeddingBagCollection(
+        tables(), opt, plan, device="cuda", seed=7, host_backend="torch"
+    )
     rng = np.random.default_rng(0)
     gen = torch.Generator().manual_seed(0)
     for kind_ in KINDS:
