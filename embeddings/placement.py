@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from embeddings.config import SparseOptimizer
+from embeddings.errors import PlacementError
 from embeddings.profile import AccessProfile
 
 FORMAT = "hybrid-dlrm/placement-plan"
@@ -32,10 +33,6 @@ VERSION = 1
 FLOAT_BYTES = 4
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-
-
-class PlacementError(ValueError):
-    """An impossible or inconsistent placement (one line)."""
 
 
 def parse_bytes(text: str | int, flag: str = "--hot-budget") -> int:

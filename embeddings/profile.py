@@ -22,22 +22,23 @@ import json
 import logging
 import math
 import sys
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from embeddings.errors import ProfileError
+
+if TYPE_CHECKING:  # torchrec costs seconds to import: the CLI and the planner do not need it
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 log = logging.getLogger(__name__)
 
 FORMAT = "hybrid-dlrm/access-profile"
 VERSION = 1
 DEFAULT_KEEP_INPUTS = 65536
-
-
-class ProfileError(ValueError):
-    """Bad input to the profiler or an unreadable profile file (one line)."""
 
 
 @dataclass
@@ -146,7 +147,7 @@ class AccessProfile:
                 lengths, values = np.asarray(z["sample_lengths"]), np.asarray(z["sample_values"])
         except ProfileError:
             raise
-        except (OSError, ValueError, KeyError, json.JSONDecodeError) as e:
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
             raise ProfileError(
                 f"{path}: not a readable access profile ({str(e).splitlines()[0][:160]})"
             ) from None
@@ -302,18 +303,6 @@ class AccessProfiler:
             self.feature_names, self.table_sizes, [c.copy() for c in self.counts], self.inputs,
             float(sample_rate), lengths, values,
         )  # fmt: skip
-
-
-def kjt_from_jagged(
-    feature_names: list[str], lengths: np.ndarray, values: np.ndarray
-) -> KeyedJaggedTensor:
-    """The kept sample (lengths [T, n], table-major values) as a KeyedJaggedTensor."""
-    return KeyedJaggedTensor(
-        keys=list(feature_names),
-        values=torch.from_numpy(np.ascontiguousarray(values, dtype=np.int64)),
-        lengths=torch.from_numpy(np.ascontiguousarray(lengths.reshape(-1), dtype=np.int32)),
-        stride=int(lengths.shape[1]),
-    )
 
 
 # --- command line -----------------------------------------------------------------------------

@@ -70,7 +70,7 @@ class FusedLookup(torch.autograd.Function):
     """embedding_bag(sum) whose backward updates the weight instead of returning its gradient.
 
     `table` is anything with a `weight` tensor and an `update(rows, grad)` method: a `_Group`
-    here, the device tier of the hybrid collection.
+    here, a `DeviceTier` (embeddings/tiers.py) in the FAE collection.
     """
 
     @staticmethod
@@ -162,7 +162,7 @@ class TorchTableBatchedEmbedding(torch.nn.Module):
         pieces = []
         for grp in self.groups:
             sel_ind, sel_off = _select_tables(indices, offsets, grp.table_ids, batch)
-            pieces.append(self._group_forward(grp, sel_ind, sel_off, batch, remap=True))
+            pieces.append(self._group_forward(grp, sel_ind, sel_off, batch))
         # Put the groups' columns back in table order.
         by_table = {}
         for grp, piece in zip(self.groups, pieces):
@@ -171,7 +171,7 @@ class TorchTableBatchedEmbedding(torch.nn.Module):
                 by_table[t] = piece[:, i * d : (i + 1) * d]
         return torch.cat([by_table[t] for t in range(num_tables)], dim=1)
 
-    def _group_forward(self, grp: _Group, indices, offsets, batch, remap: bool = False):
+    def _group_forward(self, grp: _Group, indices, offsets, batch):
         n_tables = len(grp.table_ids)
         lengths_per_table = (offsets[batch::batch] - offsets[:-1:batch])[:n_tables]
         base = torch.tensor(grp.row_offsets, device=indices.device, dtype=indices.dtype)
