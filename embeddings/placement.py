@@ -1,36 +1,54 @@
-"""Placement plans: which embedding rows are hot (kept on the device tier), from an access profile.
+"""Placement plans: which embedding rows each tier holds (device, host, later SSD), from a profile.
 
     plan = plan_placement(profile, dims=[16] * 26, optimizer=SparseOptimizer("rowwise_adagrad"),
                           device_budget=parse_bytes("256MB"))
     plan.save("plan.npz")            # plan.npz (remap arrays) + plan.json (what a person reads)
-    plan.remaps[t][row]              # index in the one concatenated hot table, or -1 (cold)
+    plan.remaps[t][row]              # the row's slot in the device tier, or -1 (cold)
+    plan.tier("host")                # the generic view: any tier's rows and budget
+
+A plan lists its tiers fastest first, each with a byte budget (weights AND optimizer state, or
+None) and its rows, given one of three ways:
+- `explicit`: per table an integer remap array, remap[row] = the row's slot in the tier, -1 = not
+  here; slots are the tier's tables back to back (table t's rows on offset_t ... offset_t + n_t - 1,
+  in row order);
+- `all`: every row (FAE's host tier, which keeps a replica of every device row);
+- `rest`: every row not held by a faster tier (one-home placements: Hotline, an SSD tier).
+`replicated` says whether a row may live in two tiers at once (FAE) or has exactly one home.
 
 Rules (each one a bug of the original FAE code we do not copy):
-- remap arrays are integers (int32 while the hot table has < 2**31 rows, else int64), never
-  floats, which lose row ids beyond 2**24;
+- remap arrays are integers (int32 while the tier has < 2**31 rows, else int64), never floats,
+  which lose row ids beyond 2**24;
 - a row never seen in the sample is never hot, whatever the budget;
 - a hot row costs its weights AND its optimizer state (`SparseOptimizer.state_floats`);
 - rows compete across tables by lookups per byte, ties broken by (table, row): the same profile
   always gives the same plan.
-Within one table, hot rows keep their id order in the hot table (offset of the table + rank).
+
+Files are `.npz` (no pickle) holding the remap arrays and the metadata as JSON; zip's CRC-32 of
+every member is checked when it is read, so a corrupt or truncated file is one PlacementError.
+Version 1 files (a device remap, the host holding every row) still load.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from embeddings.config import SparseOptimizer
 from embeddings.errors import PlacementError
+from embeddings.hot_inputs import AllHotClassifier
 from embeddings.profile import AccessProfile
 
 FORMAT = "hybrid-dlrm/placement-plan"
-VERSION = 1
+VERSION = 2
 FLOAT_BYTES = 4
+TIER_ORDER = ("device", "host", "ssd")  # fastest first
+EXPLICIT, ALL, REST = "explicit", "all", "rest"
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
@@ -61,17 +79,123 @@ def remap_dtype(hot_rows: int) -> np.dtype:
 
 
 @dataclass
+class TierPlan:
+    """The rows one tier holds and the bytes it may use (weights + optimizer state)."""
+
+    name: str  # one of TIER_ORDER
+    rows: str = EXPLICIT  # EXPLICIT (remaps), ALL or REST
+    remaps: list[np.ndarray] | None = None  # EXPLICIT: per table [rows] -> slot in the tier or -1
+    budget: int | None = None  # bytes; None = as much as the machine has
+
+
+@dataclass
 class PlacementPlan:
     feature_names: list[str]
     table_sizes: list[int]
     dims: list[int]
     optimizer: str
-    remaps: list[np.ndarray]  # per table [rows]: index into the hot table, -1 = cold
-    device_budget: int
-    host_budget: int | None = None
+    tiers: list[TierPlan]  # fastest first
+    replicated: bool = True  # a row may live in two tiers (FAE's device copy of hot rows)
     report: dict = field(default_factory=dict)
+    _concat: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
-    # --- derived ------------------------------------------------------------------------------
+    @classmethod
+    def device_and_host(
+        cls,
+        feature_names: list[str],
+        table_sizes: list[int],
+        dims: list[int],
+        optimizer: str,
+        remaps: list[np.ndarray],
+        device_budget: int,
+        host_budget: int | None = None,
+        report: dict | None = None,
+        one_home: bool = False,
+    ) -> PlacementPlan:
+        """Hot rows (`remaps`) on the device; the host holds every row (FAE's replica), or with
+        `one_home` only the rows the device does not."""
+        tiers = [
+            TierPlan("device", EXPLICIT, list(remaps), int(device_budget)),
+            TierPlan("host", REST if one_home else ALL, None, host_budget),
+        ]
+        return cls(
+            list(feature_names), [int(n) for n in table_sizes], [int(d) for d in dims],
+            str(optimizer), tiers, not one_home, dict(report or {}),
+        )  # fmt: skip
+
+    # --- tiers --------------------------------------------------------------------------------
+
+    @property
+    def tier_names(self) -> list[str]:
+        return [t.name for t in self.tiers]
+
+    def tier(self, name: str) -> TierPlan:
+        for t in self.tiers:
+            if t.name == name:
+                return t
+        raise PlacementError(
+            f"placement plan: no {name} tier (it has {', '.join(self.tier_names)})"
+        )
+
+    def _held_masks(self, name: str) -> list[np.ndarray]:
+        """Per table a bool mask of the rows tier `name` holds."""
+        faster = [np.zeros(n, dtype=bool) for n in self.table_sizes]
+        for tier in self.tiers:
+            if tier.rows == EXPLICIT:
+                held = [r >= 0 for r in tier.remaps]
+            elif tier.rows == ALL:
+                held = [np.ones(n, dtype=bool) for n in self.table_sizes]
+            else:
+                held = [~f for f in faster]
+            if tier.name == name:
+                return held
+            faster = [f | h for f, h in zip(faster, held)]
+        raise PlacementError(
+            f"placement plan: no {name} tier (it has {', '.join(self.tier_names)})"
+        )
+
+    def held_rows(self, name: str) -> list[int]:
+        """Rows per table that tier `name` holds."""
+        tier = self.tier(name)
+        if tier.rows == EXPLICIT:
+            return [int((r >= 0).sum()) for r in tier.remaps]
+        if tier.rows == ALL:
+            return list(self.table_sizes)
+        return [int(m.sum()) for m in self._held_masks(name)]
+
+    def tier_remaps(self, name: str) -> list[np.ndarray]:
+        """Tier `name`'s rows as explicit remaps (materialised for `all` and `rest` tiers)."""
+        tier = self.tier(name)
+        if tier.rows == EXPLICIT:
+            return tier.remaps
+        held = self._held_masks(name)
+        dtype = remap_dtype(sum(int(m.sum()) for m in held))
+        out, offset = [], 0
+        for m in held:
+            r = np.full(m.size, -1, dtype=dtype)
+            k = int(m.sum())
+            r[m] = np.arange(offset, offset + k, dtype=dtype)
+            offset += k
+            out.append(r)
+        return out
+
+    def tier_bytes(self, name: str) -> int:
+        return sum(h * b for h, b in zip(self.held_rows(name), self.bytes_per_row()))
+
+    # --- the device tier (the accessors dlrm and the scripts use) -------------------------------
+
+    @property
+    def remaps(self) -> list[np.ndarray]:
+        """Per table [rows]: the row's slot in the device tier (the hot table), -1 = cold."""
+        return self.tier("device").remaps
+
+    @property
+    def device_budget(self) -> int | None:
+        return self.tier("device").budget
+
+    @property
+    def host_budget(self) -> int | None:
+        return self.tier("host").budget if "host" in self.tier_names else None
 
     @property
     def hot_rows(self) -> list[int]:
@@ -94,11 +218,10 @@ class PlacementPlan:
         return [row_bytes(d, opt) for d in self.dims]
 
     def device_bytes(self) -> int:
-        return sum(h * b for h, b in zip(self.hot_rows, self.bytes_per_row()))
+        return self.tier_bytes("device")
 
     def host_bytes(self) -> int:
-        """The host tier holds every row (the hot ones as the replica synchronised with the device)."""
-        return sum(n * b for n, b in zip(self.table_sizes, self.bytes_per_row()))
+        return self.tier_bytes("host")
 
     def hot_ids(self) -> tuple[np.ndarray, np.ndarray]:
         """(table, row) of every hot-table entry, int64, in hot-table order."""
@@ -111,10 +234,13 @@ class PlacementPlan:
         return np.concatenate(tables), np.concatenate(rows)
 
     def concatenated_remap(self) -> tuple[np.ndarray, np.ndarray]:
-        """(remap of all tables back to back, first global row of each table), for one gather."""
-        base = np.zeros(len(self.table_sizes), dtype=np.int64)
-        base[1:] = np.cumsum(self.table_sizes)[:-1]
-        return np.concatenate(self.remaps), base
+        """(device remap of all tables back to back, first global row of each table), for one
+        gather. Computed once and shared (read-only): on big tables it is gigabytes."""
+        if self._concat is None:
+            base = np.zeros(len(self.table_sizes), dtype=np.int64)
+            base[1:] = np.cumsum(self.table_sizes)[:-1]
+            self._concat = (np.concatenate(self.remaps), base)
+        return self._concat
 
     def check_fits(
         self,
@@ -153,6 +279,11 @@ class PlacementPlan:
     # --- files --------------------------------------------------------------------------------
 
     def meta(self) -> dict:
+        tiers = [
+            {"name": t.name, "rows": t.rows, "budget": t.budget,
+             "rows_per_table": self.held_rows(t.name), "bytes": self.tier_bytes(t.name)}
+            for t in self.tiers
+        ]  # fmt: skip
         return {
             "format": FORMAT,
             "version": VERSION,
@@ -160,6 +291,9 @@ class PlacementPlan:
             "table_sizes": self.table_sizes,
             "dims": self.dims,
             "optimizer": self.optimizer,
+            "replicated": self.replicated,
+            "tiers": tiers,
+            # the device/host summary (version 1's fields), for people and tools reading the JSON
             "device_budget": self.device_budget,
             "host_budget": self.host_budget,
             "hot_rows": self.hot_rows,
@@ -170,17 +304,22 @@ class PlacementPlan:
             "report": self.report,
         }
 
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The file's arrays: `<tier>_remap_<table>` of every explicit tier."""
+        return {
+            f"{tier.name}_remap_{t}": r
+            for tier in self.tiers
+            if tier.rows == EXPLICIT
+            for t, r in enumerate(tier.remaps)
+        }
+
     def save(self, path: str | Path) -> Path:
         """`X.npz` (the remap arrays and the metadata) and `X.json` (the metadata, for people)."""
         path = Path(path).with_suffix(".npz")
         path.parent.mkdir(parents=True, exist_ok=True)
         meta = self.meta()
         tmp = path.with_name(path.name + ".tmp.npz")
-        np.savez(
-            tmp,
-            meta=np.array(json.dumps(meta)),
-            **{f"remap_{t}": r for t, r in enumerate(self.remaps)},
-        )
+        np.savez(tmp, meta=np.array(json.dumps(meta)), **self.arrays())
         tmp.replace(path)
         path.with_suffix(".json").write_text(json.dumps(meta, indent=1) + "\n")
         return path
@@ -197,51 +336,116 @@ class PlacementPlan:
                     raise PlacementError(
                         f"{path}: not a placement plan (format {meta.get('format')!r})"
                     )
-                if meta.get("version") != VERSION:
+                if meta.get("version") not in (1, VERSION):
                     raise PlacementError(
-                        f"{path}: plan version {meta.get('version')}, expected {VERSION}"
+                        f"{path}: plan version {meta.get('version')}, expected {VERSION} (or 1)"
                     )
-                remaps = [np.asarray(z[f"remap_{t}"]) for t in range(len(meta["table_sizes"]))]
+                plan = cls._from_file(meta, z)
         except PlacementError:
             raise
-        except (OSError, ValueError, KeyError, json.JSONDecodeError) as e:
-            raise PlacementError(
-                f"{path}: not a readable placement plan ({str(e).splitlines()[0][:160]})"
-            ) from None
-        plan = cls(
-            list(meta["feature_names"]), [int(n) for n in meta["table_sizes"]], [int(d) for d in meta["dims"]],
-            str(meta["optimizer"]), remaps, int(meta["device_budget"]), meta.get("host_budget"),
-            dict(meta.get("report", {})),
-        )  # fmt: skip
+        except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as e:
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+            raise PlacementError(f"{path}: not a readable placement plan ({first})") from None
         plan.validate(str(path))
         return plan
 
-    def validate(self, what: str = "placement plan") -> None:
-        """The remap arrays must be integer, in range and a bijection onto the hot table."""
-        if len(self.remaps) != len(self.table_sizes):
-            raise PlacementError(
-                f"{what}: {len(self.remaps)} remap arrays for {len(self.table_sizes)} tables"
+    @classmethod
+    def _from_file(cls, meta: dict, z) -> PlacementPlan:
+        sizes = [int(n) for n in meta["table_sizes"]]
+        common = (
+            [str(f) for f in meta["feature_names"]], sizes, [int(d) for d in meta["dims"]],
+            str(meta["optimizer"]),
+        )  # fmt: skip
+        report = dict(meta.get("report", {}))
+        if meta["version"] == 1:  # a device remap; the host holds every row, replicated
+            remaps = [np.asarray(z[f"remap_{t}"]) for t in range(len(sizes))]
+            budget, host = meta["device_budget"], meta.get("host_budget")
+            return cls.device_and_host(
+                *common, remaps, int(budget), None if host is None else int(host), report
             )
-        for t, (r, n, off, h) in enumerate(
-            zip(self.remaps, self.table_sizes, self.hot_offsets, self.hot_rows)
-        ):
+        tiers = []
+        for spec in meta["tiers"]:
+            name, rows, budget = str(spec["name"]), str(spec["rows"]), spec.get("budget")
+            remaps = None
+            if rows == EXPLICIT:
+                remaps = [np.asarray(z[f"{name}_remap_{t}"]) for t in range(len(sizes))]
+            tiers.append(TierPlan(name, rows, remaps, None if budget is None else int(budget)))
+        return cls(*common, tiers, bool(meta["replicated"]), report)
+
+    def validate(self, what: str = "placement plan") -> None:
+        """Tiers known and fastest first; remaps integer, in range and one slot per held row;
+        every row with a home (exactly one unless replicated); every tier within its budget."""
+        names = self.tier_names
+        if not names or len(set(names)) != len(names) or any(n not in TIER_ORDER for n in names):
+            raise PlacementError(
+                f"{what}: tiers {names}, expected distinct ones of {list(TIER_ORDER)}"
+            )
+        if names != sorted(names, key=TIER_ORDER.index):
+            raise PlacementError(
+                f"{what}: tiers {names} are not fastest first ({list(TIER_ORDER)})"
+            )
+        for tier in self.tiers:
+            self._validate_tier(tier, what)
+        covered = any(t.rows != EXPLICIT for t in self.tiers)
+        held = np.array([self.held_rows(n) for n in names], dtype=np.int64).reshape(len(names), -1)
+        for t, n in enumerate(self.table_sizes):
+            if not covered:
+                home = np.zeros(n, dtype=bool)
+                for tier in self.tiers:
+                    home |= tier.remaps[t] >= 0
+                if not home.all():
+                    row = int(np.flatnonzero(~home)[0])
+                    raise PlacementError(f"{what}: row {row} of table {t} is in no tier")
+            if not self.replicated and held[:, t].sum() != n:
+                raise PlacementError(
+                    f"{what}: table {t} has rows in two tiers, but the plan says one home per row"
+                )
+        for tier in self.tiers:
+            need = self.tier_bytes(tier.name)
+            if tier.budget is not None and need > tier.budget:
+                if tier.name == "device":
+                    raise PlacementError(
+                        f"{what}: hot rows need {need} bytes, over the device budget of {tier.budget}"
+                    )
+                raise PlacementError(
+                    f"{what}: the {tier.name} tier needs {need} bytes, over its budget of {tier.budget}"
+                )
+
+    def _validate_tier(self, tier: TierPlan, what: str) -> None:
+        if tier.rows not in (EXPLICIT, ALL, REST):
+            raise PlacementError(
+                f"{what}: {tier.name} tier rows {tier.rows!r}, expected explicit, all or rest"
+            )
+        if (tier.remaps is not None) != (tier.rows == EXPLICIT):
+            raise PlacementError(
+                f"{what}: {tier.name} tier: remap arrays go with explicit rows only"
+            )
+        if tier.rows != EXPLICIT:
+            return
+        if len(tier.remaps) != len(self.table_sizes):
+            raise PlacementError(
+                f"{what}: {len(tier.remaps)} {tier.name} remap arrays for {len(self.table_sizes)} tables"
+            )
+        off = 0
+        for t, (r, n) in enumerate(zip(tier.remaps, self.table_sizes)):
             if r.dtype.kind != "i":
                 raise PlacementError(
-                    f"{what}: remap of table {t} is {r.dtype}, expected signed integers"
+                    f"{what}: {tier.name} remap of table {t} is {r.dtype}, expected signed integers"
                 )
             if r.shape != (n,):
                 raise PlacementError(
-                    f"{what}: remap of table {t} has shape {list(r.shape)}, expected [{n}]"
+                    f"{what}: {tier.name} remap of table {t} has shape {list(r.shape)}, expected [{n}]"
                 )
-            hot = np.sort(r[r >= 0])
-            if (r < -1).any() or not np.array_equal(hot, np.arange(off, off + h, dtype=hot.dtype)):
+            held = np.sort(r[r >= 0])
+            h = held.size
+            if (r < -1).any() or not np.array_equal(
+                held, np.arange(off, off + h, dtype=held.dtype)
+            ):
                 raise PlacementError(
-                    f"{what}: remap of table {t} must map its hot rows onto {off}..{off + h - 1} exactly once (-1 = cold)"
+                    f"{what}: {tier.name} remap of table {t} must map its rows onto "
+                    f"{off}..{off + h - 1} exactly once (-1 = not in this tier)"
                 )
-        if self.device_bytes() > self.device_budget:
-            raise PlacementError(
-                f"{what}: hot rows need {self.device_bytes()} bytes, over the device budget of {self.device_budget}"
-            )
+            off += h
 
 
 def plan_placement(
@@ -250,14 +454,16 @@ def plan_placement(
     optimizer: SparseOptimizer,
     device_budget: int,
     host_budget: int | None = None,
+    one_home: bool = False,
 ) -> PlacementPlan:
-    """The hot rows that fit `device_budget` bytes (weights + optimizer state), hottest per byte first."""
+    """The hot rows that fit `device_budget` bytes (weights + optimizer state), hottest per byte
+    first, on the device; the host holds every row (FAE's replica), or with `one_home` the rest."""
     T = profile.num_tables
     if len(dims) != T:
         raise PlacementError(f"{len(dims)} embedding widths for {T} tables")
     bpr = np.array([row_bytes(d, optimizer) for d in dims], dtype=np.int64)
     host_need = int(sum(n * b for n, b in zip(profile.table_sizes, bpr)))
-    if host_budget is not None and host_need > host_budget:
+    if not one_home and host_budget is not None and host_need > host_budget:
         raise PlacementError(
             f"the host tier needs {host_need} bytes for every row, over its budget of {host_budget}"
         )
@@ -289,10 +495,15 @@ def plan_placement(
         r[mine] = np.arange(offset, offset + mine.size, dtype=dtype)
         offset += mine.size
         remaps.append(r)
-    plan = PlacementPlan(
-        list(profile.feature_names), list(profile.table_sizes), list(dims), optimizer.kind, remaps,
-        int(device_budget), host_budget,
+    plan = PlacementPlan.device_and_host(
+        profile.feature_names, profile.table_sizes, dims, optimizer.kind, remaps,
+        int(device_budget), host_budget, one_home=one_home,
     )  # fmt: skip
+    if one_home and host_budget is not None and plan.host_bytes() > host_budget:
+        raise PlacementError(
+            f"the host tier needs {plan.host_bytes()} bytes for the rows not on the device, "
+            f"over its budget of {host_budget}"
+        )
     plan.report = placement_report(plan, profile)
     return plan
 
@@ -312,48 +523,22 @@ def placement_report(plan: PlacementPlan, profile: AccessProfile) -> dict:
             "hot_lookup_share": h / n if n else None,
         })  # fmt: skip
     inputs = profile.kept_inputs
-    hot_in = (
-        hot_input_mask(plan, profile.sample_lengths, profile.sample_values)
-        if inputs
-        else np.zeros(0, bool)
-    )
+    hot_inputs = 0
+    if inputs:
+        hot = AllHotClassifier(plan).mask(
+            torch.from_numpy(profile.sample_values),
+            torch.from_numpy(profile.sample_lengths.reshape(-1)),
+            inputs,
+        )
+        hot_inputs = int(hot.sum())
     return {
         "hot_rows": plan.num_hot,
         "device_bytes": plan.device_bytes(),
         "hot_lookup_share": hot_lookups / total_lookups if total_lookups else None,
-        "hot_input_share": float(hot_in.mean()) if inputs else None,
+        "hot_input_share": hot_inputs / inputs if inputs else None,
         "inputs_measured": int(inputs),
         "tables": per_table,
     }
-
-
-def hot_input_mask(plan: PlacementPlan, lengths: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """bool [n]: input i is hot when every one of its lookups (all features) is a hot row.
-
-    `lengths` [T, n] lookups per (feature, input), `values` the ids, table-major."""
-    T, n = lengths.shape
-    remap, base = plan.concatenated_remap()
-    per_table = lengths.sum(axis=1)
-    gid = values + np.repeat(base, per_table)
-    cold = remap[gid] < 0
-    sample = np.tile(np.arange(n), T)
-    owner = np.repeat(sample, lengths.reshape(-1))
-    return np.bincount(owner, weights=cold, minlength=n) == 0
-
-
-def all_hot_plan(
-    feature_names: list[str], table_sizes: list[int], dims: list[int], optimizer: SparseOptimizer
-) -> PlacementPlan:
-    """Every row hot (what `--placement device` means, as a plan, for reports and budgets)."""
-    remaps, offset = [], 0
-    dtype = remap_dtype(sum(table_sizes))
-    for n in table_sizes:
-        remaps.append(np.arange(offset, offset + n, dtype=dtype))
-        offset += n
-    budget = sum(n * row_bytes(d, optimizer) for n, d in zip(table_sizes, dims))
-    return PlacementPlan(
-        list(feature_names), list(table_sizes), list(dims), optimizer.kind, remaps, budget
-    )
 
 
 def fits_on_device(
@@ -363,6 +548,6 @@ def fits_on_device(
 
 
 __all__ = [
-    "PlacementError", "PlacementPlan", "all_hot_plan", "fits_on_device", "hot_input_mask",
-    "parse_bytes", "plan_placement", "row_bytes",
+    "ALL", "EXPLICIT", "REST", "PlacementError", "PlacementPlan", "TierPlan", "fits_on_device",
+    "parse_bytes", "plan_placement", "placement_report", "remap_dtype", "row_bytes",
 ]  # fmt: skip
