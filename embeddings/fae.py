@@ -31,7 +31,7 @@ from embeddings.collection import EmbeddingCollection
 from embeddings.config import SparseOptimizer, TableSpec
 from embeddings.errors import PlacementError
 from embeddings.hot_inputs import AllHotClassifier, in_feature_order
-from embeddings.placement import ALL, PlacementPlan, row_bytes
+from embeddings.plan import ALL, PlacementPlan, row_bytes
 from embeddings.tiers import DeviceTier, HostTier, Replica
 from embeddings.transfer_stats import TransferStats
 

@@ -21,7 +21,7 @@ import torch
 if TYPE_CHECKING:
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-    from embeddings.placement import PlacementPlan
+    from embeddings.plan import PlacementPlan
 
 
 def lookup_slots(

@@ -28,7 +28,7 @@ from embeddings.config import SparseOptimizer, TableSpec
 from embeddings.errors import TierError
 from embeddings.fused import FusedEmbeddingBagCollection, uniform_table
 from embeddings.hot_inputs import lookup_slots
-from embeddings.placement import row_bytes
+from embeddings.plan import row_bytes
 from embeddings.torch_tbe import FusedLookup, apply_sparse_update
 from embeddings.transfer_stats import TransferStats
 
