@@ -105,13 +105,20 @@ class HostTier:
             held_tables, self.held = self.tables, sizes
         else:
             self.held = [int((r >= 0).sum()) for r in remaps]
-            self._remap = torch.from_numpy(np.concatenate(remaps).astype(np.int64))
             # a table of which the tier holds no row keeps one row no id maps to
             held_tables = [
                 TableSpec(t.name, max(h, 1), t.embedding_dim, t.feature_name)
                 for t, h in zip(tables, self.held)
             ]
         self.slot_base = table_row_base([t.num_embeddings for t in held_tables])
+        if remaps is not None:  # the plan's slots -> rows of the collection's tables back to back
+            plan_base = table_row_base(self.held).numpy()
+            self._remap = torch.from_numpy(
+                np.concatenate([
+                    np.where(r >= 0, r.astype(np.int64) - pb + sb, -1)
+                    for r, pb, sb in zip(remaps, plan_base, self.slot_base.numpy())
+                ])
+            )  # fmt: skip
         self.collection = FusedEmbeddingBagCollection(
             held_tables, optimizer, device="cpu", backend=backend, seed=seed
         )
