@@ -50,12 +50,15 @@ def all_hot_inputs(
     without lookups is all hot). `slots`, when the caller has them, are `lookup_slots(...)`."""
     if slots is None:
         slots = lookup_slots(remap, row_base, values, lengths, batch)
-    lengths = lengths.long()
-    cold = (slots < 0).to(torch.int64)
-    owner = torch.arange(lengths.numel(), device=lengths.device).remainder(batch)
-    owner = owner.repeat_interleave(lengths, output_size=slots.numel())
-    per_input = torch.zeros(batch, dtype=torch.int64, device=slots.device)
-    return per_input.index_add_(0, owner.to(slots.device), cold) == 0
+    cold = slots < 0
+    if not bool(cold.any()):  # every lookup hot (FAE's hot batches): no per-input work
+        return torch.ones(batch, dtype=torch.bool, device=slots.device)
+    lengths = lengths.to(slots.device).long()
+    cold_before = torch.zeros(slots.numel() + 1, dtype=torch.int64, device=slots.device)
+    cold_before[1:] = torch.cumsum(cold.to(torch.int64), 0)
+    ends = torch.cumsum(lengths, 0)
+    per_bag = cold_before[ends] - cold_before[ends - lengths]  # cold lookups of each bag
+    return per_bag.view(-1, batch).sum(0) == 0
 
 
 def in_feature_order(features: KeyedJaggedTensor, names: list[str]) -> KeyedJaggedTensor:
