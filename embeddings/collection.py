@@ -28,11 +28,22 @@ wrapper would not keep them in step across ranks: see `replicated_across_ranks`)
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from embeddings.config import SparseOptimizer, TableSpec
+
+if TYPE_CHECKING:
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+
+def in_feature_order(features: KeyedJaggedTensor, names: list[str]) -> KeyedJaggedTensor:
+    """`features` with its keys permuted to `names` (a no-op when they already are)."""
+    if features.keys() != names:
+        features = features.permute([features.keys().index(f) for f in names])
+    return features
 
 
 class EmbeddingCollection(nn.Module, ABC):

@@ -19,9 +19,8 @@ from torch import nn
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from embeddings._fbgemm import fbgemm_available
-from embeddings.collection import EmbeddingCollection
+from embeddings.collection import EmbeddingCollection, in_feature_order
 from embeddings.config import SparseOptimizer, TableSpec
-from embeddings.hot_inputs import in_feature_order
 from embeddings.torch_tbe import TorchTableBatchedEmbedding
 from embeddings.transfer_stats import no_transfer_counters
 

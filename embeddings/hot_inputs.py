@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from embeddings.collection import in_feature_order
+
 if TYPE_CHECKING:
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
@@ -59,13 +61,6 @@ def all_hot_inputs(
     ends = torch.cumsum(lengths, 0)
     per_bag = cold_before[ends] - cold_before[ends - lengths]  # cold lookups of each bag
     return per_bag.view(-1, batch).sum(0) == 0
-
-
-def in_feature_order(features: KeyedJaggedTensor, names: list[str]) -> KeyedJaggedTensor:
-    """`features` with its keys permuted to `names` (a no-op when they already are)."""
-    if features.keys() != names:
-        features = features.permute([features.keys().index(f) for f in names])
-    return features
 
 
 class AllHotClassifier:
