@@ -13,13 +13,11 @@ import logging
 
 import torch
 
+from embeddings.errors import FbgemmMismatchError
+
 log = logging.getLogger(__name__)
 
 NEEDED = "torch 2.13.0 with fbgemm-gpu-cpu 1.8.0 (fbgemm-gpu 1.8.0 on CUDA machines)"
-
-
-class FbgemmMismatchError(ImportError):
-    pass
 
 
 def _installed_fbgemm() -> str | None:

@@ -11,8 +11,10 @@ what training around it needs:
   row of every table, current (after `sync()`), and `state_dict()` is placement-independent
   (`<table>.weight`, one tensor per table), so checkpoints move between placements;
 - `sync()` makes every tier current (before evaluation, checkpoints, exports);
-- `counters()` for metrics.jsonl / summary.json (transfer bytes, cache hits, ...),
-  `placement_info()` for the summary's description of where rows live;
+- `counters()` for metrics.jsonl / summary.json: every collection the same keys (bytes per
+  link and purpose, syncs, FAE's hot/cold counts; see `transfer_stats.py`), so the trainer
+  prints them without asking which collection it has; `placement_info()` for the summary's
+  description of where rows live;
 - `extra_state()` / `load_extra_state()`: tensors a checkpoint must carry beyond the weights and
   optimizer state (counters, caches' bookkeeping) so a resumed run continues exactly;
 - `last_step_kind()`: what kind of step the last training forward was, for collections whose
@@ -26,11 +28,22 @@ wrapper would not keep them in step across ranks: see `replicated_across_ranks`)
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from embeddings.config import SparseOptimizer, TableSpec
+
+if TYPE_CHECKING:
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+
+def in_feature_order(features: KeyedJaggedTensor, names: list[str]) -> KeyedJaggedTensor:
+    """`features` with its keys permuted to `names` (a no-op when they already are)."""
+    if features.keys() != names:
+        features = features.permute([features.keys().index(f) for f in names])
+    return features
 
 
 class EmbeddingCollection(nn.Module, ABC):
@@ -72,7 +85,8 @@ class EmbeddingCollection(nn.Module, ABC):
 
     def after_tables_written(self) -> None:
         """Called after `table_weights()` / `optimizer_states()` were written into, so copies
-        of those rows elsewhere (another tier) are refreshed."""
+        of those rows elsewhere (another tier) are refreshed. `load_state_dict` and
+        `load_sparse_state_dict` call it themselves."""
 
     def sparse_state_dict(self) -> dict[str, torch.Tensor]:
         """The fused optimizer's state, one tensor per table, for checkpoints."""
@@ -106,18 +120,48 @@ class EmbeddingCollection(nn.Module, ABC):
     def _state_key(self, table: TableSpec) -> str:
         return f"{table.name}.{self.optimizer.kind}_state"
 
+    # --- placement-independent state dict: `<table>.weight`, one full tensor per table ----------
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):  # noqa: D401
+        for t, w in zip(self.tables, self.table_weights()):
+            destination[f"{prefix}{t.name}.weight"] = w if keep_vars else w.detach()
+
+    def _load_from_state_dict(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+    ):
+        mine = {f"{prefix}{t.name}.weight": w for t, w in zip(self.tables, self.table_weights())}
+        for key, dst in mine.items():
+            if key not in state_dict:
+                missing_keys.append(key)
+                continue
+            src = state_dict[key]
+            if tuple(src.shape) != tuple(dst.shape):
+                error_msgs.append(
+                    f"{key}: shape {tuple(src.shape)} in the checkpoint, {tuple(dst.shape)} in the model"
+                )
+                continue
+            with torch.no_grad():
+                dst.copy_(src)
+        # A collection registers no submodules, so anything else under its prefix is not ours.
+        unexpected_keys.extend(k for k in state_dict if k.startswith(prefix) and k not in mine)
+        self.after_tables_written()
+
     # --- tiers, counters, checkpoints ----------------------------------------------------------
 
     def sync(self) -> None:
         """Make every tier current (before evaluation, checkpoints and exports)."""
 
+    @abstractmethod
     def counters(self) -> dict[str, int | float | None]:
-        """Counters for metrics.jsonl and summary.json (e.g. bytes over the host/device link)."""
-        return {}
+        """Counters for metrics.jsonl and summary.json, `TransferStats.as_dict()`'s keys: bytes
+        per link and purpose (`emb_bytes_h2d_lookup`, ...), `syncs`, `sync_rows`, `sync_s`,
+        `hot_batches`, `cold_batches`, `train_inputs`, `hot_inputs`, `hot_input_share`,
+        `emb_bytes_per_sample` (a collection that moves nothing: `no_transfer_counters()`)."""
 
     @abstractmethod
     def placement_info(self) -> dict:
-        """Where rows live, for the summary: at least `kind` and `backend`."""
+        """Where rows live, for the summary: at least `kind` ("device", "host", "fae", ...) and
+        `backend`."""
 
     def extra_state(self) -> dict[str, torch.Tensor]:
         """Tensors a checkpoint must carry beyond weights and optimizer state."""
@@ -127,7 +171,9 @@ class EmbeddingCollection(nn.Module, ABC):
         """Restore what `extra_state` returned (keys it does not know are an error)."""
         unknown = sorted(state)
         if unknown:
-            raise KeyError(f"embedding collection: unexpected checkpoint state {', '.join(unknown[:3])}")
+            raise KeyError(
+                f"embedding collection: unexpected checkpoint state {', '.join(unknown[:3])}"
+            )
 
     # --- processes -------------------------------------------------------------------------------
 

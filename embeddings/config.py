@@ -18,9 +18,13 @@ class TableSpec:
 
     def __post_init__(self) -> None:
         if self.num_embeddings < 1:
-            raise ValueError(f"table {self.name}: num_embeddings must be >= 1, got {self.num_embeddings}")
+            raise ValueError(
+                f"table {self.name}: num_embeddings must be >= 1, got {self.num_embeddings}"
+            )
         if self.embedding_dim < 1:
-            raise ValueError(f"table {self.name}: embedding_dim must be >= 1, got {self.embedding_dim}")
+            raise ValueError(
+                f"table {self.name}: embedding_dim must be >= 1, got {self.embedding_dim}"
+            )
 
 
 @dataclass(frozen=True)

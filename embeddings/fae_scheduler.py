@@ -38,7 +38,9 @@ def window_bounds(num_batches: int, switch_period: int, order: str) -> list[tupl
     return [(s, min(s + switch_period, num_batches)) for s in range(0, num_batches, switch_period)]
 
 
-def window_layout(hot: np.ndarray, batch_size: int, order: str = "interleave") -> list[tuple[str, np.ndarray]]:
+def window_layout(
+    hot: np.ndarray, batch_size: int, order: str = "interleave"
+) -> list[tuple[str, np.ndarray]]:
     """Mini-batches of one window: [(kind, input positions)], kind 'hot' or 'cold', in run order."""
     hot = np.asarray(hot, dtype=bool)
     cold_idx = np.flatnonzero(~hot)
@@ -47,6 +49,10 @@ def window_layout(hot: np.ndarray, batch_size: int, order: str = "interleave") -
     fill = min(k_cold * batch_size - cold_idx.size, hot_idx.size)
     cold_members = np.sort(np.concatenate([cold_idx, hot_idx[hot_idx.size - fill :]]))
     hot_members = hot_idx[: hot_idx.size - fill]
-    cold_batches = [("cold", cold_members[i : i + batch_size]) for i in range(0, cold_members.size, batch_size)]
-    hot_batches = [("hot", hot_members[i : i + batch_size]) for i in range(0, hot_members.size, batch_size)]
+    cold_batches = [
+        ("cold", cold_members[i : i + batch_size]) for i in range(0, cold_members.size, batch_size)
+    ]
+    hot_batches = [
+        ("hot", hot_members[i : i + batch_size]) for i in range(0, hot_members.size, batch_size)
+    ]
     return cold_batches + hot_batches if order == "block" else hot_batches + cold_batches

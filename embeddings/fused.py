@@ -6,8 +6,8 @@ has a kernel for the device, otherwise by `TorchTableBatchedEmbedding` (same res
 
 The backend is deliberately not a registered submodule: its weights are updated by its own fused
 optimizer, so they must not reach the dense optimizer through `.parameters()`, and the state dict
-is written in a placement-independent form (`<table>.weight`, one full tensor per table) rather
-than in the backend's internal layout.
+is written in the contract's placement-independent form (`<table>.weight`, one full tensor per
+table) rather than in the backend's internal layout.
 """
 
 from __future__ import annotations
@@ -19,8 +19,10 @@ from torch import nn
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from embeddings._fbgemm import fbgemm_available
+from embeddings.collection import EmbeddingCollection, in_feature_order
 from embeddings.config import SparseOptimizer, TableSpec
 from embeddings.torch_tbe import TorchTableBatchedEmbedding
+from embeddings.transfer_stats import no_transfer_counters
 
 log = logging.getLogger(__name__)
 
@@ -72,19 +74,29 @@ def _make_fbgemm(tables: list[TableSpec], opt: SparseOptimizer, device: torch.de
     )
 
 
+def _table_init(rows: int, index: int, seed: int) -> tuple[torch.Generator, float]:
+    return torch.Generator(device="cpu").manual_seed(seed * 1_000_003 + index), (1.0 / rows) ** 0.5
+
+
 def uniform_init_(weights: list[torch.Tensor], seed: int) -> None:
     """The reference's initialisation, U(-sqrt(1/rows), +sqrt(1/rows)), seeded per table."""
     for i, w in enumerate(weights):
-        gen = torch.Generator(device="cpu").manual_seed(seed * 1_000_003 + i)
-        bound = (1.0 / w.shape[0]) ** 0.5
         if w.device.type == "cpu":
+            gen, bound = _table_init(w.shape[0], i, seed)
             w.uniform_(-bound, bound, generator=gen)
         else:
-            w.copy_(torch.empty(w.shape).uniform_(-bound, bound, generator=gen))
+            w.copy_(uniform_table(w.shape[0], w.shape[1], i, seed))
 
 
-class FusedEmbeddingBagCollection(nn.Module):
-    """Sum-pooled embedding bags for many features, sparse updates fused into backward."""
+def uniform_table(rows: int, dim: int, index: int, seed: int) -> torch.Tensor:
+    """Table `index`'s initial weights as `uniform_init_` makes them, as a new CPU tensor (a tier
+    holding some of its rows starts them at the same values)."""
+    gen, bound = _table_init(rows, index, seed)
+    return torch.empty(rows, dim).uniform_(-bound, bound, generator=gen)
+
+
+class FusedEmbeddingBagCollection(EmbeddingCollection):
+    """Every table on one device in one table-batched op (the `device` placement)."""
 
     def __init__(
         self,
@@ -123,8 +135,7 @@ class FusedEmbeddingBagCollection(nn.Module):
     # --- the collection contract -------------------------------------------------------------
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
-        if features.keys() != self.feature_names:
-            features = features.permute([features.keys().index(f) for f in self.feature_names])
+        features = in_feature_order(features, self.feature_names)
         values = features.values()
         offsets = features.offsets()
         if values.dtype != offsets.dtype:
@@ -146,54 +157,13 @@ class FusedEmbeddingBagCollection(nn.Module):
         states = self._impl.split_optimizer_states()
         return [s[0] if isinstance(s, (list, tuple)) else s for s in states]
 
-    def sparse_state_dict(self) -> dict[str, torch.Tensor]:
-        """The fused optimizer's state, one tensor per table, for checkpoints."""
-        return {
-            f"{t.name}.{self.optimizer.kind}_state": s.detach()
-            for t, s in zip(self.tables, self.optimizer_states())
-            if s is not None
-        }
+    def pooled(self, values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        """Pooled embeddings [batch, sum dims] of table-major bags (fbgemm's layout), the fused
+        optimizer in backward: what another collection's tier calls directly."""
+        return self._impl(values, offsets)
 
-    def load_sparse_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        _copy_named(state, {
-            f"{t.name}.{self.optimizer.kind}_state": s
-            for t, s in zip(self.tables, self.optimizer_states())
-            if s is not None
-        }, what="sparse optimizer state")
+    def counters(self) -> dict:
+        return no_transfer_counters()
 
-    # --- placement-independent state dict ----------------------------------------------------
-
-    def _save_to_state_dict(self, destination, prefix, keep_vars):  # noqa: D401
-        for t, w in zip(self.tables, self.table_weights()):
-            destination[f"{prefix}{t.name}.weight"] = w if keep_vars else w.detach()
-
-    def _load_from_state_dict(
-        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
-    ):
-        mine = {f"{prefix}{t.name}.weight": w for t, w in zip(self.tables, self.table_weights())}
-        for key, dst in mine.items():
-            if key not in state_dict:
-                missing_keys.append(key)
-                continue
-            src = state_dict[key]
-            if tuple(src.shape) != tuple(dst.shape):
-                error_msgs.append(
-                    f"{key}: shape {tuple(src.shape)} in the checkpoint, {tuple(dst.shape)} in the model"
-                )
-                continue
-            with torch.no_grad():
-                dst.copy_(src)
-        # The collection has no submodules, so anything else under its prefix is not ours.
-        unexpected_keys.extend(k for k in state_dict if k.startswith(prefix) and k not in mine)
-
-
-def _copy_named(src: dict[str, torch.Tensor], dst: dict[str, torch.Tensor], what: str) -> None:
-    missing = sorted(set(dst) - set(src))
-    if missing:
-        raise KeyError(f"{what}: missing {', '.join(missing[:3])}{'...' if len(missing) > 3 else ''}")
-    with torch.no_grad():
-        for key, d in dst.items():
-            s = src[key]
-            if tuple(s.shape) != tuple(d.shape):
-                raise ValueError(f"{what}: {key} has shape {tuple(s.shape)}, expected {tuple(d.shape)}")
-            d.copy_(s)
+    def placement_info(self) -> dict:
+        return {"kind": "device", "backend": self.backend}

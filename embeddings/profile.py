@@ -22,22 +22,23 @@ import json
 import logging
 import math
 import sys
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from embeddings.errors import ProfileError
+
+if TYPE_CHECKING:  # torchrec costs seconds to import: the CLI and the planner do not need it
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 log = logging.getLogger(__name__)
 
 FORMAT = "hybrid-dlrm/access-profile"
 VERSION = 1
 DEFAULT_KEEP_INPUTS = 65536
-
-
-class ProfileError(ValueError):
-    """Bad input to the profiler or an unreadable profile file (one line)."""
 
 
 @dataclass
@@ -134,19 +135,27 @@ class AccessProfile:
             with np.load(path, allow_pickle=False) as z:
                 meta = json.loads(str(z["meta"]))
                 if meta.get("format") != FORMAT:
-                    raise ProfileError(f"{path}: not an access profile (format {meta.get('format')!r})")
+                    raise ProfileError(
+                        f"{path}: not an access profile (format {meta.get('format')!r})"
+                    )
                 if meta.get("version") != VERSION:
-                    raise ProfileError(f"{path}: profile version {meta.get('version')}, expected {VERSION}")
+                    raise ProfileError(
+                        f"{path}: profile version {meta.get('version')}, expected {VERSION}"
+                    )
                 sizes = [int(n) for n in meta["table_sizes"]]
                 counts = [np.asarray(z[f"counts_{t}"]) for t in range(len(sizes))]
                 lengths, values = np.asarray(z["sample_lengths"]), np.asarray(z["sample_values"])
         except ProfileError:
             raise
-        except (OSError, ValueError, KeyError, json.JSONDecodeError) as e:
-            raise ProfileError(f"{path}: not a readable access profile ({str(e).splitlines()[0][:160]})") from None
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
+            raise ProfileError(
+                f"{path}: not a readable access profile ({str(e).splitlines()[0][:160]})"
+            ) from None
         for t, (c, n) in enumerate(zip(counts, sizes)):
             if c.dtype.kind not in "iu" or c.shape != (n,):
-                raise ProfileError(f"{path}: counts of table {t} must be {n} integers, got {c.dtype} {c.shape}")
+                raise ProfileError(
+                    f"{path}: counts of table {t} must be {n} integers, got {c.dtype} {c.shape}"
+                )
         if lengths.dtype.kind not in "iu" or values.dtype.kind not in "iu":
             raise ProfileError(f"{path}: the kept sample must hold integers")
         return cls(
@@ -207,7 +216,9 @@ class AccessProfiler:
         self.table_sizes = [int(n) for n in table_sizes]
         self.feature_names = list(feature_names or [f"cat_{i}" for i in range(len(table_sizes))])
         if len(self.feature_names) != len(self.table_sizes):
-            raise ProfileError(f"{len(self.table_sizes)} table sizes for {len(self.feature_names)} features")
+            raise ProfileError(
+                f"{len(self.table_sizes)} table sizes for {len(self.feature_names)} features"
+            )
         self.counts = [np.zeros(n, dtype=np.int64) for n in self.table_sizes]
         self.inputs = 0
         self.keep_inputs = int(keep_inputs)
@@ -219,12 +230,16 @@ class AccessProfiler:
         if ids.size == 0:
             return
         if ids.dtype.kind not in "iu":
-            raise ProfileError(f"feature {self.feature_names[t]}: ids must be integers, got {ids.dtype}")
+            raise ProfileError(
+                f"feature {self.feature_names[t]}: ids must be integers, got {ids.dtype}"
+            )
         lo, hi = int(ids.min()), int(ids.max())
         n = self.table_sizes[t]
         if lo < 0 or hi >= n:
             bad = lo if lo < 0 else hi
-            raise ProfileError(f"feature {self.feature_names[t]}: id {bad} outside the table's {n} rows")
+            raise ProfileError(
+                f"feature {self.feature_names[t]}: id {bad} outside the table's {n} rows"
+            )
         if ids.size * 16 >= n:
             self.counts[t] += np.bincount(ids, minlength=n).astype(np.int64, copy=False)
         else:  # a big table and a small batch: do not sweep every row of the table
@@ -239,7 +254,9 @@ class AccessProfiler:
         """Inputs with one lookup per feature: an integer array [n_inputs, n_tables]."""
         rows = np.asarray(rows)
         if rows.ndim != 2 or rows.shape[1] != len(self.table_sizes):
-            raise ProfileError(f"expected ids of shape [inputs, {len(self.table_sizes)}], got {list(rows.shape)}")
+            raise ProfileError(
+                f"expected ids of shape [inputs, {len(self.table_sizes)}], got {list(rows.shape)}"
+            )
         n = rows.shape[0]
         lengths = np.ones((len(self.table_sizes), n), dtype=np.int32)
         self._add_jagged(lengths, [np.ascontiguousarray(rows[:, t]) for t in range(rows.shape[1])])
@@ -249,7 +266,9 @@ class AccessProfiler:
         keys = kjt.keys()
         missing = [f for f in self.feature_names if f not in keys]
         if missing:
-            raise ProfileError(f"batch has no feature {missing[0]!r} (it has {', '.join(keys[:5])}...)")
+            raise ProfileError(
+                f"batch has no feature {missing[0]!r} (it has {', '.join(keys[:5])}...)"
+            )
         if keys != self.feature_names:
             kjt = kjt.permute([keys.index(f) for f in self.feature_names])
         batch = kjt.stride()
@@ -266,32 +285,24 @@ class AccessProfiler:
         take = min(n, self.keep_inputs - self._kept)
         if take > 0:
             self._kept_lengths.append(lengths[:, :take])
-            self._kept_values.append([ids[: int(lengths[t, :take].sum())] for t, ids in enumerate(per_table)])
+            self._kept_values.append(
+                [ids[: int(lengths[t, :take].sum())] for t, ids in enumerate(per_table)]
+            )
             self._kept += take
 
     def finish(self, sample_rate: float = 0.0) -> AccessProfile:
         T = len(self.table_sizes)
         if self._kept_lengths:
             lengths = np.concatenate(self._kept_lengths, axis=1).astype(np.int32)
-            values = np.concatenate(
-                [blk[t] for t in range(T) for blk in self._kept_values]
-            ).astype(np.int64)  # table-major, blocks in order within each table
+            values = np.concatenate([blk[t] for t in range(T) for blk in self._kept_values]).astype(
+                np.int64
+            )  # table-major, blocks in order within each table
         else:
             lengths, values = np.zeros((T, 0), np.int32), np.zeros(0, np.int64)
         return AccessProfile(
             self.feature_names, self.table_sizes, [c.copy() for c in self.counts], self.inputs,
             float(sample_rate), lengths, values,
         )  # fmt: skip
-
-
-def kjt_from_jagged(feature_names: list[str], lengths: np.ndarray, values: np.ndarray) -> KeyedJaggedTensor:
-    """The kept sample (lengths [T, n], table-major values) as a KeyedJaggedTensor."""
-    return KeyedJaggedTensor(
-        keys=list(feature_names),
-        values=torch.from_numpy(np.ascontiguousarray(values, dtype=np.int64)),
-        lengths=torch.from_numpy(np.ascontiguousarray(lengths.reshape(-1), dtype=np.int32)),
-        stride=int(lengths.shape[1]),
-    )
 
 
 # --- command line -----------------------------------------------------------------------------
@@ -311,7 +322,9 @@ def _id_files(paths: list[str]) -> tuple[list[Path], dict]:
                 try:
                     meta = json.loads((p / "meta.json").read_text())
                 except json.JSONDecodeError as e:
-                    raise ProfileError(f"{p / 'meta.json'}:{e.lineno}: not valid JSON ({e.msg})") from None
+                    raise ProfileError(
+                        f"{p / 'meta.json'}:{e.lineno}: not valid JSON ({e.msg})"
+                    ) from None
         elif p.is_file():
             files.append(p)
         else:
@@ -338,11 +351,15 @@ def profile_npy_files(
         except ValueError as e:
             raise ProfileError(f"{f}: not a readable .npy file ({e})") from None
         if a.ndim != 2 or a.dtype.kind not in "iu":
-            raise ProfileError(f"{f}: expected an integer array [rows, tables], got {a.dtype} {list(a.shape)}")
+            raise ProfileError(
+                f"{f}: expected an integer array [rows, tables], got {a.dtype} {list(a.shape)}"
+            )
         arrays.append((f, a))
     if table_sizes is None:
         # Without sizes, the largest id seen decides: rows beyond it are never looked up anyway.
-        table_sizes = list(np.max(np.stack([np.asarray(a.max(axis=0)) for _, a in arrays]), axis=0) + 1)
+        table_sizes = list(
+            np.max(np.stack([np.asarray(a.max(axis=0)) for _, a in arrays]), axis=0) + 1
+        )
     profiler = AccessProfiler(list(table_sizes), feature_names, keep_inputs=DEFAULT_KEEP_INPUTS)
     for f, a in arrays:
         if a.shape[1] != len(table_sizes):
@@ -362,7 +379,9 @@ def _sizes(text: str) -> list[int]:
     try:
         sizes = [int(x) for x in text.split("-")]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected dash-separated row counts like 1000-50-7, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected dash-separated row counts like 1000-50-7, got {text!r}"
+        ) from None
     if min(sizes) < 1:
         raise argparse.ArgumentTypeError("every table needs at least one row")
     return sizes
@@ -386,8 +405,16 @@ class _Parser(argparse.ArgumentParser):
 
 def main(argv: list[str] | None = None) -> int:
     p = _Parser(prog="python -m embeddings.profile", description=__doc__.splitlines()[0])
-    p.add_argument("inputs", nargs="+", help=".npy id files [rows, tables], a dataset directory, or one saved profile .npz")
-    p.add_argument("--table-sizes", type=_sizes, help="rows per table, dash-separated (default: meta.json or max id + 1)")
+    p.add_argument(
+        "inputs",
+        nargs="+",
+        help=".npy id files [rows, tables], a dataset directory, or one saved profile .npz",
+    )
+    p.add_argument(
+        "--table-sizes",
+        type=_sizes,
+        help="rows per table, dash-separated (default: meta.json or max id + 1)",
+    )
     p.add_argument("--profile-sample-rate", "--sample-rate", type=_rate, default=0.05, dest="rate",
                    help="share of the inputs to count (default 0.05)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)

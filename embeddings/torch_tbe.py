@@ -45,7 +45,9 @@ def apply_sparse_update(
     add_unique_rows(weight, rows, step, -lr)
 
 
-def add_unique_rows(weight: torch.Tensor, rows: torch.Tensor, delta: torch.Tensor, alpha: float) -> None:
+def add_unique_rows(
+    weight: torch.Tensor, rows: torch.Tensor, delta: torch.Tensor, alpha: float
+) -> None:
     """weight[rows] += alpha * delta for unique `rows`."""
     weight.index_copy_(0, rows, weight.index_select(0, rows).add_(delta, alpha=alpha))
 
@@ -57,7 +59,9 @@ def segment_sum_rows(
     lengths = offsets[1:] - offsets[:-1]
     per_lookup = grad_bags.repeat_interleave(lengths, dim=0, output_size=indices.numel())
     rows, inverse = torch.unique(indices, return_inverse=True)
-    grad = torch.zeros(rows.numel(), grad_bags.shape[1], dtype=grad_bags.dtype, device=grad_bags.device)
+    grad = torch.zeros(
+        rows.numel(), grad_bags.shape[1], dtype=grad_bags.dtype, device=grad_bags.device
+    )
     grad.index_add_(0, inverse, per_lookup)
     return rows, grad
 
@@ -66,7 +70,7 @@ class FusedLookup(torch.autograd.Function):
     """embedding_bag(sum) whose backward updates the weight instead of returning its gradient.
 
     `table` is anything with a `weight` tensor and an `update(rows, grad)` method: a `_Group`
-    here, the device tier of the hybrid collection.
+    here, a `DeviceTier` (embeddings/tiers.py) in the FAE collection.
     """
 
     @staticmethod
@@ -158,7 +162,7 @@ class TorchTableBatchedEmbedding(torch.nn.Module):
         pieces = []
         for grp in self.groups:
             sel_ind, sel_off = _select_tables(indices, offsets, grp.table_ids, batch)
-            pieces.append(self._group_forward(grp, sel_ind, sel_off, batch, remap=True))
+            pieces.append(self._group_forward(grp, sel_ind, sel_off, batch))
         # Put the groups' columns back in table order.
         by_table = {}
         for grp, piece in zip(self.groups, pieces):
@@ -167,7 +171,7 @@ class TorchTableBatchedEmbedding(torch.nn.Module):
                 by_table[t] = piece[:, i * d : (i + 1) * d]
         return torch.cat([by_table[t] for t in range(num_tables)], dim=1)
 
-    def _group_forward(self, grp: _Group, indices, offsets, batch, remap: bool = False):
+    def _group_forward(self, grp: _Group, indices, offsets, batch):
         n_tables = len(grp.table_ids)
         lengths_per_table = (offsets[batch::batch] - offsets[:-1:batch])[:n_tables]
         base = torch.tensor(grp.row_offsets, device=indices.device, dtype=indices.dtype)
@@ -183,7 +187,11 @@ def _select_tables(indices, offsets, table_ids, batch):
     for t in table_ids:
         start, end = int(offsets[t * batch]), int(offsets[(t + 1) * batch])
         parts.append(indices[start:end])
-        lens.append(offsets[t * batch + 1 : (t + 1) * batch + 1] - offsets[t * batch : (t + 1) * batch])
-    new_offsets = torch.zeros(len(table_ids) * batch + 1, dtype=offsets.dtype, device=offsets.device)
+        lens.append(
+            offsets[t * batch + 1 : (t + 1) * batch + 1] - offsets[t * batch : (t + 1) * batch]
+        )
+    new_offsets = torch.zeros(
+        len(table_ids) * batch + 1, dtype=offsets.dtype, device=offsets.device
+    )
     torch.cumsum(torch.cat(lens), 0, out=new_offsets[1:])
     return torch.cat(parts), new_offsets

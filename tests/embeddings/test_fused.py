@@ -12,7 +12,9 @@ def tables(dims=(8, 8, 8, 8)):
     return [TableSpec(f"t{i}", n, d, f"f{i}") for i, (n, d) in enumerate(zip(SIZES, dims))]
 
 
-def random_kjt(gen: torch.Generator, batch: int, sizes=SIZES, max_len: int = 4) -> KeyedJaggedTensor:
+def random_kjt(
+    gen: torch.Generator, batch: int, sizes=SIZES, max_len: int = 4
+) -> KeyedJaggedTensor:
     lengths = torch.randint(0, max_len, (len(sizes) * batch,), generator=gen)
     values = torch.cat(
         [torch.randint(0, n, (int(length),), generator=gen) for i, n in enumerate(sizes)
@@ -60,7 +62,9 @@ def test_fbgemm_and_torch_paths_agree(kind):
 def test_sgd_matches_reference_embedding_bags(backend):
     """One fused SGD step equals plain nn.EmbeddingBag (dense gradient) + w -= lr * grad."""
     lr = 0.3
-    coll = FusedEmbeddingBagCollection(tables(), SparseOptimizer("sgd", lr), backend=backend, seed=1)
+    coll = FusedEmbeddingBagCollection(
+        tables(), SparseOptimizer("sgd", lr), backend=backend, seed=1
+    )
     refs = [nn.EmbeddingBag(n, 8, mode="sum") for n in SIZES]
     for ref, w in zip(refs, coll.table_weights()):
         ref.weight.data.copy_(w)
@@ -68,7 +72,9 @@ def test_sgd_matches_reference_embedding_bags(backend):
     kjt = random_kjt(gen, 12)
     out = coll(kjt).values()
     jt = kjt.to_dict()
-    ref_out = torch.cat([ref(jt[f"f{i}"].values(), jt[f"f{i}"].offsets()[:-1]) for i, ref in enumerate(refs)], 1)
+    ref_out = torch.cat(
+        [ref(jt[f"f{i}"].values(), jt[f"f{i}"].offsets()[:-1]) for i, ref in enumerate(refs)], 1
+    )
     torch.testing.assert_close(out, ref_out)
     grad = torch.randn(out.shape, generator=gen)
     (out * grad).sum().backward()
@@ -79,8 +85,12 @@ def test_sgd_matches_reference_embedding_bags(backend):
 
 def test_mixed_dims_torch_path_matches_fbgemm():
     dims = (4, 8, 4, 16)
-    a = FusedEmbeddingBagCollection(tables(dims), SparseOptimizer("sgd", 0.1), backend="fbgemm", seed=2)
-    b = FusedEmbeddingBagCollection(tables(dims), SparseOptimizer("sgd", 0.1), backend="torch", seed=2)
+    a = FusedEmbeddingBagCollection(
+        tables(dims), SparseOptimizer("sgd", 0.1), backend="fbgemm", seed=2
+    )
+    b = FusedEmbeddingBagCollection(
+        tables(dims), SparseOptimizer("sgd", 0.1), backend="torch", seed=2
+    )
     for oa, ob in zip(train_steps(a), train_steps(b)):
         torch.testing.assert_close(oa, ob, rtol=0, atol=0)
     for wa, wb in zip(a.table_weights(), b.table_weights()):
@@ -108,7 +118,9 @@ def test_state_dict_shape_mismatch_is_reported():
     a = FusedEmbeddingBagCollection(tables(), backend="torch")
     sd = a.state_dict()
     sd["t0.weight"] = torch.zeros(49, 8)
-    with pytest.raises(RuntimeError, match=r"t0.weight: shape \(49, 8\) in the checkpoint, \(50, 8\)"):
+    with pytest.raises(
+        RuntimeError, match=r"t0.weight: shape \(49, 8\) in the checkpoint, \(50, 8\)"
+    ):
         a.load_state_dict(sd)
 
 
@@ -136,7 +148,9 @@ def test_fbgemm_torch_mismatch_is_one_line_with_versions(monkeypatch):
 
     def broken(name, *args, **kwargs):
         if name.startswith("fbgemm_gpu"):
-            raise OSError("/x/fbgemm_gpu_py.so: undefined symbol: _ZN3c104impl3cow11cow_deleterEPv\nmore")
+            raise OSError(
+                "/x/fbgemm_gpu_py.so: undefined symbol: _ZN3c104impl3cow11cow_deleterEPv\nmore"
+            )
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", broken)

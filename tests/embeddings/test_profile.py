@@ -48,10 +48,17 @@ def test_save_load_round_trip_is_exact_and_pickle_free(tmp_path):
     with np.load(path, allow_pickle=False) as z:  # readable without pickle
         assert json.loads(str(z["meta"]))["table_sizes"] == SIZES
     q = AccessProfile.load(path)
-    assert q.feature_names == NAMES and q.table_sizes == SIZES and q.inputs == 50 and q.sample_rate == 0.05
+    assert (
+        q.feature_names == NAMES
+        and q.table_sizes == SIZES
+        and q.inputs == 50
+        and q.sample_rate == 0.05
+    )
     for a, b in zip(p.counts, q.counts):
         assert np.array_equal(a, b)
-    assert np.array_equal(p.sample_lengths, q.sample_lengths) and np.array_equal(p.sample_values, q.sample_values)
+    assert np.array_equal(p.sample_lengths, q.sample_lengths) and np.array_equal(
+        p.sample_values, q.sample_values
+    )
 
 
 def test_bad_ids_and_bad_files_give_one_line(tmp_path):
@@ -93,7 +100,10 @@ def test_cli_profiles_npy_files_and_plots(tmp_path, capsys):
     np.save(tmp_path / "day_0.sparse.npy", ids)
     (tmp_path / "meta.json").write_text(json.dumps({"table_sizes": SIZES, "feature_names": NAMES}))
     out, png = tmp_path / "prof.npz", tmp_path / "cdf.png"
-    assert main([str(tmp_path), "--profile-sample-rate", "1", "--out", str(out), "--plot", str(png)]) == 0
+    assert (
+        main([str(tmp_path), "--profile-sample-rate", "1", "--out", str(out), "--plot", str(png)])
+        == 0
+    )
     summary = json.loads(capsys.readouterr().out)
     assert summary["inputs"] == 400 and [t["lookups"] for t in summary["tables"]] == [400] * 3
     assert png.read_bytes()[:4] == b"\x89PNG"

@@ -4,9 +4,10 @@ import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from embeddings import FusedEmbeddingBagCollection, SparseOptimizer, TableSpec
+from embeddings.fae import FAEEmbeddingBagCollection
 from embeddings.fae_scheduler import window_bounds, window_layout
-from embeddings.hybrid import HybridEmbeddingBagCollection
-from embeddings.placement import PlacementError, hot_input_mask, plan_placement, row_bytes
+from embeddings.hot_inputs import AllHotClassifier, all_hot_inputs
+from embeddings.placement import PlacementError, plan_placement, row_bytes
 from embeddings.profile import AccessProfiler
 
 SIZES = [40, 6, 300, 25]
@@ -39,7 +40,9 @@ def make_plan(opt, budget_rows=30, seed=0):
     rng = np.random.default_rng(seed)
     prof = AccessProfiler(SIZES, NAMES)
     # skewed, with the hottest rows away from row 0 (a permutation per table)
-    rows = np.stack([rng.permutation(n)[np.minimum(rng.zipf(1.4, 400) - 1, n - 1)] for n in SIZES], 1)
+    rows = np.stack(
+        [rng.permutation(n)[np.minimum(rng.zipf(1.4, 400) - 1, n - 1)] for n in SIZES], 1
+    )
     prof.add_rows(rows)
     return plan_placement(prof.finish(), [DIM] * 4, opt, budget_rows * row_bytes(DIM, opt))
 
@@ -87,9 +90,9 @@ def test_fae_trains_exactly_like_the_fused_collection(kind):
     opt = SparseOptimizer(kind, 0.05)
     plan = make_plan(opt)
     ref = FusedEmbeddingBagCollection(tables(), opt, backend="torch", seed=7)
-    fae = HybridEmbeddingBagCollection(tables(), opt, plan, seed=7, host_backend="torch")
+    fae = FAEEmbeddingBagCollection(tables(), opt, plan, seed=7, host_backend="torch")
     run_sequence([ref, fae], KINDS, lr_change_at=5)
-    s = fae.transfer_stats()
+    s = fae.counters()
     assert s["hot_batches"] == 7 and s["cold_batches"] == 4 and s["syncs"] >= 6
     assert_same_tables(ref, fae, exact=kind == "sgd")
 
@@ -99,14 +102,14 @@ def test_fae_resumes_from_its_exported_state_exactly(kind):
     opt = SparseOptimizer(kind, 0.05)
     plan = make_plan(opt)
     ref = FusedEmbeddingBagCollection(tables(), opt, seed=3)  # fbgemm on CPU when available
-    fae = HybridEmbeddingBagCollection(tables(), opt, plan, seed=3)
+    fae = FAEEmbeddingBagCollection(tables(), opt, plan, seed=3)
     run_sequence([ref, fae], KINDS[:5], seed=1)  # ends in a cold phase: the device tier is stale
     # "checkpoint": the exported tables are the synced, full tables
     weights = {k: v.clone() for k, v in fae.state_dict().items()}
     sparse = {k: v.clone() for k, v in fae.sparse_state_dict().items()}
     assert sorted(weights) == [f"t{i}.weight" for i in range(4)]
     assert [tuple(weights[f"t{i}.weight"].shape) for i in range(4)] == [(n, DIM) for n in SIZES]
-    resumed = HybridEmbeddingBagCollection(tables(), opt, plan, seed=99)
+    resumed = FAEEmbeddingBagCollection(tables(), opt, plan, seed=99)
     resumed.load_state_dict(weights)
     resumed.load_sparse_state_dict(sparse)
     run_sequence([ref, fae, resumed], KINDS[5:], seed=2)
@@ -117,32 +120,35 @@ def test_fae_resumes_from_its_exported_state_exactly(kind):
 def test_counters_and_hot_batches_cross_no_link():
     opt = SparseOptimizer("rowwise_adagrad", 0.05)
     plan = make_plan(opt)
-    fae = HybridEmbeddingBagCollection(tables(), opt, plan)
+    fae = FAEEmbeddingBagCollection(tables(), opt, plan)
     rng = np.random.default_rng(0)
     hot = make_batch(rng, 10, True, hot_row_lists(plan))
     cold = kjt_from(np.ones((4, 10), np.int64), [np.full(10, n - 1) for n in SIZES])
     assert not (plan.remaps[0][SIZES[0] - 1] >= 0 and plan.remaps[2][SIZES[2] - 1] >= 0)
     fae(hot).values().sum().backward()
-    s = fae.transfer_stats()
+    s = fae.counters()
     assert s["emb_bytes_h2d"] == 0 and s["emb_bytes_d2h"] == 0 and s["hot_input_share"] == 1.0
-    dirty = int(fae._device_dirty.sum())
+    dirty = int(fae.replica.fast_dirty.sum())
     fae(cold).values().sum().backward()  # switching to cold pushes the dirty hot rows to the host
-    s = fae.transfer_stats()
+    s = fae.counters()
     pooled = 10 * 4 * DIM * 4
     assert s["emb_bytes_h2d_lookup"] == pooled and s["emb_bytes_d2h_lookup"] == pooled
     assert s["emb_bytes_d2h_sync"] == dirty * row_bytes(DIM, opt) and s["syncs"] == 1
-    assert s["hot_input_share"] == 0.5 and s["emb_bytes_per_sample"] == (2 * pooled + s["emb_bytes_d2h_sync"]) / 20
+    assert (
+        s["hot_input_share"] == 0.5
+        and s["emb_bytes_per_sample"] == (2 * pooled + s["emb_bytes_d2h_sync"]) / 20
+    )
     # eval-mode lookups never count or dirty anything
     fae.eval()
     with torch.no_grad():
         fae(cold)
-    assert fae.transfer_stats()["train_inputs"] == 20
+    assert fae.counters()["train_inputs"] == 20
 
 
 def test_host_only_matches_fused_and_counts_every_lookup():
     opt = SparseOptimizer("sgd", 0.1)
     ref = FusedEmbeddingBagCollection(tables(), opt, seed=5)
-    host = HybridEmbeddingBagCollection(tables(), opt, None, seed=5)
+    host = FAEEmbeddingBagCollection(tables(), opt, None, seed=5)
     rng = np.random.default_rng(3)
     gen = torch.Generator().manual_seed(0)
     for _ in range(3):
@@ -153,33 +159,60 @@ def test_host_only_matches_fused_and_counts_every_lookup():
         (a * g).sum().backward()
         (b * g).sum().backward()
     assert_same_tables(ref, host, exact=True)
-    s = host.transfer_stats()
+    s = host.counters()
     assert s["emb_bytes_h2d"] == s["emb_bytes_d2h"] == 3 * 8 * 4 * DIM * 4 and s["syncs"] == 0
-    assert host.placement_info()["kind"] == "host" and not host.hot_input_mask(kjt).any()
+    assert host.placement_info()["kind"] == "host" and s["hot_batches"] == 0
+    assert s["cold_batches"] == 3 and host.last_step_kind() == "cold"
 
 
-def test_hot_input_mask_agrees_with_the_planner():
+def select_inputs(lengths, values, idx):
+    """The inputs `idx` of jagged per-table id arrays, as a KJT."""
+    per_table = []
+    for t, v in enumerate(values):
+        bags = np.split(v, np.cumsum(lengths[t])[:-1])
+        per_table.append(np.concatenate([bags[i] for i in idx] + [np.zeros(0, np.int64)]))
+    return kjt_from(lengths[:, idx], per_table)
+
+
+def test_one_rule_decides_all_hot_for_scheduler_report_and_forward():
     opt = SparseOptimizer("sgd")
     plan = make_plan(opt, budget_rows=45)
-    fae = HybridEmbeddingBagCollection(tables(), opt, plan)
+    fae = FAEEmbeddingBagCollection(tables(), opt, plan)
     rng = np.random.default_rng(4)
     lengths = rng.integers(0, 3, (4, 64))
-    values = [rng.choice(hot_row_lists(plan)[t] if t != 2 else np.arange(SIZES[2]), int(lengths[t].sum())) for t in range(4)]
+    values = [
+        rng.choice(hot_row_lists(plan)[t] if t != 2 else np.arange(SIZES[2]), int(lengths[t].sum()))
+        for t in range(4)
+    ]
     kjt = kjt_from(lengths, values)
-    want = hot_input_mask(plan, lengths, np.concatenate(values))
-    assert 0 < want.sum() < 64
-    assert fae.hot_input_mask(kjt).numpy().tolist() == want.tolist()
-    assert fae.hot_input_mask(kjt.permute([3, 1, 0, 2])).numpy().tolist() == want.tolist()
+    want = []  # by hand: every lookup of the input is a hot row (no lookup at all: hot)
+    for i in range(64):
+        bags = [np.split(values[t], np.cumsum(lengths[t])[:-1])[i] for t in range(4)]
+        want.append(all(bool((plan.remaps[t][b] >= 0).all()) for t, b in enumerate(bags)))
+    assert 0 < sum(want) < 64
+    classify = AllHotClassifier(plan)
+    assert classify(kjt).tolist() == want
+    assert classify(kjt.permute([3, 1, 0, 2])).tolist() == want
+    remap, base = plan.concatenated_remap()  # the numpy path the plan's report takes
+    flat = np.concatenate(values).astype(np.int64)
+    args = (torch.from_numpy(remap), torch.from_numpy(base), torch.from_numpy(flat))
+    assert all_hot_inputs(*args, torch.from_numpy(lengths.reshape(-1)), 64).tolist() == want
+    # the forward: all-hot inputs train on the device; one more input, not all hot, and it is cold
+    hot_idx, cold_idx = np.flatnonzero(want), np.flatnonzero(~np.array(want))
+    for idx, kind in [(hot_idx, "hot"), (np.sort(np.append(hot_idx, cold_idx[0])), "cold")]:
+        fae(select_inputs(lengths, values, idx)).values().sum().backward()
+        assert fae.last_step_kind() == kind
+        assert classify(select_inputs(lengths, values, idx)).all() == (kind == "hot")
 
 
 def test_plans_that_do_not_fit_are_refused():
     opt = SparseOptimizer("sgd")
     plan = make_plan(opt)
     with pytest.raises(PlacementError, match="made for optimizer sgd"):
-        HybridEmbeddingBagCollection(tables(), SparseOptimizer("adagrad"), plan)
+        FAEEmbeddingBagCollection(tables(), SparseOptimizer("adagrad"), plan)
     other = [TableSpec(f"t{i}", n + (i == 1), DIM, f) for i, (n, f) in enumerate(zip(SIZES, NAMES))]
     with pytest.raises(PlacementError, match="table 1: 6 rows in the plan, 7 in the model"):
-        HybridEmbeddingBagCollection(other, opt, plan)
+        FAEEmbeddingBagCollection(other, opt, plan)
 
 
 def test_scheduler_layout_keeps_every_input_once_and_batches_pure():
@@ -208,7 +241,7 @@ def test_mixed_widths_need_one_hot_width():
     prof.add_rows(np.zeros((3, 4), np.int64))
     plan = plan_placement(prof.finish(), [4, 8, 4, 4], opt, 10**6)
     with pytest.raises(ValueError, match="same width"):
-        HybridEmbeddingBagCollection(tables((4, 8, 4, 4)), opt, plan)
+        FAEEmbeddingBagCollection(tables((4, 8, 4, 4)), opt, plan)
 
 
 @pytest.mark.gpu
@@ -217,7 +250,9 @@ def test_fae_on_cuda_trains_like_the_fused_collection(kind):
     opt = SparseOptimizer(kind, 0.05)
     plan = make_plan(opt)
     ref = FusedEmbeddingBagCollection(tables(), opt, backend="torch", seed=7)
-    fae = HybridEmbeddingBagCollection(tables(), opt, plan, device="cuda", seed=7, host_backend="torch")
+    fae = FAEEmbeddingBagCollection(
+        tables(), opt, plan, device="cuda", seed=7, host_backend="torch"
+    )
     rng = np.random.default_rng(0)
     gen = torch.Generator().manual_seed(0)
     for kind_ in KINDS:

@@ -1,0 +1,26 @@
+"""The embeddings package's errors, in one place so callers catch them without importing the
+modules that raise them (and the heavy imports those carry).
+
+Each is a user's or a file's mistake told in one line: the CLI prints it and exits 2.
+"""
+
+from __future__ import annotations
+
+
+class PlacementError(ValueError):
+    """An impossible or inconsistent placement, or an unreadable placement-plan file."""
+
+
+class ProfileError(ValueError):
+    """Bad input to the access profiler or an unreadable profile file."""
+
+
+class TierError(LookupError):
+    """A row asked of a tier that does not hold it (the plan put it elsewhere)."""
+
+
+class FbgemmMismatchError(ImportError):
+    """fbgemm-gpu is installed but does not load with this torch (it names both versions)."""
+
+
+__all__ = ["FbgemmMismatchError", "PlacementError", "ProfileError", "TierError"]

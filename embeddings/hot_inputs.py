@@ -1,0 +1,106 @@
+"""Which inputs are *all hot*: every one of their lookups (all features) is a row of the device tier.
+
+FAE trains an all-hot mini-batch entirely on the device tier, the scheduler groups inputs by it,
+and the plan's report measures its share on the profile's sample. The three must agree exactly
+(a batch the scheduler calls hot but the collection runs cold would silently cost a sync and two
+transfers), so they all call `all_hot_inputs` here, on torch tensors (numpy through
+`torch.from_numpy`).
+
+Lookups are table-major, as in a KeyedJaggedTensor in feature order: `lengths` [T * batch] (the
+bags of table 0, then table 1, ...) and `values` the row ids of each table. A table's rows are
+found in the tier through the plan's concatenated remap: global row = row_base[table] + row,
+remap[global row] = its slot in the tier, -1 = not there.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from embeddings.collection import in_feature_order
+
+if TYPE_CHECKING:
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    from embeddings.plan import PlacementPlan
+
+
+def lookup_slots(
+    remap: torch.Tensor,
+    row_base: torch.Tensor,
+    values: torch.Tensor,
+    lengths: torch.Tensor,
+    batch: int,
+) -> torch.Tensor:
+    """Each lookup's slot in the tier `remap` describes (-1 = not there), on `values`' device."""
+    per_table = lengths.view(row_base.numel(), batch).sum(1)
+    base = row_base.to(values.device)
+    gid = values.long() + base.repeat_interleave(per_table, output_size=values.numel())
+    return remap[gid]
+
+
+def all_hot_inputs(
+    remap: torch.Tensor,
+    row_base: torch.Tensor,
+    values: torch.Tensor,
+    lengths: torch.Tensor,
+    batch: int,
+    slots: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """bool [batch]: input i is all hot when every one of its lookups has a slot (an input
+    without lookups is all hot). `slots`, when the caller has them, are `lookup_slots(...)`."""
+    if slots is None:
+        slots = lookup_slots(remap, row_base, values, lengths, batch)
+    cold = slots < 0
+    if not bool(cold.any()):  # every lookup hot (FAE's hot batches): no per-input work
+        return torch.ones(batch, dtype=torch.bool, device=slots.device)
+    lengths = lengths.to(slots.device).long()
+    cold_before = torch.zeros(slots.numel() + 1, dtype=torch.int64, device=slots.device)
+    cold_before[1:] = torch.cumsum(cold.to(torch.int64), 0)
+    ends = torch.cumsum(lengths, 0)
+    per_bag = cold_before[ends] - cold_before[ends - lengths]  # cold lookups of each bag
+    return per_bag.view(-1, batch).sum(0) == 0
+
+
+class AllHotClassifier:
+    """`AllHotClassifier(plan)(kjt)` -> bool [batch] on the CPU: the inputs whose lookups are
+    all in the plan's device tier; keys in any order. A plan without device rows has no hot
+    input (there is no device tier to train one on)."""
+
+    def __init__(self, plan: PlacementPlan) -> None:
+        remap, base = plan.concatenated_remap()
+        self.feature_names = list(plan.feature_names)
+        self.num_hot = plan.num_hot
+        self.row_base = torch.from_numpy(base)
+        self._remaps = {torch.device("cpu"): torch.from_numpy(remap)}
+
+    def remap(self, device: torch.device) -> torch.Tensor:
+        """The concatenated remap on `device` (copied there once)."""
+        if device not in self._remaps:
+            self._remaps[device] = self._remaps[torch.device("cpu")].to(device)
+        return self._remaps[device]
+
+    def slots(self, values: torch.Tensor, lengths: torch.Tensor, batch: int) -> torch.Tensor:
+        return lookup_slots(self.remap(values.device), self.row_base, values, lengths, batch)
+
+    def mask(
+        self,
+        values: torch.Tensor,
+        lengths: torch.Tensor,
+        batch: int,
+        slots: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """bool [batch] on `values`' device, for table-major lookups in feature order."""
+        if not self.num_hot:
+            return torch.zeros(batch, dtype=torch.bool, device=values.device)
+        if slots is None:
+            slots = self.slots(values, lengths, batch)
+        return all_hot_inputs(
+            self.remap(values.device), self.row_base, values, lengths, batch, slots
+        )
+
+    def __call__(self, features: KeyedJaggedTensor) -> torch.Tensor:
+        features = in_feature_order(features, self.feature_names)
+        values, lengths = features.values().cpu(), features.lengths().cpu().long()
+        return self.mask(values, lengths, features.stride())
