@@ -36,14 +36,7 @@ from torch import nn
 from embeddings.config import SparseOptimizer, TableSpec
 
 if TYPE_CHECKING:
-    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
-
-
-def in_feature_order(features: KeyedJaggedTensor, names: list[str]) -> KeyedJaggedTensor:
-    """`features` with its keys permuted to `names` (a no-op when they already are)."""
-    if features.keys() != names:
-        features = features.permute([features.keys().index(f) for f in names])
-    return features
+    pass
 
 
 class EmbeddingCollection(nn.Module, ABC):

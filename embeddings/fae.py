@@ -27,10 +27,11 @@ import logging
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
-from embeddings.collection import EmbeddingCollection, in_feature_order
+from embeddings.collection import EmbeddingCollection
 from embeddings.config import SparseOptimizer, TableSpec
 from embeddings.errors import PlacementError
 from embeddings.hot_inputs import AllHotClassifier
+from embeddings.kjt_ops import in_feature_order
 from embeddings.plan import ALL, PlacementPlan, row_bytes
 from embeddings.tiers import DeviceTier, HostTier, Replica
 from embeddings.transfer_stats import TransferStats

@@ -19,8 +19,9 @@ from torch import nn
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from embeddings._fbgemm import fbgemm_available
-from embeddings.collection import EmbeddingCollection, in_feature_order
+from embeddings.collection import EmbeddingCollection
 from embeddings.config import SparseOptimizer, TableSpec
+from embeddings.kjt_ops import in_feature_order
 from embeddings.torch_tbe import TorchTableBatchedEmbedding
 from embeddings.transfer_stats import no_transfer_counters
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from embeddings.collection import in_feature_order
+from embeddings.kjt_ops import in_feature_order
 
 if TYPE_CHECKING:
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor

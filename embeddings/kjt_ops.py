@@ -12,11 +12,11 @@ import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 
-def in_key_order(kjt: KeyedJaggedTensor, keys: list[str]) -> KeyedJaggedTensor:
-    """The same KJT with its features in `keys` order."""
-    if kjt.keys() == keys:
-        return kjt
-    return kjt.permute([kjt.keys().index(f) for f in keys])
+def in_feature_order(features: KeyedJaggedTensor, names: list[str]) -> KeyedJaggedTensor:
+    """`features` with its keys permuted to `names` (a no-op when they already are)."""
+    if features.keys() != names:
+        features = features.permute([features.keys().index(f) for f in names])
+    return features
 
 
 def concat_kjts(parts: list[KeyedJaggedTensor]) -> KeyedJaggedTensor:
@@ -27,7 +27,7 @@ def concat_kjts(parts: list[KeyedJaggedTensor]) -> KeyedJaggedTensor:
     T = len(keys)
     lengths, per_table = [], []
     for kjt in parts:
-        kjt = in_key_order(kjt, keys)
+        kjt = in_feature_order(kjt, keys)
         ln = kjt.lengths().view(T, kjt.stride())
         lengths.append(ln)
         per_table.append(torch.split(kjt.values(), ln.sum(1).tolist()))

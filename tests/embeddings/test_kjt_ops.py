@@ -3,7 +3,7 @@ import pytest
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from embeddings.kjt_ops import KJTSelector, concat_kjts, in_key_order, select_inputs
+from embeddings.kjt_ops import KJTSelector, concat_kjts, in_feature_order, select_inputs
 
 
 def ragged(batch: int, seed: int, keys=("a", "b", "c")) -> KeyedJaggedTensor:
@@ -37,7 +37,7 @@ def test_select_matches_a_per_input_reference(seed):
 
 def test_concat_joins_along_the_batch_and_follows_the_first_key_order():
     a, b = ragged(4, 3), ragged(3, 4)
-    b_reordered = in_key_order(b, ["c", "a", "b"])
+    b_reordered = in_feature_order(b, ["c", "a", "b"])
     joined = concat_kjts([a, b_reordered])
     assert joined.keys() == ["a", "b", "c"] and joined.stride() == 7
     assert per_input(joined) == per_input(a) + per_input(b)
