@@ -7,9 +7,19 @@ feature" and "these KJTs one after the other", without a Python loop over inputs
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+if TYPE_CHECKING:  # torchrec is imported where a KJT is built: plan and profile code needs none
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+
+def _kjt(**kwargs) -> KeyedJaggedTensor:
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    return KeyedJaggedTensor(**kwargs)
 
 
 def in_feature_order(features: KeyedJaggedTensor, names: list[str]) -> KeyedJaggedTensor:
@@ -33,7 +43,7 @@ def concat_kjts(parts: list[KeyedJaggedTensor]) -> KeyedJaggedTensor:
         per_table.append(torch.split(kjt.values(), ln.sum(1).tolist()))
     values = torch.cat([pt[t] for t in range(T) for pt in per_table])
     ln = torch.cat(lengths, dim=1)
-    return KeyedJaggedTensor(keys=keys, values=values, lengths=ln.reshape(-1), stride=ln.shape[1])
+    return _kjt(keys=keys, values=values, lengths=ln.reshape(-1), stride=ln.shape[1])
 
 
 class KJTSelector:
@@ -59,7 +69,7 @@ class KJTSelector:
         pos = new_start.repeat_interleave(new_len, output_size=total) + (
             torch.arange(total) - first.repeat_interleave(new_len, output_size=total)
         )
-        return KeyedJaggedTensor(
+        return _kjt(
             keys=self.keys,
             values=self.values[pos],
             lengths=new_len.to(self.lengths_dtype),
