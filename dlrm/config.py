@@ -126,7 +126,7 @@ class TrainConfig:
     resume: str | None = None  # a checkpoint file, a run directory, or "auto" (this out_dir)
     keep_checkpoints: int = 2
     progress: bool | None = None  # None: only when stderr is a terminal
-    perf_log: str | None = None  # directory for a perf trace of a few steps (dlrm.perfmodel)
+    perf_log: str | None = None  # directory for a perf trace of a few steps (perfmodel)
 
     # embedding placement (dlrm/placement.py): device | host | fae | auto
     placement: str = "device"

@@ -40,7 +40,8 @@ class StepHook:
     def attach(self, trainer) -> None:
         """Called once by the Trainer that runs the steps (what a hook may want to describe)."""
 
-    def step(self, run: Callable[[], torch.Tensor]) -> torch.Tensor:
+    def step(self, batch: Batch, run: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """Runs the step on `batch` by calling `run()`; returns what it returned (the loss)."""
         return run()
 
     def phase(self, name: str) -> AbstractContextManager:
@@ -87,7 +88,7 @@ class PlainTrainPipeline(TrainPipeline):
         t0 = time.perf_counter()
         batch = next(batches).to(self.device, non_blocking=True)
         t1 = time.perf_counter()
-        loss = self.hook.step(lambda: self.step(batch))
+        loss = self.hook.step(batch, lambda: self.step(batch))
         t2 = time.perf_counter()
         kind = self.model.embeddings.last_step_kind()
         return StepResult(loss, batch.labels.numel(), t1 - t0, t2 - t1, kind)

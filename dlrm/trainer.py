@@ -134,6 +134,12 @@ class Trainer:
         writes none (benchmarks). `step_hook` watches every step (perfmodel's recorder)."""
         self.cfg = cfg
         self.rank, self.world_size = rank, world_size
+        if cfg.perf_log and step_hook is None:
+            raise ConfigError(
+                "perf_log: attach perfmodel's recorder as the step hook, "
+                "Trainer(cfg, step_hook=perfmodel.recorder.StepRecorder(cfg.perf_log)) "
+                "(python -m dlrm.train --perf-log does)"
+            )
         self.device = resolve_device(cfg.device)
         _check_run_dir_is_free(cfg)
         set_flush_denormal(cfg.flush_denormal)  # before any parallel work: see set_flush_denormal

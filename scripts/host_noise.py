@@ -8,7 +8,7 @@ the correlation of each series with the canary, the canary's median against the 
 took when the machine was described (`canary_slowdown_median`), and the share of the
 machine's CPU time the hypervisor gave to other guests meanwhile (`steal_share`, from the
 `steal` column of /proc/stat; 0.44 measured here in a slow hour). Run it before a
-`python -m dlrm.perfmodel` microbench/report cycle: on a shared VM the figures tell whether the
+`python -m perfmodel` microbench/report cycle: on a shared VM the figures tell whether the
 kernel timings can repeat.
 
     python scripts/host_noise.py --seconds 60
@@ -26,17 +26,17 @@ import torch
 
 def sample(seconds: float, pause_s: float = 0.2) -> tuple[dict[str, list[float]], float]:
     """The series, and the canary's time when the machine was described."""
-    from dlrm.perfmodel import hardware
-    from dlrm.perfmodel.graph import batches_for, build_trainer
-    from dlrm.perfmodel.microbench import base_config
-    from dlrm.perfmodel.report import MLPS
+    from perfmodel import hardware
+    from perfmodel.graph import batches_for, build_trainer
+    from perfmodel.microbench import base_config
+    from perfmodel.recorder import run_steps
+    from perfmodel.report import MLPS
 
     hw = hardware.describe()
     trainer = build_trainer(base_config(**MLPS["kaggle"], mini_batch_size=256))
     torch.set_num_threads(1)
     batches = batches_for(trainer, 256, 16)
-    for b in batches[:4]:
-        trainer.train_step(b)
+    run_steps(trainer.pipeline, batches[:4])
     a, b = torch.randn(384, 384), torch.randn(384, 384)
     src, idx = torch.randn(1 << 21), torch.randint(0, 1 << 21, (1 << 19,))
 
@@ -49,7 +49,7 @@ def sample(seconds: float, pause_s: float = 0.2) -> tuple[dict[str, list[float]]
     end, i = time.monotonic() + seconds, 0
     while time.monotonic() < end:
         batch = batches[4 + i % 12]
-        out["step"].append(cpu_us(lambda: trainer.train_step(batch)))  # noqa: B023 - called at once
+        out["step"].append(cpu_us(lambda: run_steps(trainer.pipeline, [batch])))  # noqa: B023 - called at once
         out["gemm"].append(cpu_us(lambda: torch.mm(a, b)))
         out["gather"].append(cpu_us(lambda: torch.index_select(src, 0, idx)))
         out["canary"].append(hardware.canary_us())

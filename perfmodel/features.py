@@ -1,6 +1,6 @@
 """What a kernel record says about its work: operator type, bytes moved, GEMM shapes.
 
-A kernel record is a trace kernel (see `dlrm.perfmodel.trace`) plus the trace's ``meta`` (batch
+A kernel record is a trace kernel (see `perfmodel.trace`) plus the trace's ``meta`` (batch
 size, tables, Zipf exponent, optimizer, precision) under ``ctx``. Microbenchmarks write the same
 records, so the models never know where a sample came from.
 """

@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable
 
-from dlrm.perfmodel.features import op_type
-from dlrm.perfmodel.overheads import KINDS
+from perfmodel.features import op_type
+from perfmodel.overheads import KINDS
 
 
 def traverse(ops: list[dict], kernel_time: Callable[[dict], float], overhead: Callable[[dict, str], float],

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dlrm.perfmodel.report import combine_passes
+from perfmodel.report import combine_passes
 
 
 def _rec(name, shape, op, dur, n_events=1, cost=0.0):
@@ -43,7 +43,7 @@ def test_combine_passes_keeps_a_kernel_seen_in_one_pass_only():
 
 
 def test_trace_paths_in_pass_order_or_the_single_trace(tmp_path):
-    from dlrm.perfmodel.report import trace_paths
+    from perfmodel.report import trace_paths
 
     for p in (0, 1, 2, 10):
         (tmp_path / f"small-b128-fp32.pass{p}.trace.json").write_text("{}")
@@ -58,8 +58,8 @@ def test_trace_paths_in_pass_order_or_the_single_trace(tmp_path):
 def test_no_fit_configuration_shares_a_batch_size_or_mlp_with_a_held_out_one():
     """The report's configurations are held out: no fit trace has their MLP shapes, and none
     their batch sizes (the embedding lookups and the loss depend on the batch only)."""
-    from dlrm.perfmodel.microbench import FIT_CONFIGS
-    from dlrm.perfmodel.report import heldout_configs
+    from perfmodel.microbench import FIT_CONFIGS
+    from perfmodel.report import heldout_configs
 
     held = [c for _, c in heldout_configs()]
     assert len(held) >= 12

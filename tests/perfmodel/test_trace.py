@@ -4,8 +4,10 @@ import pytest
 import torch
 
 from dlrm import Trainer
-from dlrm.perfmodel import trace as tr
-from dlrm.perfmodel.recorder import profile_steps
+from dlrm.errors import ConfigError
+from dlrm.train_pipeline import StepHook, TrainPipeline
+from perfmodel import trace as tr
+from perfmodel.recorder import StepRecorder, profile_steps
 from tests.dlrm.conftest import tiny
 
 
@@ -54,23 +56,38 @@ def test_unreadable_files(tmp_path):
 
 
 def test_profiled_toy_step_has_phases_and_kernels():
+    """Labels come through the pipeline's step hook: any TrainPipeline gets them."""
     model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.ReLU(), torch.nn.Linear(7, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
 
-    def step(x):
-        loss = model(x).sum()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    class Toy(TrainPipeline):
+        def __init__(self):
+            self.model, self.hook = model, StepHook()
 
-    graphs = profile_steps(step, [torch.randn(8, 5)] * 2, model, opt, uses_cuda=False)
+        def progress(self, batches):
+            x = next(batches)
+
+            def run():
+                with self.hook.phase("forward"):
+                    loss = model(x).sum()
+                opt.zero_grad()
+                with self.hook.phase("backward"):
+                    loss.backward()
+                with self.hook.phase("optimizer"):
+                    opt.step()
+
+            return self.hook.step(x, run)
+
+    toy = Toy()
+    graphs = profile_steps(toy, [torch.randn(8, 5)] * 2, uses_cuda=False)
+    assert isinstance(toy.hook, StepHook) and type(toy.hook) is StepHook  # put back
     assert len(graphs) == 2
     ops = graphs[0]["ops"]
     phases = {op["phase"] for op in ops}
     assert {"forward", "backward", "optimizer"} <= phases
     kernels = [k["name"] for op in ops for k in op["kernels"]]
     assert "aten::addmm" in kernels and "aten::mm" in kernels
-    assert torch.Tensor.backward.__name__ == "backward"  # the wrapper is gone again
+    assert torch.Tensor.backward.__name__ == "backward"  # nothing of torch was patched
     assert "step" not in vars(opt)
     starts = [op["start_us"] for op in ops]
     assert starts == sorted(starts) and all(op["dur_us"] >= 0 for op in ops)
@@ -78,14 +95,16 @@ def test_profiled_toy_step_has_phases_and_kernels():
 
 def test_trainer_perf_log_writes_a_trace_and_costs_nothing_when_off(tmp_path):
     off = Trainer(tiny(tmp_path, num_batches=2))
-    assert off.perf_recorder is None
+    assert type(off.pipeline.hook) is StepHook  # does nothing
+    with pytest.raises(ConfigError, match="perf_log: attach perfmodel's recorder"):
+        Trainer(tiny(tmp_path, perf_log=str(tmp_path / "perf"), out_dir=str(tmp_path / "r1")))
     cfg = tiny(
         tmp_path, num_batches=11, perf_log=str(tmp_path / "perf"), out_dir=str(tmp_path / "run2")
     )
-    trainer = Trainer(cfg)
-    trainer.fit()
+    recorder = StepRecorder(cfg.perf_log)
+    Trainer(cfg, step_hook=recorder).fit()
     doc = tr.read_trace(tmp_path / "perf" / "trace-rank0.trace.json")
-    assert doc["meta"]["batch_size"] == 64 and len(doc["steps"]) == trainer.perf_recorder.steps
+    assert doc["meta"]["batch_size"] == 64 and len(doc["steps"]) == recorder.steps
     assert doc["meta"]["unprofiled_step_cpu_us"] > 0
     names = {k["name"] for st in doc["steps"] for op in st["ops"] for k in op["kernels"]}
     assert any("split_embedding" in n for n in names) and "aten::bmm" in names
@@ -144,7 +163,7 @@ def test_cuda_kernels_are_the_compute_ops_with_their_device_time():
 def test_device_kernel_times_are_not_corrected_for_host_effects():
     """The profiler's per-event cost and the host thread's descheduling are host time: a CPU
     kernel's duration is corrected for them, a CUDA kernel's (device time) is not."""
-    from dlrm.perfmodel.graph import corrected_us, records_from_trace
+    from perfmodel.graph import corrected_us, records_from_trace
 
     def kernel(stream):
         return {"name": "aten::addmm", "stream": stream, "start_us": None if stream != "cpu" else 1.0,
@@ -165,8 +184,8 @@ def test_device_kernel_times_are_not_corrected_for_host_effects():
 def test_kernel_records_carry_their_steps_dense_working_set():
     """Each kernel record holds the bytes its step's dense kernels move (the in-situ factors'
     step context); steps whose ops differ (FAE's hot and cold batches) each have their own."""
-    from dlrm.perfmodel.features import bytes_moved, step_dense_bytes
-    from dlrm.perfmodel.graph import records_from_trace
+    from perfmodel.features import bytes_moved, step_dense_bytes
+    from perfmodel.graph import records_from_trace
 
     def kernel(name, shape):
         return {"name": name, "stream": "cpu", "start_us": 1.0, "dur_us": 10.0, "n_events": 1,
@@ -188,10 +207,10 @@ def test_kernel_records_carry_their_steps_dense_working_set():
 
 
 def test_the_traversal_predicts_each_kernel_in_its_steps_context():
-    from dlrm.perfmodel.features import step_dense_bytes
-    from dlrm.perfmodel.kernels import KernelModels, RooflineTable
-    from dlrm.perfmodel.model import PerfModel
-    from dlrm.perfmodel.overheads import Overheads
+    from perfmodel.features import step_dense_bytes
+    from perfmodel.kernels import KernelModels, RooflineTable
+    from perfmodel.model import PerfModel
+    from perfmodel.overheads import Overheads
 
     seen = []
 

@@ -1,6 +1,6 @@
 import pytest
 
-from dlrm.perfmodel.overheads import Overheads, op_key
+from perfmodel.overheads import Overheads, op_key
 
 
 def _k(name, start, dur, n_events=1):
@@ -64,7 +64,7 @@ def test_profiler_cost_is_subtracted():
 
 
 def test_a_cuda_ops_host_time_is_its_launches_and_the_rest():
-    from dlrm.perfmodel.overheads import op_overheads
+    from perfmodel.overheads import op_overheads
 
     op = {"name": "aten::linear", "start_us": 100.0, "dur_us": 30.0, "n_events": 4,
           "kernels": [{"name": "aten::addmm", "stream": "cuda:0", "start_us": None, "dur_us": 500.0,
@@ -96,7 +96,7 @@ def test_overheads_are_read_at_the_predicted_steps_working_set():
     """Fit steps that move more have longer host spans (allocation of larger tensors): a
     prediction reads the fit steps nearest its own step's dense working set; without a step,
     the pooled median as before."""
-    from dlrm.perfmodel.features import step_dense_bytes
+    from perfmodel.features import step_dense_bytes
 
     small, large = _sized_doc(1_000, 2.0), _sized_doc(1_000_000, 20.0)
     ov = Overheads.from_traces([small, large])

@@ -1,6 +1,6 @@
 import pytest
 
-from dlrm.perfmodel.critical_path import traverse
+from perfmodel.critical_path import traverse
 
 
 def _op(name, kernels, stream="cpu", sync=False, phase="forward"):

@@ -5,8 +5,8 @@ import random
 import numpy as np
 import pytest
 
-from dlrm.perfmodel import features as F
-from dlrm.perfmodel.kernels import (
+from perfmodel import features as F
+from perfmodel.kernels import (
     EmbeddingModel,
     GemmMLP,
     GemmRoofline,
@@ -132,7 +132,7 @@ def test_multi_hot_bags_count_their_ids():
     bwd = {"shapes": [[172, 512], [208256], [8], [8], [9], [], [9], [], [5453], [1377], [], []],
            "dtypes": ["float", "float", "int", "long int", "int", "Scalar", "long int", "Scalar",
                       "long int", "long int", "Scalar", ""]}  # fmt: skip
-    from dlrm.perfmodel.kernels import _indices_arg
+    from perfmodel.kernels import _indices_arg
 
     assert _indices_arg(bwd) == 8
 
@@ -140,7 +140,7 @@ def test_multi_hot_bags_count_their_ids():
 def test_pooled_kjt_takes_each_features_ids_in_order():
     import torch
 
-    from dlrm.perfmodel.microbench import pooled_kjt
+    from perfmodel.microbench import pooled_kjt
 
     rows = torch.arange(20).reshape(2, 10)
     lengths = torch.tensor([[1, 3], [2, 2]])
@@ -200,13 +200,13 @@ def test_strided_operands_have_their_own_key():
     dense = {"name": "aten::copy_", "shapes": [[8, 4], [8, 4]], "strides": [[4, 1], [4, 1]], "dtypes": ["float", "float"]}
     strided = dict(dense, strides=[[4, 1], [1, 8]])  # copying a transposed view
     assert F.all_contiguous(dense) and not F.all_contiguous(strided)
-    from dlrm.perfmodel.kernels import _key
+    from perfmodel.kernels import _key
 
     assert _key(dense) != _key(strided)
 
 
 def test_in_situ_factors_are_per_op_context_with_fallbacks():
-    from dlrm.perfmodel.graph import kernel_contexts
+    from perfmodel.graph import kernel_contexts
 
     op = {"name": "aten::binary_cross_entropy_with_logits",
           "kernels": [{"name": "aten::sub_"}, {"name": "aten::mul_"}, {"name": "aten::sub_"}]}  # fmt: skip
@@ -300,8 +300,8 @@ def test_outer_products_share_an_in_situ_factor_across_widths():
 def test_dense_optimizer_sweep_records_the_fused_step_with_its_parameter_count():
     import random
 
-    from dlrm.perfmodel import features as F
-    from dlrm.perfmodel.microbench import _dense_optimizer_records
+    from perfmodel import features as F
+    from perfmodel.microbench import _dense_optimizer_records
 
     rng = random.Random(3)
     seen = set()
@@ -336,7 +336,7 @@ def test_embedding_sweep_records_forward_and_backward_over_distinct_batches(monk
 
     import torch
 
-    from dlrm.perfmodel import microbench
+    from perfmodel import microbench
 
     seen, threads_seen = [], []
     real = microbench.profile_kernels
@@ -378,7 +378,7 @@ def test_gemm_sweep_runs_a_layer_in_the_layouts_of_a_training_step(fan_in):
     import torch
 
     from dlrm.models.dlrm import NARROW_INPUT, NarrowInputLinear
-    from dlrm.perfmodel.microbench import linear_gemms, profile_kernels
+    from perfmodel.microbench import linear_gemms, profile_kernels
 
     b, fo = 32, 24
     layer = (NarrowInputLinear if fan_in < NARROW_INPUT else torch.nn.Linear)(fan_in, fo)
@@ -403,7 +403,7 @@ def test_profile_kernels_matches_kernels_across_reps_that_ran_the_same_sequence(
     computed on first use) is left out instead of shifting every later kernel's durations."""
     import torch
 
-    from dlrm.perfmodel.microbench import profile_kernels
+    from perfmodel.microbench import profile_kernels
 
     a, b, x = torch.randn(64, 64), torch.randn(64, 64), torch.zeros(8)
     calls = []

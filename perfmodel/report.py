@@ -37,19 +37,19 @@ from pathlib import Path
 
 import torch
 
-from dlrm.perfmodel import trace as tr
-from dlrm.perfmodel.features import op_type
-from dlrm.perfmodel.graph import (
+from perfmodel import trace as tr
+from perfmodel.features import op_type
+from perfmodel.graph import (
     batches_for,
     build_trainer,
     corrected_us,
     is_fae,
     records_from_trace,
 )
-from dlrm.perfmodel.hardware import SLOW_LIMIT
-from dlrm.perfmodel.kernels import gmae
-from dlrm.perfmodel.microbench import base_config, measure_steps
-from dlrm.perfmodel.recorder import trace_meta
+from perfmodel.hardware import SLOW_LIMIT
+from perfmodel.kernels import gmae
+from perfmodel.microbench import base_config, measure_steps
+from perfmodel.recorder import trace_meta
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +159,7 @@ def run(
 ) -> dict:
     """Measure every held-out configuration `passes` times (rounds over all of them), writing
     each measurement's trace, then `score` them."""
-    from dlrm.perfmodel import load_model
+    from perfmodel import load_model
 
     if passes < 1:
         raise ValueError(f"passes must be >= 1, got {passes}")
@@ -183,7 +183,7 @@ def run(
 def rescore(report_dir: str | Path, model_path: str | Path | None = None) -> dict:
     """Score the traces an earlier `report` wrote (``traces/<config>[.pass<p>].trace.json``)
     with a model, measuring nothing: a refitted model against the same measurements."""
-    from dlrm.perfmodel import load_model
+    from perfmodel import load_model
 
     report_dir = Path(report_dir)
     docs: dict[str, list[dict]] = {}

@@ -5,8 +5,8 @@ import random
 import pytest
 import torch
 
-from dlrm.perfmodel import hardware, microbench
-from dlrm.perfmodel import trace as tr
+from perfmodel import hardware, microbench
+from perfmodel import trace as tr
 
 pytestmark = pytest.mark.gpu
 

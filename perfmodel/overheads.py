@@ -5,7 +5,7 @@ start to its first kernel launch; T3, from its last launch to its end; T4, the l
 itself (cudaLaunchKernel); T5, the gaps between launches within one operator.
 
 On CPU nothing is launched: a "kernel" is the outermost compute operator inside a top-level op,
-run synchronously on the calling thread (see `dlrm.perfmodel.trace`). The kinds map as:
+run synchronously on the calling thread (see `perfmodel.trace`). The kinds map as:
 
 - T1: Python and framework time between top-level operators (the trainer's code, module
   ``__call__`` and hooks, autograd engine bookkeeping between nodes);
@@ -17,7 +17,7 @@ run synchronously on the calling thread (see `dlrm.perfmodel.trace`). The kinds 
 - T5: dispatch between consecutive compute ops of one top-level op (e.g. the casts of autocast
   before an ``addmm``, the two ``mm`` of an ``AddmmBackward0``).
 
-On CUDA a kernel record is the op's device work (see `dlrm.perfmodel.trace`), which has no place
+On CUDA a kernel record is the op's device work (see `perfmodel.trace`), which has no place
 in the op's host span: T4 holds its launch calls and T2 the rest of the op's host time (T3 and
 T5 come from the ops that ran on the host). An op that does no compute (views, AccumulateGrad)
 is all host time; it is stored as T2 with no kernels. Statistics are mean/std/count/median per op key (name plus the names of its kernels, so an
@@ -43,7 +43,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from dlrm.perfmodel.features import step_dense_bytes, step_weights
+from perfmodel.features import step_dense_bytes, step_weights
 
 KINDS = ("T1", "T2", "T3", "T4", "T5")
 

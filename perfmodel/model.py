@@ -1,6 +1,6 @@
 """The fitted performance model: hardware description + kernel models + overhead statistics.
 
-Saved as one JSON file (``perfmodel.json``): ``{"format": "hybrid-dlrm/perfmodel", "version": 1,
+Saved as one JSON file (``perfmodel.json``): ``{"format": "hybrid-perfmodel", "version": 1,
 "hardware": {...}, "kernels": {...}, "overheads": {...}, "fit": {...}}``.
 """
 
@@ -10,19 +10,19 @@ import json
 import statistics
 from pathlib import Path
 
-from dlrm.perfmodel import critical_path, hardware
-from dlrm.perfmodel import trace as tr
-from dlrm.perfmodel.features import op_type, step_dense_bytes
-from dlrm.perfmodel.graph import (
+from perfmodel import critical_path, hardware
+from perfmodel import trace as tr
+from perfmodel.features import op_type, step_dense_bytes
+from perfmodel.graph import (
     corrected_us,
     graph_for,
     records_from_trace,
 )
-from dlrm.perfmodel.kernels import KernelModels
-from dlrm.perfmodel.microbench import at_described_speed, read_records
-from dlrm.perfmodel.overheads import Overheads
+from perfmodel.kernels import KernelModels
+from perfmodel.microbench import at_described_speed, read_records
+from perfmodel.overheads import Overheads
 
-FORMAT = "hybrid-dlrm/perfmodel"
+FORMAT = "hybrid-perfmodel"
 VERSION = 1
 
 
@@ -69,7 +69,7 @@ class PerfModel:
         kfiles = sorted(bench_dir.glob("kernels*.jsonl"))
         if not kfiles:
             raise ModelError(
-                f"{bench_dir}: no microbenchmark records (run `python -m dlrm.perfmodel microbench` first)"
+                f"{bench_dir}: no microbenchmark records (run `python -m perfmodel microbench` first)"
             )
         recs = [r for f in kfiles for r in read_records(f)]
         trace_paths = tr.trace_files(
@@ -121,7 +121,7 @@ class PerfModel:
             doc = json.loads(path.read_text())
         except FileNotFoundError:
             raise ModelError(
-                f"{path}: no performance model (run `python -m dlrm.perfmodel microbench` and `fit`)"
+                f"{path}: no performance model (run `python -m perfmodel microbench` and `fit`)"
             ) from None
         except json.JSONDecodeError as e:
             raise ModelError(f"{path}: not JSON ({e.msg})") from None

@@ -28,7 +28,8 @@ from pathlib import Path
 import torch
 
 from dlrm.config import TrainConfig
-from dlrm.perfmodel.features import on_device, step_dense_bytes
+from embeddings.hot_inputs import AllHotClassifier
+from perfmodel.features import on_device, step_dense_bytes
 
 log = logging.getLogger(__name__)
 
@@ -69,10 +70,10 @@ def scratch_dir(prefix: str) -> Path:
 
 def build_trainer(cfg: TrainConfig):
     """A Trainer for measuring and capturing (never writes its run directory unless fit)."""
-    from dlrm.trainer import Trainer
+    from dlrm.trainer import Trainer  # here: `python -m perfmodel --help` need not load torchrec
 
     tmp = str(scratch_dir("run-"))
-    return Trainer(_with(cfg, out_dir=tmp, perf_log=None, resume=None, progress=False))
+    return Trainer(_with(cfg, out_dir=tmp, perf_log=None, resume=None, progress=False), checkpoints=False)
 
 
 def batches_for(trainer, batch_size: int, n: int, start: int = 0) -> list:
@@ -80,26 +81,20 @@ def batches_for(trainer, batch_size: int, n: int, start: int = 0) -> list:
     from data_pipeline.synthetic import SyntheticBatchSource
 
     src = trainer.data.train
-    if hasattr(src, "world") and batch_size != getattr(src, "batch_size", batch_size):
+    if hasattr(src, "world"):  # synthetic: the same stream at this batch size, as long as needed
         src = SyntheticBatchSource(src.world, "train", batch_size, n + start)
-    if hasattr(src, "batch"):
-        out = [src.batch(start + i) for i in range(n)]
-    else:
-        it = src.batches(0, start=start)
-        out = [next(it) for _ in range(n)]
-    return [b.to(trainer.device) for b in out]
+    it = src.batches(0, start=start)
+    return [next(it).to(trainer.device) for _ in range(n)]
 
 
 def capture_ops(
     trainer, batch_size: int, warmup: int = 2, steps: int = 1
 ) -> tuple[list[dict], dict]:
-    from dlrm.perfmodel.recorder import profile_steps, trace_meta
+    from perfmodel.recorder import profile_steps, run_steps, trace_meta
 
     bs = batches_for(trainer, batch_size, warmup + steps)
-    for b in bs[:warmup]:
-        trainer.train_step(b)
-    graphs = profile_steps(trainer.train_step, bs[warmup:], trainer.model, trainer.dense_optimizer,
-                           trainer.device.type == "cuda")  # fmt: skip
+    run_steps(trainer.pipeline, bs[:warmup])
+    graphs = profile_steps(trainer.pipeline, bs[warmup:], trainer.device.type == "cuda")
     return graphs[-1]["ops"], trace_meta(trainer, batch_size)
 
 
@@ -154,7 +149,7 @@ def _step_code_fingerprint() -> str:
 
     roots = [Path(dlrm.__file__).parent / "models", Path(embeddings.__file__).parent]
     files = sorted(f for r in roots for f in r.glob("*.py"))
-    files.append(Path(dlrm.__file__).parent / "trainer.py")
+    files += [Path(dlrm.__file__).parent / f for f in ("trainer.py", "train_pipeline.py")]
     h = hashlib.sha1()
     for f in files:
         h.update(f.read_bytes())
@@ -162,8 +157,7 @@ def _step_code_fingerprint() -> str:
 
 
 def is_fae(trainer) -> bool:
-    emb = trainer.model.embeddings
-    return hasattr(emb, "last_phase") and bool(getattr(emb, "num_hot", 0))
+    return trainer.model.embeddings.placement_info()["kind"] == "fae"
 
 
 def capture_variants(trainer, batch_size: int, max_steps: int = 64) -> dict[str, list[dict]]:
@@ -171,21 +165,20 @@ def capture_variants(trainer, batch_size: int, max_steps: int = 64) -> dict[str,
     scheduler makes run different operators (the device-tier lookup vs the host one)."""
     if not is_fae(trainer):
         return {"step": capture_ops(trainer, batch_size)[0]}
-    from dlrm.perfmodel.recorder import profile_steps
+    from perfmodel.recorder import profile_steps, run_steps
 
-    emb = trainer.model.embeddings
+    all_hot = AllHotClassifier(trainer.placement.plan)
     found: dict[str, list[dict]] = {}
     seen: dict[str, int] = {}
     batches = trainer.data.train.batches(0)
     for _ in range(max_steps):
         batch = next(batches).to(trainer.device)
-        kind = "hot" if bool(emb.hot_input_mask(batch.sparse_features).all()) else "cold"
+        kind = "hot" if bool(all_hot(batch.sparse_features).all()) else "cold"
         seen[kind] = seen.get(kind, 0) + 1
         if kind in found or seen[kind] <= 2:  # warm each kind up first
-            trainer.train_step(batch)
+            run_steps(trainer.pipeline, [batch])
             continue
-        found[kind] = profile_steps(trainer.train_step, [batch], trainer.model, trainer.dense_optimizer,
-                                    trainer.device.type == "cuda")[-1]["ops"]  # fmt: skip
+        found[kind] = profile_steps(trainer.pipeline, [batch], trainer.device.type == "cuda")[-1]["ops"]
         if len(found) == 2:
             break
     return found
@@ -196,11 +189,9 @@ def hot_share(trainer, n_batches: int = 8) -> float:
     the scheduler makes); 0 without FAE."""
     if not is_fae(trainer):
         return 0.0
-    emb = trainer.model.embeddings
+    all_hot = AllHotClassifier(trainer.placement.plan)
     src = getattr(trainer.data.train, "source", trainer.data.train)
-    masks = [
-        emb.hot_input_mask(b.sparse_features) for b in (src.batch(i) for i in range(n_batches))
-    ]
+    masks = [all_hot(src.batch(0, i).sparse_features) for i in range(n_batches)]
     return float(torch.cat(masks).float().mean())
 
 
@@ -209,7 +200,7 @@ def capture_template(cfg: TrainConfig) -> dict:
     key = graph_key(cfg)
     if key in _MEMO:
         return _MEMO[key]
-    from dlrm.perfmodel.hardware import cache_dir
+    from perfmodel.hardware import cache_dir
 
     path = cache_dir() / "graphs" / f"{key}.json"
     if path.exists():
@@ -233,7 +224,7 @@ def capture_template(cfg: TrainConfig) -> dict:
         trainer = build_trainer(_with(cfg, mini_batch_size=b, **plan))
         variants.append(capture_variants(trainer, b))
         if b == B1:
-            from dlrm.perfmodel.recorder import trace_meta
+            from perfmodel.recorder import trace_meta
 
             meta = trace_meta(trainer, b)
             share = hot_share(trainer)
@@ -276,7 +267,7 @@ def records_from_trace(doc: dict) -> list[dict]:
     """Kernel records (kernel + ctx) of a trace, for fitting and for kernel-error reports: one
     per kernel position of the step, its time estimated over the trace's steps as in
     `microbench.kernel_estimate` (steps whose operators differ are taken one by one)."""
-    from dlrm.perfmodel.microbench import kernel_estimate
+    from perfmodel.microbench import kernel_estimate
 
     meta = doc["meta"]
     ctx = {k: meta.get(k) for k in CTX_FIELDS}

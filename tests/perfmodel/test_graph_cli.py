@@ -1,9 +1,10 @@
+import dataclasses
 import json
 
 import pytest
 
-from dlrm.perfmodel.graph import B1, B2, instantiate
-from dlrm.perfmodel.model import ModelError, PerfModel
+from perfmodel.graph import B1, B2, instantiate
+from perfmodel.model import ModelError, PerfModel
 
 
 def _op(batch):
@@ -22,7 +23,7 @@ def test_shapes_are_extrapolated_linearly_in_the_batch():
 
 
 def test_cli_errors_are_one_line_exit_2(tmp_path, monkeypatch, capsys):
-    from dlrm.perfmodel.__main__ import main
+    from perfmodel.__main__ import main
 
     monkeypatch.setenv("HYBRID_DLRM_CACHE", str(tmp_path / "cache"))
     missing = str(tmp_path / "missing.json")
@@ -54,7 +55,7 @@ def test_model_file_errors(tmp_path):
     bad = tmp_path / "m.json"
     bad.write_text(json.dumps({"format": "else"}))
     for path, msg in (
-        (bad, "not a hybrid-dlrm/perfmodel"),
+        (bad, "not a hybrid-perfmodel"),
         (tmp_path / "none.json", "no performance model"),
     ):
         try:
@@ -68,18 +69,18 @@ def test_model_file_errors(tmp_path):
 def test_cached_graphs_are_keyed_by_the_step_code(monkeypatch):
     """A graph captured before the model code changed must not be reused after."""
     from dlrm import TrainConfig
-    from dlrm.perfmodel import graph
+    from perfmodel import graph
 
     cfg = TrainConfig(arch_embedding_size=(10, 20), arch_mlp_bot=(13, 16), arch_mlp_top=(4, 1))
     before = graph.graph_key(cfg)
-    assert graph.graph_key(TrainConfig(**{**cfg.__dict__, "mini_batch_size": 7})) == before
+    assert graph.graph_key(dataclasses.replace(cfg, mini_batch_size=7)) == before
     monkeypatch.setattr(graph, "_step_code_fingerprint", lambda: "edited")
     assert graph.graph_key(cfg) != before
 
 
 def test_measurements_wait_for_a_steady_machine(monkeypatch):
     """A run during which the canary is slow is repeated; the last attempt is kept regardless."""
-    from dlrm.perfmodel import hardware
+    from perfmodel import hardware
 
     canary = iter([100.0, 100.0, 100.0, 300.0, 100.0, 100.0])  # us: run 1 steady, run 2 not
     monkeypatch.setattr(hardware, "canary_us", lambda dtype=None: next(canary))
@@ -99,7 +100,7 @@ def test_each_microbenchmark_draw_is_gated_by_the_canary(monkeypatch):
     """A sweep's draws are measured through `SteadyGate`: a draw with a slow canary before it is
     not run until the canary is steady, one with a slow canary after it is run again, and the
     summary counts the retries and what was kept."""
-    from dlrm.perfmodel import hardware, microbench
+    from perfmodel import hardware, microbench
 
     # draw 1: before slow (wait), before ok, after ok -> kept at 1.0
     # draw 2: before ok, after 2x (run again), before ok, after 1.1 -> kept at 1.1
@@ -123,7 +124,7 @@ def test_gemm_draws_carry_their_slowdown_and_are_fitted_at_the_described_speed(m
     sweep's durations by it and leaves the other sweeps' as measured."""
     import torch
 
-    from dlrm.perfmodel import hardware, microbench
+    from perfmodel import hardware, microbench
 
     canary = iter([100.0, 150.0])  # before, after: the draw ran at up to 1.5x
     monkeypatch.setattr(hardware, "canary_us", lambda dtype=None: next(canary))
@@ -145,7 +146,7 @@ def test_bf16_gemm_draws_are_fitted_at_the_bf16_canary_speed(monkeypatch):
     records the bf16 canary's slowdown, measured after it, and is divided by that one."""
     import torch
 
-    from dlrm.perfmodel import hardware, microbench
+    from perfmodel import hardware, microbench
 
     def canary(dtype=torch.float32):
         return 150.0 if dtype == torch.float32 else 420.0  # fp32 1.5x, bf16 1.05x
@@ -168,7 +169,7 @@ def test_bf16_gemm_draws_are_fitted_at_the_bf16_canary_speed(monkeypatch):
 def test_a_cached_description_without_the_bf16_canary_gets_it_measured(tmp_path, monkeypatch):
     import torch
 
-    from dlrm.perfmodel import hardware
+    from perfmodel import hardware
 
     monkeypatch.setattr(hardware, "canary_us", lambda dtype=torch.float32: 400.0)
     path = tmp_path / "hw.json"
@@ -180,7 +181,7 @@ def test_a_cached_description_without_the_bf16_canary_gets_it_measured(tmp_path,
 
 
 def test_a_slow_fit_trace_is_measured_again_and_the_steadier_kept(tmp_path, monkeypatch):
-    from dlrm.perfmodel import microbench
+    from perfmodel import microbench
 
     slowdowns = iter([1.6, 1.05, 1.3, 1.9])  # fit0 slow, fit1 steady; fit0 again 1.3 (kept)
     written = []
@@ -204,7 +205,7 @@ def test_a_slow_fit_trace_is_measured_again_and_the_steadier_kept(tmp_path, monk
 
 
 def test_the_gate_stops_waiting_when_its_budget_is_spent(monkeypatch):
-    from dlrm.perfmodel import hardware
+    from perfmodel import hardware
 
     monkeypatch.setattr(hardware, "canary_us", lambda dtype=None: 300.0)  # a long slow period
     slept = []
@@ -223,7 +224,7 @@ def test_the_cli_flushes_denormals_as_the_trainer_does(tmp_path, monkeypatch):
     would make oneDNN's bf16 kernels several times slower than in training."""
     import torch
 
-    from dlrm.perfmodel.__main__ import main
+    from perfmodel.__main__ import main
 
     monkeypatch.setenv("HYBRID_DLRM_CACHE", str(tmp_path / "cache"))
     torch.set_flush_denormal(False)
@@ -242,8 +243,8 @@ def test_trainers_built_for_measuring_leave_nothing_behind(tmp_path):
     import sys
 
     code = """
-from dlrm.perfmodel.graph import build_trainer
-from dlrm.perfmodel.microbench import base_config
+from perfmodel.graph import build_trainer
+from perfmodel.microbench import base_config
 t = build_trainer(base_config(placement="fae", arch_embedding_size=(50, 80),
                               arch_mlp_bot=(13, 16), arch_mlp_top=(8, 1)))
 import pathlib

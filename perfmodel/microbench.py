@@ -3,7 +3,7 @@
 Each benchmark runs a piece of the model forward and backward (so the backward kernels have the
 layouts autograd really uses) under the profiler, `reps` times, and records every kernel with
 its median duration, in the kernel-record format of the perf traces (see
-`dlrm.perfmodel.features`). Sweeps:
+`perfmodel.features`). Sweeps:
 
 - ``gemm``: addmm, the two backward mm and the two bmm of the interaction in the layouts
   training uses, timed directly by thread-CPU time (the GEMM models are fitted on these only:
@@ -54,10 +54,10 @@ from pathlib import Path
 import torch
 
 from dlrm.models.dlrm import NARROW_INPUT
-from dlrm.perfmodel import hardware
-from dlrm.perfmodel import trace as tr
-from dlrm.perfmodel.features import on_device
-from dlrm.perfmodel.graph import CTX_FIELDS
+from perfmodel import hardware
+from perfmodel import trace as tr
+from perfmodel.features import on_device
+from perfmodel.graph import CTX_FIELDS
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ def profile_kernels(fn, reps: int = 5, ctx: dict | None = None) -> list[dict]:
 def _profile_kernels(fn, reps: int, ctx: dict | None) -> list[dict]:
     from torch.profiler import ProfilerActivity, profile
 
-    from dlrm.perfmodel.hardware import profiler_event_cost_us
+    from perfmodel.hardware import profiler_event_cost_us
 
     cuda = _on_cuda()
     fn()
@@ -611,8 +611,8 @@ def trace_config(cfg, out: Path, warmup: int = 3, steps: int = 3, timed: int = 1
     """Record a perf trace of `steps` steps of cfg (after warm-up) with batches made up front,
     on a steady machine (see `hardware.on_steady_machine`). Returns the trace's path and the
     machine's slowdown while it was measured."""
-    from dlrm.perfmodel.graph import batches_for, build_trainer
-    from dlrm.perfmodel.recorder import trace_meta
+    from perfmodel.graph import batches_for, build_trainer
+    from perfmodel.recorder import trace_meta
 
     threads = torch.get_num_threads()
     trainer = build_trainer(cfg)
@@ -654,14 +654,12 @@ def measure_steps(trainer, warm: list, timed: list, profiled: list, agg=statisti
     """Warm-up steps, then `timed` plain steps and `profiled` profiled ones, all on a steady
     machine (see `hardware.on_steady_machine`). Returns (wall us, thread-CPU us, each `agg` over
     the timed steps; the profiled steps' graphs; the machine's slowdown)."""
-    from dlrm.perfmodel.recorder import profile_steps
+    from perfmodel.recorder import profile_steps, run_steps
 
     def run():
-        for b in warm:
-            trainer.train_step(b)
+        run_steps(trainer.pipeline, warm)
         wall, cpu = time_steps(trainer, timed, agg)
-        graphs = profile_steps(trainer.train_step, profiled, trainer.model, trainer.dense_optimizer,
-                               trainer.device.type == "cuda")  # fmt: skip
+        graphs = profile_steps(trainer.pipeline, profiled, trainer.device.type == "cuda")
         return wall, cpu, graphs
 
     (wall, cpu, graphs), slow = hardware.on_steady_machine(run, hardware.describe())
@@ -678,7 +676,7 @@ def time_steps(trainer, batches: list, agg=statistics.median) -> tuple[float, fl
     walls, cpus = [], []
     for b in batches:
         w0, c0 = time.perf_counter(), time.thread_time()
-        trainer.train_step(b)
+        trainer.pipeline.progress(iter([b]))
         if cuda:
             torch.cuda.synchronize()
         walls.append((time.perf_counter() - w0) * 1e6)

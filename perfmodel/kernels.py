@@ -27,8 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from dlrm.perfmodel import features as F
-from dlrm.perfmodel.hardware import SLOW_LIMIT
+from perfmodel import features as F
+from perfmodel.hardware import SLOW_LIMIT
 
 # --- cache residency of Zipf-distributed rows ------------------------------------------------
 
