@@ -5,10 +5,11 @@
     out["per_batch_us"], out["breakdown"]
 
 Pieces: `trace` (the perf-trace JSON format), `recorder` (`--perf-log`), `hardware` (measured
-machine description), `microbench` (kernel sweeps), `kernels` (kernel models), `overheads` (the
-five host overheads), `graph` (the step's execution graph at any batch size), `critical_path`
-(the traversal), `model` (fit/save/load), `report` (predicted vs measured). CLI:
-``python -m perfmodel microbench|fit|predict|report``.
+machine description), `sweeps` (kernel sweeps), `fit_traces` (the fit configurations' traces),
+`microbench` (runs both), `kernel_models` (one model per operator type), `kernels` (their
+collection and in-situ factors), `overheads` (the five host overheads), `graph` (the step's
+execution graph at any batch size), `critical_path` (the traversal), `model` (fit/save/load),
+`report` (predicted vs measured), `errors`. CLI: ``python -m perfmodel microbench|fit|predict|report``.
 """
 
 from __future__ import annotations

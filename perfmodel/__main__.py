@@ -140,8 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     set_flush_denormal(True)
 
     from dlrm.config import ConfigError
-    from perfmodel.model import ModelError
-    from perfmodel.trace import TraceError
+    from perfmodel.errors import ModelError, TraceError
 
     try:
         if args.command == "microbench":
@@ -158,15 +157,16 @@ def main(argv: list[str] | None = None) -> int:
 
 def _microbench(args) -> int:
     from perfmodel import hardware, microbench
+    from perfmodel.sweeps import SWEEPS
 
-    sweeps = args.sweeps.split(",") if args.sweeps else None
-    unknown = [s for s in sweeps or [] if s not in microbench.SWEEPS]
+    names = args.sweeps.split(",") if args.sweeps else None
+    unknown = [s for s in names or [] if s not in SWEEPS]
     if unknown:
         sys.stderr.write(f"{PROG} microbench: error: --sweeps: unknown {', '.join(unknown)}; "
-                         f"expected some of {', '.join(microbench.SWEEPS)}\n")  # fmt: skip
+                         f"expected some of {', '.join(SWEEPS)}\n")  # fmt: skip
         return EXIT_USAGE
     hw = hardware.describe(refresh=args.refresh_hardware)
-    summary = microbench.run(args.out, scale=args.scale, reps=args.reps, seed=args.seed, sweeps=sweeps,
+    summary = microbench.run(args.out, scale=args.scale, reps=args.reps, seed=args.seed, sweeps=names,
                              fit_configs=not args.no_fit_configs)  # fmt: skip
     summary["hardware_description"] = {k: v for k, v in hw.items() if k != "read_bw_sweep"}
     print(json.dumps(summary, indent=2))

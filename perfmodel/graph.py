@@ -266,8 +266,8 @@ def graph_for(
 def records_from_trace(doc: dict) -> list[dict]:
     """Kernel records (kernel + ctx) of a trace, for fitting and for kernel-error reports: one
     per kernel position of the step, its time estimated over the trace's steps as in
-    `microbench.kernel_estimate` (steps whose operators differ are taken one by one)."""
-    from perfmodel.microbench import kernel_estimate
+    `sweeps.kernel_estimate` (steps whose operators differ are taken one by one)."""
+    from perfmodel.sweeps import kernel_estimate
 
     meta = doc["meta"]
     ctx = {k: meta.get(k) for k in CTX_FIELDS}

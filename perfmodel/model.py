@@ -12,6 +12,7 @@ from pathlib import Path
 
 from perfmodel import critical_path, hardware
 from perfmodel import trace as tr
+from perfmodel.errors import ModelError
 from perfmodel.features import op_type, step_dense_bytes
 from perfmodel.graph import (
     corrected_us,
@@ -19,15 +20,12 @@ from perfmodel.graph import (
     records_from_trace,
 )
 from perfmodel.kernels import KernelModels
-from perfmodel.microbench import at_described_speed, read_records
+from perfmodel.microbench import read_records
 from perfmodel.overheads import Overheads
+from perfmodel.sweeps import at_described_speed
 
 FORMAT = "hybrid-perfmodel"
 VERSION = 1
-
-
-class ModelError(ValueError):
-    """A missing or unreadable model file."""
 
 
 def default_model_path() -> Path:
@@ -79,7 +77,7 @@ class PerfModel:
         for d in docs:
             recs += records_from_trace(d)
         direct = any(r.get("sweep") == "gemm" for r in recs)
-        # GEMMs from the direct thread-CPU sweep only, when there is one (see microbench)
+        # GEMMs from the direct thread-CPU sweep only, when there is one (see perfmodel.sweeps)
         recs = [
             r
             for r in recs

@@ -1,7 +1,7 @@
 """`report`: predicted vs measured per-batch time on held-out configurations.
 
 For each configuration (none of them used in fitting: other MLP shapes and batch sizes than the
-fit traces of `microbench.FIT_CONFIGS`), the model predicts the step from its captured graph
+fit traces of `fit_traces.FIT_CONFIGS`), the model predicts the step from its captured graph
 alone, then the configuration trains for a few steps: plain steps are timed (median thread-CPU
 and wall time; with FAE the mean over whole scheduling windows, since hot and cold batches
 differ) and six more are profiled, whose kernels (each the median over those steps) give the
@@ -38,7 +38,9 @@ from pathlib import Path
 import torch
 
 from perfmodel import trace as tr
+from perfmodel.errors import TraceError
 from perfmodel.features import op_type
+from perfmodel.fit_traces import base_config, measure_steps
 from perfmodel.graph import (
     batches_for,
     build_trainer,
@@ -47,8 +49,7 @@ from perfmodel.graph import (
     records_from_trace,
 )
 from perfmodel.hardware import SLOW_LIMIT
-from perfmodel.kernels import gmae
-from perfmodel.microbench import base_config, measure_steps
+from perfmodel.kernel_models import gmae
 from perfmodel.recorder import trace_meta
 
 log = logging.getLogger(__name__)
@@ -194,7 +195,7 @@ def rescore(report_dir: str | Path, model_path: str | Path | None = None) -> dic
             configs.append((name, changes))
             docs[name] = [tr.read_trace(p) for p in paths]
     if not configs:
-        raise tr.TraceError(f"{report_dir / 'traces'}: no held-out configuration traces")
+        raise TraceError(f"{report_dir / 'traces'}: no held-out configuration traces")
     return score(load_model(model_path), configs, docs, report_dir, None)
 
 

@@ -47,6 +47,8 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
+from perfmodel.errors import TraceError
+
 FORMAT = "hybrid-dlrm/perf-trace"
 VERSION = 1
 PHASES = ("forward", "embedding_lookup", "loss", "backward", "optimizer", "other")
@@ -88,10 +90,6 @@ SYNC_OPS = {
     "cudaStreamSynchronize",
 }
 _FBGEMM_KERNEL = re.compile(r"^fbgemm::(split_embedding_.*_cpu|bounds_check_indices)$")
-
-
-class TraceError(ValueError):
-    """A perf-trace file that is not in the documented format."""
 
 
 def is_compute(name: str) -> bool:

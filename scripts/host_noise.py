@@ -27,8 +27,8 @@ import torch
 def sample(seconds: float, pause_s: float = 0.2) -> tuple[dict[str, list[float]], float]:
     """The series, and the canary's time when the machine was described."""
     from perfmodel import hardware
+    from perfmodel.fit_traces import base_config
     from perfmodel.graph import batches_for, build_trainer
-    from perfmodel.microbench import base_config
     from perfmodel.recorder import run_steps
     from perfmodel.report import MLPS
 

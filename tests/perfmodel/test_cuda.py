@@ -5,7 +5,7 @@ import random
 import pytest
 import torch
 
-from perfmodel import hardware, microbench
+from perfmodel import hardware, sweeps
 from perfmodel import trace as tr
 
 pytestmark = pytest.mark.gpu
@@ -38,7 +38,7 @@ def test_cuda_trace_attributes_device_time_to_the_compute_ops():
 
 @pytest.mark.parametrize("sweep", ["gemm", "mlp", "elementwise", "copy"])
 def test_sweeps_run_on_the_cuda_device(sweep, monkeypatch):
-    monkeypatch.setattr(microbench, "DEVICE", torch.device("cuda"))
-    recs = microbench.SWEEPS[sweep](random.Random(0), 2, 3)
+    monkeypatch.setattr(sweeps, "DEVICE", torch.device("cuda"))
+    recs = sweeps.SWEEPS[sweep](random.Random(0), 2, 3)
     assert recs and any(str(r["stream"]).startswith("cuda") for r in recs)
     assert all(r["dur_us"] > 0 for r in recs if str(r["stream"]).startswith("cuda"))

@@ -100,7 +100,7 @@ def test_each_microbenchmark_draw_is_gated_by_the_canary(monkeypatch):
     """A sweep's draws are measured through `SteadyGate`: a draw with a slow canary before it is
     not run until the canary is steady, one with a slow canary after it is run again, and the
     summary counts the retries and what was kept."""
-    from perfmodel import hardware, microbench
+    from perfmodel import hardware, sweeps
 
     # draw 1: before slow (wait), before ok, after ok -> kept at 1.0
     # draw 2: before ok, after 2x (run again), before ok, after 1.1 -> kept at 1.1
@@ -108,10 +108,10 @@ def test_each_microbenchmark_draw_is_gated_by_the_canary(monkeypatch):
     monkeypatch.setattr(hardware, "canary_us", lambda dtype=None: next(canary))
     monkeypatch.setattr(hardware.time, "sleep", lambda s: None)
     gate = hardware.SteadyGate({"canary_us": 100.0})
-    monkeypatch.setattr(microbench, "_GATE", gate)
+    monkeypatch.setattr(sweeps, "_GATE", gate)
     calls = []
-    microbench.time_call(lambda: calls.append("a"), reps=1)
-    microbench.time_call(lambda: calls.append("b"), reps=1)
+    sweeps.time_call(lambda: calls.append("a"), reps=1)
+    sweeps.time_call(lambda: calls.append("b"), reps=1)
     assert calls == ["a", "a", "b", "b", "b", "b"]  # warm + 1 rep per run; draw 2 ran twice
     assert gate.slowdowns == [1.0, 1.1]
     summary = gate.summary()
@@ -124,20 +124,20 @@ def test_gemm_draws_carry_their_slowdown_and_are_fitted_at_the_described_speed(m
     sweep's durations by it and leaves the other sweeps' as measured."""
     import torch
 
-    from perfmodel import hardware, microbench
+    from perfmodel import hardware, sweeps
 
     canary = iter([100.0, 150.0])  # before, after: the draw ran at up to 1.5x
     monkeypatch.setattr(hardware, "canary_us", lambda dtype=None: next(canary))
     gate = hardware.SteadyGate({"canary_us": 100.0}, limit=2.0)
-    monkeypatch.setattr(microbench, "_GATE", gate)
+    monkeypatch.setattr(sweeps, "_GATE", gate)
     a = torch.randn(8, 8)
-    rec = microbench._timed_gemm("aten::mm", [a, a], lambda: torch.mm(a, a), 1, {})
+    rec = sweeps._timed_gemm("aten::mm", [a, a], lambda: torch.mm(a, a), 1, {})
     assert rec["machine_slowdown"] == 1.5 and rec["shapes"] == [[8, 8], [8, 8]]
-    assert microbench.at_described_speed(dict(rec, sweep="gemm"), 30.0) == pytest.approx(20.0)
-    assert microbench.at_described_speed(dict(rec, sweep="mlp"), 30.0) == 30.0
-    assert microbench.at_described_speed({"sweep": "gemm"}, 30.0) == 30.0  # no canary: as measured
+    assert sweeps.at_described_speed(dict(rec, sweep="gemm"), 30.0) == pytest.approx(20.0)
+    assert sweeps.at_described_speed(dict(rec, sweep="mlp"), 30.0) == 30.0
+    assert sweeps.at_described_speed({"sweep": "gemm"}, 30.0) == 30.0  # no canary: as measured
     # a CUDA device's GEMM: the CPU canary says nothing about it
-    assert microbench.at_described_speed(dict(rec, sweep="gemm", stream="cuda:0"), 30.0) == 30.0
+    assert sweeps.at_described_speed(dict(rec, sweep="gemm", stream="cuda:0"), 30.0) == 30.0
     assert "machine_slowdown_bf16" not in rec
 
 
@@ -146,24 +146,24 @@ def test_bf16_gemm_draws_are_fitted_at_the_bf16_canary_speed(monkeypatch):
     records the bf16 canary's slowdown, measured after it, and is divided by that one."""
     import torch
 
-    from perfmodel import hardware, microbench
+    from perfmodel import hardware, sweeps
 
     def canary(dtype=torch.float32):
         return 150.0 if dtype == torch.float32 else 420.0  # fp32 1.5x, bf16 1.05x
 
     monkeypatch.setattr(hardware, "canary_us", canary)
     gate = hardware.SteadyGate({"canary_us": 100.0, "canary_bf16_us": 400.0}, limit=2.0)
-    monkeypatch.setattr(microbench, "_GATE", gate)
+    monkeypatch.setattr(sweeps, "_GATE", gate)
     a = torch.randn(8, 8).bfloat16()
-    rec = microbench._timed_gemm("aten::mm", [a, a], lambda: torch.mm(a, a), 1, {})
+    rec = sweeps._timed_gemm("aten::mm", [a, a], lambda: torch.mm(a, a), 1, {})
     assert rec["machine_slowdown"] == 1.5
     assert rec["machine_slowdown_bf16"] == pytest.approx(1.05)
-    assert microbench.at_described_speed(dict(rec, sweep="gemm"), 21.0) == pytest.approx(20.0)
+    assert sweeps.at_described_speed(dict(rec, sweep="gemm"), 21.0) == pytest.approx(20.0)
     # a description without the bf16 canary: the draw is divided by the fp32 canary's slowdown
-    monkeypatch.setattr(microbench, "_GATE", hardware.SteadyGate({"canary_us": 100.0}, limit=2.0))
-    rec = microbench._timed_gemm("aten::mm", [a, a], lambda: torch.mm(a, a), 1, {})
+    monkeypatch.setattr(sweeps, "_GATE", hardware.SteadyGate({"canary_us": 100.0}, limit=2.0))
+    rec = sweeps._timed_gemm("aten::mm", [a, a], lambda: torch.mm(a, a), 1, {})
     assert "machine_slowdown_bf16" not in rec
-    assert microbench.at_described_speed(dict(rec, sweep="gemm"), 30.0) == pytest.approx(20.0)
+    assert sweeps.at_described_speed(dict(rec, sweep="gemm"), 30.0) == pytest.approx(20.0)
 
 
 def test_a_cached_description_without_the_bf16_canary_gets_it_measured(tmp_path, monkeypatch):
@@ -181,7 +181,7 @@ def test_a_cached_description_without_the_bf16_canary_gets_it_measured(tmp_path,
 
 
 def test_a_slow_fit_trace_is_measured_again_and_the_steadier_kept(tmp_path, monkeypatch):
-    from perfmodel import microbench
+    from perfmodel import fit_traces
 
     slowdowns = iter([1.6, 1.05, 1.3, 1.9])  # fit0 slow, fit1 steady; fit0 again 1.3 (kept)
     written = []
@@ -192,15 +192,15 @@ def test_a_slow_fit_trace_is_measured_again_and_the_steadier_kept(tmp_path, monk
         written.append(out.name)
         return out, slow
 
-    monkeypatch.setattr(microbench, "FIT_CONFIGS", [{}, {}])
-    monkeypatch.setattr(microbench, "trace_config", fake_trace_config)
-    assert microbench.fit_traces(tmp_path, 1) == [1.3, 1.05]
+    monkeypatch.setattr(fit_traces, "FIT_CONFIGS", [{}, {}])
+    monkeypatch.setattr(fit_traces, "trace_config", fake_trace_config)
+    assert fit_traces.fit_traces(tmp_path, 1) == [1.3, 1.05]
     assert written == ["fit0.trace.json", "fit1.trace.json", "fit0.retry"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fit0.trace.json", "fit1.trace.json"]
     assert json.loads((tmp_path / "fit0.trace.json").read_text())["meta"]["machine_slowdown"] == 1.3
     # a retry no steadier than the first measurement is dropped
     slowdowns = iter([1.6, 1.05, 1.9])
-    assert microbench.fit_traces(tmp_path, 1) == [1.6, 1.05]
+    assert fit_traces.fit_traces(tmp_path, 1) == [1.6, 1.05]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fit0.trace.json", "fit1.trace.json"]
 
 
@@ -244,7 +244,7 @@ def test_trainers_built_for_measuring_leave_nothing_behind(tmp_path):
 
     code = """
 from perfmodel.graph import build_trainer
-from perfmodel.microbench import base_config
+from perfmodel.fit_traces import base_config
 t = build_trainer(base_config(placement="fae", arch_embedding_size=(50, 80),
                               arch_mlp_bot=(13, 16), arch_mlp_top=(8, 1)))
 import pathlib

@@ -6,16 +6,16 @@ import numpy as np
 import pytest
 
 from perfmodel import features as F
-from perfmodel.kernels import (
+from perfmodel.kernel_models import (
     EmbeddingModel,
     GemmMLP,
     GemmRoofline,
-    KernelModels,
     RooflineTable,
     gmae,
     hit_rate,
     nnls_relative,
 )
+from perfmodel.kernels import KernelModels
 
 
 def test_nnls_relative_recovers_planted_coefficients():
@@ -132,7 +132,7 @@ def test_multi_hot_bags_count_their_ids():
     bwd = {"shapes": [[172, 512], [208256], [8], [8], [9], [], [9], [], [5453], [1377], [], []],
            "dtypes": ["float", "float", "int", "long int", "int", "Scalar", "long int", "Scalar",
                       "long int", "long int", "Scalar", ""]}  # fmt: skip
-    from perfmodel.kernels import _indices_arg
+    from perfmodel.kernel_models import _indices_arg
 
     assert _indices_arg(bwd) == 8
 
@@ -140,7 +140,7 @@ def test_multi_hot_bags_count_their_ids():
 def test_pooled_kjt_takes_each_features_ids_in_order():
     import torch
 
-    from perfmodel.microbench import pooled_kjt
+    from perfmodel.sweeps import pooled_kjt
 
     rows = torch.arange(20).reshape(2, 10)
     lengths = torch.tensor([[1, 3], [2, 2]])
@@ -200,9 +200,9 @@ def test_strided_operands_have_their_own_key():
     dense = {"name": "aten::copy_", "shapes": [[8, 4], [8, 4]], "strides": [[4, 1], [4, 1]], "dtypes": ["float", "float"]}
     strided = dict(dense, strides=[[4, 1], [1, 8]])  # copying a transposed view
     assert F.all_contiguous(dense) and not F.all_contiguous(strided)
-    from perfmodel.kernels import _key
+    from perfmodel.kernel_models import operator_key
 
-    assert _key(dense) != _key(strided)
+    assert operator_key(dense) != operator_key(strided)
 
 
 def test_in_situ_factors_are_per_op_context_with_fallbacks():
@@ -301,7 +301,7 @@ def test_dense_optimizer_sweep_records_the_fused_step_with_its_parameter_count()
     import random
 
     from perfmodel import features as F
-    from perfmodel.microbench import _dense_optimizer_records
+    from perfmodel.sweeps import _dense_optimizer_records
 
     rng = random.Random(3)
     seen = set()
@@ -336,10 +336,10 @@ def test_embedding_sweep_records_forward_and_backward_over_distinct_batches(monk
 
     import torch
 
-    from perfmodel import microbench
+    from perfmodel import sweeps
 
     seen, threads_seen = [], []
-    real = microbench.profile_kernels
+    real = sweeps.profile_kernels
 
     def spy(step, reps, ctx):
         from embeddings import FusedEmbeddingBagCollection
@@ -354,11 +354,11 @@ def test_embedding_sweep_records_forward_and_backward_over_distinct_batches(monk
         seen.append(len(set(calls)))
         return out
 
-    monkeypatch.setattr(microbench, "profile_kernels", spy)
+    monkeypatch.setattr(sweeps, "profile_kernels", spy)
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        recs = microbench.bench_embedding(random.Random(3), 2, 20)
+        recs = sweeps.bench_embedding(random.Random(3), 2, 20)
     finally:
         torch.set_num_threads(before)
     names = {r["name"] for r in recs}
@@ -378,7 +378,7 @@ def test_gemm_sweep_runs_a_layer_in_the_layouts_of_a_training_step(fan_in):
     import torch
 
     from dlrm.models.dlrm import NARROW_INPUT, NarrowInputLinear
-    from perfmodel.microbench import linear_gemms, profile_kernels
+    from perfmodel.sweeps import linear_gemms, profile_kernels
 
     b, fo = 32, 24
     layer = (NarrowInputLinear if fan_in < NARROW_INPUT else torch.nn.Linear)(fan_in, fo)
@@ -403,7 +403,7 @@ def test_profile_kernels_matches_kernels_across_reps_that_ran_the_same_sequence(
     computed on first use) is left out instead of shifting every later kernel's durations."""
     import torch
 
-    from perfmodel.microbench import profile_kernels
+    from perfmodel.sweeps import profile_kernels
 
     a, b, x = torch.randn(64, 64), torch.randn(64, 64), torch.zeros(8)
     calls = []

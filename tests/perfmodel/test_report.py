@@ -58,7 +58,7 @@ def test_trace_paths_in_pass_order_or_the_single_trace(tmp_path):
 def test_no_fit_configuration_shares_a_batch_size_or_mlp_with_a_held_out_one():
     """The report's configurations are held out: no fit trace has their MLP shapes, and none
     their batch sizes (the embedding lookups and the loss depend on the batch only)."""
-    from perfmodel.microbench import FIT_CONFIGS
+    from perfmodel.fit_traces import FIT_CONFIGS
     from perfmodel.report import heldout_configs
 
     held = [c for _, c in heldout_configs()]

@@ -208,7 +208,8 @@ def test_kernel_records_carry_their_steps_dense_working_set():
 
 def test_the_traversal_predicts_each_kernel_in_its_steps_context():
     from perfmodel.features import step_dense_bytes
-    from perfmodel.kernels import KernelModels, RooflineTable
+    from perfmodel.kernel_models import RooflineTable
+    from perfmodel.kernels import KernelModels
     from perfmodel.model import PerfModel
     from perfmodel.overheads import Overheads
 
