@@ -67,10 +67,18 @@ def _parser() -> argparse.ArgumentParser:
     pre.add_argument("--block-mb", type=int, default=8, help="MB of raw text per task (>= 1)")
     pre.add_argument("--no-progress", action="store_true", help="no progress bar")
     pre.add_argument("--ts-length", type=int, default=20, help="taobao: history steps per sample")
-    pre.add_argument("--points-per-user", type=int, default=10, help="taobao: samples per user and split")
-    pre.add_argument("--val-fraction", type=float, default=0.1, help="taobao: share of time for validation")
-    pre.add_argument("--test-fraction", type=float, default=0.1, help="taobao: share of time for test")
-    pre.add_argument("--memory-mb", type=int, default=2048, help="taobao: working-set bound (sets the buckets)")
+    pre.add_argument(
+        "--points-per-user", type=int, default=10, help="taobao: samples per user and split"
+    )
+    pre.add_argument(
+        "--val-fraction", type=float, default=0.1, help="taobao: share of time for validation"
+    )
+    pre.add_argument(
+        "--test-fraction", type=float, default=0.1, help="taobao: share of time for test"
+    )
+    pre.add_argument(
+        "--memory-mb", type=int, default=2048, help="taobao: working-set bound (sets the buckets)"
+    )
 
     syn = sub.add_parser("synth", help="write synthetic raw Criteo files")
     syn.add_argument("--layout", required=True, choices=DATASETS)

@@ -157,7 +157,9 @@ class SyntheticConfig:
             raise ValueError("synthetic data: tables are limited to 2**31 - 1 rows")
         alphas = self.alphas()
         if len(alphas) != len(self.table_sizes) or min(alphas) < 0:
-            raise ValueError("synthetic data: one non-negative Zipf exponent per table (or one for all)")
+            raise ValueError(
+                "synthetic data: one non-negative Zipf exponent per table (or one for all)"
+            )
 
     def alphas(self) -> list[float]:
         if isinstance(self.zipf_alpha, (int, float)):
@@ -226,7 +228,11 @@ class PlantedWorld:
             )
         lengths, offsets = self._layout[batch]
         return KeyedJaggedTensor(
-            keys=self.feature_names, values=rows.reshape(-1), lengths=lengths, offsets=offsets, stride=batch
+            keys=self.feature_names,
+            values=rows.reshape(-1),
+            lengths=lengths,
+            offsets=offsets,
+            stride=batch,
         )
 
 

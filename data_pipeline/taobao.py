@@ -95,10 +95,14 @@ class TaobaoOptions:
         if self.ts_length < 1:
             raise DataError(f"--ts-length: expected a positive integer, got {self.ts_length}")
         if self.points_per_user < 1:
-            raise DataError(f"--points-per-user: expected a positive integer, got {self.points_per_user}")
+            raise DataError(
+                f"--points-per-user: expected a positive integer, got {self.points_per_user}"
+            )
         v, t = self.val_fraction, self.test_fraction
         if not (0 <= v and 0 < t and v + t < 1):
-            raise DataError(f"val/test fractions: expected 0 <= val, 0 < test, val + test < 1; got {v}, {t}")
+            raise DataError(
+                f"val/test fractions: expected 0 <= val, 0 < test, val + test < 1; got {v}, {t}"
+            )
         if self.on_bad_line not in ("error", "skip"):
             raise DataError(f"--on-bad-line: expected error or skip, got {self.on_bad_line!r}")
         if self.memory_mb < 1 or self.buckets < 0:
@@ -106,13 +110,24 @@ class TaobaoOptions:
 
     def settings(self) -> dict:
         """What decides the content of the output (not how it is computed)."""
-        keys = ("ts_length", "points_per_user", "val_fraction", "test_fraction", "seed", "on_bad_line")
+        keys = (
+            "ts_length",
+            "points_per_user",
+            "val_fraction",
+            "test_fraction",
+            "seed",
+            "on_bad_line",
+        )
         return {k: v for k, v in asdict(self).items() if k in keys}
 
 
 # --- keyed hashing: randomness that depends on what is hashed, not on processing order ----------
 
-_C1, _C2, _C3 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+_C1, _C2, _C3 = (
+    np.uint64(0x9E3779B97F4A7C15),
+    np.uint64(0xBF58476D1CE4E5B9),
+    np.uint64(0x94D049BB133111EB),
+)
 
 
 def _mix64(x: np.ndarray) -> np.ndarray:
@@ -134,7 +149,9 @@ def keyed_hash(key: int, *columns: np.ndarray | int) -> np.ndarray:
 # --- the public entry point -----------------------------------------------------------------------
 
 
-def preprocess_taobao(raw: str | Path, out: str | Path, options: TaobaoOptions = TaobaoOptions()) -> Path:
+def preprocess_taobao(
+    raw: str | Path, out: str | Path, options: TaobaoOptions = TaobaoOptions()
+) -> Path:
     """Preprocess on first use, or reuse `out` when it was made from the same file and settings.
 
     Raises DataError (one line) for malformed input (FILE:LINE), a missing file, or an `out`
@@ -162,12 +179,16 @@ def preprocess_taobao(raw: str | Path, out: str | Path, options: TaobaoOptions =
 def load_taobao_meta(directory: str | Path) -> dict:
     path = Path(directory) / "meta.json"
     if not path.is_file():
-        raise DataError(f"{path}: not found (not a preprocessed Taobao directory, or preprocessing did not finish)")
+        raise DataError(
+            f"{path}: not found (not a preprocessed Taobao directory, or preprocessing did not finish)"
+        )
     meta = dm.read_json(path)
     if meta.get("format") != FORMAT:
         raise DataError(f"{path}: expected format {FORMAT!r}, found {meta.get('format')!r}")
     if meta.get("format_version") != FORMAT_VERSION:
-        raise DataError(f"{path}: format version {meta.get('format_version')!r}; this code reads {FORMAT_VERSION}")
+        raise DataError(
+            f"{path}: format version {meta.get('format_version')!r}; this code reads {FORMAT_VERSION}"
+        )
     return meta
 
 
@@ -184,7 +205,9 @@ class _Preprocess:
         size = identity["bytes"]
         # measured: pass 2 peaks at ~14x the raw bytes of a bucket (T=20, 10 points per user:
         # sorted events, remapped columns, and the windows of positives and negatives)
-        self.num_buckets = options.buckets or max(1, math.ceil(_PEAK_PER_RAW_BYTE * size / (options.memory_mb << 20)))
+        self.num_buckets = options.buckets or max(
+            1, math.ceil(_PEAK_PER_RAW_BYTE * size / (options.memory_mb << 20))
+        )
 
     def run(self) -> Path:
         started = time.time()
@@ -210,7 +233,8 @@ class _Preprocess:
         """Parse the raw file into bucket files; count distinct ids and minutes."""
         counter = FrequencyCounter(4)  # user, item, category, minute of the timestamp
         writers = [
-            NpyWriter(self.work / f"bucket_{b}.npy", np.int64, (_BUCKET_COLUMNS,)) for b in range(self.num_buckets)
+            NpyWriter(self.work / f"bucket_{b}.npy", np.int64, (_BUCKET_COLUMNS,))
+            for b in range(self.num_buckets)
         ]
         part = RawPart("raw", self.raw)
         line0 = 1
@@ -224,13 +248,17 @@ class _Preprocess:
                 if len(rows):
                     table = np.stack([rows.users, rows.items, rows.categories, rows.timestamps,
                                       rows.behaviors.astype(np.int64), rows.lines + line0], axis=1)  # fmt: skip
-                    bucket = (_mix64(rows.users.astype(np.uint64)) % np.uint64(self.num_buckets)).astype(np.int64)
+                    bucket = (
+                        _mix64(rows.users.astype(np.uint64)) % np.uint64(self.num_buckets)
+                    ).astype(np.int64)
                     order = np.argsort(bucket, kind="stable")
                     cuts = np.searchsorted(bucket[order], np.arange(self.num_buckets + 1))
                     for b in range(self.num_buckets):
                         if cuts[b + 1] > cuts[b]:
                             writers[b].append(table[order[cuts[b] : cuts[b + 1]]])
-                    for f, col in enumerate((rows.users, rows.items, rows.categories, rows.timestamps // 60)):
+                    for f, col in enumerate(
+                        (rows.users, rows.items, rows.categories, rows.timestamps // 60)
+                    ):
                         counter.add(f, *np.unique(col, return_counts=True))
                     beh = np.bincount(rows.behaviors, minlength=len(BEHAVIORS))
                     for name, c in zip(BEHAVIORS, beh):
@@ -253,12 +281,16 @@ class _Preprocess:
         for b in bad:
             where = f"{self.raw}:{line0 + b.index}"
             if self.opt.on_bad_line == "error":
-                raise DataError(f"{where}: {b.message} (pass --on-bad-line skip to drop such lines)")
+                raise DataError(
+                    f"{where}: {b.message} (pass --on-bad-line skip to drop such lines)"
+                )
             self.bad_counts[b.reason] += 1
             if len(self.bad_examples) < _MAX_EXAMPLES:
                 self.bad_examples.append(f"{where}: {b.message}")
         if bad:
-            log.warning("%s: skipped %d malformed lines so far", self.raw, sum(self.bad_counts.values()))
+            log.warning(
+                "%s: skipped %d malformed lines so far", self.raw, sum(self.bad_counts.values())
+            )
 
     # between the passes ------------------------------------------------------------------------
 
@@ -285,10 +317,16 @@ class _Preprocess:
         total = int(cum[-1])
 
         def quantile(q: float) -> int:
-            return int(minutes[min(np.searchsorted(cum, q * total, side="left"), len(minutes) - 1)]) * 60
+            return (
+                int(minutes[min(np.searchsorted(cum, q * total, side="left"), len(minutes) - 1)])
+                * 60
+            )
 
         o = self.opt
-        return {"val": quantile(1 - o.val_fraction - o.test_fraction), "test": quantile(1 - o.test_fraction)}
+        return {
+            "val": quantile(1 - o.val_fraction - o.test_fraction),
+            "test": quantile(1 - o.test_fraction),
+        }
 
     def _buckets(self):
         for b in range(self.num_buckets):
@@ -307,7 +345,9 @@ class _Preprocess:
         item_cat = np.zeros(n_items, dtype=np.int32)
         for bucket in self._buckets():
             if len(bucket):
-                np.minimum.at(first_line, self._ids(vocab[1], bucket[:, 1]), np.asarray(bucket[:, 5]))
+                np.minimum.at(
+                    first_line, self._ids(vocab[1], bucket[:, 1]), np.asarray(bucket[:, 5])
+                )
         for bucket in self._buckets():
             if len(bucket):
                 items = self._ids(vocab[1], bucket[:, 1])
@@ -330,12 +370,19 @@ class _Preprocess:
             }
             for s in SPLITS
         }
-        stats = {"users": 0, "users_too_short": 0, "negatives_dropped": 0, "events_with_other_category": 0}
+        stats = {
+            "users": 0,
+            "users_too_short": 0,
+            "negatives_dropped": 0,
+            "events_with_other_category": 0,
+        }
         try:
             for bucket in self._buckets():
                 if len(bucket) == 0:
                     continue
-                self._bucket_windows(np.asarray(bucket), vocab, item_cat, cuts, n_items, T, ppu, writers, stats)
+                self._bucket_windows(
+                    np.asarray(bucket), vocab, item_cat, cuts, n_items, T, ppu, writers, stats
+                )
             splits = {}
             for s in SPLITS:
                 files = {c: w.finish() for c, w in writers[s].items()}
@@ -350,7 +397,9 @@ class _Preprocess:
         self.counts.update(stats)
         return splits
 
-    def _bucket_windows(self, bucket, vocab, item_cat, cuts, n_items, T, ppu, writers, stats) -> None:
+    def _bucket_windows(
+        self, bucket, vocab, item_cat, cuts, n_items, T, ppu, writers, stats
+    ) -> None:
         seed = self.opt.seed
         order = np.lexsort((bucket[:, 5], bucket[:, 3], bucket[:, 0]))  # user, time, line
         ev = bucket[order]
@@ -365,13 +414,17 @@ class _Preprocess:
         stats["users"] += len(starts)
         stats["users_too_short"] += int(np.count_nonzero(lengths <= T))
         pos_in_user = np.arange(n) - np.repeat(starts, lengths)
-        split = np.searchsorted([cuts["val"], cuts["test"]], ts, side="right")  # 0 train, 1 val, 2 test
+        split = np.searchsorted(
+            [cuts["val"], cuts["test"]], ts, side="right"
+        )  # 0 train, 1 val, 2 test
         cand = np.flatnonzero(pos_in_user >= T)
         # up to ppu targets per (user, split), chosen by a keyed hash of the event
         key = keyed_hash(seed, 1, raw_user[cand], line[cand])
         o = np.lexsort((key, split[cand], users[cand]))
         cand = cand[o]
-        group = np.concatenate(([True], (users[cand][1:] != users[cand][:-1]) | (split[cand][1:] != split[cand][:-1])))
+        group = np.concatenate(
+            ([True], (users[cand][1:] != users[cand][:-1]) | (split[cand][1:] != split[cand][:-1]))
+        )
         group_start = np.maximum.accumulate(np.where(group, np.arange(len(cand)), 0))
         chosen = np.sort(cand[np.arange(len(cand)) - group_start < ppu])
         if len(chosen) == 0:
@@ -404,7 +457,9 @@ class _Preprocess:
         out_items = np.concatenate([pos_items, neg_items])
         out_cats = np.concatenate([pos_cats, neg_cats])
         out_users = np.concatenate([users[chosen], users[chosen][has_neg]]).astype(np.int32)
-        out_labels = np.concatenate([np.ones(len(chosen), np.int8), np.zeros(int(has_neg.sum()), np.int8)])
+        out_labels = np.concatenate(
+            [np.ones(len(chosen), np.int8), np.zeros(int(has_neg.sum()), np.int8)]
+        )
         out_times = np.concatenate([ts[chosen], ts[chosen][has_neg]])
         out_split = np.concatenate([split[chosen], split[chosen][has_neg]])
         pair_of = np.concatenate([np.arange(len(chosen)), np.flatnonzero(has_neg)])

@@ -62,7 +62,9 @@ class TaobaoDataset:
                 cols[c] = arr
             for c in ("items", "categories"):
                 if cols[c].shape[1:] != (self.ts_length + 1,):
-                    raise DataError(f"{self.directory}/{split}.{c}.npy: expected {self.ts_length + 1} steps per row")
+                    raise DataError(
+                        f"{self.directory}/{split}.{c}.npy: expected {self.ts_length + 1} steps per row"
+                    )
             self._columns[split] = cols
         return self._columns[split]
 
@@ -91,9 +93,13 @@ class TaobaoBatchSource:
         if batch_size <= 0:
             raise DataError(f"--mini-batch-size: expected a positive number, got {batch_size}")
         if world_size <= 0 or not 0 <= rank < world_size:
-            raise DataError(f"rank {rank} / world size {world_size}: expected 0 <= rank < world size")
+            raise DataError(
+                f"rank {rank} / world size {world_size}: expected 0 <= rank < world size"
+            )
         if batch_size % world_size:
-            raise DataError(f"--mini-batch-size {batch_size}: must be a multiple of the world size {world_size}")
+            raise DataError(
+                f"--mini-batch-size {batch_size}: must be a multiple of the world size {world_size}"
+            )
         self.split, self.batch_size, self.layout = split, batch_size, layout
         self.randomize, self.seed, self.drop_last = randomize, seed, drop_last
         self.rank, self.world_size = rank, world_size
@@ -121,7 +127,9 @@ class TaobaoBatchSource:
         positions = np.arange(start, start + per + (1 if self.rank < extra else 0), dtype=np.int64)
         if not self.randomize:
             return positions
-        return np.sort(FeistelPermutation(self.num_samples, derive_key(self.seed, epoch))(positions))
+        return np.sort(
+            FeistelPermutation(self.num_samples, derive_key(self.seed, epoch))(positions)
+        )
 
     def batch(self, epoch: int, index: int) -> Batch:
         rows = self.rows(epoch, index)
@@ -135,7 +143,9 @@ class TaobaoBatchSource:
         else:
             users = np.repeat(users[:, None], self.ts_length + 1, axis=1)
             dense = np.tile(self.positions, (len(rows), 1))
-        values = np.concatenate([users.reshape(-1), items.reshape(-1), cats.reshape(-1)]).astype(np.int64)
+        values = np.concatenate([users.reshape(-1), items.reshape(-1), cats.reshape(-1)]).astype(
+            np.int64
+        )
         kjt = KeyedJaggedTensor(
             keys=self.feature_names,
             values=torch.from_numpy(values),

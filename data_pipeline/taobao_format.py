@@ -71,16 +71,22 @@ def check_line(line: bytes) -> tuple[int, int, int, int, int] | BadLine:
         if i == 3:
             text = raw.decode("latin1")
             if text not in BEHAVIORS:
-                return BadLine(0, name, f"{name}: expected one of {', '.join(BEHAVIORS)}, got {_show(raw)}")
+                return BadLine(
+                    0, name, f"{name}: expected one of {', '.join(BEHAVIORS)}, got {_show(raw)}"
+                )
             values.append(BEHAVIORS.index(text))
             continue
         if not (1 <= len(raw) <= MAX_DIGITS and raw.isdigit() and raw.isascii()):
-            return BadLine(0, name, f"{name}: expected 1 to {MAX_DIGITS} decimal digits, got {_show(raw)}")
+            return BadLine(
+                0, name, f"{name}: expected 1 to {MAX_DIGITS} decimal digits, got {_show(raw)}"
+            )
         values.append(int(raw))
     return tuple(values)  # type: ignore[return-value]
 
 
-def _decode_digits(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _decode_digits(
+    buf: np.ndarray, starts: np.ndarray, ends: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """(values, ok) of decimal fields buf[starts:ends]; ok is False where a field is empty, too
     long or holds a non-digit."""
     lengths = ends - starts
@@ -96,7 +102,9 @@ def _decode_digits(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tup
     return values, ok
 
 
-def _decode_behaviors(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _decode_behaviors(
+    buf: np.ndarray, starts: np.ndarray, ends: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     lengths = ends - starts
     cols = np.arange(4, dtype=np.int64)
     pos = starts[:, None] + cols[None, :]
@@ -152,4 +160,6 @@ def _describe(data: bytes, start: int, end: int, index: int) -> BadLine:
         found.index = index
         return found
     # the fast path rejected a line the reference accepts: never silently drop it
-    raise AssertionError(f"line {index}: the vectorised parser and check_line disagree on {bytes(data[start:end])!r}")
+    raise AssertionError(
+        f"line {index}: the vectorised parser and check_line disagree on {bytes(data[start:end])!r}"
+    )

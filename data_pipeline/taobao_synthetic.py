@@ -70,7 +70,9 @@ def generate_events(spec: PlantedBehavior) -> dict[str, np.ndarray]:
     lengths = rng.integers(spec.min_events, spec.max_events + 1, U)
     span = spec.days * 86400 - L
     frac = np.sort(rng.random((U, L)), axis=1)
-    times = spec.start_time + np.floor(frac * span).astype(np.int64) + np.arange(L)  # strictly increasing
+    times = (
+        spec.start_time + np.floor(frac * span).astype(np.int64) + np.arange(L)
+    )  # strictly increasing
     behaviors = rng.choice(len(BEHAVIORS), size=(U, L), p=_BEHAVIOR_P)
     user_raw = _distinct_ids(rng, U, 10 * U + 1000)
     item_raw = _distinct_ids(rng, spec.num_items, 50 * spec.num_items + 1000)
@@ -104,12 +106,16 @@ def write_user_behavior(
     )
     lines = [
         f"{u},{i},{c},{BEHAVIORS[b]},{t}"
-        for u, i, c, b, t in zip(*(ev[k][order].tolist() for k in ("user", "item", "category", "behavior", "timestamp")))
+        for u, i, c, b, t in zip(
+            *(ev[k][order].tolist() for k in ("user", "item", "category", "behavior", "timestamp"))
+        )
     ]
     bad_at: dict[str, list[int]] = {}
     for kind, count in (bad_lines or {}).items():
         if kind not in BAD_KINDS:
-            raise ValueError(f"unknown bad-line kind {kind!r}: expected one of {', '.join(BAD_KINDS)}")
+            raise ValueError(
+                f"unknown bad-line kind {kind!r}: expected one of {', '.join(BAD_KINDS)}"
+            )
         for _ in range(count):
             at = int(rng.integers(0, len(lines) + 1))
             lines.insert(at, {"field_count": "1,2,3,pv", "user_id": "u7,2,3,pv,1511539200",
@@ -132,4 +138,10 @@ def write_user_behavior(
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    return {"path": str(path), "lines": len(lines), "events": n, "users": spec.num_users, "bad_lines": found}
+    return {
+        "path": str(path),
+        "lines": len(lines),
+        "events": n,
+        "users": spec.num_users,
+        "bad_lines": found,
+    }

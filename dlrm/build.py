@@ -43,17 +43,26 @@ def table_sizes(cfg: TrainConfig, data: DataSplits) -> list[int]:
     small = [i for i, (g, n) in enumerate(zip(given, sizes)) if g < n]
     if small:
         i = small[0]
-        raise ConfigError(f"--arch-embedding-size: table {i} has {given[i]} rows but the data set's ids need {sizes[i]}")
+        raise ConfigError(
+            f"--arch-embedding-size: table {i} has {given[i]} rows but the data set's ids need {sizes[i]}"
+        )
     return given
 
 
-def build_placed_embeddings(cfg: TrainConfig, data: DataSplits, device: torch.device) -> PlacedEmbeddings:
-    tables = tables_for_features(table_sizes(cfg, data), cfg.arch_sparse_feature_size, data.feature_names)
+def build_placed_embeddings(
+    cfg: TrainConfig, data: DataSplits, device: torch.device
+) -> PlacedEmbeddings:
+    tables = tables_for_features(
+        table_sizes(cfg, data), cfg.arch_sparse_feature_size, data.feature_names
+    )
     return build_embeddings(cfg, tables, data.train, device)  # --placement
 
 
 def build_model(
-    cfg: TrainConfig, data: DataSplits, device: torch.device, embeddings: torch.nn.Module | None = None
+    cfg: TrainConfig,
+    data: DataSplits,
+    device: torch.device,
+    embeddings: torch.nn.Module | None = None,
 ) -> DLRM | TBSM:
     """The model `cfg` describes, around `embeddings` (built from `--placement` when None)."""
     num_sparse = len(data.table_sizes)

@@ -56,7 +56,9 @@ def load(path: Path) -> dict:
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a hybrid-dlrm checkpoint")
     if data.get("version") != VERSION:
-        raise CheckpointError(f"{path}: checkpoint format version {data.get('version')}, expected {VERSION}")
+        raise CheckpointError(
+            f"{path}: checkpoint format version {data.get('version')}, expected {VERSION}"
+        )
     return data
 
 
@@ -102,7 +104,9 @@ def rng_state() -> dict:
 
 def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
-    np.random.set_state(("MT19937", state["numpy_keys"].numpy().astype(np.uint32), state["numpy_pos"], 0, 0.0))
+    np.random.set_state(
+        ("MT19937", state["numpy_keys"].numpy().astype(np.uint32), state["numpy_pos"], 0, 0.0)
+    )
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 
@@ -112,7 +116,9 @@ def set_rng_state(state: dict) -> None:
 
 def save_model_file(path: Path, model: torch.nn.Module, arch: dict) -> None:
     """Weights only (no optimizer state), with the architecture they were trained for."""
-    atomic_save({"format": FORMAT, "version": VERSION, "arch": arch, "model": model.state_dict()}, path)
+    atomic_save(
+        {"format": FORMAT, "version": VERSION, "arch": arch, "model": model.state_dict()}, path
+    )
 
 
 def load_model_state(model: torch.nn.Module, state: dict, path: Path) -> None:
@@ -120,7 +126,9 @@ def load_model_state(model: torch.nn.Module, state: dict, path: Path) -> None:
     try:
         result = model.load_state_dict(state, strict=False)
     except RuntimeError as e:  # shape mismatches
-        raise CheckpointError(f"{path}: does not fit the model ({str(e).splitlines()[-1].strip()})") from None
+        raise CheckpointError(
+            f"{path}: does not fit the model ({str(e).splitlines()[-1].strip()})"
+        ) from None
     problems = list(result.missing_keys) + list(result.unexpected_keys)
     if problems:
         raise CheckpointError(f"{path}: does not fit the model (keys {', '.join(problems[:4])})")

@@ -27,7 +27,9 @@ def parse_widths(text: str | list[int] | tuple[int, ...], flag: str) -> tuple[in
         try:
             widths = tuple(int(x) for x in str(text).split("-"))
         except ValueError:
-            raise ConfigError(f"{flag}: expected dash-separated integers like 13-512-256, got {text!r}") from None
+            raise ConfigError(
+                f"{flag}: expected dash-separated integers like 13-512-256, got {text!r}"
+            ) from None
     if not widths or min(widths) < 1:
         raise ConfigError(f"{flag}: every width must be a positive integer, got {text!r}")
     return widths
@@ -45,7 +47,9 @@ def _new_run_dir() -> str:
 # Terabyte, facebookresearch/tbsm's for Taobao) for the fields a run does not set. The synthetic
 # data is Kaggle-shaped and takes Kaggle's; DLRM on Taobao is the candidate-step baseline TBSM is
 # compared with (scripts/bench_tbsm_vs_dlrm.py).
-_KAGGLE = dict(arch_sparse_feature_size=16, arch_mlp_bot=(13, 512, 256, 64, 16), arch_mlp_top=(512, 256, 1))
+_KAGGLE = dict(
+    arch_sparse_feature_size=16, arch_mlp_bot=(13, 512, 256, 64, 16), arch_mlp_top=(512, 256, 1)
+)
 REFERENCE_ARCH: dict[tuple[str, str], dict] = {
     ("dlrm", "synthetic"): _KAGGLE,
     ("dlrm", "kaggle"): _KAGGLE,
@@ -137,8 +141,6 @@ class TrainConfig:
     fae_switch_period: int = 64  # FAE: mini-batches per hot-then-cold scheduling window
     fae_order: str = "interleave"  # interleave | block (the original FAE order, an ablation)
 
-
-
     def __post_init__(self) -> None:
         self.reference_defaults = self._fill_reference_defaults()
         self.arch_mlp_bot = parse_widths(self.arch_mlp_bot, "--arch-mlp-bot")
@@ -146,7 +148,9 @@ class TrainConfig:
         self.tsl_mlp = parse_widths(self.tsl_mlp, "--tsl-mlp")
         self.arch_mlp = parse_widths(self.arch_mlp, "--arch-mlp")
         if self.arch_embedding_size is not None:
-            self.arch_embedding_size = parse_widths(self.arch_embedding_size, "--arch-embedding-size")
+            self.arch_embedding_size = parse_widths(
+                self.arch_embedding_size, "--arch-embedding-size"
+            )
         if not self.out_dir:
             self.out_dir = _new_run_dir()
         self.validate()
@@ -154,7 +158,9 @@ class TrainConfig:
     def _fill_reference_defaults(self) -> dict:
         """Fields left None take the data set's reference configuration; returns what was filled
         (so it can be printed at start)."""
-        reference = REFERENCE_ARCH.get((self.model, self.data_set), REFERENCE_ARCH[("dlrm", "kaggle")])
+        reference = REFERENCE_ARCH.get(
+            (self.model, self.data_set), REFERENCE_ARCH[("dlrm", "kaggle")]
+        )
         filled = {}
         for name, value in reference.items():
             if getattr(self, name) is None:
@@ -217,13 +223,19 @@ class TrainConfig:
             if value < 0:
                 raise ConfigError(f"{flag}: expected an integer >= 0, got {value}")
         if self.learning_rate <= 0:
-            raise ConfigError(f"--learning-rate: expected a positive number, got {self.learning_rate}")
+            raise ConfigError(
+                f"--learning-rate: expected a positive number, got {self.learning_rate}"
+            )
         if self.test_mini_batch_size == 0 or self.test_mini_batch_size < -1:
-            raise ConfigError(f"--test-mini-batch-size: expected a positive integer, got {self.test_mini_batch_size}")
+            raise ConfigError(
+                f"--test-mini-batch-size: expected a positive integer, got {self.test_mini_batch_size}"
+            )
         if self.lr_num_decay_steps and self.lr_decay_start_step < self.lr_num_warmup_steps:
             raise ConfigError("--lr-decay-start-step: the decay must start after the warm-up ends")
         if not 0.0 <= self.data_sub_sample_rate < 1.0:
-            raise ConfigError(f"--data-sub-sample-rate: expected a number in [0, 1), got {self.data_sub_sample_rate}")
+            raise ConfigError(
+                f"--data-sub-sample-rate: expected a number in [0, 1), got {self.data_sub_sample_rate}"
+            )
         choice("--placement", self.placement, ("device", "host", "fae", "auto"))
         choice("--fae-order", self.fae_order, ("interleave", "block"))
         try:
@@ -231,21 +243,31 @@ class TrainConfig:
         except ValueError as e:
             raise ConfigError(str(e)) from None
         if not 0.0 < self.profile_sample_rate <= 1.0:
-            raise ConfigError(f"--profile-sample-rate: expected a number in (0, 1], got {self.profile_sample_rate}")
+            raise ConfigError(
+                f"--profile-sample-rate: expected a number in (0, 1], got {self.profile_sample_rate}"
+            )
         if self.fae_switch_period < 1:
-            raise ConfigError(f"--fae-switch-period: expected a positive integer, got {self.fae_switch_period}")
+            raise ConfigError(
+                f"--fae-switch-period: expected a positive integer, got {self.fae_switch_period}"
+            )
         if not 0.0 <= self.mlperf_auc_threshold <= 1.0:
-            raise ConfigError(f"--mlperf-auc-threshold: expected a number in [0, 1], got {self.mlperf_auc_threshold}")
+            raise ConfigError(
+                f"--mlperf-auc-threshold: expected a number in [0, 1], got {self.mlperf_auc_threshold}"
+            )
         if self.synthetic_table_scale <= 0:
             raise ConfigError("--synthetic-table-scale: expected a positive number")
         if self.data_set in ("kaggle", "terabyte", "taobao") and not (
             self.raw_data_file or self.processed_data_file
         ):
-            raise ConfigError(f"--data-set {self.data_set}: needs --raw-data-file or --processed-data-file")
+            raise ConfigError(
+                f"--data-set {self.data_set}: needs --raw-data-file or --processed-data-file"
+            )
 
     @property
     def eval_batch_size(self) -> int:
-        return self.mini_batch_size if self.test_mini_batch_size == -1 else self.test_mini_batch_size
+        return (
+            self.mini_batch_size if self.test_mini_batch_size == -1 else self.test_mini_batch_size
+        )
 
     def to_json(self) -> dict:
         return json.loads(json.dumps(dataclasses.asdict(self)))

@@ -29,7 +29,9 @@ def build_data(cfg: TrainConfig, rank: int = 0, world_size: int = 1) -> DataSpli
     if cfg.data_set == "taobao":
         return _taobao(cfg, rank, world_size)
     if cfg.model == "tbsm":
-        raise ConfigError(f"--model tbsm: needs --data-set taobao (user event sequences), got {cfg.data_set}")
+        raise ConfigError(
+            f"--model tbsm: needs --data-set taobao (user event sequences), got {cfg.data_set}"
+        )
     if cfg.data_set == "synthetic":
         return _synthetic(cfg, rank, world_size)
     if cfg.data_set in ("kaggle", "terabyte"):
@@ -39,12 +41,24 @@ def build_data(cfg: TrainConfig, rank: int = 0, world_size: int = 1) -> DataSpli
 
 def _synthetic(cfg: TrainConfig, rank: int, world_size: int) -> DataSplits:
     sizes = list(cfg.arch_embedding_size or scaled_table_sizes(cfg.synthetic_table_scale))
-    world = PlantedWorld(SyntheticConfig(table_sizes=sizes, zipf_alpha=cfg.synthetic_zipf, seed=cfg.seed))
+    world = PlantedWorld(
+        SyntheticConfig(table_sizes=sizes, zipf_alpha=cfg.synthetic_zipf, seed=cfg.seed)
+    )
     train = SyntheticBatchSource(
-        world, "train", cfg.mini_batch_size, math.ceil(cfg.data_size / cfg.mini_batch_size), rank, world_size
+        world,
+        "train",
+        cfg.mini_batch_size,
+        math.ceil(cfg.data_size / cfg.mini_batch_size),
+        rank,
+        world_size,
     )
     test = SyntheticBatchSource(
-        world, "test", cfg.eval_batch_size, math.ceil(cfg.test_data_size / cfg.eval_batch_size), rank, world_size
+        world,
+        "test",
+        cfg.eval_batch_size,
+        math.ceil(cfg.test_data_size / cfg.eval_batch_size),
+        rank,
+        world_size,
     )
     return DataSplits(train, test, sizes, world.cfg.num_dense, list(world.feature_names))
 
@@ -65,11 +79,15 @@ def _criteo(cfg: TrainConfig, rank: int, world_size: int) -> DataSplits:
         }
         directory = ensure_preprocessed(cfg.data_set, cfg.raw_data_file, directory, **options)
     elif not (directory / "meta.json").is_file():
-        raise ConfigError(f"--processed-data-file: {directory} is not a preprocessed data set (no meta.json)")
+        raise ConfigError(
+            f"--processed-data-file: {directory} is not a preprocessed data set (no meta.json)"
+        )
     dataset = CriteoDataset(directory)
     made_from = dataset.meta.get("dataset")
     if made_from != cfg.data_set:
-        raise ConfigError(f"--processed-data-file: {directory} holds {made_from} data, not {cfg.data_set}")
+        raise ConfigError(
+            f"--processed-data-file: {directory} holds {made_from} data, not {cfg.data_set}"
+        )
     train = CriteoBatchSource(
         dataset, "train", cfg.mini_batch_size, randomize=cfg.data_randomize, seed=cfg.seed,
         rank=rank, world_size=world_size,
@@ -86,7 +104,8 @@ def _taobao(cfg: TrainConfig, rank: int, world_size: int) -> DataSplits:
     from data_pipeline.taobao_dataset import TaobaoBatchSource, TaobaoDataset
 
     directory = Path(
-        cfg.processed_data_file or f"{cfg.raw_data_file}.t{cfg.ts_length}_p{cfg.points_per_user}.processed"
+        cfg.processed_data_file
+        or f"{cfg.raw_data_file}.t{cfg.ts_length}_p{cfg.points_per_user}.processed"
     )
     if cfg.raw_data_file:
         options = TaobaoOptions(
@@ -95,7 +114,9 @@ def _taobao(cfg: TrainConfig, rank: int, world_size: int) -> DataSplits:
         )  # fmt: skip
         directory = preprocess_taobao(cfg.raw_data_file, directory, options)
     elif not (directory / "meta.json").is_file():
-        raise ConfigError(f"--processed-data-file: {directory} is not a preprocessed data set (no meta.json)")
+        raise ConfigError(
+            f"--processed-data-file: {directory} is not a preprocessed data set (no meta.json)"
+        )
     dataset = TaobaoDataset(directory)
     if dataset.ts_length != cfg.ts_length:
         raise ConfigError(
@@ -106,5 +127,7 @@ def _taobao(cfg: TrainConfig, rank: int, world_size: int) -> DataSplits:
         dataset, "train", cfg.mini_batch_size, layout=layout, randomize=cfg.data_randomize != "none",
         seed=cfg.seed, rank=rank, world_size=world_size,
     )  # fmt: skip
-    test = TaobaoBatchSource(dataset, "test", cfg.eval_batch_size, layout=layout, rank=rank, world_size=world_size)
+    test = TaobaoBatchSource(
+        dataset, "test", cfg.eval_batch_size, layout=layout, rank=rank, world_size=world_size
+    )
     return DataSplits(train, test, dataset.table_sizes, 1, dataset.feature_names)

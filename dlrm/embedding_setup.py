@@ -74,12 +74,18 @@ def build_embeddings(
     try:
         kind = resolve_placement(cfg, tables, opt)
         if kind == "device":
-            coll = FusedEmbeddingBagCollection(tables, opt, device=device, backend=backend, seed=seed)
+            coll = FusedEmbeddingBagCollection(
+                tables, opt, device=device, backend=backend, seed=seed
+            )
             return PlacedEmbeddings(coll, kind)
         if kind == "host":
-            return PlacedEmbeddings(FAEEmbeddingBagCollection(tables, opt, None, device, backend, seed), kind)
+            return PlacedEmbeddings(
+                FAEEmbeddingBagCollection(tables, opt, None, device, backend, seed), kind
+            )
         plan = obtain_plan(cfg, tables, opt, train_source)
-        return PlacedEmbeddings(FAEEmbeddingBagCollection(tables, opt, plan, device, backend, seed), kind, plan)
+        return PlacedEmbeddings(
+            FAEEmbeddingBagCollection(tables, opt, plan, device, backend, seed), kind, plan
+        )
     except (PlacementError, ProfileError) as e:
         raise ConfigError(str(e)) from None
 
@@ -93,7 +99,9 @@ def schedule_training_data(cfg: TrainConfig, data, placed: PlacedEmbeddings, per
     return dataclasses.replace(data, train=train)
 
 
-def obtain_plan(cfg: TrainConfig, tables: list[TableSpec], opt: SparseOptimizer, train_source) -> PlacementPlan:
+def obtain_plan(
+    cfg: TrainConfig, tables: list[TableSpec], opt: SparseOptimizer, train_source
+) -> PlacementPlan:
     names = [t.feature_name for t in tables]
     sizes = [t.num_embeddings for t in tables]
     dims = [t.embedding_dim for t in tables]
@@ -119,7 +127,9 @@ def obtain_plan(cfg: TrainConfig, tables: list[TableSpec], opt: SparseOptimizer,
     return plan
 
 
-def obtain_profile(cfg: TrainConfig, names: list[str], sizes: list[int], train_source) -> AccessProfile:
+def obtain_profile(
+    cfg: TrainConfig, names: list[str], sizes: list[int], train_source
+) -> AccessProfile:
     given = Path(cfg.profile_file) if cfg.profile_file else None
     if given is not None and given.is_file():
         profile = AccessProfile.load(given)
@@ -131,7 +141,9 @@ def obtain_profile(cfg: TrainConfig, names: list[str], sizes: list[int], train_s
     return profile
 
 
-def profile_training_sample(source, names: list[str], sizes: list[int], rate: float) -> AccessProfile:
+def profile_training_sample(
+    source, names: list[str], sizes: list[int], rate: float
+) -> AccessProfile:
     """Counts over `rate` of the epoch-0 training batches, evenly spread over the epoch."""
     n = len(source)
     k = min(n, max(1, math.ceil(rate * n)))
@@ -159,7 +171,8 @@ def placement_summary(embeddings: EmbeddingCollection, device: torch.device) -> 
         "tables": len(tables),
         "rows": rows,
         "embedding_bytes": sum(t.num_embeddings * t.embedding_dim * 4 for t in tables),
-        "embedding_bytes_with_state": rows * row_bytes(tables[0].embedding_dim, embeddings.optimizer),
+        "embedding_bytes_with_state": rows
+        * row_bytes(tables[0].embedding_dim, embeddings.optimizer),
     }
     out.update(embeddings.placement_info())
     out.update(embeddings.counters())

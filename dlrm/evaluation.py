@@ -19,7 +19,9 @@ def evaluate(model: torch.nn.Module, source, device: torch.device, precision: st
     logits, labels = [], []
     bf16 = precision == "bf16"
     try:
-        for batch in tqdm(source.batches(0), total=len(source), disable=not progress, desc="eval", leave=False):
+        for batch in tqdm(
+            source.batches(0), total=len(source), disable=not progress, desc="eval", leave=False
+        ):
             batch = batch.to(device, non_blocking=True)
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
                 logits.append(model(batch.dense_features, batch.sparse_features).float())

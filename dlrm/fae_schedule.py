@@ -40,7 +40,9 @@ class BatchSelector:
     def select(self, idx: np.ndarray) -> Batch:
         sel = torch.from_numpy(np.ascontiguousarray(idx, dtype=np.int64))
         return Batch(
-            dense_features=self.dense[sel], sparse_features=self.kjt.select(sel), labels=self.labels[sel]
+            dense_features=self.dense[sel],
+            sparse_features=self.kjt.select(sel),
+            labels=self.labels[sel],
         )
 
 

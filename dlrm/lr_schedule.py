@@ -12,7 +12,9 @@ from __future__ import annotations
 MIN_DECAYED_LR = 1e-7
 
 
-def learning_rate_at(step: int, base: float, warmup: int, decay_start: int, num_decay: int) -> float:
+def learning_rate_at(
+    step: int, base: float, warmup: int, decay_start: int, num_decay: int
+) -> float:
     """The rate for the update made at 0-based `step`."""
     # The reference counts steps from 1 (its scheduler's _step_count starts at 1).
     count = step + 1

@@ -47,7 +47,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     def flag(name: str, help_: str) -> None:
         dest = name.lstrip("-").replace("-", "_")
-        p.add_argument(name, type=_bool, nargs="?", const=True, dest=dest, default=argparse.SUPPRESS, help=help_)
+        p.add_argument(
+            name,
+            type=_bool,
+            nargs="?",
+            const=True,
+            dest=dest,
+            default=argparse.SUPPRESS,
+            help=help_,
+        )
 
     opt("--model", help_="dlrm or tbsm")
     opt("--arch-sparse-feature-size", int, help_="embedding dimension")
@@ -64,7 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
     opt("--tsl-mechanism", help_="tbsm: mul or mlp (default)")
     opt("--tsl-num-heads", int, help_="tbsm: TSL components, each with its own MLP")
     opt("--tsl-mlp", help_="tbsm: attention MLP hidden widths, e.g. 15-15")
-    opt("--arch-mlp", help_="tbsm: final MLP widths after [context, candidate], ending in 1, e.g. 60-1")
+    opt(
+        "--arch-mlp",
+        help_="tbsm: final MLP widths after [context, candidate], ending in 1, e.g. 60-1",
+    )
     flag("--tsl-proj", "tbsm: project history and candidate onto the unit sphere (default true)")
     opt("--mha-num-heads", int, help_="tbsm --model-type mha: attention heads")
     opt("--rnn-num-layers", int, help_="tbsm --model-type rnn: LSTM layers")
@@ -94,19 +105,35 @@ def build_parser() -> argparse.ArgumentParser:
     opt("--lr-decay-start-step", int)
     opt("--lr-num-decay-steps", int)
     opt("--precision", help_="fp32 or bf16 (autocast of the dense part; embeddings stay fp32)")
-    flag("--flush-denormal", "CPU: treat denormal floats as zero (default true; a denormal operand "
-         "makes oneDNN's bf16 matmuls several times slower)")
+    flag(
+        "--flush-denormal",
+        "CPU: treat denormal floats as zero (default true; a denormal operand "
+        "makes oneDNN's bf16 matmuls several times slower)",
+    )
     opt("--device", help_="auto, cpu or cuda")
     opt("--numpy-rand-seed", int, dest="seed", help_="seed of initialisation and data order")
     opt("--seed", int, help_="alias of --numpy-rand-seed")
 
     opt("--placement", help_="where embedding rows live: device (default), host, fae or auto")
-    opt("--hot-budget", help_="device bytes for hot rows, weights + optimizer state (e.g. 256MB, 2GB)")
-    opt("--profile-sample-rate", float, help_="share of the training batches to profile (default 0.05)")
+    opt(
+        "--hot-budget",
+        help_="device bytes for hot rows, weights + optimizer state (e.g. 256MB, 2GB)",
+    )
+    opt(
+        "--profile-sample-rate",
+        float,
+        help_="share of the training batches to profile (default 0.05)",
+    )
     opt("--profile-file", help_="access profile (.npz): reused when it exists, else written")
-    opt("--placement-plan", help_="placement plan (.npz + .json): reused when it exists, else written")
+    opt(
+        "--placement-plan",
+        help_="placement plan (.npz + .json): reused when it exists, else written",
+    )
     opt("--fae-switch-period", int, help_="fae: mini-batches per hot-then-cold window (default 64)")
-    opt("--fae-order", help_="fae: interleave (default) or block (all cold then all hot, an ablation)")
+    opt(
+        "--fae-order",
+        help_="fae: interleave (default) or block (all cold then all hot, an ablation)",
+    )
 
     opt("--print-freq", int)
     opt("--test-freq", int, help_="steps between evaluations (0: at the end of each epoch)")
@@ -119,7 +146,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="continue from a checkpoint file, a run directory, or (no value) --out-dir")  # fmt: skip
     opt("--keep-checkpoints", int)
     flag("--progress", "progress bars (default: when on a terminal)")
-    opt("--perf-log", help_="record a few steps after warm-up with torch.profiler; write the perf trace here")
+    opt(
+        "--perf-log",
+        help_="record a few steps after warm-up with torch.profiler; write the perf trace here",
+    )
     assert all(a.dest in d for a in p._actions if a.dest != "help"), "flag without a config field"
     return p
 

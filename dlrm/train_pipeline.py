@@ -96,7 +96,10 @@ class PlainTrainPipeline(TrainPipeline):
     def step(self, batch: Batch) -> torch.Tensor:
         """One optimisation step on a batch already on the device; returns the detached loss."""
         hook = self.hook
-        with hook.phase("forward"), torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+        with (
+            hook.phase("forward"),
+            torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16),
+        ):
             logits = self.model(batch.dense_features, batch.sparse_features)
         loss = loss_of(logits, batch.labels, self.loss_function)
         value = loss.item()

@@ -58,7 +58,9 @@ def _check_run_dir_is_free(cfg: TrainConfig) -> None:
         )
 
 
-def make_dense_optimizer(cfg: TrainConfig, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+def make_dense_optimizer(
+    cfg: TrainConfig, params: list[torch.nn.Parameter]
+) -> torch.optim.Optimizer:
     # fused: one kernel for every parameter instead of a Python loop over them
     if cfg.optimizer == "sgd":
         return torch.optim.SGD(params, lr=cfg.learning_rate, fused=True)
@@ -149,12 +151,19 @@ class Trainer:
         if model is None:
             self.placement = build_placed_embeddings(cfg, self.data, self.device)
             model = build_model(cfg, self.data, self.device, self.placement.collection)
-            self.data = schedule_training_data(cfg, self.data, self.placement, self.steps_per_epoch())
+            self.data = schedule_training_data(
+                cfg, self.data, self.placement, self.steps_per_epoch()
+            )
         self.model = model
         _check_processes(self.model.embeddings, rank)
         self.dense_optimizer = make_dense_optimizer(cfg, self.model.dense_parameters())
         self.pipeline: TrainPipeline = PlainTrainPipeline(
-            self.model, self.dense_optimizer, self.device, cfg.precision, cfg.loss_function, step_hook
+            self.model,
+            self.dense_optimizer,
+            self.device,
+            cfg.precision,
+            cfg.loss_function,
+            step_hook,
         )
         self.write_checkpoints = checkpoints
         self.state = TrainState()
@@ -190,7 +199,11 @@ class Trainer:
     def _set_learning_rate(self) -> None:
         c = self.cfg
         lr = learning_rate_at(
-            self.state.step, c.learning_rate, c.lr_num_warmup_steps, c.lr_decay_start_step, c.lr_num_decay_steps
+            self.state.step,
+            c.learning_rate,
+            c.lr_num_warmup_steps,
+            c.lr_decay_start_step,
+            c.lr_num_decay_steps,
         )
         if lr != self._lr:
             for group in self.dense_optimizer.param_groups:
@@ -210,7 +223,9 @@ class Trainer:
         cfg, st = self.cfg, self.state
         per_epoch = self.steps_per_epoch()
         total = per_epoch * cfg.nepochs
-        bar = tqdm(total=total, initial=st.step, disable=not self._progress, desc="train", unit="batch")
+        bar = tqdm(
+            total=total, initial=st.step, disable=not self._progress, desc="train", unit="batch"
+        )
         stop = st.stop_reason != "" or st.step >= total
         batches, clock = None, time.perf_counter()
         while not stop:
@@ -280,7 +295,9 @@ class Trainer:
         metrics = self.evaluate()
         self.state.last_eval = metrics
         self._event("eval", **{f"test_{k}": v for k, v in metrics.items()})
-        reached = bool(self.cfg.mlperf_auc_threshold) and metrics["auc"] >= self.cfg.mlperf_auc_threshold
+        reached = (
+            bool(self.cfg.mlperf_auc_threshold) and metrics["auc"] >= self.cfg.mlperf_auc_threshold
+        )
         if reached:
             self.state.stop_reason = "auc_threshold"
         self.save_checkpoint()
@@ -288,7 +305,9 @@ class Trainer:
 
     def evaluate(self) -> dict:
         t0 = time.perf_counter()
-        metrics = evaluate(self.model, self.data.test, self.device, self.cfg.precision, self._progress)
+        metrics = evaluate(
+            self.model, self.data.test, self.device, self.cfg.precision, self._progress
+        )
         self.timer.add("eval_s", time.perf_counter() - t0)
         return metrics
 
@@ -363,7 +382,9 @@ class Trainer:
     def load_checkpoint(self, path: Path) -> None:
         data = ckpt.load(path)
         if data.get("arch") != self.cfg.arch_signature():
-            raise CheckpointError(f"{path}: written for a different model or optimizer ({data.get('arch')})")
+            raise CheckpointError(
+                f"{path}: written for a different model or optimizer ({data.get('arch')})"
+            )
         ckpt.load_model_state(self.model, data["model"], path)
         emb = self.model.embeddings
         # before version 2 of the trainer's layout the transfer counters stood at the top level

@@ -216,7 +216,11 @@ def _report(args) -> int:
         result = report.rescore(args.from_traces, model_path=args.model_path)
     else:
         result = report.run(
-            args.out, model_path=args.model_path, steps=args.steps, quick=args.quick, passes=args.passes
+            args.out,
+            model_path=args.model_path,
+            steps=args.steps,
+            quick=args.quick,
+            passes=args.passes,
         )
     if args.json:
         print(json.dumps(result))

@@ -111,7 +111,9 @@ def base_config(**changes):
     return TrainConfig(**base)
 
 
-def trace_config(cfg, out: Path, warmup: int = 3, steps: int = 3, timed: int = 11) -> tuple[Path, float]:
+def trace_config(
+    cfg, out: Path, warmup: int = 3, steps: int = 3, timed: int = 11
+) -> tuple[Path, float]:
     """Record a perf trace of `steps` steps of cfg (after warm-up) with batches made up front,
     on a steady machine (see `hardware.on_steady_machine`). Returns the trace's path and the
     machine's slowdown while it was measured."""
@@ -122,7 +124,9 @@ def trace_config(cfg, out: Path, warmup: int = 3, steps: int = 3, timed: int = 1
     trainer = build_trainer(cfg)
     bs = batches_for(trainer, cfg.mini_batch_size, warmup + timed + steps)
     torch.set_num_threads(threads)
-    wall, cpu, graphs, slow = measure_steps(trainer, bs[:warmup], bs[warmup : warmup + timed], bs[warmup + timed :])
+    wall, cpu, graphs, slow = measure_steps(
+        trainer, bs[:warmup], bs[warmup : warmup + timed], bs[warmup + timed :]
+    )
     meta = trace_meta(trainer, cfg.mini_batch_size)
     meta["unprofiled_step_us"], meta["unprofiled_step_cpu_us"] = wall, cpu
     meta["machine_slowdown"] = slow

@@ -73,7 +73,9 @@ def build_trainer(cfg: TrainConfig):
     from dlrm.trainer import Trainer  # here: `python -m perfmodel --help` need not load torchrec
 
     tmp = str(scratch_dir("run-"))
-    return Trainer(_with(cfg, out_dir=tmp, perf_log=None, resume=None, progress=False), checkpoints=False)
+    return Trainer(
+        _with(cfg, out_dir=tmp, perf_log=None, resume=None, progress=False), checkpoints=False
+    )
 
 
 def batches_for(trainer, batch_size: int, n: int, start: int = 0) -> list:
@@ -178,7 +180,9 @@ def capture_variants(trainer, batch_size: int, max_steps: int = 64) -> dict[str,
         if kind in found or seen[kind] <= 2:  # warm each kind up first
             run_steps(trainer.pipeline, [batch])
             continue
-        found[kind] = profile_steps(trainer.pipeline, [batch], trainer.device.type == "cuda")[-1]["ops"]
+        found[kind] = profile_steps(trainer.pipeline, [batch], trainer.device.type == "cuda")[-1][
+            "ops"
+        ]
         if len(found) == 2:
             break
     return found
@@ -283,7 +287,9 @@ def records_from_trace(doc: dict) -> list[dict]:
         step_bytes = step_dense_bytes(kernels[0])
         for i, k in enumerate(kernels[0]):
             # device kernels' durations are the device's: the host's descheduling is not in them
-            dur = kernel_estimate([ks[i]["dur_us"] for ks in kernels], [1.0] * len(ratios) if on_device(k) else ratios)
+            dur = kernel_estimate(
+                [ks[i]["dur_us"] for ks in kernels], [1.0] * len(ratios) if on_device(k) else ratios
+            )
             out.append(dict(k, dur_us=dur, ctx=ctx, event_cost_us=cost, op=parents[i],
                             step_bytes=step_bytes))  # fmt: skip
     return out

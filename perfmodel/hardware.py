@@ -126,7 +126,9 @@ def slowdown(hw: dict, dtype: torch.dtype = torch.float32) -> float:
 SLOW_LIMIT = 1.15  # a measurement is retried when the canary ran more than this much slower
 
 
-def on_steady_machine(fn, hw: dict, limit: float = SLOW_LIMIT, attempts: int = 8, pause_s: float = 15.0):
+def on_steady_machine(
+    fn, hw: dict, limit: float = SLOW_LIMIT, attempts: int = 8, pause_s: float = 15.0
+):
     """fn() with the canary checked before and after: while the machine runs more than `limit`
     slower than described, wait and run again (at most `attempts` runs). Returns (fn's result,
     the worse of the two slowdowns of the run kept); the last attempt is kept whatever it is."""

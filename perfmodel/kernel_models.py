@@ -333,6 +333,12 @@ def _indices_arg(k: dict) -> int:
     for i in range(len(shapes) - 1):
         a, b = shapes[i], shapes[i + 1]
         ints = all("int" in (dtypes[j] if j < len(dtypes) else "int") for j in (i, i + 1))
-        if len(a) == 1 and len(b) == 1 and ints and int(a[0]) >= int(b[0]) - 1 and int(b[0]) >= best_n:
+        if (
+            len(a) == 1
+            and len(b) == 1
+            and ints
+            and int(a[0]) >= int(b[0]) - 1
+            and int(b[0]) >= best_n
+        ):
             best, best_n = i, int(b[0])
     return best

@@ -105,7 +105,9 @@ class KernelModels:
         dtype = "bf16" if bf16 else "fp32"
         kind = F.op_type(k["name"])
         if kind in ("gemm", "bmm"):
-            name = f"{k['name']}|{dtype}|" + json.dumps([list(s) for s in (k.get("strides") or [])[:3]])
+            name = f"{k['name']}|{dtype}|" + json.dumps(
+                [list(s) for s in (k.get("strides") or [])[:3]]
+            )
         else:
             name = operator_key(k)
         coarse = (name, f"{kind}|{dtype}")
@@ -171,9 +173,15 @@ class KernelModels:
                 if m > 0 and p > 0:
                     logs.setdefault(key, []).append((is_steady, math.log(m / p)))
             for key, by_size in sized.items():
-                pts = [(x, st, math.log(m / p)) for (x, st), (m, p) in by_size.items() if m > 0 and p > 0]
+                pts = [
+                    (x, st, math.log(m / p))
+                    for (x, st), (m, p) in by_size.items()
+                    if m > 0 and p > 0
+                ]
                 weight = 1.0 / max(len(pts), 1)  # each trace counts once per key
-                points.setdefault(key, []).extend((is_steady, [x, f, weight, st]) for x, st, f in pts)
+                points.setdefault(key, []).extend(
+                    (is_steady, [x, f, weight, st]) for x, st, f in pts
+                )
         for key, v in logs.items():
             v = _steady_first(v)
             self.in_situ[key] = _clamp_factor(sum(v) / len(v))
@@ -290,7 +298,9 @@ class KernelModels:
             scored.sort(key=lambda x: x[0])
             err, name, _ = scored[0]
             # refit the winner on everything
-            final = dict(self._candidates(t, rs, cache_bytes, l2_bytes, device_l2_bytes, seed, only=name))[name]
+            final = dict(
+                self._candidates(t, rs, cache_bytes, l2_bytes, device_l2_bytes, seed, only=name)
+            )[name]
             self.models[t] = final
             self.choice[t] = name
             self.errors[t] = {"heldout_gmae": err, "candidates": {n: e for e, n, _ in scored},

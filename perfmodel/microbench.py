@@ -45,13 +45,19 @@ def run(out_dir: str | Path, scale: float = 1.0, reps: int = 5, seed: int = 0, s
         finally:
             kernel_sweeps._GATE = None
         torch.set_num_threads(threads)
-        with open(out_dir / f"kernels-{name}.jsonl", "w") as f:  # one file per sweep: rerun one alone
+        with open(
+            out_dir / f"kernels-{name}.jsonl", "w"
+        ) as f:  # one file per sweep: rerun one alone
             for r in recs:
                 r["sweep"] = name
                 r["ctx"] = {k: v for k, v in r.get("ctx", {}).items() if k in CTX_FIELDS}
                 f.write(json.dumps(r) + "\n")
         seconds = time.perf_counter() - t0
-        summary["sweeps"][name] = {"records": len(recs), "seconds": round(seconds, 1), **gate.summary()}
+        summary["sweeps"][name] = {
+            "records": len(recs),
+            "seconds": round(seconds, 1),
+            **gate.summary(),
+        }
         log.info("microbench %s: %d kernel records in %.1f s (canary per draw: %s)", name, len(recs), seconds,
                  gate.summary())  # fmt: skip
     if fit_configs:

@@ -91,7 +91,8 @@ class PerfModel:
                                      device_l2_bytes=hw.get("cuda_l2_bytes"))  # fmt: skip
         slowdowns = [d["meta"].get("machine_slowdown") for d in docs]
         in_situ = kernels.calibrate_in_situ(
-            [[dict(r, dur_us=corrected_us(r)) for r in records_from_trace(d)] for d in docs], slowdowns
+            [[dict(r, dur_us=corrected_us(r)) for r in records_from_trace(d)] for d in docs],
+            slowdowns,
         )
         cost = float(hw.get("profiler_event_cost_us", 0.0))
         calib = event_cost_check(docs, cost)

@@ -86,7 +86,9 @@ def op_overheads(op: dict, prev_end: float | None, event_cost: float) -> dict[st
     launch_us = [float(k.get("launch_us", 0.0)) for k in launched]
     out["T4"].extend(launch_us)
     if not kernels:
-        out["T2"].append(max(op["dur_us"] - sum(launch_us) - event_cost * op.get("n_events", 1), 0.0))
+        out["T2"].append(
+            max(op["dur_us"] - sum(launch_us) - event_cost * op.get("n_events", 1), 0.0)
+        )
         return out
     host_events = max(op.get("n_events", 1) - sum(k.get("n_events", 1) for k in kernels), 0)
     t2 = kernels[0]["start_us"] - start

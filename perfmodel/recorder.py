@@ -51,7 +51,9 @@ class PhaseLabels(StepHook):
     def __enter__(self) -> PhaseLabels:
         emb = getattr(self.model, "embeddings", None)
         if isinstance(emb, torch.nn.Module):
-            self.handles.append(emb.register_forward_pre_hook(lambda *a: self._enter("embedding_lookup")))
+            self.handles.append(
+                emb.register_forward_pre_hook(lambda *a: self._enter("embedding_lookup"))
+            )
             self.handles.append(emb.register_forward_hook(lambda *a: self._exit()))
         return self
 
@@ -102,7 +104,9 @@ def profile_steps(pipeline, batches: list, uses_cuda: bool) -> list[dict]:
     labels = PhaseLabels(pipeline.model)
     saved, pipeline.hook = pipeline.hook, labels
     try:
-        return _profile([lambda b=b: pipeline.progress(iter([b])) for b in batches], labels, uses_cuda)
+        return _profile(
+            [lambda b=b: pipeline.progress(iter([b])) for b in batches], labels, uses_cuda
+        )
     finally:
         pipeline.hook = saved
 

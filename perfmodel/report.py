@@ -211,7 +211,9 @@ def trace_paths(traces: Path, name: str) -> list[Path]:
     return [passes[p] for p in sorted(passes)] or ([single] if single.exists() else [])
 
 
-def score(model, configs, docs: dict[str, list[dict]], out_dir: Path, load_before: float | None) -> dict:
+def score(
+    model, configs, docs: dict[str, list[dict]], out_dir: Path, load_before: float | None
+) -> dict:
     """Predicted vs measured per configuration (medians over the passes, as every measurement
     here is a median), kernel errors per operator type, and with two or more passes the
     repeatability between the first two."""
@@ -341,7 +343,9 @@ def plot(result: dict, path: Path) -> None:
     b.axvline(0, color="k", lw=1)
     b.set_xlabel("prediction error, %")
     la = result["load_avg_1m"]
-    b.set_title(f"load avg {la['before']:.1f} -> {la['after']:.1f}" if la else "rescored from traces")
+    b.set_title(
+        f"load avg {la['before']:.1f} -> {la['after']:.1f}" if la else "rescored from traces"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -398,7 +398,10 @@ def bench_elementwise(rng: random.Random, n: int, reps: int) -> list[dict]:
             continue
         dtype = torch.bfloat16 if rng.random() < 0.5 else torch.float32
         other = torch.float32 if dtype == torch.bfloat16 else torch.bfloat16
-        x, g = torch.randn(b, w, dtype=dtype, device=DEVICE), torch.randn(b, w, dtype=dtype, device=DEVICE)
+        x, g = (
+            torch.randn(b, w, dtype=dtype, device=DEVICE),
+            torch.randn(b, w, dtype=dtype, device=DEVICE),
+        )
 
         def step() -> None:
             x.sum(0)

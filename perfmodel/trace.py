@@ -179,7 +179,12 @@ def _device_work(e) -> tuple[list, float]:
     (``cudaLaunchKernel``) and may also list it on the enclosing operator: the runtime calls'
     kernels are taken when there are any, so none is counted twice."""
     events = list(_walk(e))
-    launched = [k for ev in events if ev.name.startswith("cuda") for k in (getattr(ev, "kernels", None) or [])]
+    launched = [
+        k
+        for ev in events
+        if ev.name.startswith("cuda")
+        for k in (getattr(ev, "kernels", None) or [])
+    ]
     kernels = launched or [k for ev in events for k in (getattr(ev, "kernels", None) or [])]
     launch_us = sum(_span(ev)[1] - _span(ev)[0] for ev in events if ev.name in LAUNCH_CALLS)
     return kernels, launch_us
@@ -254,7 +259,9 @@ def _one_step(events: list, step, uses_cuda: bool) -> dict:
         if uses_cuda:  # device work the op launched outside the compute ops found in it
             whole = _cuda_kernel(e, s0)
             launched = [k for k in kernels if "device_kernels" in k]
-            extra = len(whole.get("device_kernels", [])) - sum(len(k["device_kernels"]) for k in launched)
+            extra = len(whole.get("device_kernels", [])) - sum(
+                len(k["device_kernels"]) for k in launched
+            )
             if extra > 0:
                 rest = whole["dur_us"] - sum(k["dur_us"] for k in launched)
                 kernels.append({**whole, "dur_us": max(rest, 0.0), "launch_us": 0.0,

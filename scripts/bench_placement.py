@@ -67,9 +67,15 @@ def make_profile(base: TrainConfig, samples: int, path: Path) -> dict:
             if seen >= samples:
                 break
         epoch += 1
-    profile = profiler.finish(sample_rate=samples / 45_840_617)  # share of Criteo Kaggle's training set
+    profile = profiler.finish(
+        sample_rate=samples / 45_840_617
+    )  # share of Criteo Kaggle's training set
     profile.save(path)
-    return {"inputs": profile.inputs, "seconds": round(time.perf_counter() - t0, 1), "file": str(path)}
+    return {
+        "inputs": profile.inputs,
+        "seconds": round(time.perf_counter() - t0, 1),
+        "file": str(path),
+    }
 
 
 def oracle_bound(base: TrainConfig) -> dict:
@@ -102,7 +108,9 @@ def oracle_bound(base: TrainConfig) -> dict:
 
 
 def run_one(name: str, base: TrainConfig, args, profile_file: Path, plan_file: Path) -> dict:
-    fields = dict(out_dir=str(Path(args.out_dir) / name), placement="fae" if name.startswith("fae") else name)
+    fields = dict(
+        out_dir=str(Path(args.out_dir) / name), placement="fae" if name.startswith("fae") else name
+    )
     if name.startswith("fae"):
         fields.update(profile_file=str(profile_file), placement_plan=str(plan_file),
                       fae_order="block" if name == "fae_block" else "interleave")  # fmt: skip
@@ -143,7 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hot-budget", default="256MB")
     p.add_argument("--train-samples", type=int, default=1 << 19)
     p.add_argument("--test-samples", type=int, default=1 << 17)
-    p.add_argument("--profile-samples", type=int, default=2_292_031, help="default: 5%% of Kaggle's 45.8M")
+    p.add_argument(
+        "--profile-samples", type=int, default=2_292_031, help="default: 5%% of Kaggle's 45.8M"
+    )
     p.add_argument("--batch-size", type=int, default=2048)
     p.add_argument("--dim", type=int, default=16)
     p.add_argument("--mlp-bot", default="13-64-16")
@@ -153,7 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--switch-period", type=int, default=64)
     p.add_argument("--runs", default=",".join(RUNS), help=f"subset of {','.join(RUNS)}")
     p.add_argument("--seed", type=int, default=123)
-    p.add_argument("--oracle-only", action="store_true", help="only the bound from the true distribution")
+    p.add_argument(
+        "--oracle-only", action="store_true", help="only the bound from the true distribution"
+    )
     p.add_argument("--out-dir", default="runs/bench_placement")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
@@ -199,7 +211,11 @@ def main(argv: list[str] | None = None) -> int:
     report["results"] = results
     host, fae = results.get("host"), results.get("fae")
     if host and fae:
-        ratio = host["emb_bytes_per_sample"] / fae["emb_bytes_per_sample"] if fae["emb_bytes_per_sample"] else math.inf
+        ratio = (
+            host["emb_bytes_per_sample"] / fae["emb_bytes_per_sample"]
+            if fae["emb_bytes_per_sample"]
+            else math.inf
+        )
         cmp = {
             "bytes_ratio_host_over_fae": round(ratio, 3),
             "target_bytes_ratio_3x_met": ratio >= 3.0,
@@ -208,9 +224,13 @@ def main(argv: list[str] | None = None) -> int:
             "speedup_fae_over_host": round(fae["samples_per_s"] / host["samples_per_s"], 3),
         }
         if "fae_block" in results:
-            cmp["auc_fae_block_minus_host"] = round(results["fae_block"]["test_auc"] - host["test_auc"], 5)
+            cmp["auc_fae_block_minus_host"] = round(
+                results["fae_block"]["test_auc"] - host["test_auc"], 5
+            )
         if "device" in results:
-            cmp["speedup_device_over_host"] = round(results["device"]["samples_per_s"] / host["samples_per_s"], 3)
+            cmp["speedup_device_over_host"] = round(
+                results["device"]["samples_per_s"] / host["samples_per_s"], 3
+            )
         report["fae_vs_host"] = cmp
     print(json.dumps(report, indent=1))
     return 0

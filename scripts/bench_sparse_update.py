@@ -39,7 +39,12 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     out = {"threads": torch.get_num_threads(), "dim": args.dim, "cases": []}
     gen = torch.Generator().manual_seed(0)
-    for table_rows, updated in ((32_768, 2_377), (32_768, 8_315), (1_000_000, 8_315), (1_000_000, 65_536)):
+    for table_rows, updated in (
+        (32_768, 2_377),
+        (32_768, 8_315),
+        (1_000_000, 8_315),
+        (1_000_000, 65_536),
+    ):
         weight = torch.randn(table_rows, args.dim, generator=gen)
         rows = torch.randperm(table_rows, generator=gen)[:updated]
         grad = torch.randn(updated, args.dim, generator=gen)
@@ -48,8 +53,16 @@ def main() -> None:
         add_unique_rows(b, rows, grad, -0.05)
         old, new = [], []
         for _ in range(3):  # alternate: slow drifts of a shared machine hit both
-            old.append(_median_us(lambda w=weight, r=rows, g=grad: w.index_add_(0, r, g, alpha=-0.05), args.reps))
-            new.append(_median_us(lambda w=weight, r=rows, g=grad: add_unique_rows(w, r, g, -0.05), args.reps))
+            old.append(
+                _median_us(
+                    lambda w=weight, r=rows, g=grad: w.index_add_(0, r, g, alpha=-0.05), args.reps
+                )
+            )
+            new.append(
+                _median_us(
+                    lambda w=weight, r=rows, g=grad: add_unique_rows(w, r, g, -0.05), args.reps
+                )
+            )
         o, n = statistics.median(old), statistics.median(new)
         out["cases"].append({"table_rows": table_rows, "updated_rows": updated,
                              "index_add_alpha_us": round(o, 1), "gather_add_copy_us": round(n, 1),

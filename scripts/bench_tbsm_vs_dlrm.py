@@ -45,7 +45,9 @@ def oracle_auc(directory: Path, recent: int) -> float:
     cats = np.load(directory / "test.categories.npy")
     labels = np.load(directory / "test.labels.npy")
     score = (cats[:, -1 - recent : -1] == cats[:, -1:]).sum(1)
-    return binary_metrics(torch.tensor(score, dtype=torch.float32), torch.tensor(labels, dtype=torch.float32))["auc"]
+    return binary_metrics(
+        torch.tensor(score, dtype=torch.float32), torch.tensor(labels, dtype=torch.float32)
+    )["auc"]
 
 
 def main() -> int:
@@ -66,8 +68,14 @@ def main() -> int:
     p.add_argument("--mha-num-heads", type=int, default=2)
     p.add_argument("--data-seed", type=int, default=123, help="seed of the synthetic data")
     p.add_argument("--seeds", default="1,2,3", help="training seeds; every model runs with each")
-    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (small ops: 1 is fastest)")
-    p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of " + ",".join(VARIANTS))
+    p.add_argument(
+        "--threads", type=int, default=1, help="torch intra-op threads (small ops: 1 is fastest)"
+    )
+    p.add_argument(
+        "--variants",
+        default=",".join(VARIANTS),
+        help="comma-separated subset of " + ",".join(VARIANTS),
+    )
     a = p.parse_args()
     logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
     torch.set_num_threads(a.threads)
@@ -110,7 +118,9 @@ def main() -> int:
     if base is not None:
         for r in results.values():
             r["mean_gap_to_dlrm"] = round(r["mean_test_auc"] - base["mean_test_auc"], 4)
-            r["gap_to_dlrm_per_seed"] = [round(x - y, 4) for x, y in zip(r["test_auc_per_seed"], base["test_auc_per_seed"])]
+            r["gap_to_dlrm_per_seed"] = [
+                round(x - y, 4) for x, y in zip(r["test_auc_per_seed"], base["test_auc_per_seed"])
+            ]
     print(json.dumps({
         "data": {"users": a.users, "rows": {k: v["rows"] for k, v in meta["splits"].items()},
                  "table_sizes": meta["table_sizes"], "ts_length": a.ts_length,

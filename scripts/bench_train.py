@@ -49,7 +49,9 @@ class NaiveDLRM(nn.Module):
 
     def __init__(self, table_sizes: list[int]) -> None:
         super().__init__()
-        self.embs = nn.ModuleList(nn.EmbeddingBag(n, DIM, mode="sum", sparse=True) for n in table_sizes)
+        self.embs = nn.ModuleList(
+            nn.EmbeddingBag(n, DIM, mode="sum", sparse=True) for n in table_sizes
+        )
         self.bot = _mlp(BOTTOM, sigmoid=False)
         n = len(table_sizes) + 1
         self.top = _mlp((n * (n - 1) // 2 + DIM, *TOP), sigmoid=True)
@@ -59,7 +61,9 @@ class NaiveDLRM(nn.Module):
     def forward(self, dense, kjt):
         x = self.bot(dense)
         feats = kjt.to_dict()
-        ly = [emb(feats[k].values(), feats[k].offsets()[:-1]) for k, emb in zip(kjt.keys(), self.embs)]
+        ly = [
+            emb(feats[k].values(), feats[k].offsets()[:-1]) for k, emb in zip(kjt.keys(), self.embs)
+        ]
         t = torch.cat([x] + ly, dim=1).view(x.shape[0], -1, DIM)
         z = torch.bmm(t, t.transpose(1, 2))
         return self.top(torch.cat([x, z[:, self.li, self.lj]], dim=1)).squeeze(1)
@@ -115,7 +119,9 @@ def timed(step, steps: int, batch_size: int) -> float:
     return steps * batch_size / (time.perf_counter() - start)
 
 
-def generator_throughput(table_sizes: list[int], batch_size: int, samples: int = 1_000_000) -> float:
+def generator_throughput(
+    table_sizes: list[int], batch_size: int, samples: int = 1_000_000
+) -> float:
     """Synthetic batches per second from the planted world alone (what a training step waits on)."""
     world = PlantedWorld(SyntheticConfig(table_sizes=table_sizes, seed=0))
     source = SyntheticBatchSource(world, "train", batch_size, samples // batch_size + 1)
@@ -127,7 +133,9 @@ def generator_throughput(table_sizes: list[int], batch_size: int, samples: int =
     return (samples // batch_size) * batch_size / (time.perf_counter() - start)
 
 
-def make_config(table_sizes, batch_size, steps, precision, out_dir, test_size=16384, seed=0) -> TrainConfig:
+def make_config(
+    table_sizes, batch_size, steps, precision, out_dir, test_size=16384, seed=0
+) -> TrainConfig:
     return TrainConfig(
         arch_embedding_size=tuple(table_sizes), arch_sparse_feature_size=DIM,
         arch_mlp_bot=BOTTOM, arch_mlp_top=TOP, mini_batch_size=batch_size,
@@ -167,7 +175,9 @@ def main() -> None:
     p.add_argument("--batch-sizes", default="128,2048")
     p.add_argument("--seconds", type=float, default=8.0, help="target duration of each measurement")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds per batch size")
-    p.add_argument("--auc-steps", type=int, default=400, help="steps of batch 2048 for the AUC check")
+    p.add_argument(
+        "--auc-steps", type=int, default=400, help="steps of batch 2048 for the AUC check"
+    )
     p.add_argument("--skip-auc", action="store_true")
     args = p.parse_args()
     logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
@@ -184,13 +194,22 @@ def main() -> None:
             print(json.dumps({bs: row}), flush=True)
         if not args.skip_auc:
             summaries = {
-                p: Trainer(make_config(sizes, 2048, args.auc_steps, p, f"{tmp}/auc-{p}", test_size=262_144)).fit()
+                p: Trainer(
+                    make_config(sizes, 2048, args.auc_steps, p, f"{tmp}/auc-{p}", test_size=262_144)
+                ).fit()
                 for p in ("fp32", "bf16")
             }
             aucs = {p: s["test_auc"] for p, s in summaries.items()}
-            result["auc"] = {**aucs, "steps": args.auc_steps, "batch": 2048, "bf16_minus_fp32": aucs["bf16"] - aucs["fp32"],
-                             # Trainer.fit's own figure (one run each, not interleaved): a cross-check
-                             "fit_train_samples_per_s": {p: s["train_samples_per_s"] for p, s in summaries.items()}}
+            result["auc"] = {
+                **aucs,
+                "steps": args.auc_steps,
+                "batch": 2048,
+                "bf16_minus_fp32": aucs["bf16"] - aucs["fp32"],
+                # Trainer.fit's own figure (one run each, not interleaved): a cross-check
+                "fit_train_samples_per_s": {
+                    p: s["train_samples_per_s"] for p, s in summaries.items()
+                },
+            }
     result["machine"]["load_avg_end"] = os.getloadavg()
     print(json.dumps(result, indent=2))
 

@@ -78,10 +78,14 @@ def steal_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -
     return round((after[0] - before[0]) / (after[1] - before[1]), 3)
 
 
-def summarize(series: dict[str, list[float]], described_canary_us: float | None = None, slow: float = 1.15) -> dict:
+def summarize(
+    series: dict[str, list[float]], described_canary_us: float | None = None, slow: float = 1.15
+) -> dict:
     canary = np.asarray(series["canary"])
     result: dict = {"samples": len(canary)}
-    if described_canary_us:  # how the canary compares with the machine's description (1.0 = as fast)
+    if (
+        described_canary_us
+    ):  # how the canary compares with the machine's description (1.0 = as fast)
         result["canary_slowdown_median"] = round(float(np.median(canary)) / described_canary_us, 3)
     for name, values in series.items():
         x = np.asarray(values)
@@ -97,7 +101,9 @@ def summarize(series: dict[str, list[float]], described_canary_us: float | None 
             "p90_over_p10": round(float(np.percentile(x, 90)) / p10, 3),
             "slow_share": round(float(is_slow.mean()), 3),
             "longest_slow_run": longest,
-            "corr_with_canary": round(float(np.corrcoef(x, canary)[0, 1]), 3) if len(x) > 2 else None,
+            "corr_with_canary": round(float(np.corrcoef(x, canary)[0, 1]), 3)
+            if len(x) > 2
+            else None,
         }
     return result
 

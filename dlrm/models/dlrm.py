@@ -28,7 +28,10 @@ def check_bottom_mlp(bottom: tuple[int, ...], num_dense: int, embedding_dim: int
             f"first width must be the number of dense features ({num_dense}), got {'-'.join(map(str, bottom))}",
         )
     if bottom[-1] != embedding_dim:
-        raise ArchError("bottom", f"last width ({bottom[-1]}) must equal the embedding dimension ({embedding_dim})")
+        raise ArchError(
+            "bottom",
+            f"last width ({bottom[-1]}) must equal the embedding dimension ({embedding_dim})",
+        )
 
 
 @dataclass(frozen=True)
@@ -49,7 +52,9 @@ class DLRMArch:
             raise ArchError("interaction", f"expected dot or cat, got {self.interaction!r}")
         check_bottom_mlp(self.bottom, self.num_dense, self.embedding_dim)
         if not self.top or self.top[-1] != 1:
-            raise ArchError("top", f"last width must be 1 (one logit), got {'-'.join(map(str, self.top))}")
+            raise ArchError(
+                "top", f"last width must be 1 (one logit), got {'-'.join(map(str, self.top))}"
+            )
 
     @property
     def top_input(self) -> int:
@@ -60,11 +65,17 @@ class DLRMArch:
         return pairs + self.embedding_dim
 
 
-def make_mlp(widths: tuple[int, ...], final_activation: bool, generator: torch.Generator) -> nn.Sequential:
+def make_mlp(
+    widths: tuple[int, ...], final_activation: bool, generator: torch.Generator
+) -> nn.Sequential:
     """Linear+ReLU layers, initialised as the reference does (normal, Xavier-like scale)."""
     layers: list[nn.Module] = []
     for i, (fan_in, fan_out) in enumerate(zip(widths[:-1], widths[1:])):
-        lin = NarrowInputLinear(fan_in, fan_out) if fan_in < NARROW_INPUT else nn.Linear(fan_in, fan_out)
+        lin = (
+            NarrowInputLinear(fan_in, fan_out)
+            if fan_in < NARROW_INPUT
+            else nn.Linear(fan_in, fan_out)
+        )
         with torch.no_grad():
             lin.weight.normal_(0.0, math.sqrt(2.0 / (fan_in + fan_out)), generator=generator)
             lin.bias.normal_(0.0, math.sqrt(1.0 / fan_out), generator=generator)
@@ -135,7 +146,9 @@ class _DotInteractionFn(torch.autograd.Function):
         batch, n, dim = t.shape
         grad_z = grad_out[:, dim:]
         # columns: 0 = zero (pairs not selected), 1.. = dL/dz, then 2 dL/dz_ii for the diagonal
-        extended = torch.cat([grad_z.new_zeros(batch, 1), grad_z, 2 * grad_z.index_select(1, diagonal)], dim=1)
+        extended = torch.cat(
+            [grad_z.new_zeros(batch, 1), grad_z, 2 * grad_z.index_select(1, diagonal)], dim=1
+        )
         g = extended.index_select(1, grad_map).view(batch, n, n)
         grad_t = torch.bmm(g, t).flatten(1)
         return grad_out[:, :dim] + grad_t[:, :dim], grad_t[:, dim:], None, None, None
@@ -177,7 +190,9 @@ class DLRM(nn.Module):
         gen = torch.Generator().manual_seed(seed)
         self.bottom_mlp = make_mlp(arch.bottom, final_activation=True, generator=gen)
         self.embeddings = embeddings
-        self.interaction = Interaction(arch.num_sparse + 1, arch.interaction, arch.interaction_itself)
+        self.interaction = Interaction(
+            arch.num_sparse + 1, arch.interaction, arch.interaction_itself
+        )
         self.top_mlp = make_mlp((arch.top_input, *arch.top), final_activation=False, generator=gen)
 
     def dense_parameters(self) -> list[nn.Parameter]:

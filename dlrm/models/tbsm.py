@@ -45,7 +45,9 @@ def interaction_width(num_features: int, dim: int, kind: str, itself: bool) -> i
     """Width of Interaction's output for num_features vectors of width dim."""
     if kind == "cat":
         return num_features * dim
-    pairs = num_features * (num_features + 1) // 2 if itself else num_features * (num_features - 1) // 2
+    pairs = (
+        num_features * (num_features + 1) // 2 if itself else num_features * (num_features - 1) // 2
+    )
     return pairs + dim
 
 
@@ -86,7 +88,10 @@ class TBSMArch:
         if not self.top:
             raise ArchError("top", "needs at least one width")
         if not self.arch_mlp or self.arch_mlp[-1] != 1:
-            raise ArchError("arch_mlp", f"last width must be 1 (one logit), got {'-'.join(map(str, self.arch_mlp))}")
+            raise ArchError(
+                "arch_mlp",
+                f"last width must be 1 (one logit), got {'-'.join(map(str, self.arch_mlp))}",
+            )
         for field in ("ts_length", "tsl_num_heads", "mha_num_heads", "rnn_num_layers"):
             if getattr(self, field) < 1:
                 raise ArchError(field, f"expected a positive integer, got {getattr(self, field)}")
@@ -130,7 +135,8 @@ class TSLHead(nn.Module):
             # sigmoid on the last layer: attention weights in (0, 1), as the reference has them
             T = arch.ts_length
             self.attention_mlp = nn.Sequential(
-                *make_mlp((T, *arch.tsl_mlp, T), final_activation=False, generator=gen), nn.Sigmoid()
+                *make_mlp((T, *arch.tsl_mlp, T), final_activation=False, generator=gen),
+                nn.Sigmoid(),
             )
 
     def forward(self, w: torch.Tensor, H: torch.Tensor) -> torch.Tensor:
@@ -158,10 +164,13 @@ class TBSM(nn.Module):
         if arch.model_type == "tsl":
             self.heads = nn.ModuleList(TSLHead(arch, gen) for _ in range(heads))
             self.head_mlps = nn.ModuleList(
-                make_mlp((final_in, *arch.arch_mlp), final_activation=False, generator=gen) for _ in range(heads)
+                make_mlp((final_in, *arch.arch_mlp), final_activation=False, generator=gen)
+                for _ in range(heads)
             )
             if heads > 1:
-                self.combine = make_mlp((heads, heads + 4, 1), final_activation=False, generator=gen)
+                self.combine = make_mlp(
+                    (heads, heads + 4, 1), final_activation=False, generator=gen
+                )
         else:
             # torch's own initialisation of these modules, from this model's seed
             with torch.random.fork_rng(devices=[]):
@@ -173,7 +182,9 @@ class TBSM(nn.Module):
                     )
                 else:
                     self.lstm = nn.LSTM(m, m, arch.rnn_num_layers, batch_first=True)
-            self.head_mlps = nn.ModuleList([make_mlp((final_in, *arch.arch_mlp), final_activation=False, generator=gen)])
+            self.head_mlps = nn.ModuleList(
+                [make_mlp((final_in, *arch.arch_mlp), final_activation=False, generator=gen)]
+            )
 
     @property
     def embeddings(self) -> nn.Module:
@@ -191,7 +202,9 @@ class TBSM(nn.Module):
     def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor) -> torch.Tensor:
         T = self.arch.ts_length
         if dense.shape[0] % (T + 1):
-            raise ValueError(f"TBSM: {dense.shape[0]} steps is not a multiple of ts_length + 1 = {T + 1}")
+            raise ValueError(
+                f"TBSM: {dense.shape[0]} steps is not a multiple of ts_length + 1 = {T + 1}"
+            )
         z = self.encode_steps(dense, sparse)
         H, w = z[:, :T], z[:, T]
         kind = self.arch.model_type
@@ -199,7 +212,11 @@ class TBSM(nn.Module):
             if self.arch.tsl_proj:
                 H, w = F.normalize(H, p=2, dim=2), F.normalize(w, p=2, dim=1)
             logits = torch.cat(
-                [mlp(torch.cat([head(w, H), w], dim=1)) for head, mlp in zip(self.heads, self.head_mlps)], dim=1
+                [
+                    mlp(torch.cat([head(w, H), w], dim=1))
+                    for head, mlp in zip(self.heads, self.head_mlps)
+                ],
+                dim=1,
             )
             out = self.combine(logits) if len(self.heads) > 1 else logits
         elif kind == "mha":

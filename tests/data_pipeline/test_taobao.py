@@ -16,7 +16,9 @@ from data_pipeline.taobao_dataset import TaobaoBatchSource
 from data_pipeline.taobao_format import BEHAVIORS, BadLine, check_line, parse_block
 from data_pipeline.taobao_synthetic import PlantedBehavior, generate_events, write_user_behavior
 
-SMALL = PlantedBehavior(num_users=120, min_events=8, max_events=20, num_categories=6, items_per_category=15, seed=3)
+SMALL = PlantedBehavior(
+    num_users=120, min_events=8, max_events=20, num_categories=6, items_per_category=15, seed=3
+)
 T = 4
 
 
@@ -26,7 +28,10 @@ _field = st.one_of(
     st.integers(0, 10**18 - 1).map(lambda v: str(v).encode()),
     st.sampled_from([b"", b"-1", b"1.5", b" 7", b"0x1", b"1" * 19, b"00012"]),
 )
-_behavior = st.one_of(st.sampled_from([b.encode() for b in BEHAVIORS]), st.sampled_from([b"", b"PV", b"pvv", b"p", b"cart "]))
+_behavior = st.one_of(
+    st.sampled_from([b.encode() for b in BEHAVIORS]),
+    st.sampled_from([b"", b"PV", b"pvv", b"p", b"cart "]),
+)
 _line = st.one_of(
     st.tuples(_field, _field, _field, _behavior, _field).map(lambda f: b",".join(f)),
     st.lists(_field, min_size=0, max_size=7).map(lambda f: b",".join(f)),
@@ -69,7 +74,9 @@ def _reference_positives(raw_events: dict, meta: dict, vocab: dict) -> dict[str,
     by_user: dict[int, list] = {}
     for line, (u, i, c, t) in enumerate(zip(raw_events["user"], raw_events["item"], raw_events["category"],
                                             raw_events["timestamp"])):  # fmt: skip
-        by_user.setdefault(int(u), []).append((int(t), line, remap["item"][int(i)], remap["category"][int(c)]))
+        by_user.setdefault(int(u), []).append(
+            (int(t), line, remap["item"][int(i)], remap["category"][int(c)])
+        )
     out = {"train": set(), "val": set(), "test": set()}
     for u, events in by_user.items():
         events.sort()
@@ -77,7 +84,9 @@ def _reference_positives(raw_events: dict, meta: dict, vocab: dict) -> dict[str,
             window = events[k - T : k + 1]
             t = events[k][0]
             split = "train" if t < cut_val else "val" if t < cut_test else "test"
-            out[split].add((remap["user"][u], tuple(e[2] for e in window), tuple(e[3] for e in window)))
+            out[split].add(
+                (remap["user"][u], tuple(e[2] for e in window), tuple(e[3] for e in window))
+            )
     return out
 
 
@@ -86,12 +95,17 @@ def small_dataset(tmp_path_factory):
     root = tmp_path_factory.mktemp("taobao")
     raw = root / "UserBehavior.csv"
     write_user_behavior(raw, SMALL, users_per_block=40)
-    out = preprocess_taobao(raw, root / "out", TaobaoOptions(ts_length=T, points_per_user=1000, buckets=3))
+    out = preprocess_taobao(
+        raw, root / "out", TaobaoOptions(ts_length=T, points_per_user=1000, buckets=3)
+    )
     return raw, out
 
 
 def _split_rows(out, split):
-    return {c: np.load(out / f"{split}.{c}.npy", allow_pickle=False) for c in ("items", "categories", "users", "labels", "times")}
+    return {
+        c: np.load(out / f"{split}.{c}.npy", allow_pickle=False)
+        for c in ("items", "categories", "users", "labels", "times")
+    }
 
 
 def test_windows_match_reference(small_dataset):
@@ -104,7 +118,12 @@ def test_windows_match_reference(small_dataset):
     for split in ("train", "val", "test"):
         r = _split_rows(out, split)
         pos = r["labels"] == 1
-        got = {(int(u), tuple(i), tuple(c)) for u, i, c in zip(r["users"][pos], r["items"][pos].tolist(), r["categories"][pos].tolist())}
+        got = {
+            (int(u), tuple(i), tuple(c))
+            for u, i, c in zip(
+                r["users"][pos], r["items"][pos].tolist(), r["categories"][pos].tolist()
+            )
+        }
         assert got == expected[split], split
         assert meta["splits"][split]["positives"] == len(expected[split])
 
@@ -132,7 +151,9 @@ def test_no_future_in_training_and_negatives(small_dataset):
     cat_id = {int(r): k for k, r in enumerate(vocab["category"])}
     for split in ("train", "val", "test"):
         r = _split_rows(out, split)
-        assert len(r["labels"]) and (r["labels"][0::2] == 1).all() and (r["labels"][1::2] == 0).all()
+        assert (
+            len(r["labels"]) and (r["labels"][0::2] == 1).all() and (r["labels"][1::2] == 0).all()
+        )
         # a negative shares its positive's history, its target is another item with that item's category
         assert (r["items"][0::2, :-1] == r["items"][1::2, :-1]).all()
         assert (r["items"][0::2, -1] != r["items"][1::2, -1]).all()
@@ -148,16 +169,27 @@ def test_no_future_in_training_and_negatives(small_dataset):
 
 def test_content_independent_of_buckets_and_reused(small_dataset, tmp_path):
     raw, out = small_dataset
-    one = preprocess_taobao(raw, tmp_path / "one", TaobaoOptions(ts_length=T, points_per_user=3, buckets=1))
-    five = preprocess_taobao(raw, tmp_path / "five", TaobaoOptions(ts_length=T, points_per_user=3, buckets=5))
+    one = preprocess_taobao(
+        raw, tmp_path / "one", TaobaoOptions(ts_length=T, points_per_user=3, buckets=1)
+    )
+    five = preprocess_taobao(
+        raw, tmp_path / "five", TaobaoOptions(ts_length=T, points_per_user=3, buckets=5)
+    )
     for split in ("train", "test"):
         a, b = _split_rows(one, split), _split_rows(five, split)
         rows = lambda r: sorted(zip(r["users"].tolist(), r["items"].tolist(), r["labels"].tolist()))  # noqa: E731
         assert rows(a) == rows(b)
     assert load_taobao_meta(one)["made_by"]["buckets"] == 1
     # same file and settings: reused as is; other settings: one clear error
-    assert preprocess_taobao(raw, tmp_path / "one", TaobaoOptions(ts_length=T, points_per_user=3, buckets=4)) == one
-    with pytest.raises(DataError, match=r"made with other settings \(settings.points_per_user: 3 there, 4 asked\)"):
+    assert (
+        preprocess_taobao(
+            raw, tmp_path / "one", TaobaoOptions(ts_length=T, points_per_user=3, buckets=4)
+        )
+        == one
+    )
+    with pytest.raises(
+        DataError, match=r"made with other settings \(settings.points_per_user: 3 there, 4 asked\)"
+    ):
         preprocess_taobao(raw, tmp_path / "one", TaobaoOptions(ts_length=T, points_per_user=4))
 
 
@@ -171,7 +203,9 @@ def test_bad_lines_name_file_and_line(tmp_path):
         preprocess_taobao(raw, tmp_path / "out", TaobaoOptions(ts_length=3))
     assert str(e.value).startswith(f"{raw}:{first}: {kind}: ")
     assert "\n" not in str(e.value)
-    assert not (tmp_path / "out" / "meta.json").exists() and not (tmp_path / "out" / "_work").exists()
+    assert (
+        not (tmp_path / "out" / "meta.json").exists() and not (tmp_path / "out" / "_work").exists()
+    )
     out = preprocess_taobao(raw, tmp_path / "out", TaobaoOptions(ts_length=3, on_bad_line="skip"))
     meta = json.loads((out / "meta.json").read_text())
     assert meta["bad_lines"] == {"behavior_type": 1, "timestamp": 1}
@@ -200,8 +234,13 @@ def test_batch_layouts(small_dataset):
     # every history lookup is in the KJT, sample-major: bag b*(T+1)+j is step j of sample b
     assert kjt["item"].values().view(16, T + 1).tolist() == r["items"][rows].tolist()
     assert kjt["category"].values().view(16, T + 1).tolist() == r["categories"][rows].tolist()
-    assert kjt["user"].values().view(16, T + 1).tolist() == np.repeat(r["users"][rows, None], T + 1, 1).tolist()
-    assert b.dense_features.view(16, T + 1).tolist()[0] == pytest.approx([j / (T + 1) for j in range(T + 1)])
+    assert (
+        kjt["user"].values().view(16, T + 1).tolist()
+        == np.repeat(r["users"][rows, None], T + 1, 1).tolist()
+    )
+    assert b.dense_features.view(16, T + 1).tolist()[0] == pytest.approx(
+        [j / (T + 1) for j in range(T + 1)]
+    )
     assert b.labels.tolist() == r["labels"][rows].tolist() == c.labels.tolist()
     assert c.sparse_features.stride() == 16 and c.dense_features.shape == (16, 1)
     assert c.sparse_features["item"].values().tolist() == r["items"][rows, -1].tolist()
@@ -215,5 +254,10 @@ def test_shuffled_batches_replay_and_shard(small_dataset):
     assert not np.array_equal(all_rows, np.concatenate([src.rows(2, i) for i in range(len(src))]))
     replay = list(src.batches(1, start=2))[0]
     assert replay.labels.tolist() == src.batch(1, 2).labels.tolist()
-    shards = [TaobaoBatchSource(out, "train", 32, randomize=True, seed=5, rank=k, world_size=2) for k in range(2)]
-    assert sorted(np.concatenate([s.rows(1, 0) for s in shards]).tolist()) == sorted(src.rows(1, 0).tolist())
+    shards = [
+        TaobaoBatchSource(out, "train", 32, randomize=True, seed=5, rank=k, world_size=2)
+        for k in range(2)
+    ]
+    assert sorted(np.concatenate([s.rows(1, 0) for s in shards]).tolist()) == sorted(
+        src.rows(1, 0).tolist()
+    )

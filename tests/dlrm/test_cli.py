@@ -11,8 +11,19 @@ TINY = ["--arch-embedding-size", "30-20-10", "--arch-sparse-feature-size", "4", 
 
 def test_reference_flags_map_to_config():
     cfg = config_from_args(
-        ["--arch-mlp-bot", "13-512-256-64-16", "--numpy-rand-seed", "7", "--inference-only", "false",
-         "--arch-interaction-itself", "--test-mini-batch-size", "4096", "--optimizer", "adagrad"]  # fmt: skip
+        [
+            "--arch-mlp-bot",
+            "13-512-256-64-16",
+            "--numpy-rand-seed",
+            "7",
+            "--inference-only",
+            "false",
+            "--arch-interaction-itself",
+            "--test-mini-batch-size",
+            "4096",
+            "--optimizer",
+            "adagrad",
+        ]  # fmt: skip
     )
     assert cfg.arch_mlp_bot == (13, 512, 256, 64, 16) and cfg.seed == 7
     assert cfg.inference_only is False and cfg.arch_interaction_itself is True
@@ -26,14 +37,26 @@ def test_reference_flags_map_to_config():
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--arch-mlp-bot", "13-512-8"], "--arch-mlp-bot: last width (8) must equal the embedding dimension (4)"),
+        (
+            ["--arch-mlp-bot", "13-512-8"],
+            "--arch-mlp-bot: last width (8) must equal the embedding dimension (4)",
+        ),
         (["--arch-mlp-top", "512-2"], "--arch-mlp-top: last width must be 1"),
-        (["--optimizer", "adam"], "--optimizer: expected one of sgd, adagrad, rowwise_adagrad, got 'adam'"),
+        (
+            ["--optimizer", "adam"],
+            "--optimizer: expected one of sgd, adagrad, rowwise_adagrad, got 'adam'",
+        ),
         (["--arch-mlp-bot", "13-x-16"], "--arch-mlp-bot: expected dash-separated integers"),
-        (["--inference-only", "maybe"], "argument --inference-only: expected true or false, got 'maybe'"),
+        (
+            ["--inference-only", "maybe"],
+            "argument --inference-only: expected true or false, got 'maybe'",
+        ),
         (["--mini-batch-size", "0"], "--mini-batch-size: expected a positive integer, got 0"),
         (["--load-model", "/no/such/model.pt"], "--load-model: no such file: /no/such/model.pt"),
-        (["--data-set", "kaggle"], "--data-set kaggle: needs --raw-data-file or --processed-data-file"),
+        (
+            ["--data-set", "kaggle"],
+            "--data-set kaggle: needs --raw-data-file or --processed-data-file",
+        ),
         (["--resume"], "--resume: no checkpoint found"),
         (["--bogus-flag", "1"], "unrecognized arguments: --bogus-flag 1"),
     ],
@@ -70,9 +93,16 @@ def test_each_data_set_gets_its_reference_architecture_printed_at_start(tmp_path
     assert rc == 0, out.err
     assert ("tbsm on taobao: reference settings --arch-sparse-feature-size 16 --arch-mlp-bot 1-16 "
             "--arch-mlp-top 15-15") in out.out  # fmt: skip
-    terabyte = config_from_args(["--data-set", "terabyte", "--raw-data-file", "day", "--arch-mlp-top", "64-1"])
+    terabyte = config_from_args(
+        ["--data-set", "terabyte", "--raw-data-file", "day", "--arch-mlp-top", "64-1"]
+    )
     assert (terabyte.arch_sparse_feature_size, terabyte.arch_mlp_bot) == (64, (13, 512, 256, 64))
-    assert terabyte.max_ind_range == 10_000_000 and terabyte.arch_mlp_top == (64, 1)  # given flags win
+    assert terabyte.max_ind_range == 10_000_000 and terabyte.arch_mlp_top == (
+        64,
+        1,
+    )  # given flags win
     assert "arch_mlp_top" not in terabyte.reference_defaults
     given = ["--arch-sparse-feature-size", "16", "--arch-mlp-bot", "13-16", "--arch-mlp-top", "4-1"]
-    assert config_from_args(given).describe_reference_defaults() == ""  # nothing taken: nothing printed
+    assert (
+        config_from_args(given).describe_reference_defaults() == ""
+    )  # nothing taken: nothing printed

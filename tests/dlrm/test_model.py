@@ -8,7 +8,9 @@ from dlrm.errors import ArchError
 from dlrm.models.dlrm import DLRM, DLRMArch, Interaction, NarrowInputLinear, make_mlp
 from embeddings import FusedEmbeddingBagCollection, tables_for_features
 
-KAGGLE = DLRMArch(num_dense=13, embedding_dim=16, num_sparse=26, bottom=(13, 512, 256, 64, 16), top=(512, 256, 1))
+KAGGLE = DLRMArch(
+    num_dense=13, embedding_dim=16, num_sparse=26, bottom=(13, 512, 256, 64, 16), top=(512, 256, 1)
+)
 
 
 def n_params(module):
@@ -17,7 +19,9 @@ def n_params(module):
 
 def small_model(interaction="dot", itself=False, seed=0, sizes=(20, 30, 5)):
     arch = DLRMArch(3, 4, len(sizes), (3, 8, 4), (6, 1), interaction, itself)
-    emb = FusedEmbeddingBagCollection(tables_for_features(list(sizes), 4), backend="torch", seed=seed)
+    emb = FusedEmbeddingBagCollection(
+        tables_for_features(list(sizes), 4), backend="torch", seed=seed
+    )
     return DLRM(arch, emb, seed=seed)
 
 
@@ -30,7 +34,9 @@ def test_kaggle_parameter_counts_match_reference():
 
 def test_top_input_width_for_each_interaction():
     base = dict(num_dense=13, embedding_dim=16, num_sparse=26, bottom=(13, 16), top=(1,))
-    assert DLRMArch(**base, interaction="dot", interaction_itself=True).top_input == 27 * 28 // 2 + 16
+    assert (
+        DLRMArch(**base, interaction="dot", interaction_itself=True).top_input == 27 * 28 // 2 + 16
+    )
     assert DLRMArch(**base, interaction="cat").top_input == 27 * 16
 
 
@@ -95,7 +101,9 @@ def test_narrow_input_linear_matches_nn_linear():
 
 def test_cat_interaction():
     dense, sparse = torch.randn(2, 4), torch.randn(2, 8)
-    torch.testing.assert_close(Interaction(3, "cat", False)(dense, sparse), torch.cat([dense, sparse], 1))
+    torch.testing.assert_close(
+        Interaction(3, "cat", False)(dense, sparse), torch.cat([dense, sparse], 1)
+    )
 
 
 def test_initialisation_follows_reference_scales_and_is_seeded():
@@ -113,7 +121,11 @@ def test_initialisation_follows_reference_scales_and_is_seeded():
 
 def test_forward_shapes_and_dense_parameters_exclude_embeddings():
     m = small_model()
-    kjt = KeyedJaggedTensor(["cat_0", "cat_1", "cat_2"], torch.tensor([1, 2, 3, 4, 0, 1]), lengths=torch.ones(6, dtype=torch.int32))
+    kjt = KeyedJaggedTensor(
+        ["cat_0", "cat_1", "cat_2"],
+        torch.tensor([1, 2, 3, 4, 0, 1]),
+        lengths=torch.ones(6, dtype=torch.int32),
+    )
     logits = m(torch.randn(2, 3), kjt)
     assert logits.shape == (2,)
     dense_ids = {id(p) for p in m.dense_parameters()}
@@ -124,8 +136,14 @@ def test_forward_shapes_and_dense_parameters_exclude_embeddings():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(bottom=(13, 64, 8)), r"^bottom: last width \(8\) must equal the embedding dimension \(16\)"),
-        (dict(bottom=(12, 16)), r"^bottom: first width must be the number of dense features \(13\)"),
+        (
+            dict(bottom=(13, 64, 8)),
+            r"^bottom: last width \(8\) must equal the embedding dimension \(16\)",
+        ),
+        (
+            dict(bottom=(12, 16)),
+            r"^bottom: first width must be the number of dense features \(13\)",
+        ),
         (dict(top=(64, 2)), r"^top: last width must be 1"),
         (dict(interaction="sum"), r"^interaction: expected dot or cat"),
     ],

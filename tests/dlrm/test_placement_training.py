@@ -12,7 +12,9 @@ from embeddings.hot_inputs import AllHotClassifier
 from embeddings.placement import PlacementPlan
 
 # a budget of about a quarter of the tiny model's rows: some inputs hot, some cold
-FAE = dict(placement="fae", hot_budget="2KB", profile_sample_rate=0.2, fae_switch_period=4, device="cpu")
+FAE = dict(
+    placement="fae", hot_budget="2KB", profile_sample_rate=0.2, fae_switch_period=4, device="cpu"
+)
 
 
 def sample_key(batch):
@@ -35,8 +37,12 @@ def test_fae_training_reports_placement_and_counters(make_config):
     assert p["syncs"] > 0 and p["emb_bytes_d2h_sync"] > 0
     assert {"hot_s", "cold_s"} <= set(summary["time_breakdown_s"])
     run = Path(cfg.out_dir)
-    train_events = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if '"train"' in x]
-    assert train_events and all("emb_bytes_h2d" in e and "hot_input_share" in e for e in train_events)
+    train_events = [
+        json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if '"train"' in x
+    ]
+    assert train_events and all(
+        "emb_bytes_h2d" in e and "hot_input_share" in e for e in train_events
+    )
     assert {"hot_s", "cold_s", "sync_s", "syncs", "emb_bytes_d2h_sync"} <= set(train_events[-1])
     plan = PlacementPlan.load(run / "placement_plan.npz")
     assert plan.num_hot == emb.num_hot and (run / "placement_plan.json").is_file()
@@ -49,7 +55,9 @@ def test_fae_epoch_is_a_regrouping_of_the_same_inputs_and_replays_from_any_batch
     all_hot = AllHotClassifier(trainer.placement.plan)
     got = list(fae.batches(1))
     assert len(got) == len(fae) == len(plain) == 30
-    assert sorted(k for b in got for k in sample_key(b)) == sorted(k for b in plain.batches(1) for k in sample_key(b))
+    assert sorted(k for b in got for k in sample_key(b)) == sorted(
+        k for b in plain.batches(1) for k in sample_key(b)
+    )
     kinds = [bool(all_hot(b.sparse_features).all()) for b in got]
     assert 0 < sum(kinds) < 30 and all(b.labels.numel() == 64 for b in got)
     tail = list(fae.batches(1, start=13))  # mid-window: what a resumed run sees
@@ -62,19 +70,27 @@ def test_fae_epoch_is_a_regrouping_of_the_same_inputs_and_replays_from_any_batch
 def test_fae_resume_reproduces_the_uninterrupted_run_exactly(make_config, tmp_path):
     for optimizer in ["sgd", "rowwise_adagrad"]:
         common = dict(FAE, test_freq=10, nepochs=2, data_size=64 * 15, optimizer=optimizer)
-        full_cfg = make_config(**common, keep_checkpoints=10, out_dir=str(tmp_path / f"full-{optimizer}"))
+        full_cfg = make_config(
+            **common, keep_checkpoints=10, out_dir=str(tmp_path / f"full-{optimizer}")
+        )
         full = Trainer(full_cfg)
         full_summary = full.fit()
         cut = tmp_path / f"cut-{optimizer}"
         (cut / "checkpoints").mkdir(parents=True)
-        shutil.copy(Path(full_cfg.out_dir) / "checkpoints" / "step_000000020.pt", cut / "checkpoints")
-        resumed = Trainer(make_config(**common, out_dir=str(cut), resume="auto"))  # re-profiles: same plan
+        shutil.copy(
+            Path(full_cfg.out_dir) / "checkpoints" / "step_000000020.pt", cut / "checkpoints"
+        )
+        resumed = Trainer(
+            make_config(**common, out_dir=str(cut), resume="auto")
+        )  # re-profiles: same plan
         assert resumed.state.step == 20
         resumed_summary = resumed.fit()
         a, b = full.model.state_dict(), resumed.model.state_dict()
         for k in a:
             assert torch.equal(a[k], b[k]), k
-        for sa, sb in zip(full.model.embeddings.optimizer_states(), resumed.model.embeddings.optimizer_states()):
+        for sa, sb in zip(
+            full.model.embeddings.optimizer_states(), resumed.model.embeddings.optimizer_states()
+        ):
             assert (sa is None and sb is None) or torch.equal(sa, sb)
         for key in ["test_auc", "test_logloss", "steps", "samples"]:
             assert full_summary[key] == resumed_summary[key], key
@@ -86,16 +102,30 @@ def test_auto_placement_and_plan_reuse(make_config, tmp_path):
     small = Trainer(make_config(placement="auto", hot_budget="1GB", device="cpu"))
     assert small.model.embeddings.placement_info()["kind"] == "device"
     plan_file, profile_file = tmp_path / "plan.npz", tmp_path / "prof.npz"
-    first = Trainer(make_config(**dict(FAE, placement="auto"), placement_plan=str(plan_file), profile_file=str(profile_file)))
+    first = Trainer(
+        make_config(
+            **dict(FAE, placement="auto"),
+            placement_plan=str(plan_file),
+            profile_file=str(profile_file),
+        )
+    )
     assert first.model.embeddings.placement_info()["kind"] == "fae"
     assert plan_file.is_file() and profile_file.is_file()
     # reused as given, whatever the budget says now
-    again = Trainer(make_config(**dict(FAE, hot_budget="1KB"), placement_plan=str(plan_file), out_dir=str(tmp_path / "r2")))
+    again = Trainer(
+        make_config(
+            **dict(FAE, hot_budget="1KB"),
+            placement_plan=str(plan_file),
+            out_dir=str(tmp_path / "r2"),
+        )
+    )
     assert again.model.embeddings.num_hot == first.model.embeddings.num_hot
     host = Trainer(make_config(placement="host", device="cpu", out_dir=str(tmp_path / "r3")))
     summary = host.fit()
     assert summary["placement"]["kind"] == "host" and summary["placement"]["hot_input_share"] == 0.0
-    assert summary["placement"]["emb_bytes_per_sample"] == 2 * 4 * 4 * 4  # 4 pooled fp32 of width 4, both ways
+    assert (
+        summary["placement"]["emb_bytes_per_sample"] == 2 * 4 * 4 * 4
+    )  # 4 pooled fp32 of width 4, both ways
 
 
 def test_cli_placement_mistakes_are_one_line(make_config, tmp_path, capsys):
@@ -122,17 +152,42 @@ def test_select_and_concat_batches_handle_jagged_features():
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
     def batch(lengths, values, n):
-        kjt = KeyedJaggedTensor(keys=["a", "b"], values=torch.tensor(values), lengths=torch.tensor(lengths, dtype=torch.int32), stride=n)
-        return Batch(dense_features=torch.arange(n, dtype=torch.float32)[:, None], sparse_features=kjt, labels=torch.arange(n, dtype=torch.float32))
+        kjt = KeyedJaggedTensor(
+            keys=["a", "b"],
+            values=torch.tensor(values),
+            lengths=torch.tensor(lengths, dtype=torch.int32),
+            stride=n,
+        )
+        return Batch(
+            dense_features=torch.arange(n, dtype=torch.float32)[:, None],
+            sparse_features=kjt,
+            labels=torch.arange(n, dtype=torch.float32),
+        )
 
     x = batch([1, 0, 2, 1, 1, 0], [1, 2, 3, 4, 5], 3)  # a: [1] [] [2,3]; b: [4] [5] []
     y = batch([0, 3, 2, 0], [6, 7, 8, 9, 10], 2)  # a: [] [6,7,8]; b: [9,10] []
     both = concat_batches([x, y])
     assert both.sparse_features.stride() == 5
-    assert [v.tolist() for v in both.sparse_features.to_dict()["a"].to_dense()] == [[1], [], [2, 3], [], [6, 7, 8]]
-    assert [v.tolist() for v in both.sparse_features.to_dict()["b"].to_dense()] == [[4], [5], [], [9, 10], []]
+    assert [v.tolist() for v in both.sparse_features.to_dict()["a"].to_dense()] == [
+        [1],
+        [],
+        [2, 3],
+        [],
+        [6, 7, 8],
+    ]
+    assert [v.tolist() for v in both.sparse_features.to_dict()["b"].to_dense()] == [
+        [4],
+        [5],
+        [],
+        [9, 10],
+        [],
+    ]
     sel = BatchSelector(both).select(np.array([4, 0, 3]))
     d = sel.sparse_features.to_dict()
     assert [v.tolist() for v in d["a"].to_dense()] == [[6, 7, 8], [1], []]
     assert [v.tolist() for v in d["b"].to_dense()] == [[], [4], [9, 10]]
-    assert sel.labels.tolist() == [1.0, 0.0, 0.0] and sel.dense_features[:, 0].tolist() == [1.0, 0.0, 0.0]
+    assert sel.labels.tolist() == [1.0, 0.0, 0.0] and sel.dense_features[:, 0].tolist() == [
+        1.0,
+        0.0,
+        0.0,
+    ]

@@ -62,7 +62,13 @@ def _trainer_rank(rank: int, init: str, out_dir: str, result: str) -> None:
 
 def test_a_collection_that_would_drift_across_processes_is_refused(tmp_path):
     result = tmp_path / "result"
-    mp.spawn(_trainer_rank, args=(f"file://{tmp_path / 'rendezvous'}", str(tmp_path), str(result)), nprocs=2)
+    mp.spawn(
+        _trainer_rank,
+        args=(f"file://{tmp_path / 'rendezvous'}", str(tmp_path), str(result)),
+        nprocs=2,
+    )
     for rank in (0, 1):
         message = (tmp_path / f"result.{rank}").read_text()
-        assert message.startswith(f"rank {rank}: this embedding placement keeps an independent copy"), message
+        assert message.startswith(
+            f"rank {rank}: this embedding placement keeps an independent copy"
+        ), message

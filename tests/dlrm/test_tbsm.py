@@ -20,7 +20,9 @@ T, B, SIZES, NAMES = 3, 5, [7, 11, 4], ["user", "item", "category"]
 def _model(**kw) -> TBSM:
     arch = TBSMArch(num_dense=1, embedding_dim=4, num_sparse=3, bottom=(1, 4), top=(6, 5), ts_length=T,
                     tsl_mlp=(6,), arch_mlp=(7, 1), mha_num_heads=2, **kw)  # fmt: skip
-    emb = FusedEmbeddingBagCollection(tables_for_features(SIZES, 4, NAMES), SparseOptimizer("sgd", 0.1), backend="torch", seed=1)
+    emb = FusedEmbeddingBagCollection(
+        tables_for_features(SIZES, 4, NAMES), SparseOptimizer("sgd", 0.1), backend="torch", seed=1
+    )
     with torch.no_grad():  # larger rows than the reference init, so differences are visible
         for w in emb.table_weights():
             w.mul_(10)
@@ -92,9 +94,16 @@ def test_mha_and_rnn_modules_are_registered_and_get_gradients():
                 assert id(params[n]) in dense_ids
         # same seed, same weights: the modules are built once, deterministically
         again = _model(model_type=kind)
-        assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values()))
+        assert all(
+            torch.equal(a, b)
+            for a, b in zip(model.state_dict().values(), again.state_dict().values())
+        )
         model(dense, kjt).sum().backward()
-        grads = [p.grad for n, p in model.named_parameters() if n.startswith(("attention", "lstm", "query"))]
+        grads = [
+            p.grad
+            for n, p in model.named_parameters()
+            if n.startswith(("attention", "lstm", "query"))
+        ]
         assert grads and all(g is not None and g.abs().sum() > 0 for g in grads)
 
 
@@ -117,7 +126,11 @@ def test_mha_context_is_attention_from_candidate():
     H, w = z[:, :T], z[:, T]
     q = model.query(w)
     att = model.attention
-    Wq, Wk, Wv = att.in_proj_weight.chunk(3) if att.in_proj_weight is not None else (att.q_proj_weight, att.k_proj_weight, att.v_proj_weight)
+    Wq, Wk, Wv = (
+        att.in_proj_weight.chunk(3)
+        if att.in_proj_weight is not None
+        else (att.q_proj_weight, att.k_proj_weight, att.v_proj_weight)
+    )
     bq, bk, bv = att.in_proj_bias.chunk(3)
     heads, d = 2, 10 // 2
     Q = (q @ Wq.T + bq).view(B, heads, d)
@@ -133,7 +146,9 @@ def test_arch_and_config_errors(tmp_path):
     with pytest.raises(ValueError, match="^tsl_inner: expected one of dot, ind, def, got 'cos'"):
         _model(tsl_inner="cos")
     with pytest.raises(ValueError, match="^arch_mlp: last width must be 1"):
-        TBSMArch(num_dense=1, embedding_dim=4, num_sparse=3, bottom=(1, 4), top=(5,), arch_mlp=(7, 2))
+        TBSMArch(
+            num_dense=1, embedding_dim=4, num_sparse=3, bottom=(1, 4), top=(5,), arch_mlp=(7, 2)
+        )
     with pytest.raises(ConfigError, match="--model-type: expected one of tsl, mha, rnn, got 'gru'"):
         TrainConfig(model="tbsm", model_type="gru")
     with pytest.raises(ConfigError, match="--tsl-mlp: expected dash-separated integers"):

@@ -33,7 +33,9 @@ def one_thread():
 def planted(tmp_path_factory):
     root = tmp_path_factory.mktemp("planted")
     write_user_behavior(root / "ub.csv", PLANTED)
-    return preprocess_taobao(root / "ub.csv", root / "data", TaobaoOptions(ts_length=T, points_per_user=10))
+    return preprocess_taobao(
+        root / "ub.csv", root / "data", TaobaoOptions(ts_length=T, points_per_user=10)
+    )
 
 
 def _train(directory, out, **kw):
@@ -63,7 +65,9 @@ def test_tbsm_beats_candidate_only_dlrm(planted, tmp_path):
 
 @pytest.mark.parametrize("kind,modules", [("mha", ("query", "attention")), ("rnn", ("lstm",))])
 def test_mha_and_rnn_learn(planted, tmp_path, kind, modules):
-    summary, moved, trainer = _train(planted, tmp_path / kind, model="tbsm", model_type=kind, mha_num_heads=2)
+    summary, moved, trainer = _train(
+        planted, tmp_path / kind, model="tbsm", model_type=kind, mha_num_heads=2
+    )
     own = [n for n, _ in trainer.model.named_parameters() if n.startswith(modules)]
     assert own and set(own) <= moved  # the attention / LSTM weights were trained
     assert summary["test_auc"] > 0.6, summary["test_auc"]

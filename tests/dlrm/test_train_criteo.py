@@ -38,14 +38,53 @@ def test_kaggle_preprocesses_on_first_use_and_reuses(raw, tmp_path, capsys):
 
 def test_table_count_mismatch_and_wrong_dataset(raw, tmp_path, capsys):
     processed = tmp_path / "p"
-    base = ["--raw-data-file", str(raw), "--processed-data-file", str(processed), "--max-ind-range", "100", *ARCH]
-    assert main(["--data-set", "kaggle", *base, "--arch-embedding-size", "100-100", "--out-dir", str(tmp_path / "x")]) == 2
-    assert "--arch-embedding-size: 2 tables given, the data set has 26 sparse features" in capsys.readouterr().err
+    base = [
+        "--raw-data-file",
+        str(raw),
+        "--processed-data-file",
+        str(processed),
+        "--max-ind-range",
+        "100",
+        *ARCH,
+    ]
+    assert (
+        main(
+            [
+                "--data-set",
+                "kaggle",
+                *base,
+                "--arch-embedding-size",
+                "100-100",
+                "--out-dir",
+                str(tmp_path / "x"),
+            ]
+        )
+        == 2
+    )
+    assert (
+        "--arch-embedding-size: 2 tables given, the data set has 26 sparse features"
+        in capsys.readouterr().err
+    )
     small = "-".join(["100"] * 25 + ["99"])
-    assert main(["--data-set", "kaggle", *base, "--arch-embedding-size", small, "--out-dir", str(tmp_path / "z")]) == 2
+    assert (
+        main(
+            [
+                "--data-set",
+                "kaggle",
+                *base,
+                "--arch-embedding-size",
+                small,
+                "--out-dir",
+                str(tmp_path / "z"),
+            ]
+        )
+        == 2
+    )
     assert "table 25 has 99 rows but the data set's ids need 100" in capsys.readouterr().err
     assert main(["--data-set", "terabyte", "--processed-data-file", str(processed), *ARCH,
                  "--out-dir", str(tmp_path / "y")]) == 2  # fmt: skip
     assert "holds kaggle data, not terabyte" in capsys.readouterr().err
-    assert main(["--data-set", "kaggle", "--processed-data-file", str(tmp_path / "none"), *ARCH]) == 2
+    assert (
+        main(["--data-set", "kaggle", "--processed-data-file", str(tmp_path / "none"), *ARCH]) == 2
+    )
     assert "is not a preprocessed data set" in capsys.readouterr().err

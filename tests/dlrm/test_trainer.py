@@ -22,14 +22,25 @@ def test_fit_writes_run_directory_and_learns(make_config):
     run = Path(cfg.out_dir)
     assert json.loads((run / "config.json").read_text())["mini_batch_size"] == 64
     on_disk = json.loads((run / "summary.json").read_text())
-    for key in ["test_auc", "test_logloss", "test_accuracy", "test_ne", "train_samples_per_s", "steps", "wall_s"]:
+    for key in [
+        "test_auc",
+        "test_logloss",
+        "test_accuracy",
+        "test_ne",
+        "train_samples_per_s",
+        "steps",
+        "wall_s",
+    ]:
         assert on_disk[key] == summary[key]
     assert summary["steps"] == 240 and summary["samples"] == 240 * 64
     assert summary["test_auc"] > 0.6 and summary["test_ne"] < 1.0
     events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [e["step"] for e in events if e["event"] == "eval"] == [80, 160, 240]
     assert sum(e["event"] == "train" for e in events) == 24
-    assert [p.name for p in ckpt.list_checkpoints(run / "checkpoints")] == ["step_000000160.pt", "step_000000240.pt"]
+    assert [p.name for p in ckpt.list_checkpoints(run / "checkpoints")] == [
+        "step_000000160.pt",
+        "step_000000240.pt",
+    ]
 
 
 def test_resume_reproduces_the_uninterrupted_run_exactly(make_config, tmp_path):
@@ -41,7 +52,9 @@ def test_resume_reproduces_the_uninterrupted_run_exactly(make_config, tmp_path):
         # "interrupted" after step 20 (mid second epoch): only that checkpoint survives
         cut = tmp_path / f"cut-{optimizer}"
         (cut / "checkpoints").mkdir(parents=True)
-        shutil.copy(Path(full_cfg.out_dir) / "checkpoints" / "step_000000020.pt", cut / "checkpoints")
+        shutil.copy(
+            Path(full_cfg.out_dir) / "checkpoints" / "step_000000020.pt", cut / "checkpoints"
+        )
         resumed_cfg = make_config(test_freq=10, nepochs=2, data_size=64 * 15, optimizer=optimizer,
                                   out_dir=str(cut), resume="auto")  # fmt: skip
         resumed = Trainer(resumed_cfg)
@@ -51,7 +64,9 @@ def test_resume_reproduces_the_uninterrupted_run_exactly(make_config, tmp_path):
         assert a.keys() == b.keys()
         for k in a:
             assert torch.equal(a[k], b[k]), k
-        for sa, sb in zip(full.model.embeddings.optimizer_states(), resumed.model.embeddings.optimizer_states()):
+        for sa, sb in zip(
+            full.model.embeddings.optimizer_states(), resumed.model.embeddings.optimizer_states()
+        ):
             assert (sa is None and sb is None) or torch.equal(sa, sb)
         for key in ["test_auc", "test_logloss", "test_accuracy", "test_ne", "steps", "samples"]:
             assert full_summary[key] == resumed_summary[key], key
@@ -88,7 +103,10 @@ def test_non_finite_loss_stops_and_keeps_last_checkpoint(make_config, monkeypatc
         return out * float("nan") if calls["n"] > 7 else out
 
     monkeypatch.setattr(trainer.model, "forward", poisoned)
-    with pytest.raises(TrainingDiverged, match=r"non-finite loss \(nan\) at step 7.*last good checkpoint: .*step_000000005.pt"):
+    with pytest.raises(
+        TrainingDiverged,
+        match=r"non-finite loss \(nan\) at step 7.*last good checkpoint: .*step_000000005.pt",
+    ):
         trainer.fit()
     saved = ckpt.list_checkpoints(Path(trainer.cfg.out_dir) / "checkpoints")
     assert [p.name for p in saved] == ["step_000000005.pt"]
@@ -134,7 +152,9 @@ def test_save_model_then_inference_only(make_config, tmp_path):
     model_file = tmp_path / "model.pt"
     trained = Trainer(make_config(save_model=str(model_file)))
     summary = trained.fit()
-    again = Trainer(make_config(load_model=str(model_file), inference_only=True, out_dir=str(tmp_path / "inf")))
+    again = Trainer(
+        make_config(load_model=str(model_file), inference_only=True, out_dir=str(tmp_path / "inf"))
+    )
     inf = again.fit()
     assert inf["steps"] == 0 and inf["stop_reason"] == "inference_only"
     assert inf["test_auc"] == summary["test_auc"]

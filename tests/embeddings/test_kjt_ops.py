@@ -18,7 +18,12 @@ def per_input(kjt: KeyedJaggedTensor) -> list[dict[str, list[int]]]:
     d = kjt.to_dict()
     out = []
     for i in range(kjt.stride()):
-        out.append({k: d[k].values()[d[k].offsets()[i] : d[k].offsets()[i + 1]].tolist() for k in kjt.keys()})
+        out.append(
+            {
+                k: d[k].values()[d[k].offsets()[i] : d[k].offsets()[i + 1]].tolist()
+                for k in kjt.keys()
+            }
+        )
     return out
 
 

@@ -24,7 +24,9 @@ def test_cuda_trace_attributes_device_time_to_the_compute_ops():
     from torch.profiler import ProfilerActivity, profile
 
     lin(x).sum().backward()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
+    with profile(
+        activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True
+    ) as prof:
         with torch.autograd.profiler.record_function(tr.STEP_LABEL):
             lin(x).sum().backward()
             torch.cuda.synchronize()

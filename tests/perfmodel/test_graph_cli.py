@@ -86,9 +86,13 @@ def test_measurements_wait_for_a_steady_machine(monkeypatch):
     monkeypatch.setattr(hardware, "canary_us", lambda dtype=None: next(canary))
     monkeypatch.setattr(hardware.time, "sleep", lambda s: None)
     runs = []
-    result, slow = hardware.on_steady_machine(lambda: runs.append(1) or len(runs), {"canary_us": 100.0})
+    result, slow = hardware.on_steady_machine(
+        lambda: runs.append(1) or len(runs), {"canary_us": 100.0}
+    )
     assert (result, slow, len(runs)) == (1, 1.0, 1)
-    result, slow = hardware.on_steady_machine(lambda: runs.append(1) or len(runs), {"canary_us": 100.0})
+    result, slow = hardware.on_steady_machine(
+        lambda: runs.append(1) or len(runs), {"canary_us": 100.0}
+    )
     assert (result, slow) == (3, 1.0)  # run 2 was followed by a 3x slow canary: run again
     always_slow = iter([300.0] * 10)
     monkeypatch.setattr(hardware, "canary_us", lambda dtype=None: next(always_slow))

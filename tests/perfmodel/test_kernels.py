@@ -127,7 +127,10 @@ def test_multi_hot_bags_count_their_ids():
     assert t_multi[1] == 512 * 8  # lookups: the ids, not the bags
     assert t_multi[4] == pytest.approx(t_one[4])  # unique rows: 512 ids per table either way
     assert t_multi[5] == pytest.approx(t_one[5] / 4)  # pooled output: one row per bag
-    assert hit_rate([20_000] * 8, 1.05, 512, 64, 2e6)["unique"] > hit_rate([20_000] * 8, 1.05, 128, 64, 2e6)["unique"]
+    assert (
+        hit_rate([20_000] * 8, 1.05, 512, 64, 2e6)["unique"]
+        > hit_rate([20_000] * 8, 1.05, 128, 64, 2e6)["unique"]
+    )
     # fbgemm's backward: the gradient first, then weights, offsets arrays, indices, offsets
     bwd = {"shapes": [[172, 512], [208256], [8], [8], [9], [], [9], [], [5453], [1377], [], []],
            "dtypes": ["float", "float", "int", "long int", "int", "Scalar", "long int", "Scalar",
@@ -197,7 +200,12 @@ def test_cache_roofline_fits_a_slower_bandwidth_beyond_l2():
 
 
 def test_strided_operands_have_their_own_key():
-    dense = {"name": "aten::copy_", "shapes": [[8, 4], [8, 4]], "strides": [[4, 1], [4, 1]], "dtypes": ["float", "float"]}
+    dense = {
+        "name": "aten::copy_",
+        "shapes": [[8, 4], [8, 4]],
+        "strides": [[4, 1], [4, 1]],
+        "dtypes": ["float", "float"],
+    }
     strided = dict(dense, strides=[[4, 1], [1, 8]])  # copying a transposed view
     assert F.all_contiguous(dense) and not F.all_contiguous(strided)
     from perfmodel.kernel_models import operator_key
@@ -214,7 +222,9 @@ def test_in_situ_factors_are_per_op_context_with_fallbacks():
     models = KernelModels({"elementwise": RooflineTable({"*": [10.0, 0.0]})})
     first, second = (dict(_ew(100), op=c) for c in ("loss#0", "loss#1"))
     models.calibrate_in_situ([[dict(first, dur_us=30.0), dict(second, dur_us=10.0)]])
-    assert models.predict(first) == pytest.approx(30.0) and models.predict(second) == pytest.approx(10.0)
+    assert models.predict(first) == pytest.approx(30.0) and models.predict(second) == pytest.approx(
+        10.0
+    )
     # a context never seen in the fit traces falls back to the operator's factor (total 40 / 20)
     assert models.predict(dict(_ew(100), op="elsewhere#0")) == pytest.approx(20.0)
     assert models.predict(_ew(100)) == pytest.approx(20.0)
@@ -321,7 +331,9 @@ def test_in_situ_factors_come_from_the_steady_traces_when_a_key_has_one():
     both, slow_only = dict(_ew(100), op="loss#0"), dict(_ew(100), op="loss#1")
     steady_trace = [dict(both, dur_us=10.0)]
     slow_trace = [dict(both, dur_us=18.0), dict(slow_only, dur_us=18.0)]
-    factors = models.calibrate_in_situ([steady_trace, slow_trace], slowdowns=[1.05, 1.8], steady=1.15)
+    factors = models.calibrate_in_situ(
+        [steady_trace, slow_trace], slowdowns=[1.05, 1.8], steady=1.15
+    )
     assert factors[KernelModels.situ_keys(both)[0]] == pytest.approx(1.0)  # the slow trace ignored
     assert factors[KernelModels.situ_keys(slow_only)[0]] == pytest.approx(1.8)  # nothing better
     without = models.calibrate_in_situ([steady_trace, slow_trace])  # no slowdowns: every trace
@@ -390,7 +402,11 @@ def test_gemm_sweep_runs_a_layer_in_the_layouts_of_a_training_step(fan_in):
         i = 1 if name == "aten::addmm" else 0
         return (name, [list(x) for x in shapes[i : i + 2]], [list(x) for x in strides[i : i + 2]])
 
-    step = sorted(operands(r["name"], r["shapes"], r["strides"]) for r in recs if r["name"] in ("aten::addmm", "aten::mm"))
+    step = sorted(
+        operands(r["name"], r["shapes"], r["strides"])
+        for r in recs
+        if r["name"] in ("aten::addmm", "aten::mm")
+    )
     sweep = sorted(
         operands(name, [t.shape for t in args], [t.stride() for t in args])
         for name, args, _ in linear_gemms(b, fan_in, fo, torch.float32)
@@ -487,6 +503,8 @@ def test_model_files_written_before_step_points_still_predict():
     raw = models._predict(k)
     models.calibrate_in_situ([[dict(k, dur_us=1.5 * raw)]])
     doc = models.to_json()
-    doc["in_situ_points"] = {key: [pt[:3] for pt in pts] for key, pts in doc["in_situ_points"].items()}
+    doc["in_situ_points"] = {
+        key: [pt[:3] for pt in pts] for key, pts in doc["in_situ_points"].items()
+    }
     old = KernelModels.from_json(json.loads(json.dumps(doc)))
     assert old.predict(k, 10e6) / raw == pytest.approx(1.5, rel=1e-6)

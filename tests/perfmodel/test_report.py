@@ -51,7 +51,9 @@ def test_trace_paths_in_pass_order_or_the_single_trace(tmp_path):
     (tmp_path / "kaggle-b256-fp32.trace.json").write_text("{}")
     names = [p.name for p in trace_paths(tmp_path, "small-b128-fp32")]
     assert names == [f"small-b128-fp32.pass{p}.trace.json" for p in (0, 1, 2, 10)]
-    assert [p.name for p in trace_paths(tmp_path, "kaggle-b256-fp32")] == ["kaggle-b256-fp32.trace.json"]
+    assert [p.name for p in trace_paths(tmp_path, "kaggle-b256-fp32")] == [
+        "kaggle-b256-fp32.trace.json"
+    ]
     assert trace_paths(tmp_path, "wide-b512-fp32") == []
 
 

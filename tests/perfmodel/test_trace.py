@@ -142,9 +142,20 @@ def test_cuda_kernels_are_the_compute_ops_with_their_device_time():
         _Ev("cudaLaunchKernel", 14, 19, kernels=[("sm90_gemm", 40.0)]),
         _Ev("cudaLaunchKernel", 20, 24, kernels=[("splitk_reduce", 5.0)])])  # fmt: skip
     host_op = _Ev("aten::index_select", 31, 40, shapes=[[100, 16], [], [8]])
-    stray = _Ev("aten::weird_wrapper", 41, 45, children=[_Ev("cudaLaunchKernel", 42, 43, kernels=[("fill", 2.0)])])
+    stray = _Ev(
+        "aten::weird_wrapper",
+        41,
+        45,
+        children=[_Ev("cudaLaunchKernel", 42, 43, kernels=[("fill", 2.0)])],
+    )
     direct = _Ev("cudaLaunchKernel", 46, 47, kernels=[("copy", 3.0)])
-    linear = _Ev("aten::linear", 10, 50, children=[addmm, host_op, stray, direct], shapes=[[4, 3], [2, 3], [2]])
+    linear = _Ev(
+        "aten::linear",
+        10,
+        50,
+        children=[addmm, host_op, stray, direct],
+        shapes=[[4, 3], [2, 3], [2]],
+    )
     step = _Ev(tr.STEP_LABEL, 0, 100, children=[linear])
     events = [step, linear, addmm, *addmm.cpu_children, host_op, stray, *stray.cpu_children, direct]
     [graph] = tr.graph_from_events(events, uses_cuda=True)
@@ -154,10 +165,18 @@ def test_cuda_kernels_are_the_compute_ops_with_their_device_time():
     assert gemm["shapes"] == [[2], [4, 3], [3, 2]] and gemm["launch_us"] == 9.0
     assert gemm["device_kernels"] == ["sm90_gemm", "splitk_reduce"]
     assert (host["name"], host["stream"], host["dur_us"]) == ("aten::index_select", "cpu", 9.0)
-    assert (wrapper["name"], wrapper["stream"], wrapper["dur_us"]) == ("aten::weird_wrapper", "cuda:0", 2.0)
+    assert (wrapper["name"], wrapper["stream"], wrapper["dur_us"]) == (
+        "aten::weird_wrapper",
+        "cuda:0",
+        2.0,
+    )
     assert (rest["name"], rest["stream"], rest["dur_us"]) == ("aten::linear", "cuda:0", 3.0)
     [cpu_graph] = tr.graph_from_events(events, uses_cuda=False)
-    assert [k["name"] for k in cpu_graph["ops"][0]["kernels"]] == ["aten::addmm", "aten::index_select", "aten::weird_wrapper"]
+    assert [k["name"] for k in cpu_graph["ops"][0]["kernels"]] == [
+        "aten::addmm",
+        "aten::index_select",
+        "aten::weird_wrapper",
+    ]
 
 
 def test_device_kernel_times_are_not_corrected_for_host_effects():

@@ -34,11 +34,15 @@ def test_oracle_share_matches_sampled_inputs():
     hot = np.array(bound["hot_rows_per_table"])[:, None]
     sampled = (rows < hot).all(axis=0).mean()  # an id is hot iff it is in its table's hot prefix
     assert abs(sampled - bound["all_hot_input_share"]) < 0.01  # 65k inputs: sd about 0.002
-    assert bound["max_bytes_ratio_host_over_fae"] == round(1 / (1 - bound["all_hot_input_share"]), 3)
+    assert bound["max_bytes_ratio_host_over_fae"] == round(
+        1 / (1 - bound["all_hot_input_share"]), 3
+    )
 
 
 def test_oracle_grows_with_the_budget():
     """More budget never lowers the bound; enough budget for every row makes every input hot."""
-    shares = [bench.oracle_bound(_cfg(b))["all_hot_input_share"] for b in ("1KB", "10KB", "40KB", "1MB")]
+    shares = [
+        bench.oracle_bound(_cfg(b))["all_hot_input_share"] for b in ("1KB", "10KB", "40KB", "1MB")
+    ]
     assert shares == sorted(shares)
     assert shares[-1] == 1.0
