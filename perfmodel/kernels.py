@@ -95,12 +95,9 @@ class KernelModels:
         without the op; operator type and dtype.
         The factor of the first key the fit traces have is applied.
 
-        Why outer products have a key of their own: the logit layer's input gradient,
-        [B, 1] x [1, N], writes B x N from almost nothing read, and that output is cache-cold
-        inside a step (1.1-3x its isolated time in the held-out traces). Its strides hold the layer's width,
-        so a held-out width has no finest key, and the GEMM-wide factor (about 1.2x, set by the
-        big layers) predicted it 40-60% low (rescored on three cycles' held-out traces: gemm
-        9.8 -> 9.4%, 8.4 -> 8.0%, 12.9 -> 10.9%; nothing else moves)."""
+        Outer products have a key of their own: their output is written cache-cold inside a step,
+        and their strides hold the layer's width, so a held-out width would fall back to the
+        GEMM-wide factor set by the big layers (docs/perfmodel-measurements.md).."""
         bf16 = any(d in ("c10::BFloat16", "c10::Half") for d in (k.get("dtypes") or []))
         dtype = "bf16" if bf16 else "fp32"
         kind = F.op_type(k["name"])
@@ -141,9 +138,8 @@ class KernelModels:
 
         With `slowdowns` (each trace's `machine_slowdown`), a key's factor comes from the traces
         measured on a steady machine (slowdown at most `steady`) when any has the key, and from
-        all of them otherwise: a trace measured while the machine ran 1.5-1.9x slower than
-        described would carry that slowdown into every prediction of its keys (measured here:
-        fp32 predictions 26-70% high when four of the seven fit traces ran slow).
+        all of them otherwise: a slow trace would carry its slowdown into every prediction of its
+        keys (docs/perfmodel-measurements.md).
 
         Kernels other than GEMMs also keep their factor per size (`situ_size`): per trace and
         key, one point per distinct size (its measured over predicted total), weighted so that
@@ -220,22 +216,10 @@ class KernelModels:
         working set is from the kernel's step's (`step_bytes`, else the record's own;
         `features.step_weights`): a step outside the fit traces' range reads the nearest ones.
 
-        Why per size: inside a step a 2 us cast of a bias costs about what it costs alone,
-        while the 200 us cast of the same layer's weight runs 1.5-2x slower than alone (its
-        input comes from DRAM, not from a warm cache); one factor per context, set by the
-        large kernels that dominate its time, made the small ones 30-100% too slow (measured
-        by rescoring four report runs: element-wise 12.9-14.8% -> 10.5-13.0%, embedding backward
-        7.5-10.8% -> 4.2-8.1%).
-
-        Why per step: a kernel's inputs are colder the more the step streams through the caches
-        between the kernel that wrote them and the one that reads them. The fit traces' steps
-        move 11-390 MB through their dense kernels; per trace, the factor of the same kernels
-        grows with it (the bias gradient's `sum` and `threshold_backward` run at their isolated
-        speed in a 5 MB step and at 1.9-2.4x in a 100 MB one; fp32 bmm 1.4x at 25 MB, 2.1x at
-        360 MB). With cycle C's fit (docs/perfmodel-measurements.md, session 11) scored on its
-        own and on cycle A's held-out traces, against session 10's model (no step kernel, 8 fit
-        traces): element-wise 10.1 -> 9.3% and 10.4 -> 9.6%, gemm 9.3 -> 8.9% and 9.2 -> 9.0%,
-        device active time 3.4 -> 1.7% and 3.8 -> 2.5%."""
+        Per size, because a small kernel's inputs are still warm in the cache inside a step while a
+        large one's come from DRAM; per step, because a kernel's inputs are colder the more the
+        step streams through the caches between their writer and their reader (the figures are in
+        docs/perfmodel-measurements.md)."""
         for key in self.situ_keys(k):
             if key not in self.in_situ:
                 continue
