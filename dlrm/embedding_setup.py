@@ -26,7 +26,7 @@ import torch
 
 from dlrm.config import TrainConfig
 from dlrm.errors import ConfigError
-from dlrm.fae_schedule import FAEBatchSource
+from dlrm.fae_batches import FAEBatchSource
 from embeddings import FusedEmbeddingBagCollection, SparseOptimizer, TableSpec
 from embeddings.collection import EmbeddingCollection
 from embeddings.errors import PlacementError, ProfileError

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from dlrm import Trainer
-from dlrm.fae_schedule import BatchSelector, FAEBatchSource, concat_batches
+from dlrm.fae_batches import BatchSelector, FAEBatchSource, concat_batches
 from dlrm.train import main
 from embeddings.hot_inputs import AllHotClassifier
 from embeddings.placement import PlacementPlan
