@@ -32,6 +32,9 @@ COUNTER_KEYS = {
     "emb_bytes_h2d", "emb_bytes_d2h", "emb_bytes_h2d_lookup", "emb_bytes_d2h_lookup",
     "emb_bytes_h2d_sync", "emb_bytes_d2h_sync", "syncs", "sync_rows", "sync_s", "hot_batches",
     "cold_batches", "train_inputs", "hot_inputs", "hot_input_share", "emb_bytes_per_sample",
+    "emb_bytes_h2d_gather", "emb_bytes_d2h_gather", "emb_bytes_h2d_writeback",
+    "emb_bytes_d2h_writeback", "popular_inputs", "hotline_batches", "cold_rows", "gather_s",
+    "exposed_gather_s", "popular_input_share", "cold_rows_per_batch", "hidden_share",
 }  # fmt: skip
 
 
@@ -55,9 +58,10 @@ def test_every_collection_has_the_same_counters_and_says_where_rows_live():
         assert not c.replicated_across_ranks()
     fused = colls["device"].counters()
     assert fused["hot_input_share"] == 1.0 and fused["emb_bytes_per_sample"] == 0.0
-    assert all(
-        v == 0 for k, v in fused.items() if k not in ("hot_input_share", "emb_bytes_per_sample")
-    )
+    ratios = ("hot_input_share", "emb_bytes_per_sample")
+    hotline_ratios = ("popular_input_share", "cold_rows_per_batch", "hidden_share")
+    assert all(fused[k] is None for k in hotline_ratios)  # no Hotline step
+    assert all(v == 0 for k, v in fused.items() if k not in ratios + hotline_ratios)
     assert colls["host"].counters()["hot_input_share"] is None  # nothing trained yet
     run_sequence([colls["host"], colls["fae"]], KINDS[:3])
     assert colls["host"].counters()["hot_input_share"] == 0.0
@@ -82,7 +86,8 @@ def test_extra_state_round_trips_and_old_checkpoint_counters_load():
     run_sequence([fae], KINDS)
     state = fae.extra_state()
     assert (
-        sorted(state) == ["placement_stats"] and state["placement_stats"].numel() == LEGACY_VALUES
+        sorted(state) == ["placement_stats"]
+        and state["placement_stats"].numel() == TransferStats().state_tensor().numel()
     )
     fresh = FAEEmbeddingBagCollection(tables(), opt, fae.plan)
     fresh.load_extra_state(state)
@@ -96,7 +101,8 @@ def test_extra_state_round_trips_and_old_checkpoint_counters_load():
                            "emb_bytes_d2h_sync", "syncs", "sync_rows", "hot_batches",
                            "cold_batches", "train_inputs", "hot_inputs")] == old[:10].tolist()  # fmt: skip
     assert c["sync_s"] == 2.5 and c["emb_bytes_h2d"] == 40 and c["hot_input_share"] == 0.5
-    assert torch.equal(fresh.extra_state()["placement_stats"], old)
+    saved = fresh.extra_state()["placement_stats"]
+    assert torch.equal(saved[:LEGACY_VALUES], old) and not saved[LEGACY_VALUES:].any()
     with pytest.raises(KeyError, match="unexpected checkpoint state x"):
         fresh.load_extra_state({"x": old})
 
@@ -114,7 +120,7 @@ def test_counters_of_a_further_link_add_keys_and_checkpoint_values():
     assert back.as_dict() == d
     back.load_state_tensor(TransferStats().state_tensor())  # from before the link existed
     assert back.as_dict()["emb_bytes_s2h"] == 0
-    with pytest.raises(ValueError, match="12 values, expected 15"):
+    with pytest.raises(ValueError, match="12 values, expected 28"):
         back.load_state_tensor(torch.zeros(12, dtype=torch.int64))
     with pytest.raises(KeyError, match="no link ssd->device"):
         stats.add_bytes("ssd", "device", "lookup", 1)
