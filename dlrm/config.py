@@ -132,7 +132,7 @@ class TrainConfig:
     progress: bool | None = None  # None: only when stderr is a terminal
     perf_log: str | None = None  # directory for a perf trace of a few steps (perfmodel)
 
-    # embedding placement (dlrm/placement.py): device | host | fae | auto
+    # embedding placement (dlrm/embedding_setup.py): device | host | fae | hotline | auto
     placement: str = "device"
     hot_budget: str = "256MB"  # device-tier bytes for hot rows (weights + optimizer state)
     profile_sample_rate: float = 0.05  # share of the training batches the access profile counts
@@ -140,6 +140,8 @@ class TrainConfig:
     placement_plan: str | None = None  # reuse this placement plan (.npz + .json), or write it here
     fae_switch_period: int = 64  # FAE: mini-batches per hot-then-cold scheduling window
     fae_order: str = "interleave"  # interleave | block (the original FAE order, an ablation)
+    hotline_prefetch: int = 2  # Hotline: mini-batches whose cold rows are gathered ahead (0: none)
+    hotline_learn_batches: int = 0  # Hotline: learn popularity online over this many mini-batches
 
     def __post_init__(self) -> None:
         self.reference_defaults = self._fill_reference_defaults()
@@ -236,7 +238,15 @@ class TrainConfig:
             raise ConfigError(
                 f"--data-sub-sample-rate: expected a number in [0, 1), got {self.data_sub_sample_rate}"
             )
-        choice("--placement", self.placement, ("device", "host", "fae", "auto"))
+        choice("--placement", self.placement, ("device", "host", "fae", "hotline", "auto"))
+        if not 0 <= self.hotline_prefetch <= 8:
+            raise ConfigError(
+                f"--hotline-prefetch: expected an integer from 0 to 8, got {self.hotline_prefetch}"
+            )
+        if self.hotline_learn_batches < 0:
+            raise ConfigError(
+                f"--hotline-learn-batches: expected a non-negative integer, got {self.hotline_learn_batches}"
+            )
         choice("--fae-order", self.fae_order, ("interleave", "block"))
         try:
             parse_bytes(self.hot_budget)

@@ -5,6 +5,9 @@ build the collection; and the FAE schedule of the training split when the placem
 - `device`: every table on the training device (the fused collection);
 - `host`:   every table in host memory, pooled embeddings sent to the device (CPU-GPU hybrid);
 - `fae`:    hot rows replicated on the device, hot mini-batches trained there (embeddings/fae.py);
+- `hotline`: hot rows only on the device, the rest only on the host, every mini-batch split into
+  popular and non-popular inputs (embeddings/hotline.py, dlrm/hotline_pipeline.py); with
+  `--hotline-learn-batches N` the plan is learned over the first N mini-batches instead;
 - `auto`:   `device` when all tables (weights + optimizer state) fit `--hot-budget`, else `fae`.
 
 The plan comes from `--placement-plan` when that file exists; otherwise from the access profile
@@ -32,6 +35,7 @@ from embeddings.collection import EmbeddingCollection
 from embeddings.errors import PlacementError, ProfileError
 from embeddings.fae import FAEEmbeddingBagCollection
 from embeddings.hot_inputs import AllHotClassifier
+from embeddings.hotline import HotlineEmbeddingBagCollection
 from embeddings.placement import (
     PlacementPlan,
     fits_on_device,
@@ -43,7 +47,7 @@ from embeddings.profile import AccessProfile, AccessProfiler
 
 log = logging.getLogger(__name__)
 
-PLACEMENTS = ("device", "host", "fae", "auto")
+PLACEMENTS = ("device", "host", "fae", "hotline", "auto")
 PROFILE_NAME = "access_profile.npz"
 PLAN_NAME = "placement_plan.npz"
 
@@ -82,6 +86,10 @@ def build_embeddings(
             return PlacedEmbeddings(
                 FAEEmbeddingBagCollection(tables, opt, None, device, backend, seed), kind
             )
+        if kind == "hotline":
+            plan = hotline_plan(cfg, tables, opt, train_source)
+            coll = HotlineEmbeddingBagCollection(tables, opt, plan, device, backend, seed)
+            return PlacedEmbeddings(coll, kind, plan)
         plan = obtain_plan(cfg, tables, opt, train_source)
         return PlacedEmbeddings(
             FAEEmbeddingBagCollection(tables, opt, plan, device, backend, seed), kind, plan
@@ -99,8 +107,38 @@ def schedule_training_data(cfg: TrainConfig, data, placed: PlacedEmbeddings, per
     return dataclasses.replace(data, train=train)
 
 
-def obtain_plan(
+def hotline_plan(
     cfg: TrainConfig, tables: list[TableSpec], opt: SparseOptimizer, train_source
+) -> PlacementPlan | None:
+    """Hotline's one-home plan, or None while it is to be learned online (a resumed run that
+    learned it already reuses the run directory's)."""
+    if cfg.hotline_learn_batches and not (cfg.resume and (cfg.run_dir / PLAN_NAME).is_file()):
+        return None
+    return obtain_plan(cfg, tables, opt, train_source, one_home=True)
+
+
+def learned_plan(cfg: TrainConfig, coll: HotlineEmbeddingBagCollection) -> PlacementPlan:
+    """The plan of the accesses Hotline counted online, under `--hot-budget`; written to the run
+    directory (a resumed run starts from it)."""
+    names = [t.feature_name for t in coll.tables]
+    profile = AccessProfile(names, coll.sizes, coll.learned_counts(), coll.stats.train_inputs)
+    plan = plan_placement(
+        profile, coll.dims, coll.optimizer, parse_bytes(cfg.hot_budget), one_home=True
+    )
+    plan.report["learned_batches"] = coll.learned_batches
+    plan.save(cfg.run_dir / PLAN_NAME)
+    log.info(
+        "hotline: learned %d hot rows over %d mini-batches", plan.num_hot, coll.learned_batches
+    )
+    return plan
+
+
+def obtain_plan(
+    cfg: TrainConfig,
+    tables: list[TableSpec],
+    opt: SparseOptimizer,
+    train_source,
+    one_home: bool = False,
 ) -> PlacementPlan:
     names = [t.feature_name for t in tables]
     sizes = [t.num_embeddings for t in tables]
@@ -113,7 +151,7 @@ def obtain_plan(
         plan, source = PlacementPlan.load(run_plan), str(run_plan)
     else:
         profile = obtain_profile(cfg, names, sizes, train_source)
-        plan = plan_placement(profile, dims, opt, parse_bytes(cfg.hot_budget))
+        plan = plan_placement(profile, dims, opt, parse_bytes(cfg.hot_budget), one_home=one_home)
         source = None
         if given is not None:
             plan.save(given)
@@ -121,8 +159,8 @@ def obtain_plan(
     plan.save(run_plan)
     r = plan.report
     log.info(
-        "fae placement: %d hot rows (%.1f MB), in-sample hot lookups %.3f, hot inputs %.3f",
-        plan.num_hot, plan.device_bytes() / 2**20, r.get("hot_lookup_share") or 0.0, r.get("hot_input_share") or 0.0,
+        "%s placement: %d hot rows (%.1f MB), in-sample hot lookups %.3f, hot inputs %.3f",
+        cfg.placement, plan.num_hot, plan.device_bytes() / 2**20, r.get("hot_lookup_share") or 0.0, r.get("hot_input_share") or 0.0,
     )  # fmt: skip
     return plan
 
@@ -159,6 +197,8 @@ def profile_training_sample(
 LOGGED_COUNTERS = (
     "emb_bytes_h2d", "emb_bytes_d2h", "emb_bytes_h2d_lookup", "emb_bytes_d2h_lookup",
     "emb_bytes_h2d_sync", "emb_bytes_d2h_sync", "syncs", "hot_input_share", "sync_s",
+    "emb_bytes_h2d_gather", "emb_bytes_d2h_writeback", "popular_input_share",
+    "cold_rows_per_batch", "gather_s", "exposed_gather_s", "hidden_share",
 )  # fmt: skip
 
 

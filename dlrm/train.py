@@ -114,7 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
     opt("--numpy-rand-seed", int, dest="seed", help_="seed of initialisation and data order")
     opt("--seed", int, help_="alias of --numpy-rand-seed")
 
-    opt("--placement", help_="where embedding rows live: device (default), host, fae or auto")
+    opt(
+        "--placement",
+        help_="where embedding rows live: device (default), host, fae, hotline or auto",
+    )
     opt(
         "--hot-budget",
         help_="device bytes for hot rows, weights + optimizer state (e.g. 256MB, 2GB)",
@@ -133,6 +136,16 @@ def build_parser() -> argparse.ArgumentParser:
     opt(
         "--fae-order",
         help_="fae: interleave (default) or block (all cold then all hot, an ablation)",
+    )
+    opt(
+        "--hotline-prefetch",
+        int,
+        help_="hotline: mini-batches whose cold rows are gathered ahead on a worker (default 2)",
+    )
+    opt(
+        "--hotline-learn-batches",
+        int,
+        help_="hotline: learn row popularity over the first N mini-batches instead of a profile",
     )
 
     opt("--print-freq", int)

@@ -56,11 +56,19 @@ class TrainPipeline(ABC):
         """One optimisation step on the next batch of `batches` (StopIteration when there is none)."""
 
 
-def loss_of(logits: torch.Tensor, labels: torch.Tensor, kind: str) -> torch.Tensor:
+def loss_of(
+    logits: torch.Tensor, labels: torch.Tensor, kind: str, batch_size: int | None = None
+) -> torch.Tensor:
+    """The mean loss; with `batch_size`, the sum over these inputs divided by it (a part of a
+    mini-batch: every input's gradient is scaled by exactly 1 / batch_size, as in the mean over
+    the whole mini-batch)."""
     logits = logits.float()
+    reduction = "mean" if batch_size is None else "sum"
     if kind == "mse":
-        return F.mse_loss(torch.sigmoid(logits), labels)
-    return F.binary_cross_entropy_with_logits(logits, labels)
+        loss = F.mse_loss(torch.sigmoid(logits), labels, reduction=reduction)
+    else:
+        loss = F.binary_cross_entropy_with_logits(logits, labels, reduction=reduction)
+    return loss if batch_size is None else loss / batch_size
 
 
 class PlainTrainPipeline(TrainPipeline):

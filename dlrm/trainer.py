@@ -157,14 +157,7 @@ class Trainer:
         self.model = model
         _check_processes(self.model.embeddings, rank)
         self.dense_optimizer = make_dense_optimizer(cfg, self.model.dense_parameters())
-        self.pipeline: TrainPipeline = PlainTrainPipeline(
-            self.model,
-            self.dense_optimizer,
-            self.device,
-            cfg.precision,
-            cfg.loss_function,
-            step_hook,
-        )
+        self.pipeline = self._make_pipeline(step_hook)
         self.write_checkpoints = checkpoints
         self.state = TrainState()
         self.timer = _Timer()
@@ -178,6 +171,29 @@ class Trainer:
             ckpt.load_model_file(Path(cfg.load_model), self.model)
         if cfg.resume:
             self.load_checkpoint(ckpt.resolve_resume(cfg.resume, self.run_dir))
+
+    def _make_pipeline(self, hook: StepHook | None) -> TrainPipeline:
+        """The plain step, or the variant the embedding collection needs (Hotline's split)."""
+        cfg = self.cfg
+        args = (
+            self.model,
+            self.dense_optimizer,
+            self.device,
+            cfg.precision,
+            cfg.loss_function,
+            hook,
+        )
+        if self.model.embeddings.placement_info()["kind"] == "hotline":
+            from dlrm.embedding_setup import learned_plan
+            from dlrm.hotline_pipeline import HotlineTrainPipeline
+
+            return HotlineTrainPipeline(
+                *args,
+                prefetch=cfg.hotline_prefetch,
+                learn_batches=cfg.hotline_learn_batches,
+                make_plan=lambda coll: learned_plan(cfg, coll),
+            )
+        return PlainTrainPipeline(*args)
 
     # --- run directory ------------------------------------------------------------------------
 
