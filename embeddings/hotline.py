@@ -312,11 +312,12 @@ class HotlineEmbeddingBagCollection(EmbeddingCollection):
         return pooled
 
     def _take_gradients(self, slots, cold, cold_gid, per_lookup) -> None:
-        hot = ~cold
-        if bool(hot.any()):
-            self._pending_hot.append(sum_rows(slots[hot], per_lookup[hot]))
+        """Keep each lookup's gradient; `apply_updates` sums them per row once for the step."""
+        if cold_gid.numel() < slots.numel():
+            hot = ~cold
+            self._pending_hot.append((slots[hot], per_lookup[hot]))
         if cold_gid.numel():
-            self._pending_cold.append(sum_rows(cold_gid.to(per_lookup.device), per_lookup[cold]))
+            self._pending_cold.append((cold_gid.to(per_lookup.device), per_lookup[cold]))
         if not self._deferred:
             self.apply_updates()
 
@@ -341,10 +342,9 @@ class HotlineEmbeddingBagCollection(EmbeddingCollection):
         hot, cold = self._pending_hot, self._pending_cold
         self._pending_hot, self._pending_cold = [], []
         if hot:
-            rows, grad = hot[0] if len(hot) == 1 else sum_rows(*map(torch.cat, zip(*hot)))
-            self.hot.update(rows, grad)
+            self.hot.update(*sum_rows(*map(torch.cat, zip(*hot))))
         if cold:
-            gids, grad = cold[0] if len(cold) == 1 else sum_rows(*map(torch.cat, zip(*cold)))
+            gids, grad = sum_rows(*map(torch.cat, zip(*cold)))
             gids, grad = gids.cpu(), grad.cpu()
             self.stats.add_bytes("device", "host", "writeback", grad.numel() * FLOAT)
             self.host.apply_gradients(gids, grad, self.lr)
