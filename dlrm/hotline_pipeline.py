@@ -31,7 +31,7 @@ import torch
 from torchrec.datasets.utils import Batch
 
 from dlrm.errors import NonFiniteLoss
-from dlrm.train_pipeline import StepHook, StepResult, TrainPipeline, loss_of
+from dlrm.train_pipeline import PlainTrainPipeline, StepHook, StepResult, loss_of
 from embeddings.hotline import HotlineEmbeddingBagCollection, StagedRows
 from embeddings.kjt_ops import KJTSelector
 
@@ -81,7 +81,7 @@ class _Pending:
     staged: Future = field(default_factory=Future)
 
 
-class HotlineTrainPipeline(TrainPipeline):
+class HotlineTrainPipeline(PlainTrainPipeline):
     def __init__(
         self,
         model: torch.nn.Module,
@@ -94,13 +94,8 @@ class HotlineTrainPipeline(TrainPipeline):
         learn_batches: int = 0,
         make_plan: Callable[[HotlineEmbeddingBagCollection], object] | None = None,
     ) -> None:
-        self.model = model
+        super().__init__(model, dense_optimizer, device, precision, loss_function, hook)
         self.coll: HotlineEmbeddingBagCollection = model.embeddings
-        self.dense_optimizer = dense_optimizer
-        self.device = device
-        self.bf16 = precision == "bf16"
-        self.loss_function = loss_function
-        self.hook = hook or StepHook()
         self.prefetch = prefetch
         self.learn_batches = learn_batches
         self.make_plan = make_plan
@@ -224,8 +219,3 @@ class HotlineTrainPipeline(TrainPipeline):
         queued = self._drain()
         self.coll.adopt(self.make_plan(self.coll))
         self._queue.extend(self._submit(b) for b in queued)  # prepared again for the new tiers
-
-    def close(self) -> None:
-        self._drain()
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)

@@ -37,6 +37,7 @@ from embeddings.collection import EmbeddingCollection
 from embeddings.config import SparseOptimizer, TableSpec
 from embeddings.errors import PlacementError, TierError
 from embeddings.fused import uniform_table
+from embeddings.hot_inputs import all_hot_inputs
 from embeddings.kjt_ops import in_feature_order
 from embeddings.plan import PlacementPlan, row_bytes
 from embeddings.tiers import DeviceTier, HostTier, table_row_base
@@ -192,16 +193,11 @@ class HotlineEmbeddingBagCollection(EmbeddingCollection):
         return values + self.row_base.repeat_interleave(per_table, output_size=values.numel())
 
     def popular_steps(self, features: KeyedJaggedTensor) -> torch.Tensor:
-        """bool [stride] on the CPU: the inputs (KJT rows) whose every lookup is a device row."""
+        """bool [stride] on the CPU: the inputs (KJT rows) whose every lookup is a device row
+        (the one all-hot rule, embeddings/hot_inputs.py)."""
         features = in_feature_order(features, self.feature_names)
-        batch = features.stride()
-        cold = (self.remap[self.global_ids(features)] < 0).to(torch.int64)
-        lengths = features.lengths().cpu().long()
-        before = torch.zeros(cold.numel() + 1, dtype=torch.int64)
-        before[1:] = torch.cumsum(cold, 0)
-        ends = torch.cumsum(lengths, 0)
-        per_bag = before[ends] - before[ends - lengths]
-        return per_bag.view(len(self.tables), batch).sum(0) == 0
+        values, lengths = features.values().cpu(), features.lengths().cpu().long()
+        return all_hot_inputs(self.remap, self.row_base, values, lengths, features.stride())
 
     def cold_ids(self, features: KeyedJaggedTensor) -> torch.Tensor:
         """The sorted unique host rows these lookups read."""

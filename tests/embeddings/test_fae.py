@@ -36,7 +36,7 @@ def make_batch(rng, batch, hot_only, hot_rows):
     return kjt_from(lengths, values)
 
 
-def make_plan(opt, budget_rows=30, seed=0):
+def make_plan(opt, budget_rows=30, seed=0, one_home=False):
     rng = np.random.default_rng(seed)
     prof = AccessProfiler(SIZES, NAMES)
     # skewed, with the hottest rows away from row 0 (a permutation per table)
@@ -44,7 +44,8 @@ def make_plan(opt, budget_rows=30, seed=0):
         [rng.permutation(n)[np.minimum(rng.zipf(1.4, 400) - 1, n - 1)] for n in SIZES], 1
     )
     prof.add_rows(rows)
-    return plan_placement(prof.finish(), [DIM] * 4, opt, budget_rows * row_bytes(DIM, opt))
+    budget = budget_rows * row_bytes(DIM, opt)
+    return plan_placement(prof.finish(), [DIM] * 4, opt, budget, one_home=one_home)
 
 
 def hot_row_lists(plan):

@@ -8,20 +8,11 @@ from embeddings import FusedEmbeddingBagCollection, SparseOptimizer
 from embeddings.errors import TierError
 from embeddings.hotline import HotlineEmbeddingBagCollection
 from embeddings.kjt_ops import select_inputs
-from embeddings.placement import plan_placement, row_bytes
-from embeddings.profile import AccessProfiler
-from tests.embeddings.test_fae import DIM, NAMES, SIZES, make_batch, tables
+from tests.embeddings.test_fae import DIM, SIZES, make_batch, make_plan, tables
 
 
-def one_home_plan(opt, budget_rows=30, seed=0):
-    rng = np.random.default_rng(seed)
-    prof = AccessProfiler(SIZES, NAMES)
-    rows = np.stack(
-        [rng.permutation(n)[np.minimum(rng.zipf(1.4, 400) - 1, n - 1)] for n in SIZES], 1
-    )
-    prof.add_rows(rows)
-    budget = budget_rows * row_bytes(DIM, opt)
-    return plan_placement(prof.finish(), [DIM] * 4, opt, budget, one_home=True)
+def one_home_plan(opt):
+    return make_plan(opt, one_home=True)
 
 
 def assert_same_tables(a, b, rtol=1e-6):
