@@ -126,11 +126,35 @@ def learned_plan(cfg: TrainConfig, coll: HotlineEmbeddingBagCollection) -> Place
         profile, coll.dims, coll.optimizer, parse_bytes(cfg.hot_budget), one_home=True
     )
     plan.report["learned_batches"] = coll.learned_batches
+    offline = _offline_plan(cfg, coll)
+    if offline is not None:
+        plan.report["offline_overlap"] = plan.overlap(offline)
     plan.save(cfg.run_dir / PLAN_NAME)
     log.info(
         "hotline: learned %d hot rows over %d mini-batches", plan.num_hot, coll.learned_batches
     )
+    if offline is not None:
+        log.info(
+            "hotline: %d of the offline plan's %d hot rows are in the learned hot set (%.1f%%)",
+            plan.report["offline_overlap"]["common_hot_rows"], offline.num_hot,
+            100 * (plan.report["offline_overlap"]["share_of_other"] or 0.0),
+        )  # fmt: skip
     return plan
+
+
+def _offline_plan(cfg: TrainConfig, coll: HotlineEmbeddingBagCollection) -> PlacementPlan | None:
+    """The plan an existing `--placement-plan` or `--profile-file` gives under the same budget
+    (what the learned hot set is compared with), or None."""
+    given = Path(cfg.placement_plan).with_suffix(".npz") if cfg.placement_plan else None
+    if given is not None and given.is_file():
+        return PlacementPlan.load(given)
+    if cfg.profile_file and Path(cfg.profile_file).is_file():
+        names = [t.feature_name for t in coll.tables]
+        profile = obtain_profile(cfg, names, coll.sizes, None)
+        return plan_placement(
+            profile, coll.dims, coll.optimizer, parse_bytes(cfg.hot_budget), one_home=True
+        )
+    return None
 
 
 def obtain_plan(

@@ -106,7 +106,9 @@ class FusedEmbeddingBagCollection(EmbeddingCollection):
         device: torch.device | str | None = None,
         backend: str = "auto",
         seed: int = 0,
+        init: bool = True,
     ) -> None:
+        """`init=False` leaves the initial values to the caller (a tier that copies its rows in)."""
         super().__init__()
         if backend not in BACKENDS:
             raise ValueError(f"unknown embedding backend {backend!r}: expected one of {BACKENDS}")
@@ -129,8 +131,9 @@ class FusedEmbeddingBagCollection(EmbeddingCollection):
                 [t.num_embeddings for t in tables], self.dims, optimizer, self.device
             )
         object.__setattr__(self, "_impl", impl)  # not a submodule: see the module docstring
-        with torch.no_grad():
-            uniform_init_(self.table_weights(), seed)
+        if init:
+            with torch.no_grad():
+                uniform_init_(self.table_weights(), seed)
         log.debug("embedding collection: %d tables on %s via %s", len(tables), self.device, backend)
 
     # --- the collection contract -------------------------------------------------------------

@@ -52,15 +52,18 @@ def all_hot_inputs(
     without lookups is all hot). `slots`, when the caller has them, are `lookup_slots(...)`."""
     if slots is None:
         slots = lookup_slots(remap, row_base, values, lengths, batch)
-    cold = slots < 0
-    if not bool(cold.any()):  # every lookup hot (FAE's hot batches): no per-input work
-        return torch.ones(batch, dtype=torch.bool, device=slots.device)
-    lengths = lengths.to(slots.device).long()
-    cold_before = torch.zeros(slots.numel() + 1, dtype=torch.int64, device=slots.device)
-    cold_before[1:] = torch.cumsum(cold.to(torch.int64), 0)
-    ends = torch.cumsum(lengths, 0)
-    per_bag = cold_before[ends] - cold_before[ends - lengths]  # cold lookups of each bag
-    return per_bag.view(-1, batch).sum(0) == 0
+    return all_hot_given_cold(torch.nonzero(slots < 0).squeeze(1), lengths, batch)
+
+
+def all_hot_given_cold(cold_at: torch.Tensor, lengths: torch.Tensor, batch: int) -> torch.Tensor:
+    """bool [batch]: the inputs none of whose lookups is at a position in `cold_at` (the
+    positions of the cold lookups in `values`)."""
+    hot = torch.ones(batch, dtype=torch.bool, device=cold_at.device)
+    if cold_at.numel():  # else every lookup hot (FAE's hot batches): no per-input work
+        ends = torch.cumsum(lengths.to(cold_at.device).long(), 0)
+        bag = torch.searchsorted(ends, cold_at, right=True)
+        hot[bag % batch] = False  # bags are table-major: bag b belongs to input b % batch
+    return hot
 
 
 class AllHotClassifier:

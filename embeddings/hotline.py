@@ -1,24 +1,27 @@
 """Hotline's embeddings (Adnan et al., ISCA 2024), behind the embedding-collection contract.
 
 One home per row (embeddings/tiers.py):
-- the device tier holds the plan's hot rows (weights + optimizer state) in one [hot rows, dim]
-  table on the training device, looked up and updated with PyTorch's own ops;
-- the host tier holds every other row with its state (a `HostTier` of the plan's `rest`), and is
-  their only copy: a `ColdRowSource` that serves rows by id and trains them itself.
-No row lives in two tiers, so nothing is ever synced.
+- the device tier holds the plan's hot rows, weights and optimizer state;
+- the host tier (a `RowStore`: rows and state read and written back by global id) holds every
+  other row, and is its only copy.
+No row is kept in two tiers, so nothing is synced in bulk.
 
-A training step's cold rows are *staged*: deduplicated, gathered from the host tier and copied to
-the device (`stage`; the Hotline train pipeline does it ahead, on a worker). Lookups then read hot
-rows from the device tier and cold rows from the staged copy. Backward sums each row's gradient
-over its lookups: the hot rows are updated on the device, the cold rows' gradients go back to
-the host tier, whose optimizer updates the rows and their state in place. That happens in
-backward, or, inside `deferred_updates()`, once after every backward of the step (Hotline's
-popular and non-popular micro-batches make one optimizer step). A staged copy gathered before a
-write-back of some of its rows is refreshed before use (`refresh_staged`), so it is never stale.
+The device tier is one table-batched collection (fbgemm's kernels on CPU, PyTorch's own ops where
+fbgemm has none: embeddings/fused.py). Its table t holds the hot rows of table t followed by
+*staging slots*. A training step's cold rows are staged: deduplicated and read from the host tier
+with their optimizer state (`stage`, which also classifies the inputs: popular when every lookup
+is hot, and maps every lookup to its row in the device tier; the Hotline train pipeline runs it
+mini-batches ahead, on a worker), then copied into the staging slots (`using`). The step itself is
+the device placement's: one lookup over hot and staged rows with the optimizer fused into
+backward, so every row, hot or cold, gets one update per step from its summed gradient.
 
-Without staged rows (evaluation, the plain train pipeline) forward gathers the cold rows itself.
-With `plan=None` every row starts on the host; `observe` counts accesses and `adopt(plan)` moves
-the plan's hot rows to the device (Hotline's online popularity).
+Staged rows go home (written back to the host tier, weights and state) when the slots are loaded
+again, or before anything reads the host's rows (`sync`). A staging read from the host before a
+write-back of some of its rows is refreshed when it is loaded: it is never used stale.
+
+Evaluation stages its batch's cold rows itself. With `plan=None` every row starts on the host;
+`observe` counts accesses and `adopt(plan)` moves the plan's hot rows to the device (Hotline's
+online popularity).
 """
 
 from __future__ import annotations
@@ -30,64 +33,51 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from embeddings.collection import EmbeddingCollection
 from embeddings.config import SparseOptimizer, TableSpec
 from embeddings.errors import PlacementError, TierError
-from embeddings.fused import uniform_table
-from embeddings.hot_inputs import all_hot_inputs
+from embeddings.fused import FusedEmbeddingBagCollection, uniform_table
 from embeddings.kjt_ops import in_feature_order
+from embeddings.lookup_map import RowOutOfRange, map_lookups
 from embeddings.plan import PlacementPlan, row_bytes
-from embeddings.tiers import DeviceTier, HostTier, table_row_base
+from embeddings.tiers import HostTier, flat_rows, table_row_base
 from embeddings.transfer_stats import TransferStats
 
-FLOAT = 4
-# write-backs remembered for refreshing staged rows; a staging older than this is gathered again
+# write-backs remembered for refreshing stagings; a staging older than this is read again whole
 WRITEBACK_LOG = 16
 
 
 @dataclass
 class StagedRows:
-    """One step's cold rows on the device: `weight[i]` is global row `gids[i]` (sorted, unique)."""
+    """One mini-batch's cold rows, read from the host tier, and its lookups' rows in the device
+    tier. `weight[i]` (and `state[i]`) is global row `gids[i]`; gids are sorted and unique, so
+    the rows of table t are the `per_table[t]` after those of the tables before it."""
 
     gids: torch.Tensor  # int64, CPU
-    weight: torch.Tensor  # [n, dim] float32 on the training device
-    version: int  # write-backs the host tier had received when the gather began
-    seconds: float = 0.0  # the gather's own time
-    ready: torch.cuda.Event | None = None  # CUDA: recorded on the side stream after the copy
+    weight: torch.Tensor  # [n, dim] float32, on the training device
+    state: torch.Tensor | None  # the optimizer state of those rows (None for SGD)
+    per_table: torch.Tensor  # int64 [tables], CPU
+    lookups_per_table: torch.Tensor  # int64 [tables], CPU: the mini-batch's lookups
+    indices: torch.Tensor  # each lookup's row in its device-tier table (hot slot or staging slot)
+    lookups: int
+    popular_inputs: int  # inputs whose every lookup is a hot row (nothing to stage)
+    version: int  # write-backs the host tier had received when the read began
+    seconds: float = 0.0  # the staging's own time
+    ready: torch.cuda.Event | None = None  # CUDA: recorded on the side stream after the copies
 
     @property
     def rows(self) -> int:
         return self.gids.numel()
 
 
-class _Lookup(torch.autograd.Function):
-    """Sum-pooled bags over hot slots (device tier) and staged cold rows; backward hands each
-    tier its rows' summed gradients (`HotlineEmbeddingBagCollection._take_gradients`)."""
-
-    @staticmethod
-    def forward(ctx, placeholder, coll, slots, cold, cold_idx, cold_gid, offsets, staged_w):  # type: ignore[override]
-        ctx.coll = coll
-        ctx.save_for_backward(slots, cold, cold_idx, cold_gid, offsets)
-        return coll._pool(slots, cold, cold_idx, offsets, staged_w)
-
-    @staticmethod
-    def backward(ctx, grad_bags):  # type: ignore[override]
-        slots, cold, cold_idx, cold_gid, offsets = ctx.saved_tensors
-        lengths = offsets[1:] - offsets[:-1]
-        per_lookup = grad_bags.float().repeat_interleave(lengths, dim=0, output_size=slots.numel())
-        ctx.coll._take_gradients(slots, cold, cold_gid, per_lookup)
-        return (None,) * 8
-
-
-def sum_rows(rows: torch.Tensor, grads: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(unique rows, the summed gradient of each)."""
-    unique, inverse = torch.unique(rows, return_inverse=True)
-    out = torch.zeros(unique.numel(), grads.shape[1], dtype=grads.dtype, device=grads.device)
-    out.index_add_(0, inverse, grads)
-    return unique, out
+def _members(x: torch.Tensor, sorted_set: torch.Tensor) -> torch.Tensor:
+    """bool per element of `x`: is it in `sorted_set` (sorted, unique)?"""
+    if not sorted_set.numel():
+        return torch.zeros(x.shape, dtype=torch.bool)
+    at = torch.searchsorted(sorted_set, x).clamp(max=sorted_set.numel() - 1)
+    return sorted_set[at] == x
 
 
 class HotlineEmbeddingBagCollection(EmbeddingCollection):
@@ -99,7 +89,7 @@ class HotlineEmbeddingBagCollection(EmbeddingCollection):
         optimizer: SparseOptimizer = SparseOptimizer(),
         plan: PlacementPlan | None = None,
         device: torch.device | str | None = None,
-        host_backend: str = "auto",
+        backend: str = "auto",
         seed: int = 0,
     ) -> None:
         super().__init__()
@@ -107,40 +97,38 @@ class HotlineEmbeddingBagCollection(EmbeddingCollection):
         self.feature_names = [t.feature_name for t in tables]
         self.dims = [t.embedding_dim for t in tables]
         if len(set(self.dims)) != 1:
-            raise ValueError(
-                "hotline placement: the hot table needs every embedding table to have the same width"
-            )
+            raise ValueError("hotline placement: every embedding table must have the same width")
         self.dim = self.dims[0]
         self.optimizer = optimizer
         self.lr = optimizer.learning_rate
         self.device = torch.device(device or "cpu")
-        self.seed, self.host_backend = seed, host_backend
+        self.seed, self.backend_name = seed, backend
         self.sizes = [t.num_embeddings for t in tables]
         self.row_base = table_row_base(self.sizes)
+        self._np_sizes, self._np_row_base = np.array(self.sizes), self.row_base.numpy()
         self.total_rows = sum(self.sizes)
         self.stats = TransferStats()
         self._row_bytes = row_bytes(self.dim, optimizer)
-        self._placeholder = torch.zeros(0, device=self.device, requires_grad=True)
         self._side = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-        self._deferred = False
-        self._pending_hot: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self._pending_cold: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._staged: StagedRows | None = None
+        self._in_slots: tuple[torch.Tensor, torch.Tensor, bool] | None = None  # gids, slots, dirty
         self.version = 0  # write-backs so far
         self._writebacks: deque[tuple[int, torch.Tensor]] = deque(maxlen=WRITEBACK_LOG)
         self._export: dict[str, list[torch.Tensor]] = {}
         self.learn_counts: torch.Tensor | None = None  # accesses per global row while learning
         self.learned_batches = 0
         self.plan: PlacementPlan | None = None
+        self.capacity = [0] * len(tables)  # staging slots per table
         if plan is None:
-            self.host = HostTier(tables, optimizer, None, host_backend, seed)
+            self.host = HostTier(tables, optimizer, None, backend, seed)
             self._set_device_tier(torch.zeros(0, dtype=torch.int64))
         else:
             plan = self._one_home(plan)
-            self.host = HostTier(tables, optimizer, plan.tier_remaps("host"), host_backend, seed)
-            self._set_device_tier(self._hot_gids(plan), initial=True)
+            self.host = HostTier(tables, optimizer, plan.tier_remaps("host"), backend, seed)
+            hot = self._hot_gids(plan)
+            self._set_device_tier(hot, self._initial_rows(hot))
             self.plan = plan
-        self.backend = f"hotline(host={self.host.backend}, device=torch)"
+        self.backend = f"hotline(host={self.host.backend}, device={self.fast.backend})"
 
     # --- tiers ------------------------------------------------------------------------------------
 
@@ -160,30 +148,90 @@ class HotlineEmbeddingBagCollection(EmbeddingCollection):
         return plan
 
     def _hot_gids(self, plan: PlacementPlan) -> torch.Tensor:
+        """The plan's hot rows as sorted global ids."""
         hot_t, hot_r = plan.hot_ids()
-        return torch.from_numpy(hot_r) + self.row_base[torch.from_numpy(hot_t)]
+        return torch.sort(torch.from_numpy(hot_r) + self.row_base[torch.from_numpy(hot_t)])[0]
 
-    def _set_device_tier(self, slot_gid: torch.Tensor, initial: bool = False) -> None:
-        """The device tier for these rows, and the remap global row -> device slot (-1 = host)."""
-        self.hot = DeviceTier(slot_gid, self.dim, self.optimizer, self.device)
-        self.hot.lr = self.lr
+    def _initial_rows(self, gids: torch.Tensor) -> tuple[torch.Tensor, None]:
+        """The values the full tables' seeded initialisation gives these rows (state: zero)."""
+        out = torch.empty(gids.numel(), self.dim)
+        table = torch.bucketize(gids, self.row_base, right=True) - 1
+        for t in torch.unique(table).tolist():
+            sel = torch.nonzero(table == t).squeeze(1)
+            out[sel] = uniform_table(self.sizes[t], self.dim, t, self.seed)[
+                gids[sel] - self.row_base[t]
+            ]
+        return out, None
+
+    @torch.no_grad()
+    def _set_device_tier(
+        self, hot_gids: torch.Tensor, values: tuple[torch.Tensor, torch.Tensor | None] | None = None
+    ) -> None:
+        """A device tier holding rows `hot_gids` (sorted; `values`: their weights and state) and
+        `self.capacity` staging slots per table; the remap global row -> slot in its table."""
+        T = len(self.tables)
+        table = torch.bucketize(hot_gids, self.row_base, right=True) - 1
+        self.n_hot = torch.bincount(table, minlength=T)
+        first = torch.zeros(T + 1, dtype=torch.int64)
+        first[1:] = torch.cumsum(self.n_hot, 0)
         remap = torch.full((self.total_rows,), -1, dtype=torch.int32)  # hot rows < 2**31
-        remap[slot_gid] = torch.arange(slot_gid.numel(), dtype=torch.int32)
-        self.remap = remap
-        if initial and slot_gid.numel():  # the values the full tables' seeded init gives them
-            table = torch.bucketize(slot_gid, self.row_base, right=True) - 1
-            with torch.no_grad():
-                for t in torch.unique(table).tolist():
-                    sel = torch.nonzero(table == t).squeeze(1)
-                    full = uniform_table(self.sizes[t], self.dim, t, self.seed)
-                    rows = slot_gid[sel] - self.row_base[t]
-                    self.hot.weight[sel.to(self.device)] = full[rows].to(self.device)
+        remap[hot_gids] = (torch.arange(hot_gids.numel()) - first[table]).to(torch.int32)
+        self.remap, self.hot_gids = remap, hot_gids
+        self._build_fast()
+        if values is not None and hot_gids.numel():
+            slots = (self.table_start[table] + remap[hot_gids].long()).to(self.device)
+            self._w.index_copy_(0, slots, values[0].to(self.device))
+            if values[1] is not None:
+                self._s.index_copy_(0, slots, values[1].to(self.device))
+
+    def _build_fast(self) -> None:
+        """The device tier's collection: table t has `n_hot[t]` hot rows, then `capacity[t]`
+        staging slots (optimizer state zero; rows left for the caller to fill)."""
+        rows = [max(1, int(h) + c) for h, c in zip(self.n_hot, self.capacity)]
+        specs = [TableSpec(t.name, r, self.dim, t.feature_name) for t, r in zip(self.tables, rows)]
+        fast = FusedEmbeddingBagCollection(
+            specs, self.optimizer, self.device, self.backend_name, self.seed, init=False
+        )
+        object.__setattr__(self, "fast", fast)  # not a submodule: the state dict is full tables
+        fast.set_learning_rate(self.lr)
+        self._w = flat_rows(fast.table_weights())
+        states = fast.optimizer_states()
+        self._s = None if states[0] is None else flat_rows(states)
+        if self._w is None or (states[0] is not None and self._s is None):
+            raise PlacementError("hotline: the device tier's tables are not in one buffer")
+        if self._s is not None:
+            self._s.zero_()
+        self.table_start = torch.zeros(len(rows), dtype=torch.int64)  # first flat row per table
+        self.table_start[1:] = torch.cumsum(torch.tensor(rows[:-1]), 0)
+
+    @torch.no_grad()
+    def _ensure_capacity(self, staged: StagedRows) -> None:
+        """Staging slots for `staged`'s rows. When a table is short of them, every table gets
+        as many as the batch has lookups in it (the most cold rows it can have), and a short one
+        at least twice as many as before; the device tier is rebuilt with the hot rows copied
+        over (nothing may be staged)."""
+        need = staged.per_table.tolist()
+        if all(n <= c for n, c in zip(need, self.capacity)):
+            return
+        room = [s - int(h) for s, h in zip(self.sizes, self.n_hot)]
+        self.capacity = [
+            min(max(c, int(k), 2 * c if n > c else 0), r)
+            for n, c, r, k in zip(need, self.capacity, room, staged.lookups_per_table)
+        ]  # fmt: skip
+        old = self.fast
+        self._build_fast()
+        pairs = [(old.table_weights(), self.fast.table_weights())]
+        if self._s is not None:
+            pairs.append((old.optimizer_states(), self.fast.optimizer_states()))
+        for src, dst in pairs:
+            for t, h in enumerate(self.n_hot.tolist()):
+                dst[t][:h] = src[t][:h]
 
     @property
     def num_hot(self) -> int:
-        return self.hot.num_rows
+        return self.hot_gids.numel()
 
-    # --- lookups --------------------------------------------------------------------------------
+    # --- staging --------------------------------------------------------------------------------
 
     def global_ids(self, features: KeyedJaggedTensor) -> torch.Tensor:
         """Each lookup's global row id (CPU int64), table-major in feature order."""
@@ -192,181 +240,184 @@ class HotlineEmbeddingBagCollection(EmbeddingCollection):
         per_table = features.lengths().cpu().long().view(len(self.tables), -1).sum(1)
         return values + self.row_base.repeat_interleave(per_table, output_size=values.numel())
 
-    def popular_steps(self, features: KeyedJaggedTensor) -> torch.Tensor:
-        """bool [stride] on the CPU: the inputs (KJT rows) whose every lookup is a device row
-        (the one all-hot rule, embeddings/hot_inputs.py)."""
-        features = in_feature_order(features, self.feature_names)
-        values, lengths = features.values().cpu(), features.lengths().cpu().long()
-        return all_hot_inputs(self.remap, self.row_base, values, lengths, features.stride())
-
-    def cold_ids(self, features: KeyedJaggedTensor) -> torch.Tensor:
-        """The sorted unique host rows these lookups read."""
-        gid = self.global_ids(features)
-        return torch.unique(gid[self.remap[gid] < 0])
-
     @torch.no_grad()
-    def stage(self, gids: torch.Tensor, version: int | None = None) -> StagedRows:
-        """Gather rows `gids` (sorted, unique) from the host tier onto the device. Thread-safe
-        (counts nothing itself; the caller counts when it uses the rows). `version`: the
-        write-backs the host had received when the caller decided to gather (default: now)."""
+    def stage(
+        self, features: KeyedJaggedTensor, inputs: int | None = None, version: int | None = None
+    ) -> StagedRows:
+        """Read these lookups' cold rows (unique) with their state from the host tier, onto the
+        device, and map every lookup to its row in the device tier. Thread-safe: it only reads
+        (the host tier must have been written back by the caller: `version`, the write-backs it
+        had received when the caller decided to stage, default now, tells `using` what to
+        refresh). `inputs`: the mini-batch's inputs (labels), to count the popular ones; an
+        input is its label's KJT rows (one for DLRM, ts_length + 1 for TBSM)."""
         version = self.version if version is None else version
         t0 = time.perf_counter()
-        rows = self.host.gather(gids) if gids.numel() else torch.zeros(0, self.dim)
+        features = in_feature_order(features, self.feature_names)
+        lengths = features.lengths().cpu().numpy()
+        try:
+            m = map_lookups(
+                features.values().cpu().numpy(), lengths, features.stride(), self._np_sizes,
+                self._np_row_base, self.remap.numpy(), self.n_hot.numpy(),
+            )  # fmt: skip
+        except RowOutOfRange as e:
+            t = self.tables[e.table]
+            raise TierError(
+                f"hotline: row {e.row} is outside table {t.name} ({t.num_embeddings} rows)"
+            ) from None
+        popular = int(torch.from_numpy(m.popular).view(inputs, -1).all(1).sum()) if inputs else 0
+        gids, per_table = torch.from_numpy(m.cold_gids), torch.from_numpy(m.per_table)
+        slot = torch.from_numpy(m.slots)
+        per_table_lookups = torch.from_numpy(lengths).long().view(len(self.tables), -1).sum(1)
+        if gids.numel():
+            weight, state = self.host.read_rows(gids)
+        else:
+            weight = torch.zeros(0, self.dim)
+            state = None if self._s is None else torch.zeros((0, *self._s.shape[1:]))
         ready = None
-        if self._side is not None:  # pinned host rows, copied on a side stream
+        if self._side is not None:  # pinned host memory, copied on a side stream
             with torch.cuda.stream(self._side):
-                weight = rows.pin_memory().to(self.device, non_blocking=True)
+                weight, slot = (
+                    x.pin_memory().to(self.device, non_blocking=True) for x in (weight, slot)
+                )
+                if state is not None:
+                    state = state.pin_memory().to(self.device, non_blocking=True)
                 ready = torch.cuda.Event()
                 ready.record(self._side)
-        else:
-            weight = rows
-        return StagedRows(gids, weight, version, time.perf_counter() - t0, ready)
+        return StagedRows(
+            gids, weight, state, per_table, per_table_lookups, slot, slot.numel(), popular, version,
+            time.perf_counter() - t0, ready,
+        )  # fmt: skip
 
-    def refresh_staged(self, staged: StagedRows) -> int:
-        """Re-gather the staged rows the host tier has updated since their gather began (a
-        prefetched row the previous step wrote back); returns how many. Main thread only."""
-        if staged.ready is not None:
-            torch.cuda.current_stream(self.device).wait_event(staged.ready)
-            staged.ready = None
+    @torch.no_grad()
+    def _refresh(self, staged: StagedRows, prev: tuple[torch.Tensor, torch.Tensor] | None) -> int:
+        """Renew the staged rows the host tier received back since the staging's read began (a
+        prefetched row an earlier step updated); returns how many. Rows of the step just written
+        back (`prev`: their gids and staging slots, still holding them) are copied on the device;
+        older ones are read from the host again."""
         if staged.version == self.version or not staged.rows:
             staged.version = self.version
             return 0
+        newest = self.version if prev is None else self.version - 1  # older write-backs
+        from_device = torch.zeros(staged.rows, dtype=torch.bool)
+        if prev is not None and prev[0].numel():  # the newest copies of all: still in the slots
+            at = torch.searchsorted(prev[0], staged.gids).clamp(max=prev[0].numel() - 1)
+            from_device = prev[0][at] == staged.gids
+            dst = torch.nonzero(from_device).squeeze(1)
+            src = prev[1][at[dst].to(self.device)]
+            dst = dst.to(self.device)
+            staged.weight[dst] = self._w[src]
+            if self._s is not None:
+                staged.state[dst] = self._s[src]
         oldest = self._writebacks[0][0] if self._writebacks else self.version + 1
         if staged.version + 1 < oldest:  # older than the log: every row again
-            pos = torch.arange(staged.rows)
+            from_host = ~from_device
         else:
-            changed = torch.cat([g for v, g in self._writebacks if v > staged.version])
-            pos = torch.nonzero(torch.isin(staged.gids, changed)).squeeze(1)
+            from_host = torch.zeros(staged.rows, dtype=torch.bool)
+            for v, g in self._writebacks:
+                if staged.version < v <= newest:
+                    from_host |= _members(staged.gids, g)
+            from_host &= ~from_device
+        pos = torch.nonzero(from_host).squeeze(1)
         if pos.numel():
-            fresh = self.host.gather(staged.gids[pos]).to(self.device)
-            staged.weight[pos.to(self.device)] = fresh
-            self.stats.add_bytes("host", "device", "gather", pos.numel() * self.dim * FLOAT)
+            weight, state = self.host.read_rows(staged.gids[pos])
+            on_dev = pos.to(self.device)
+            staged.weight[on_dev] = weight.to(self.device)
+            if state is not None:
+                staged.state[on_dev] = state.to(self.device)
+            self.stats.add_bytes("host", "device", "gather", pos.numel() * self._row_bytes)
         staged.version = self.version
-        return int(pos.numel())
+        return int(from_device.sum()) + pos.numel()
+
+    @torch.no_grad()
+    def _load(self, staged: StagedRows, training: bool) -> int:
+        """The previous staged rows home, these into the staging slots; returns rows refreshed."""
+        prev = self._in_slots
+        self._write_back()
+        prev = prev[:2] if prev is not None and prev[2] else None  # written back just now
+        if staged.ready is not None:  # made on the side stream, used on this one
+            stream = torch.cuda.current_stream(self.device)
+            stream.wait_event(staged.ready)
+            for x in (staged.weight, staged.state, staged.indices):
+                if x is not None:
+                    x.record_stream(stream)
+            staged.ready = None
+        refreshed = self._refresh(staged, prev)
+        self._ensure_capacity(staged)
+        # table t's staged rows go to its slots after its hot rows, in order
+        first = torch.cumsum(staged.per_table, 0) - staged.per_table
+        shift = (self.table_start + self.n_hot - first).repeat_interleave(
+            staged.per_table, output_size=staged.rows
+        )
+        slots = (torch.arange(staged.rows) + shift).to(self.device)
+        self._w.index_copy_(0, slots, staged.weight)
+        if self._s is not None:
+            self._s.index_copy_(0, slots, staged.state)
+        self._in_slots = (staged.gids, slots, training)
+        if training:
+            self.stats.add_bytes("host", "device", "gather", staged.rows * self._row_bytes)
+            self.stats.cold_rows += staged.rows
+        return refreshed
+
+    @torch.no_grad()
+    def _write_back(self) -> None:
+        """The rows in the staging slots, updated by a training step, home to the host tier."""
+        if self._in_slots is None:
+            return
+        gids, slots, dirty = self._in_slots
+        self._in_slots = None
+        if not dirty or not gids.numel():
+            return
+        state = None if self._s is None else self._s.index_select(0, slots).cpu()
+        self.host.write_rows(gids, self._w.index_select(0, slots).cpu(), state)
+        self.stats.add_bytes("device", "host", "writeback", gids.numel() * self._row_bytes)
+        self.version += 1
+        self._writebacks.append((self.version, gids))
+
+    def sync(self) -> None:
+        self._write_back()
 
     @contextmanager
     def using(self, staged: StagedRows):
-        """Forward reads cold rows from `staged` (refreshed first) instead of gathering them."""
-        self.refresh_staged(staged)
+        """A training step on the mini-batch `staged` was made for: its cold rows in the staging
+        slots (refreshed first), its lookups already mapped. Yields the rows refreshed."""
+        refreshed = self._load(staged, training=True)
         self._staged = staged
         try:
-            yield
+            yield refreshed
         finally:
             self._staged = None
 
+    # --- lookups --------------------------------------------------------------------------------
+
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
         features = in_feature_order(features, self.feature_names)
-        batch = features.stride()
         training = self.training and torch.is_grad_enabled()
-        gid = self.global_ids(features)
-        slots = self.remap[gid].long()
-        cold = slots < 0
-        staged, cold_gid = self._staged, gid[cold]
-        if cold_gid.numel() and staged is None:  # nothing staged: gather now
-            staged = self.stage(torch.unique(cold_gid))
-            if training:
-                self._count_staging(staged, staged.seconds)
-        cold_idx = torch.zeros(0, dtype=torch.int64)
-        if cold_gid.numel():
-            cold_idx = torch.searchsorted(staged.gids, cold_gid)
-            found = staged.rows > 0 and bool(
-                (staged.gids[cold_idx.clamp(max=max(staged.rows - 1, 0))] == cold_gid).all()
-            )
-            if not found:
-                raise TierError("hotline: a cold row of this batch is missing from the staged rows")
+        staged = self._staged
+        if staged is None:  # not prepared by a train pipeline: stage now, on the step's path
+            self._write_back()
+            staged = self.stage(features, version=self.version)
+            self._load(staged, training)
+        elif staged.lookups != features.values().numel():
+            raise TierError("hotline: the staged rows were prepared for another mini-batch")
         if training:
             self._export.clear()  # exported tables are stale from now on
-            self.stats.train_inputs += batch
-        dev = self.device
-        offsets = features.offsets().to(dev).long()
-        staged_w = staged.weight if staged is not None else self.hot.weight[:0]
-        args = (slots.to(dev), cold.to(dev), cold_idx.to(dev), cold_gid, offsets, staged_w)
-        if training:
-            pooled = _Lookup.apply(self._placeholder, self, *args)
-        else:
-            with torch.no_grad():
-                pooled = self._pool(*args[:3], offsets, staged_w)
-        T = len(self.tables)
-        values = pooled.view(T, batch, self.dim).transpose(0, 1).reshape(batch, T * self.dim)
-        return KeyedTensor(keys=self.feature_names, length_per_key=self.dims, values=values)
-
-    def _pool(self, slots, cold, cold_idx, offsets, staged_w) -> torch.Tensor:
-        """Bags summed from the device tier's rows and the staged ones: each lookup's row is
-        weighted 1 in the table it lives in and 0 in the other (exact: x + 0 == x)."""
-        bags = offsets[:-1]
-        n_cold = cold_idx.numel()
-        if n_cold == 0:
-            return F.embedding_bag(slots, self.hot.weight, bags, mode="sum")
-        idx = torch.zeros_like(slots)
-        idx[cold] = cold_idx
-        pooled = F.embedding_bag(idx, staged_w, bags, mode="sum", per_sample_weights=cold.float())
-        if n_cold < slots.numel():
-            hot = (~cold).float()
-            pooled = pooled + F.embedding_bag(
-                slots.clamp(min=0), self.hot.weight, bags, mode="sum", per_sample_weights=hot
-            )
-        return pooled
-
-    def _take_gradients(self, slots, cold, cold_gid, per_lookup) -> None:
-        """Keep each lookup's gradient; `apply_updates` sums them per row once for the step."""
-        if cold_gid.numel() < slots.numel():
-            hot = ~cold
-            self._pending_hot.append((slots[hot], per_lookup[hot]))
-        if cold_gid.numel():
-            self._pending_cold.append((cold_gid.to(per_lookup.device), per_lookup[cold]))
-        if not self._deferred:
-            self.apply_updates()
-
-    # --- updates ----------------------------------------------------------------------------------
-
-    @contextmanager
-    def deferred_updates(self):
-        """Backward passes inside only collect gradients; `apply_updates()` on leaving applies
-        them once (one optimizer step for several micro-batches)."""
-        self._deferred = True
-        try:
-            yield
-        except BaseException:
-            self._pending_hot, self._pending_cold = [], []  # a failed step updates nothing
-            raise
-        finally:
-            self._deferred = False
-        self.apply_updates()
-
-    @torch.no_grad()
-    def apply_updates(self) -> None:
-        hot, cold = self._pending_hot, self._pending_cold
-        self._pending_hot, self._pending_cold = [], []
-        if hot:
-            self.hot.update(*sum_rows(*map(torch.cat, zip(*hot))))
-        if cold:
-            gids, grad = sum_rows(*map(torch.cat, zip(*cold)))
-            gids, grad = gids.cpu(), grad.cpu()
-            self.stats.add_bytes("device", "host", "writeback", grad.numel() * FLOAT)
-            self.host.apply_gradients(gids, grad, self.lr)
-            self.version += 1
-            self._writebacks.append((self.version, gids))
+            self.stats.train_inputs += features.stride()
+        offsets = features.offsets().to(self.device).long()
+        pooled = self.fast.pooled(staged.indices, offsets)
+        return KeyedTensor(keys=self.feature_names, length_per_key=self.dims, values=pooled)
 
     def set_learning_rate(self, lr: float) -> None:
         self.lr = float(lr)
-        self.hot.lr = float(lr)
+        self.fast.set_learning_rate(lr)
 
-    # --- counters of a Hotline step (the pipeline reports what forward cannot see) ----------------
-
-    def _count_staging(self, staged: StagedRows, waited_s: float) -> None:
+    def count_step(self, staged: StagedRows, waited_s: float) -> None:
+        """One Hotline mini-batch run with `staged`: its popular inputs, the staging's time and
+        how long the step waited for it (its bytes are counted when loaded)."""
         s = self.stats
-        s.add_bytes("host", "device", "gather", staged.rows * self.dim * FLOAT)
-        s.cold_rows += staged.rows
+        s.hotline_batches += 1
+        s.popular_inputs += staged.popular_inputs
         s.gather_s += staged.seconds
         s.exposed_gather_s += waited_s
-
-    def count_step(self, popular_inputs: int, staged: StagedRows | None, waited_s: float) -> None:
-        """One Hotline mini-batch: its popular inputs and its staged cold rows (gathered ahead;
-        `waited_s` is how long the step waited for them)."""
-        self.stats.hotline_batches += 1
-        self.stats.popular_inputs += popular_inputs
-        if staged is not None:
-            self._count_staging(staged, waited_s)
 
     # --- online popularity ------------------------------------------------------------------------
 
@@ -389,26 +440,23 @@ class HotlineEmbeddingBagCollection(EmbeddingCollection):
     @torch.no_grad()
     def adopt(self, plan: PlacementPlan) -> None:
         """Move the plan's hot rows (weights and state) to the device tier, the host keeping the
-        rest, one table at a time (the host's copy is rebuilt without the hot rows)."""
+        rest (its copy is rebuilt without the hot rows)."""
         if self.plan is not None:
             raise PlacementError("hotline: a plan was already adopted")
         plan = self._one_home(plan)
+        self.sync()
         gids = self._hot_gids(plan)
-        weights, state = self.host.read_rows(gids)
+        hot_values = self.host.read_rows(gids)
         old = self.host
         self.host = HostTier(
-            self.tables, self.optimizer, plan.tier_remaps("host"), self.host_backend, self.seed
+            self.tables, self.optimizer, plan.tier_remaps("host"), self.backend_name, self.seed
         )
-        self.host.set_learning_rate(self.lr)
         for t, r in enumerate(plan.tier_remaps("host")):
             rest = torch.from_numpy(np.flatnonzero(r >= 0)) + self.row_base[t]
             if rest.numel():
                 self.host.write_rows(rest, *old.read_rows(rest))
         del old
-        self._set_device_tier(gids)
-        self.hot.weight.copy_(weights.to(self.device))
-        if state is not None:
-            self.hot.state.copy_(state.to(self.device))
+        self._set_device_tier(gids, hot_values)
         self.stats.add_bytes("host", "device", "sync", gids.numel() * self._row_bytes)
         self.plan = plan
         self.learn_counts = None
@@ -418,15 +466,17 @@ class HotlineEmbeddingBagCollection(EmbeddingCollection):
 
     # --- full tables, assembled from both tiers ---------------------------------------------------
 
+    def _tier_views(self, state: bool) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        host, fast = self.host.collection, self.fast
+        if state:
+            return host.optimizer_states(), fast.optimizer_states()
+        return host.table_weights(), fast.table_weights()
+
     def _assemble(self, state: bool) -> list[torch.Tensor | None]:
         if state and self.optimizer.kind == "sgd":
             return [None] * len(self.tables)
-        host_views = (
-            self.host.collection.optimizer_states()
-            if state
-            else self.host.collection.table_weights()
-        )
-        dev = self.hot.state if state else self.hot.weight
+        self.sync()
+        host_views, dev_views = self._tier_views(state)
         out = []
         for t, n in enumerate(self.sizes):
             base = int(self.row_base[t])
@@ -437,19 +487,13 @@ class HotlineEmbeddingBagCollection(EmbeddingCollection):
             cold_rows = torch.nonzero(slots < 0).squeeze(1)  # the host's slot order is row order
             full[cold_rows] = host_views[t][: cold_rows.numel()]
             if hot_rows.numel():
-                full[hot_rows] = dev[slots[hot_rows].long().to(dev.device)].cpu()
+                full[hot_rows] = dev_views[t][slots[hot_rows].long().to(self.device)].cpu()
             out.append(full)
         return out
 
     @torch.no_grad()
     def _write_back_export(self, name: str, full: list[torch.Tensor]) -> None:
-        state = name == "state"
-        host_views = (
-            self.host.collection.optimizer_states()
-            if state
-            else self.host.collection.table_weights()
-        )
-        dev = self.hot.state if state else self.hot.weight
+        host_views, dev_views = self._tier_views(name == "state")
         for t, n in enumerate(self.sizes):
             base = int(self.row_base[t])
             slots = self.remap[base : base + n]
@@ -457,7 +501,8 @@ class HotlineEmbeddingBagCollection(EmbeddingCollection):
             cold_rows = torch.nonzero(slots < 0).squeeze(1)
             host_views[t][: cold_rows.numel()] = full[t][cold_rows]
             if hot_rows.numel():
-                dev[slots[hot_rows].long().to(dev.device)] = full[t][hot_rows].to(dev.device)
+                on_dev = slots[hot_rows].long().to(self.device)
+                dev_views[t][on_dev] = full[t][hot_rows].to(self.device)
 
     def table_weights(self) -> list[torch.Tensor]:
         """Copies of the full tables (rows come from two tiers): after writing into them call
@@ -475,7 +520,7 @@ class HotlineEmbeddingBagCollection(EmbeddingCollection):
         for name, full in list(self._export.items()):
             self._write_back_export(name, full)
         self._export.clear()
-        self.version += 1  # staged copies of the old values are stale
+        self.version += 1  # stagings of the old values are stale
         self._writebacks.clear()
 
     # --- counters, summaries, checkpoints -------------------------------------------------------
@@ -488,7 +533,8 @@ class HotlineEmbeddingBagCollection(EmbeddingCollection):
             "kind": "hotline",
             "backend": self.backend,
             "hot_rows": self.num_hot,
-            "device_tier_bytes": self.num_hot * self._row_bytes,
+            "staging_slots": sum(self.capacity),
+            "device_tier_bytes": (self.num_hot + sum(self.capacity)) * self._row_bytes,
             "host_tier_bytes": (self.total_rows - self.num_hot) * self._row_bytes,
             "learned_batches": self.learned_batches,
         }
@@ -496,6 +542,8 @@ class HotlineEmbeddingBagCollection(EmbeddingCollection):
             info["device_budget"] = self.plan.device_budget
             info["plan_hot_input_share_sample"] = self.plan.report.get("hot_input_share")
             info["plan_hot_lookup_share_sample"] = self.plan.report.get("hot_lookup_share")
+            if "offline_overlap" in self.plan.report:  # learned online, compared with a profile's
+                info["hot_set_overlap_with_offline"] = self.plan.report["offline_overlap"]
         return info
 
     def extra_state(self) -> dict[str, torch.Tensor]:

@@ -1,8 +1,7 @@
 """Cutting and joining KeyedJaggedTensors along the batch dimension, vectorised.
 
-FAE regroups the inputs of a window of mini-batches into hot and cold ones; Hotline splits a
-mini-batch into a popular and a non-popular part. Both need "these inputs of a KJT, every
-feature" and "these KJTs one after the other", without a Python loop over inputs.
+FAE regroups the inputs of a window of mini-batches into hot and cold ones: "these inputs of a
+KJT, every feature" and "these KJTs one after the other", without a Python loop over inputs.
 """
 
 from __future__ import annotations

@@ -194,6 +194,18 @@ class PlacementPlan:
     def host_bytes(self) -> int:
         return self.tier_bytes("host")
 
+    def overlap(self, other: PlacementPlan) -> dict:
+        """How much of `other`'s hot set this plan's holds (e.g. a hot set learned online
+        against the offline profile's): rows in both, and their share of each plan's hot rows."""
+        if self.table_sizes != other.table_sizes:
+            raise PlacementError("placement plans of different tables cannot be compared")
+        common = sum(int(((a >= 0) & (b >= 0)).sum()) for a, b in zip(self.remaps, other.remaps))
+        return {
+            "common_hot_rows": common,
+            "share_of_this": round(common / self.num_hot, 4) if self.num_hot else None,
+            "share_of_other": round(common / other.num_hot, 4) if other.num_hot else None,
+        }
+
     def hot_ids(self) -> tuple[np.ndarray, np.ndarray]:
         """(table, row) of every hot-table entry, int64, in hot-table order."""
         tables, rows = [], []

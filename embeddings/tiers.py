@@ -5,9 +5,9 @@
   fused `apply_sparse_update`.
 - `HostTier`: rows in a host `FusedEmbeddingBagCollection` (fbgemm's CPU kernels where
   available), gathered and scattered by global row id.
-- `RowStore`: the gather side of a tier, what a slower tier (an SSD file) can serve too.
-- `ColdRowSource`: a tier that is the one home of its rows and trains them itself (Hotline's
-  host tier): rows out by id for a step's lookups, their gradients back for its own optimizer.
+- `RowStore`: rows and their optimizer state in and out by id: what a faster tier stages from
+  and writes back to (FAE's replica syncs; Hotline's cold rows, whose only home is the host tier),
+  and what a slower tier (an SSD file) can serve too.
 - `Replica`: a fast tier's copies of some rows of a slower one (FAE's hot rows), each side
   authoritative for the rows it last updated; dirty rows travel in one vectorised copy.
 
@@ -64,23 +64,7 @@ class RowStore(Protocol):
     ) -> None: ...
 
 
-@runtime_checkable
-class ColdRowSource(Protocol):
-    """The one home of some rows, serving a faster tier's steps (Hotline; later the SSD tier).
-
-    `gather(ids)` -> the rows' current weights [n, dim] float32 (CPU, in the order of `ids`);
-    `apply_gradients(ids, grad, lr)` applies the tier's own fused optimizer (weights and state,
-    in place) to unique `ids` with one summed gradient row each. Ids it does not hold are a
-    TierError."""
-
-    name: str
-
-    def gather(self, ids: torch.Tensor) -> torch.Tensor: ...
-
-    def apply_gradients(self, ids: torch.Tensor, grad: torch.Tensor, lr: float) -> None: ...
-
-
-def _flat_rows(views: list[torch.Tensor]) -> torch.Tensor | None:
+def flat_rows(views: list[torch.Tensor]) -> torch.Tensor | None:
     """One [sum rows, ...] view over per-table views laid back to back in one buffer, else None."""
     first = views[0]
     trail = tuple(first.shape[1:])
@@ -143,9 +127,9 @@ class HostTier:
         self.backend = self.collection.backend
         if remaps is not None:
             self._init_held_rows(remaps, seed)
-        self._w_flat = _flat_rows(self.collection.table_weights())
+        self._w_flat = flat_rows(self.collection.table_weights())
         states = self.collection.optimizer_states()
-        self._s_flat = None if states[0] is None else _flat_rows(states)
+        self._s_flat = None if states[0] is None else flat_rows(states)
 
     @torch.no_grad()
     def _init_held_rows(self, remaps: list[np.ndarray], seed: int) -> None:
@@ -244,27 +228,6 @@ class HostTier:
         self, ids: torch.Tensor, weights: torch.Tensor, state: torch.Tensor | None
     ) -> None:
         slots = self._slots(ids)
-        self._scatter(slots, weights, False)
-        if state is not None:
-            self._scatter(slots, state, True)
-
-    # --- the one home of its rows (ColdRowSource) -------------------------------------------------
-
-    @torch.no_grad()
-    def gather(self, ids: torch.Tensor) -> torch.Tensor:
-        return self._gather(self._slots(ids), False)
-
-    @torch.no_grad()
-    def apply_gradients(self, ids: torch.Tensor, grad: torch.Tensor, lr: float) -> None:
-        """The same update as the fused optimizer's for unique rows (embeddings/torch_tbe.py)."""
-        slots = self._slots(ids)
-        if self._w_flat is not None and (self._s_flat is not None or self.optimizer.kind == "sgd"):
-            apply_sparse_update(self._w_flat, self._s_flat, slots, grad, self.optimizer, lr)
-            return
-        weights = self._gather(slots, False)
-        state = None if self.optimizer.kind == "sgd" else self._gather(slots, True)
-        rows = torch.arange(slots.numel())
-        apply_sparse_update(weights, state, rows, grad, self.optimizer, lr)
         self._scatter(slots, weights, False)
         if state is not None:
             self._scatter(slots, state, True)

@@ -7,8 +7,9 @@ adds ssd->host and host->ssd), so a new tier adds counters without new fields. P
   backward (cold mini-batches and host-only placement), or rows fetched for a lookup;
 - `sync`: rows (weights + optimizer state) copied between tiers to keep replicas current (FAE's
   phase switches, before an evaluation or a checkpoint);
-- `gather`: cold rows (weights) fetched from a slower tier for a training step (Hotline);
-- `writeback`: those rows' gradients sent back to the tier that owns them (Hotline).
+- `gather`: cold rows (weights + optimizer state) staged from a slower tier for a training step
+  (Hotline), including rows read again because a step wrote them back after they were staged;
+- `writeback`: those rows, updated by the step, sent back to the tier that owns them (Hotline).
 
 Hotline also counts its popular inputs, the unique cold rows per mini-batch, and the time spent
 gathering them (`gather_s`) against the time a step actually waited for a gather

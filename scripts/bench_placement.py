@@ -51,7 +51,7 @@ from embeddings.config import SparseOptimizer  # noqa: E402
 from embeddings.placement import parse_bytes, row_bytes  # noqa: E402
 from embeddings.profile import AccessProfiler  # noqa: E402
 
-RUNS = ("host", "fae", "fae_block", "hotline", "device")
+RUNS = ("host", "fae", "fae_block", "hotline", "hotline_learned", "device")
 
 
 def cpu_flags() -> list[str]:
@@ -157,12 +157,14 @@ def hotline_oracle(base: TrainConfig) -> dict:
 def run_one(
     name: str, base: TrainConfig, args, profile_file: Path, plan_file: Path, rnd: int = 0
 ) -> dict:
-    placement = "fae" if name.startswith("fae") else name
+    placement = name.split("_")[0]
     run_dir = Path(args.out_dir) / (name if rnd == 0 else f"{name}-{rnd}")
     fields = dict(out_dir=str(run_dir), placement=placement)
     if placement in ("fae", "hotline"):  # the same profile and hot rows for both
         fields.update(profile_file=str(profile_file), placement_plan=str(plan_file),
                       fae_order="block" if name == "fae_block" else "interleave")  # fmt: skip
+    if name == "hotline_learned":  # hot rows learned online, compared with the plan's
+        fields.update(hotline_learn_batches=args.hotline_learn_batches)
     cfg = dataclasses.replace(base, **fields)
     t0 = time.perf_counter()
     trainer = Trainer(cfg, checkpoints=False)  # the benchmark measures training, not 2 GB writes
@@ -187,6 +189,9 @@ def run_one(
     if placement in ("fae", "hotline"):
         out.update(hot_rows=p["hot_rows"], device_tier_bytes=p["device_tier_bytes"],
                    plan_hot_input_share_in_sample=p["plan_hot_input_share_sample"])  # fmt: skip
+    if name == "hotline_learned":
+        out.update(learned_batches=p["learned_batches"],
+                   hot_set_overlap_with_offline=p.get("hot_set_overlap_with_offline"))  # fmt: skip
     if placement == "hotline":
         out.update({k: p[k] for k in ("popular_input_share", "cold_rows_per_batch", "gather_s",
                                       "exposed_gather_s", "hidden_share", "emb_bytes_h2d_gather",
@@ -218,6 +223,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=123)
     p.add_argument("--rounds", type=int, default=1, help="interleaved repetitions of the runs")
     p.add_argument("--hotline-prefetch", type=int, default=2)
+    p.add_argument(
+        "--hotline-learn-batches", type=int, default=32, help="hotline_learned: online popularity"
+    )
     p.add_argument(
         "--oracle-only", action="store_true", help="only the bound from the true distribution"
     )
@@ -262,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.oracle_only:
         print(json.dumps(report, indent=1))
         return 0
-    if any(r.startswith("fae") or r == "hotline" for r in runs):
+    if any(r.startswith(("fae", "hotline")) for r in runs):
         report["profile"] = make_profile(base, args.profile_samples, profile_file)
     rounds: dict[str, list[dict]] = {name: [] for name in runs}
     for r in range(args.rounds):
@@ -325,6 +333,10 @@ def main(argv: list[str] | None = None) -> int:
             cmp["speedup_hotline_over_host"] = round(hl["samples_per_s"] / host["samples_per_s"], 3)
         if fae:
             cmp["speedup_hotline_over_fae"] = round(hl["samples_per_s"] / fae["samples_per_s"], 3)
+        learned = results.get("hotline_learned")
+        if learned:
+            cmp["learned_hot_set_overlap_with_offline"] = learned["hot_set_overlap_with_offline"]
+            cmp["auc_learned_minus_offline"] = round(learned["test_auc"] - hl["test_auc"], 5)
         report["hotline_vs"] = cmp
     print(json.dumps(report, indent=1))
     return 0

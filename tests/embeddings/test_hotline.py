@@ -7,8 +7,8 @@ import torch
 from embeddings import FusedEmbeddingBagCollection, SparseOptimizer
 from embeddings.errors import TierError
 from embeddings.hotline import HotlineEmbeddingBagCollection
-from embeddings.kjt_ops import select_inputs
-from tests.embeddings.test_fae import DIM, SIZES, make_batch, make_plan, tables
+from embeddings.plan import row_bytes
+from tests.embeddings.test_fae import DIM, SIZES, kjt_from, make_batch, make_plan, tables
 
 
 def one_home_plan(opt):
@@ -24,25 +24,17 @@ def assert_same_tables(a, b, rtol=1e-6):
             torch.testing.assert_close(sa, sb, rtol=rtol, atol=1e-7)
 
 
-def split_step(coll, kjt, grad):
-    """Hotline's step on a collection: popular inputs, then the rest with staged rows, one update."""
-    popular = coll.popular_steps(kjt)
-    idx_p, idx_n = torch.nonzero(popular).squeeze(1), torch.nonzero(~popular).squeeze(1)
-    staged = None
-    with coll.deferred_updates():
-        if idx_p.numel():
-            (coll(select_inputs(kjt, idx_p)).values() * grad[idx_p]).sum().backward()
-        if idx_n.numel():
-            part = select_inputs(kjt, idx_n)
-            staged = coll.stage(coll.cold_ids(part))
-            with coll.using(staged):
-                (coll(part).values() * grad[idx_n]).sum().backward()
-    coll.count_step(idx_p.numel(), staged, 0.0)
-    return popular
+def hotline_step(coll, kjt, grad, staged=None):
+    """What the Hotline train pipeline does: stage, load, one lookup, one fused update."""
+    staged = staged or coll.stage(kjt, kjt.stride())
+    with coll.using(staged) as refreshed:
+        (coll(kjt).values() * grad).sum().backward()
+    coll.count_step(staged, 0.0)
+    return staged, refreshed
 
 
 @pytest.mark.parametrize("kind", ["sgd", "adagrad", "rowwise_adagrad"])
-def test_hotline_split_steps_train_like_the_fused_collection(kind):
+def test_hotline_steps_train_like_the_fused_collection(kind):
     opt = SparseOptimizer(kind, 0.05)
     plan = one_home_plan(opt)
     hot_rows = [np.flatnonzero(r >= 0) for r in plan.remaps]
@@ -50,23 +42,45 @@ def test_hotline_split_steps_train_like_the_fused_collection(kind):
     hl = HotlineEmbeddingBagCollection(tables(), opt, plan, seed=7)
     assert_same_tables(ref, hl, rtol=0)  # same initial values, whatever tier a row is in
     rng, gen = np.random.default_rng(0), torch.Generator().manual_seed(0)
-    popular_seen = 0
+    popular = cold_rows = 0
     for step in range(12):
         if step == 6:
             ref.set_learning_rate(0.02)
             hl.set_learning_rate(0.02)
-        kjt = make_batch(rng, 16, step % 3 == 0, hot_rows)
-        grad = torch.randn(16, DIM * len(SIZES), generator=gen)
+        batch = 4 if step < 3 else 16  # the staging slots grow on the way
+        kjt = make_batch(rng, batch, step % 3 == 0, hot_rows)
+        grad = torch.randn(batch, DIM * len(SIZES), generator=gen)
         (ref(kjt).values() * grad).sum().backward()
-        popular_seen += int(split_step(hl, kjt, grad).sum())
+        staged, _ = hotline_step(hl, kjt, grad)
+        popular += staged.popular_inputs
+        cold_rows += staged.rows
     assert_same_tables(ref, hl)
     c = hl.counters()
-    assert c["hotline_batches"] == 12 and c["popular_inputs"] == popular_seen > 0
-    assert c["emb_bytes_h2d_gather"] == c["cold_rows"] * DIM * 4 > 0
-    assert c["emb_bytes_d2h_writeback"] > 0 and c["emb_bytes_h2d_sync"] == 0  # nothing synced
+    assert c["hotline_batches"] == 12 and c["popular_inputs"] == popular > 0
+    assert c["cold_rows"] == cold_rows > 0
+    assert c["emb_bytes_h2d_gather"] == cold_rows * row_bytes(DIM, opt)  # rows with their state
+    assert c["emb_bytes_d2h_writeback"] == cold_rows * row_bytes(DIM, opt)
+    assert c["emb_bytes_h2d_sync"] == 0  # nothing synced
+    assert 0 < sum(hl.capacity) <= sum(SIZES) - hl.num_hot
 
 
-def test_one_home_and_plain_backward_updates_match():
+def test_an_input_is_popular_when_every_lookup_is_hot():
+    opt = SparseOptimizer("sgd", 0.05)
+    plan = one_home_plan(opt)
+    hl = HotlineEmbeddingBagCollection(tables(), opt, plan)
+    hot = [int(np.flatnonzero(r >= 0)[0]) for r in plan.remaps]
+    cold = int(np.flatnonzero(plan.remaps[2] < 0)[0])
+    # input 0: every lookup hot; input 1: one cold lookup (table 2); input 2: no lookups at all
+    lengths = np.array([[1, 1, 0], [1, 0, 0], [1, 1, 0], [0, 1, 0]])
+    values = [np.array([hot[0], hot[0]]), np.array([hot[1]]),
+              np.array([hot[2], cold]), np.array([hot[3]])]  # fmt: skip
+    staged = hl.stage(kjt_from(lengths, values), 3)
+    assert staged.popular_inputs == 2
+    assert staged.gids.tolist() == [int(hl.row_base[2]) + cold]
+    assert staged.per_table.tolist() == [0, 0, 1, 0]
+
+
+def test_training_without_a_pipeline_stages_inline_and_evaluation_reads_both_tiers():
     opt = SparseOptimizer("rowwise_adagrad", 0.05)
     plan = one_home_plan(opt)
     hl = HotlineEmbeddingBagCollection(tables(), opt, plan, seed=1)
@@ -75,7 +89,7 @@ def test_one_home_and_plain_backward_updates_match():
     held = hl.host.collection.table_weights()
     assert sum(w.shape[0] for w in held) <= sum(SIZES) - hl.num_hot + len(SIZES)  # no replica
     rng, gen = np.random.default_rng(3), torch.Generator().manual_seed(3)
-    for _ in range(5):  # no staging: forward gathers, backward updates at once
+    for _ in range(5):  # forward stages the cold rows itself; they go home on the next load
         kjt = make_batch(rng, 8, False, None)
         grad = torch.randn(8, DIM * len(SIZES), generator=gen)
         for c in (ref, hl):
@@ -85,31 +99,38 @@ def test_one_home_and_plain_backward_updates_match():
     with torch.no_grad():
         kjt = make_batch(rng, 8, False, None)
         torch.testing.assert_close(hl(kjt).values(), ref(kjt).values(), rtol=1e-6, atol=1e-7)
+    assert_same_tables(ref, hl)  # evaluation wrote nothing
 
 
 def test_a_prefetched_row_written_back_before_use_is_refreshed():
-    """Adversarial: the next batches' cold rows are staged before this step writes the same rows
-    back; the staged copies must be refreshed, never used stale."""
+    """Adversarial: the next batches' cold rows are staged before the steps before them write the
+    same rows back; the staged copies must be renewed (from the staging slots for the step just
+    before, from the host for older ones), never used stale."""
     opt = SparseOptimizer("adagrad", 0.1)
     plan = one_home_plan(opt)
     ref = FusedEmbeddingBagCollection(tables(), opt, backend="torch", seed=2)
     hl = HotlineEmbeddingBagCollection(tables(), opt, plan, seed=2)
-    rng, gen = np.random.default_rng(5), torch.Generator().manual_seed(5)
-    # a few cold rows per table, shared by every batch (a table with none cold: any rows)
-    cold_rows = [np.flatnonzero(r < 0)[:3] if (r < 0).any() else np.arange(3) for r in plan.remaps]
-    batches = [make_batch(rng, 6, True, cold_rows) for _ in range(6)]
-    staged = [hl.stage(hl.cold_ids(b)) for b in batches[:3]]  # three ahead, before any step
-    refreshed = 0
+    gen = torch.Generator().manual_seed(5)
+    # cold rows of each table (a table with none cold: any rows): even batches read rows a and c,
+    # odd ones b and c, so batch 2 shares c with batch 1 and a with batch 0 only
+    cold = [np.flatnonzero(r < 0)[:3] if (r < 0).sum() >= 3 else np.arange(3) for r in plan.remaps]
+    lengths = np.ones((len(SIZES), 6), dtype=np.int64)
+    batches = [
+        kjt_from(lengths, [np.resize(c[[i % 2, 2]], 6) for c in cold]) for i in range(6)
+    ]  # fmt: skip
+    staged = [hl.stage(b, 6) for b in batches[:3]]  # three ahead, before any step
+    refreshed = staged_rows = 0
     for i, kjt in enumerate(batches):
         grad = torch.randn(6, DIM * len(SIZES), generator=gen)
         (ref(kjt).values() * grad).sum().backward()
-        s = staged[i] if i < len(staged) else hl.stage(hl.cold_ids(kjt))
-        with hl.deferred_updates():
-            refreshed += hl.refresh_staged(s)
-            with hl.using(s):
-                (hl(kjt).values() * grad).sum().backward()
+        s, n = hotline_step(hl, kjt, grad, staged[i] if i < len(staged) else None)
+        refreshed += n
+        staged_rows += s.rows
     assert refreshed > 0
     assert_same_tables(ref, hl)
+    # batch 2 was read before steps 0 and 1: step 1's rows came from the slots, step 0's again
+    # from the host, whose bytes count on top of the stagings'
+    assert hl.counters()["emb_bytes_h2d_gather"] > staged_rows * row_bytes(DIM, opt)
 
 
 def test_exported_tables_round_trip_through_both_tiers():
@@ -126,7 +147,9 @@ def test_exported_tables_round_trip_through_both_tiers():
     for a, b in zip(hl.optimizer_states(), new_s):
         assert torch.equal(a, b)
     hot_t, hot_r = plan.hot_ids()
-    assert torch.equal(hl.hot.weight[0], new_w[hot_t[0]][hot_r[0]])  # the device tier got it
+    t, r = int(hot_t[0]), int(hot_r[0])
+    slot = int(hl.remap[int(hl.row_base[t]) + r])
+    assert torch.equal(hl.fast.table_weights()[t][slot], new_w[t][r])  # the device tier got it
 
 
 def test_learned_popularity_moves_the_hot_rows_and_keeps_the_values():
@@ -149,19 +172,22 @@ def test_learned_popularity_moves_the_hot_rows_and_keeps_the_values():
             assert [c.size for c in counts] == SIZES and sum(int(c.sum()) for c in counts) == looked
             hl.adopt(plan)
             assert hl.num_hot == plan.num_hot
-        for c in (ref, hl):
-            (c(kjt).values() * grad).sum().backward()
+        (ref(kjt).values() * grad).sum().backward()
+        hotline_step(hl, kjt, grad)
     assert_same_tables(ref, hl)
     with pytest.raises(Exception, match="already adopted"):
         hl.adopt(plan)
 
 
-def test_a_cold_row_missing_from_the_staged_rows_is_an_error():
+def test_staged_rows_of_another_batch_and_ids_outside_a_table_are_errors():
     opt = SparseOptimizer("sgd", 0.05)
-    plan = one_home_plan(opt)
-    hl = HotlineEmbeddingBagCollection(tables(), opt, plan)
+    hl = HotlineEmbeddingBagCollection(tables(), opt, one_home_plan(opt))
     rng = np.random.default_rng(0)
-    kjt = make_batch(rng, 8, False, None)
-    empty = hl.stage(torch.zeros(0, dtype=torch.int64))
-    with pytest.raises(TierError, match="missing from the staged rows"), hl.using(empty):
-        hl(kjt)
+    kjt, other = make_batch(rng, 8, False, None), make_batch(rng, 3, False, None)
+    with pytest.raises(TierError, match="prepared for another mini-batch"):
+        with hl.using(hl.stage(other, 3)):
+            hl(kjt)
+    lengths = np.ones((len(SIZES), 1), dtype=np.int64)
+    bad = kjt_from(lengths, [np.array([0]), np.array([6]), np.array([0]), np.array([0])])
+    with pytest.raises(TierError, match="row 6 is outside table t1"):
+        hl.stage(bad, 1)
