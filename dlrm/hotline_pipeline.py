@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 from torchrec.datasets.utils import Batch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dlrm.train_pipeline import PlainTrainPipeline, StepHook, StepResult
 from embeddings.hotline import HotlineEmbeddingBagCollection
@@ -43,7 +44,8 @@ def _one_thread() -> None:
 
 @dataclass
 class _Pending:
-    batch: Batch
+    batch: Batch  # on the training device
+    features: KeyedJaggedTensor  # its sparse features where the loader made them (host memory)
     version: int  # the host tier's write-backs when it was queued
     staged: Future = field(default_factory=Future)
 
@@ -80,15 +82,15 @@ class HotlineTrainPipeline(PlainTrainPipeline):
     def _prepare(self, item: _Pending) -> None:
         """Classify and stage one mini-batch (on the worker, or inline without prefetch)."""
         try:
-            b = item.batch
-            item.staged.set_result(
-                self.coll.stage(b.sparse_features, b.labels.numel(), item.version)
-            )
+            inputs = item.batch.labels.numel()
+            item.staged.set_result(self.coll.stage(item.features, inputs, item.version))
         except BaseException as e:  # the step re-raises it
             item.staged.set_exception(e)
 
     def _submit(self, batch: Batch) -> _Pending:
-        item = _Pending(batch, self.coll.version)
+        """Queue a mini-batch (as the loader made it) to be staged."""
+        on_device = batch.to(self.device, non_blocking=True)
+        item = _Pending(on_device, batch.sparse_features, self.coll.version)
         if self._pool is not None:
             self._pool.submit(self._prepare, item)
         return item
@@ -100,7 +102,7 @@ class HotlineTrainPipeline(PlainTrainPipeline):
             except StopIteration:
                 self._exhausted = True
                 return
-            self._queue.append(self._submit(batch.to(self.device, non_blocking=True)))
+            self._queue.append(self._submit(batch))
 
     def _drain(self) -> list[Batch]:
         """Wait for the worker and take the queued mini-batches back, unstaged."""

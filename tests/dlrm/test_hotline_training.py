@@ -137,3 +137,16 @@ def test_hotline_counters_reach_metrics_jsonl(make_config, tmp_path):
         train[-1]
     )
     assert train[-1]["hidden_share"] == 0.0  # no prefetch: every gather is waited for
+
+
+@pytest.mark.gpu
+def test_hotline_on_cuda_trains_like_the_device_placement(make_config, tmp_path):
+    common = dict(data_size=64 * 100, optimizer="adagrad", print_freq=50, device="cuda")
+    device = Trainer(make_config(**common, out_dir=str(tmp_path / "device"), placement="device"))
+    hl_cfg = dict(HOTLINE, device="cuda")
+    hotline = Trainer(make_config(**common, **hl_cfg, out_dir=str(tmp_path / "hotline")))
+    a, b = device.fit(), hotline.fit()
+    assert_same_model(hotline, device, 1e-5)  # CUDA sums in its own order
+    assert round(a["test_auc"], 4) == round(b["test_auc"], 4)
+    p = b["placement"]
+    assert p["emb_bytes_h2d_gather"] > 0 and p["hotline_batches"] == 100

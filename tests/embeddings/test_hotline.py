@@ -191,3 +191,30 @@ def test_staged_rows_of_another_batch_and_ids_outside_a_table_are_errors():
     bad = kjt_from(lengths, [np.array([0]), np.array([6]), np.array([0]), np.array([0])])
     with pytest.raises(TierError, match="row 6 is outside table t1"):
         hl.stage(bad, 1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["sgd", "adagrad"])
+def test_hotline_on_cuda_stages_on_a_side_stream_and_trains_like_the_fused_collection(kind):
+    opt = SparseOptimizer(kind, 0.05)
+    plan = one_home_plan(opt)
+    hot_rows = [np.flatnonzero(r >= 0) for r in plan.remaps]
+    ref = FusedEmbeddingBagCollection(tables(), opt, backend="torch", seed=7)
+    hl = HotlineEmbeddingBagCollection(tables(), opt, plan, device="cuda", seed=7)
+    assert hl.fast.device.type == "cuda"
+    rng, gen = np.random.default_rng(0), torch.Generator().manual_seed(0)
+    batches = [make_batch(rng, 16, i % 3 == 0, hot_rows) for i in range(9)]
+    ahead = [hl.stage(b.to(torch.device("cuda")), 16) for b in batches[:2]]  # two ahead
+    for i, kjt in enumerate(batches):
+        grad = torch.randn(16, DIM * len(SIZES), generator=gen)
+        (ref(kjt).values() * grad).sum().backward()
+        on_gpu = kjt.to(torch.device("cuda"))
+        staged = ahead.pop(0)
+        if i + 2 < len(batches):
+            ahead.append(hl.stage(batches[i + 2].to(torch.device("cuda")), 16))
+        assert staged.weight.device.type == "cuda"
+        with hl.using(staged):
+            out = hl(on_gpu).values()
+            assert out.device.type == "cuda"
+            (out * grad.cuda()).sum().backward()
+    assert_same_tables(ref, hl, rtol=1e-5)
