@@ -140,7 +140,7 @@ class TrainConfig:
     placement_plan: str | None = None  # reuse this placement plan (.npz + .json), or write it here
     fae_switch_period: int = 64  # FAE: mini-batches per hot-then-cold scheduling window
     fae_order: str = "interleave"  # interleave | block (the original FAE order, an ablation)
-    hotline_prefetch: int = 2  # Hotline: mini-batches whose cold rows are gathered ahead (0: none)
+    hotline_prefetch: int = 1  # Hotline: mini-batches whose cold rows are staged ahead (0: none)
     hotline_learn_batches: int = 0  # Hotline: learn popularity online over this many mini-batches
 
     def __post_init__(self) -> None:

@@ -26,7 +26,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torchrec.datasets.utils import Batch
@@ -46,8 +46,8 @@ def _one_thread() -> None:
 class _Pending:
     batch: Batch  # on the training device
     features: KeyedJaggedTensor  # its sparse features where the loader made them (host memory)
-    version: int  # the host tier's write-backs when it was queued
-    staged: Future = field(default_factory=Future)
+    version: int = -1  # the host tier's write-backs when its staging was submitted
+    staged: Future | None = None  # None: not submitted yet
 
 
 class HotlineTrainPipeline(PlainTrainPipeline):
@@ -59,7 +59,7 @@ class HotlineTrainPipeline(PlainTrainPipeline):
         precision: str = "fp32",
         loss_function: str = "bce",
         hook: StepHook | None = None,
-        prefetch: int = 2,
+        prefetch: int = 1,
         learn_batches: int = 0,
         make_plan: Callable[[HotlineEmbeddingBagCollection], object] | None = None,
     ) -> None:
@@ -87,27 +87,29 @@ class HotlineTrainPipeline(PlainTrainPipeline):
         except BaseException as e:  # the step re-raises it
             item.staged.set_exception(e)
 
-    def _submit(self, batch: Batch) -> _Pending:
-        """Queue a mini-batch (as the loader made it) to be staged."""
-        on_device = batch.to(self.device, non_blocking=True)
-        item = _Pending(on_device, batch.sparse_features, self.coll.version)
+    def _submit(self, item: _Pending) -> None:
+        item.version, item.staged = self.coll.version, Future()
         if self._pool is not None:
             self._pool.submit(self._prepare, item)
-        return item
+        else:
+            self._prepare(item)
 
     def _fill(self) -> None:
+        """The next mini-batches from the loader, queued; their stagings are submitted by the
+        step, once it has sent the step before it's rows home (`_step`)."""
         while not self._exhausted and len(self._queue) < 1 + self.prefetch:
             try:
                 batch = next(self._source)
             except StopIteration:
                 self._exhausted = True
                 return
-            self._queue.append(self._submit(batch))
+            on_device = batch.to(self.device, non_blocking=True)
+            self._queue.append(_Pending(on_device, batch.sparse_features))
 
     def _drain(self) -> list[Batch]:
         """Wait for the worker and take the queued mini-batches back, unstaged."""
         for item in self._queue:
-            if self._pool is not None:
+            if item.staged is not None:
                 item.staged.exception()  # waits; errors are dropped with the staging
         batches = [item.batch for item in self._queue]
         self._queue.clear()
@@ -122,7 +124,7 @@ class HotlineTrainPipeline(PlainTrainPipeline):
         if not self._queue:
             raise StopIteration
         item = self._queue.popleft()
-        self._fill()  # the next mini-batches' stagings run while this one computes
+        self._fill()
         t1 = time.perf_counter()
         loss = self.hook.step(item.batch, lambda: self._step(item))
         t2 = time.perf_counter()
@@ -132,12 +134,16 @@ class HotlineTrainPipeline(PlainTrainPipeline):
 
     def _step(self, item: _Pending) -> torch.Tensor:
         w0 = time.perf_counter()
-        if self._pool is None:
-            self._prepare(item)
+        if item.staged is None:  # no worker, or the first mini-batch: staged on the step's path
+            self._submit(item)
         staged = item.staged.result()
-        # without a worker the staging ran inline, on the step's path: all of it exposed
         waited = staged.seconds if self._pool is None else time.perf_counter() - w0
         with self.coll.using(staged):
+            # The previous step's rows are home now: the next mini-batches' stagings read them
+            # there, and only rows this step updates need renewing when they are loaded.
+            for queued in self._queue:
+                if queued.staged is None and self._pool is not None:
+                    self._submit(queued)
             loss = self.step(item.batch)
         self.coll.count_step(staged, waited)
         return loss
@@ -150,4 +156,4 @@ class HotlineTrainPipeline(PlainTrainPipeline):
             return
         queued = self._drain()
         self.coll.adopt(self.make_plan(self.coll))
-        self._queue.extend(self._submit(b) for b in queued)  # staged again for the new tiers
+        self._queue.extend(_Pending(b, b.sparse_features) for b in queued)  # staged anew
