@@ -140,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     opt(
         "--hotline-prefetch",
         int,
-        help_="hotline: mini-batches whose cold rows are gathered ahead on a worker (default 2)",
+        help_="hotline: mini-batches whose cold rows are staged ahead on a worker (default 1)",
     )
     opt(
         "--hotline-learn-batches",

@@ -448,9 +448,10 @@ class HotlineEmbeddingBagCollection(EmbeddingCollection):
         gids = self._hot_gids(plan)
         hot_values = self.host.read_rows(gids)
         old = self.host
-        self.host = HostTier(
-            self.tables, self.optimizer, plan.tier_remaps("host"), self.backend_name, self.seed
-        )
+        self.host = HostTier(  # every row is written below
+            self.tables, self.optimizer, plan.tier_remaps("host"), self.backend_name, self.seed,
+            init=False,
+        )  # fmt: skip
         for t, r in enumerate(plan.tier_remaps("host")):
             rest = torch.from_numpy(np.flatnonzero(r >= 0)) + self.row_base[t]
             if rest.numel():

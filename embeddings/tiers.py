@@ -97,7 +97,9 @@ class HostTier:
         remaps: list[np.ndarray] | None = None,
         backend: str = "auto",
         seed: int = 0,
+        init: bool = True,
     ) -> None:
+        """`init=False`: the rows' values are left to the caller, who writes every one."""
         self.tables = list(tables)
         self.optimizer = optimizer
         sizes = [t.num_embeddings for t in tables]
@@ -115,17 +117,18 @@ class HostTier:
         self.slot_base = table_row_base([t.num_embeddings for t in held_tables])
         if remaps is not None:  # the plan's slots -> rows of the collection's tables back to back
             plan_base = table_row_base(self.held).numpy()
-            self._remap = torch.from_numpy(
-                np.concatenate([
-                    np.where(r >= 0, r.astype(np.int64) - pb + sb, -1)
-                    for r, pb, sb in zip(remaps, plan_base, self.slot_base.numpy())
-                ])
-            )  # fmt: skip
+            remap = np.concatenate([
+                np.where(r >= 0, r.astype(np.int64) - pb + sb, -1)
+                for r, pb, sb in zip(remaps, plan_base, self.slot_base.numpy())
+            ])  # fmt: skip
+            if sum(t.num_embeddings for t in held_tables) < 2**31:  # half the bytes to look up
+                remap = remap.astype(np.int32)
+            self._remap = torch.from_numpy(remap)
         self.collection = FusedEmbeddingBagCollection(
-            held_tables, optimizer, device="cpu", backend=backend, seed=seed
+            held_tables, optimizer, device="cpu", backend=backend, seed=seed, init=init
         )
         self.backend = self.collection.backend
-        if remaps is not None:
+        if remaps is not None and init:
             self._init_held_rows(remaps, seed)
         self._w_flat = flat_rows(self.collection.table_weights())
         states = self.collection.optimizer_states()
@@ -176,7 +179,7 @@ class HostTier:
                 f"host tier: row {gid - int(self.row_base[t])} of table {self.tables[t].name} "
                 f"is not held here (its plan puts it in another tier)"
             )
-        return slots
+        return slots.long()
 
     def _check_held(self, slots, values, lengths, batch) -> None:
         bad = torch.nonzero(slots < 0)
