@@ -54,6 +54,24 @@ def test_hotline_trains_like_the_device_placement_for_200_steps(make_config, tmp
     assert p["syncs"] == 0 and p["exposed_gather_s"] <= p["gather_s"] + 1e-3
 
 
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_hotline_is_exact_however_far_ahead_it_stages(make_config, tmp_path, prefetch):
+    """Two ahead: a staging is read before the two steps before it write their rows back, so
+    rows are renewed from the slots and from the host; none: staged on the step's path."""
+    common = dict(data_size=64 * 60, optimizer="adagrad", learning_rate=0.1, test_freq=25)
+    device = Trainer(make_config(**common, out_dir=str(tmp_path / "d"), device="cpu"))
+    cfg = dict(HOTLINE, hotline_prefetch=prefetch)
+    hotline = Trainer(make_config(**common, **cfg, out_dir=str(tmp_path / "h")))
+    a, b = device.fit(), hotline.fit()
+    assert_same_model(hotline, device, 0.0)
+    assert a["test_auc"] == b["test_auc"]
+    p, row = b["placement"], hotline.model.embeddings._row_bytes
+    if prefetch == 2:  # rows renewed from the host cross the link again
+        assert p["emb_bytes_h2d_gather"] > p["cold_rows"] * row
+    else:
+        assert p["emb_bytes_h2d_gather"] == p["cold_rows"] * row and p["hidden_share"] == 0.0
+
+
 def test_hotline_resume_reproduces_the_uninterrupted_run_exactly(make_config, tmp_path):
     common = dict(HOTLINE, test_freq=10, nepochs=2, data_size=64 * 15, optimizer="adagrad")
     full_cfg = make_config(**common, keep_checkpoints=10, out_dir=str(tmp_path / "full"))
