@@ -188,20 +188,24 @@ def _one_line(text: str) -> str:
 
 def _read_error(e: Exception) -> str:
     """Why torch could not read a file, in whole sentences, without its advice to load with
-    `weights_only=False` (that would run any code the file holds)."""
+    `weights_only=False` (that would run any code the file holds) or to allowlist classes."""
     text = _one_line(str(e))
-    unpickler = re.search(r"WeightsUnpickler error: (.*?\.)(?: |$)", text)
+    unpickler = "WeightsUnpickler error:" in text
+    if unpickler:  # torch's advice comes first, the reason after this marker
+        text = text.split("WeightsUnpickler error:", 1)[1].split("Check the documentation")[0]
+    sentences = [
+        s.strip()
+        for s in re.split(r"(?<=\.) ", text)
+        if s.strip() and not re.search(r"weights_only|allow_pickle|Please|trust", s)
+    ]
+    # the first sentence says what failed; torch's next ones are general advice
+    reason = sentences[0].rstrip(".") if sentences else type(e).__name__
     if unpickler:
         return (
-            "it holds data that is not tensors and plain values, which is never unpickled "
-            f"({unpickler.group(1).rstrip('.')})"
+            "its data record is damaged or holds Python objects other than tensors and plain "
+            f"values, which are never unpickled: {reason}"
         )
-    sentences = [
-        s
-        for s in re.split(r"(?<=\.) ", text)
-        if not re.search(r"weights_only|allow_pickle|safe_globals|trust", s)
-    ]
-    return " ".join(sentences) or type(e).__name__
+    return reason
 
 
 def load(path: Path) -> dict:
@@ -214,7 +218,7 @@ def load(path: Path) -> dict:
             warnings.simplefilter("ignore")
             data = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises many types for truncated/corrupt/unsafe files
-        raise CheckpointError(f"{path}: not a readable checkpoint: {_read_error(e)}") from None
+        raise CheckpointError(f"{path}: not a readable checkpoint ({_read_error(e)})") from None
     verified = isinstance(data, dict) and CHECKSUMS in data
     if verified:
         _verify(data, path)  # first: a damaged byte anywhere is named as such
