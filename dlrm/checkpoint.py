@@ -6,21 +6,24 @@ temporary file in the same directory, flushed to disk, then renamed over its fin
 while writing leaves every earlier checkpoint intact, and the temporaries such a crash leaves are
 removed by the next save or resume (`remove_temporaries`).
 
-Every file also carries a manifest of checksums (`checksums`): a SHA-256 of each tensor's bytes and
-one of everything else (the plain values, the layout of the nested dicts, every tensor's dtype and
-shape). torch's zip reader checks none of the CRCs its writer stores, so without the manifest a
-flipped bit or a zeroed page loads as a silently different model. `load` checks the manifest
-before returning anything, and names the tensor that does not match.
+Every file also carries a manifest of checksums (`checksums`): the CRC-32s of each tensor's bytes
+(one per 16 MiB) and one of everything else (the plain values, the layout of the nested dicts,
+every tensor's dtype and shape). torch's zip reader checks none of the CRCs its writer stores, so
+without the manifest a flipped bit or a zeroed page loads as a silently different model. `load`
+checks the manifest before returning anything, and names the tensor that does not match.
 
-SHA-256 rather than CRC-32: with the CPU's SHA instructions it hashes ~1.4 GB/s against zlib's
-CRC-32 at ~2.2 GB/s on the machine we measured, not much cheaper, and a cryptographic digest leaves
-no doubt about what "verified" means (docs in the issue #25 report: the cost on resume).
+CRC-32 rather than SHA-256: the threat is damage (disks, copies, half-written files), not forgery
+(a forger can write any file; what protects from code in it is `weights_only`). CRC-32 catches
+every burst of damage up to 32 bits and any other with odds of 2^-32 of passing, per 16 MiB, as ZFS's
+and zip's checksums do. It hashes ~2.2 GB/s a core against SHA-256's ~1.4 (SHA instructions
+included), and the chunks spread over threads (zlib releases the GIL): on a Kaggle-sized
+checkpoint (2.2 GB) verification costs 0.47 s on 2 cores against SHA-256's 1.5 s on one, i.e.
+under 5% of a ~10 s `--resume` (scripts/bench_checkpoint.py).
 """
 
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import logging
 import os
@@ -28,7 +31,9 @@ import re
 import shutil
 import warnings
 import zipfile
+import zlib
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +50,9 @@ VERSION = 2
 CHECKSUMS = "checksums"
 _NAME = re.compile(r"^step_(\d{9})\.pt$")
 _TEMPORARY = re.compile(r"^\.(.+)\.tmp-\d+$")
+_ALGORITHM = "crc32/16MiB"
+_CHUNK = 16 * 2**20
+_THREADS = min(8, os.cpu_count() or 1)
 
 
 # --- checksums --------------------------------------------------------------------------------
@@ -57,8 +65,21 @@ def _tensor_bytes(t: torch.Tensor) -> np.ndarray:
     return flat.view(torch.uint8).numpy()
 
 
-def _digest(data) -> str:
-    return hashlib.sha256(data).hexdigest()
+def _crc(data) -> str:
+    return f"{zlib.crc32(data):08x}"
+
+
+def _tensor_checksums(tensors: dict[str, torch.Tensor]) -> dict[str, str]:
+    """Per tensor, the CRC-32 of each 16 MiB of its bytes, the chunks of one tensor computed on
+    several threads (one tensor at a time on the host: a GPU model's checkpoint is checked
+    without a second copy of it all in host memory)."""
+    sums = {}
+    with ThreadPoolExecutor(_THREADS) as pool:
+        for name, t in tensors.items():
+            data = _tensor_bytes(t)
+            chunks = [data[i : i + _CHUNK] for i in range(0, len(data), _CHUNK)]
+            sums[name] = " ".join(pool.map(_crc, chunks))
+    return sums
 
 
 def _walk(obj: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
@@ -81,9 +102,9 @@ def checksums(obj: dict) -> dict:
     tensors: dict[str, torch.Tensor] = {}
     outline = {k: _walk(v, k, tensors) for k, v in obj.items() if k != CHECKSUMS}
     return {
-        "algorithm": "sha256",
-        "outline": _digest(json.dumps(outline).encode()),
-        "tensors": {name: _digest(_tensor_bytes(t)) for name, t in tensors.items()},
+        "algorithm": _ALGORITHM,
+        "outline": _crc(json.dumps(outline).encode()),
+        "tensors": _tensor_checksums(tensors),
     }
 
 
@@ -93,20 +114,17 @@ def _verify(data: dict, path: Path) -> None:
     outline = {k: _walk(v, k, tensors) for k, v in data.items()}
     if not (
         isinstance(stored, dict)
-        and stored.get("algorithm") == "sha256"
+        and stored.get("algorithm") == _ALGORITHM
         and isinstance(stored.get("tensors"), dict)
     ):
         raise CheckpointError(f"{path}: corrupt: its checksum manifest is damaged")
-    if stored.get("outline") != _digest(json.dumps(outline).encode()):
+    if stored.get("outline") != _crc(json.dumps(outline).encode()):
         raise CheckpointError(
             f"{path}: corrupt: its structure or plain values (step, configuration, RNG state, "
             "tensor shapes) do not match their checksum"
         )
-    bad = [
-        name
-        for name, t in tensors.items()
-        if stored["tensors"].get(name) != _digest(_tensor_bytes(t))
-    ]
+    computed = _tensor_checksums(tensors)
+    bad = [name for name in tensors if stored["tensors"].get(name) != computed[name]]
     if bad:
         more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
         raise CheckpointError(

@@ -393,3 +393,15 @@ def test_random_damage_is_an_error_or_changes_nothing(changes):
         return
     # bytes torch never reads (zip timestamps, padding, the CRCs it does not check) changed
     assert same(SMALL, {k: v for k, v in loaded.items()})
+
+
+def test_cli_corrupt_model_file_given_to_load_model_is_one_line_exit_2(trained, tmp_path, capsys):
+    path = Path(trained.save_model)
+    flip_bit(path, offset_of(path, ckpt.load(path)["model"]["bottom_mlp.0.weight"]) + 3)
+    argv = [*TINY_CLI, "--out-dir", str(tmp_path / "inf"), "--load-model", str(path)]
+    rc, err = run_cli([*argv, "--inference-only"], capsys)
+    assert rc == 2 and len(err.splitlines()) == 1, err
+    assert err == (
+        f"python -m dlrm.train: error: {path}: corrupt: tensor model/bottom_mlp.0.weight does not "
+        "match its checksum"
+    )
