@@ -17,8 +17,8 @@ CRC-32 rather than SHA-256: the threat is damage (disks, copies, half-written fi
 every burst of damage up to 32 bits and any other with odds of 2^-32 of passing, per 16 MiB, as ZFS's
 and zip's checksums do. It hashes ~2.2 GB/s a core against SHA-256's ~1.4 (SHA instructions
 included), and the chunks spread over threads (zlib releases the GIL): on a Kaggle-sized
-checkpoint (2.2 GB) verification costs 0.47 s on 2 cores against SHA-256's 1.5 s on one, i.e.
-under 5% of a ~10 s `--resume` (scripts/bench_checkpoint.py).
+checkpoint (2.2 GB) verification took 0.5 s on 2 cores against SHA-256's 1.5 s on one, +6% on
+an 8.3 s `--resume` of that run (scripts/bench_checkpoint.py); less with more cores.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ FORMAT = "hybrid-dlrm-checkpoint"
 VERSION = 2
 CHECKSUMS = "checksums"
 _NAME = re.compile(r"^step_(\d{9})\.pt$")
-_TEMPORARY = re.compile(r"^\.(.+)\.tmp-\d+$")
+_TEMPORARY = re.compile(r"^\.(.+)\.tmp-(\d+)$")
 _ALGORITHM = "crc32/16MiB"
 _CHUNK = 16 * 2**20
 _THREADS = min(8, os.cpu_count() or 1)
@@ -168,8 +168,8 @@ def _write_error(e: Exception, path: Path, what: str) -> Exception:
     if full:
         free = shutil.disk_usage(path.parent).free
         return CheckpointError(
-            f"{path}: no space left on the file system holding {path.parent} while writing the "
-            f"{what} ({free / 2**20:.1f} MiB free); nothing earlier was changed"
+            f"{path}: no space left on the file system mounted at {_mount_point(path.parent)} "
+            f"while writing the {what} ({free / 2**20:.1f} MiB free); nothing earlier was changed"
         )
     if isinstance(e, OSError):
         reason = e.strerror or str(e) or type(e).__name__
@@ -179,6 +179,13 @@ def _write_error(e: Exception, path: Path, what: str) -> Exception:
     return e  # a RuntimeError that is not about the file: a bug, keep its traceback
 
 
+def _mount_point(directory: Path) -> Path:
+    directory = directory.resolve()
+    while not os.path.ismount(directory):
+        directory = directory.parent
+    return directory
+
+
 def save(obj: dict, path: Path, what: str = "checkpoint") -> None:
     """`obj` with its checksum manifest, written atomically."""
     atomic_save({**obj, CHECKSUMS: checksums(obj)}, path, what)
@@ -186,15 +193,28 @@ def save(obj: dict, path: Path, what: str = "checkpoint") -> None:
 
 def remove_temporaries(directory: Path, name: str | None = None) -> None:
     """Delete the temporaries of interrupted writes (each as large as a whole checkpoint) in
-    `directory`, of `name` only or of every checkpoint. Only one run writes a run directory
-    (the trainer refuses a second), so a temporary found here is never one being written."""
+    `directory`, of `name` only or of every checkpoint. A temporary is named after the process
+    writing it: one whose process still runs (a second run in the same directory) is left."""
     if not directory.is_dir():
         return
     for p in directory.iterdir():
         m = _TEMPORARY.match(p.name)
         if m and (m.group(1) == name if name else _NAME.match(m.group(1))):
-            log.info("removing %s, left by an interrupted write", p)
-            p.unlink(missing_ok=True)
+            if not _running(int(m.group(2))):
+                log.info("removing %s, left by an interrupted write", p)
+                p.unlink(missing_ok=True)
+
+
+def _running(pid: int) -> bool:
+    if pid == os.getpid():
+        return False  # this process is not writing it: it is about to write the same file
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
 
 
 # --- reading ----------------------------------------------------------------------------------
@@ -306,7 +326,8 @@ def resume_target(resume: str, run_dir: Path) -> tuple[Path, dict] | None:
     directory = target / "checkpoints"
     if not list_checkpoints(directory) and list_checkpoints(target):
         directory = target  # a directory of checkpoints rather than a run directory
-    remove_temporaries(directory)
+    if target.resolve() == run_dir.resolve():  # never another run's directory
+        remove_temporaries(directory)
     skipped: list[str] = []
     for path in reversed(list_checkpoints(directory)):
         try:

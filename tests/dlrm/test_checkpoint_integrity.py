@@ -25,6 +25,9 @@ TINY_CLI = ["--arch-embedding-size", "60-40-500-7", "--arch-sparse-feature-size"
             "--data-size", "1920", "--test-data-size", "2048", "--progress", "false"]  # fmt: skip
 
 
+NO_SUCH_PID = int(Path("/proc/sys/kernel/pid_max").read_text()) + 1  # beyond any process's
+
+
 def flip_bit(path: Path, offset: int) -> None:
     raw = bytearray(path.read_bytes())
     raw[offset] ^= 0x10
@@ -201,7 +204,7 @@ def stop_at_first_checkpoint(make_config, monkeypatch):
         with pytest.raises(Killed):
             Trainer(cfg).fit()
     run = Path(cfg.out_dir)
-    temporary = run / "checkpoints" / ".step_000000010.pt.tmp-4242"
+    temporary = run / "checkpoints" / f".step_000000010.pt.tmp-{NO_SUCH_PID}"
     temporary.parent.mkdir()
     temporary.write_bytes(b"PK\x03\x04" + bytes(20000))
     assert (run / "config.json").exists() and (run / "metrics.jsonl").exists()
@@ -243,13 +246,18 @@ def test_a_run_directory_with_nothing_in_it_is_still_an_error(tmp_path, make_con
 
 def test_temporaries_of_interrupted_writes_are_removed(trained, make_config):
     checkpoints = Path(trained.out_dir) / "checkpoints"
-    stale = [checkpoints / ".step_000000040.pt.tmp-77", checkpoints / ".step_000000010.pt.tmp-78"]
-    keep = checkpoints / "notes.txt"  # not ours: untouched
-    model_tmp = Path(trained.save_model).with_name(".model.pt.tmp-79")
-    for p in [*stale, keep, model_tmp]:
+    gone = NO_SUCH_PID
+    stale = [
+        checkpoints / f".step_000000040.pt.tmp-{gone}",
+        checkpoints / f".step_000000010.pt.tmp-{gone + 1}",
+    ]
+    notes = checkpoints / "notes.txt"  # not ours
+    live = checkpoints / f".step_000000050.pt.tmp-{os.getppid()}"  # its writer still runs
+    model_tmp = Path(trained.save_model).with_name(f".model.pt.tmp-{gone}")
+    for p in [*stale, notes, live, model_tmp]:
         p.write_bytes(b"x" * 1000)
     resumed = Trainer(make_config(resume="auto", test_freq=10, keep_checkpoints=3))
-    assert not any(p.exists() for p in stale) and keep.exists()
+    assert not any(p.exists() for p in stale) and notes.exists() and live.exists()
     stale[0].write_bytes(b"x")
     resumed.save_checkpoint()
     assert not stale[0].exists()
@@ -278,8 +286,9 @@ def test_write_errors_are_one_line_and_keep_earlier_checkpoints(make_config, mon
     checkpoints = Path(trainer.cfg.out_dir) / "checkpoints"
     path = checkpoints / "step_000000020.pt"
     message = assert_one_line_naming(e.value, path)
+    mount = ckpt._mount_point(checkpoints)
     assert (
-        f"no space left on the file system holding {checkpoints} while writing the checkpoint"
+        f"no space left on the file system mounted at {mount} while writing the checkpoint ("
         in message
     )
     for expected in [
@@ -323,7 +332,10 @@ def test_disk_full_on_a_real_small_file_system(make_config, tmp_path):
             ckpt.save = ckpt_save
         checkpoints = mount / "run" / "checkpoints"
         message = assert_one_line_naming(e.value, checkpoints / "step_000000020.pt")
-        assert f"no space left on the file system holding {checkpoints}" in message
+        assert (
+            f"no space left on the file system mounted at {mount.resolve()} while writing the checkpoint"
+            in message
+        )
         assert sorted(p.name for p in checkpoints.iterdir()) == ["step_000000010.pt"]
         assert ckpt.load(checkpoints / "step_000000010.pt")["train_state"]["step"] == 10
     finally:
