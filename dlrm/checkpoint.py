@@ -59,8 +59,7 @@ _THREADS = min(8, os.cpu_count() or 1)
 
 
 def _tensor_bytes(t: torch.Tensor) -> np.ndarray:
-    """The tensor's values as bytes (one tensor on the host at a time: a GPU model's checkpoint
-    is hashed without a second copy of it all in host memory)."""
+    """The tensor's values as bytes, on the host."""
     flat = t.detach().to("cpu").contiguous().reshape(-1)
     return flat.view(torch.uint8).numpy()
 
@@ -237,7 +236,9 @@ def _read_error(e: Exception) -> str:
         if s.strip() and not re.search(r"weights_only|allow_pickle|Please|trust", s)
     ]
     # the first sentence says what failed; torch's next ones are general advice
-    reason = sentences[0].rstrip(".") if sentences else type(e).__name__
+    reason = sentences[0].rstrip(".") if sentences else ""
+    if not re.search(r"[A-Za-z]{3}", reason):  # KeyError(18) from a damaged pickle says "18"
+        reason = f"{type(e).__name__}: {reason}" if reason else type(e).__name__
     if unpickler:
         return (
             "its data record is damaged or holds Python objects other than tensors and plain "
@@ -345,7 +346,8 @@ def resume_target(resume: str, run_dir: Path) -> tuple[Path, dict] | None:
         return path, data
     if skipped:
         raise CheckpointError(
-            f"--resume: no checkpoint in {directory} verifies ({'; '.join(skipped)})"
+            f"--resume: no checkpoint in {directory} verifies ({'; '.join(skipped)}); "
+            "move them away to start the run again"
         )
     if (target / "config.json").is_file():
         log.warning(
