@@ -14,8 +14,8 @@ checks the manifest before returning anything, and names the tensor that does no
 
 CRC-32 rather than SHA-256: the threat is damage (disks, copies, half-written files), not forgery
 (a forger can write any file; what protects from code in it is `weights_only`). CRC-32 catches
-every burst of damage up to 32 bits and any other with odds of 2^-32 of passing, per 16 MiB, as ZFS's
-and zip's checksums do. It hashes ~2.2 GB/s a core against SHA-256's ~1.4 (SHA instructions
+every burst of damage up to 32 bits long and lets other damage through with odds of 2^-32 per
+16 MiB chunk, which is why zip files guard their records with it. It hashes ~2.2 GB/s a core against SHA-256's ~1.4 (SHA instructions
 included), and the chunks spread over threads (zlib releases the GIL): on a Kaggle-sized
 checkpoint (2.2 GB) verification took 0.5 s on 2 cores against SHA-256's 1.5 s on one, +6% on
 an 8.3 s `--resume` of that run (scripts/bench_checkpoint.py); less with more cores.
@@ -168,7 +168,7 @@ def _write_error(e: Exception, path: Path, what: str) -> Exception:
         free = shutil.disk_usage(path.parent).free
         return CheckpointError(
             f"{path}: no space left on the file system mounted at {_mount_point(path.parent)} "
-            f"while writing the {what} ({free / 2**20:.1f} MiB free); nothing earlier was changed"
+            f"while writing the {what} ({free // 1024} KiB free); nothing earlier was changed"
         )
     if isinstance(e, OSError):
         reason = e.strerror or str(e) or type(e).__name__
