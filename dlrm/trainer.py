@@ -429,7 +429,10 @@ class Trainer:
             self.dense_optimizer.load_state_dict(data["dense_optimizer"])
         except (KeyError, ValueError) as e:
             raise CheckpointError(f"{path}: optimizer state does not fit ({e})") from None
-        self.state = TrainState.from_checkpoint(data["train_state"])
+        try:
+            self.state = TrainState.from_checkpoint(data["train_state"])
+        except CheckpointError as e:  # it knows the field, not the file
+            raise CheckpointError(f"{path}: {e}") from None
         ckpt.set_rng_state(data["rng"])
         self._lr = float("nan")  # force the LR of the next step to be applied
         self._good_checkpoint = path

@@ -421,3 +421,14 @@ def test_cli_corrupt_model_file_given_to_load_model_is_one_line_exit_2(trained, 
         f"python -m dlrm.train: error: {path}: corrupt: tensor model/bottom_mlp.0.weight does not "
         "match its checksum"
     )
+
+
+def test_a_verified_checkpoint_from_another_version_names_the_file(trained, make_config, tmp_path):
+    data = ckpt.load(Path(trained.out_dir) / "checkpoints" / "step_000000030.pt")
+    data["train_state"]["future_field"] = 1  # written by a later version of the trainer
+    path = tmp_path / "future.pt"
+    ckpt.save(data, path)
+    with pytest.raises(
+        CheckpointError, match=f"^{path}: train state: unknown fields future_field$"
+    ):
+        Trainer(make_config(resume=str(path), out_dir=str(tmp_path / "r")))
