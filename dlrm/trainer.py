@@ -48,13 +48,21 @@ log = logging.getLogger(__name__)
 
 def _check_run_dir_is_free(cfg: TrainConfig) -> None:
     """A new run never writes into an earlier run's directory: its metrics and checkpoints
-    would be mixed with (or pruned among) the old ones."""
+    would be mixed with (or pruned among) the old ones. A run that was stopped before it
+    finished its first checkpoint is the exception: there is nothing in it to continue or to
+    lose but its log, and a user rerunning the same command expects it to start again (its
+    metrics.jsonl keeps the stopped attempt's events, as a resumed run's keeps those past its
+    checkpoint)."""
     run = cfg.run_dir
     if cfg.resume or not run.is_dir():
         return
-    if (run / "metrics.jsonl").exists() or ckpt.list_checkpoints(run / "checkpoints"):
+    if (run / "summary.json").exists() or ckpt.list_checkpoints(run / "checkpoints"):
         raise ConfigError(
             f"--out-dir: {run} already holds a run; pass --resume to continue it or choose another --out-dir"
+        )
+    if (run / "metrics.jsonl").exists():
+        log.warning(
+            "--out-dir: %s holds a run stopped before its first checkpoint; starting it again", run
         )
 
 
@@ -169,8 +177,11 @@ class Trainer:
         self.pipeline.hook.attach(self)
         if cfg.load_model:
             ckpt.load_model_file(Path(cfg.load_model), self.model)
+        self._good_checkpoint: Path | None = None  # the newest this process wrote or verified
         if cfg.resume:
-            self.load_checkpoint(ckpt.resolve_resume(cfg.resume, self.run_dir))
+            found = ckpt.resume_target(cfg.resume, self.run_dir)
+            if found:  # None: the run stopped before its first checkpoint; it starts again
+                self.load_checkpoint(*found)
 
     def _make_pipeline(self, hook: StepHook | None) -> TrainPipeline:
         """The plain step, or the variant the embedding collection needs (Hotline's split)."""
@@ -362,8 +373,8 @@ class Trainer:
     # --- checkpoints --------------------------------------------------------------------------
 
     def _last_checkpoint(self) -> Path | None:
-        found = ckpt.list_checkpoints(self.ckpt_dir)
-        return found[-1] if found else None
+        # Not merely the newest file: a resume may have skipped corrupt newer ones.
+        return self._good_checkpoint
 
     def checkpoint_state(self) -> dict:
         emb = self.model.embeddings
@@ -389,14 +400,21 @@ class Trainer:
             return None
         t0 = time.perf_counter()
         path = ckpt.checkpoint_path(self.ckpt_dir, self.state.step)
-        ckpt.atomic_save(self.checkpoint_state(), path)
+        ckpt.save(self.checkpoint_state(), path)
+        self._good_checkpoint = path
         ckpt.prune(self.ckpt_dir, self.cfg.keep_checkpoints)
         self._event("checkpoint", path=str(path))
         self.timer.add("checkpoint_s", time.perf_counter() - t0)
         return path
 
-    def load_checkpoint(self, path: Path) -> None:
-        data = ckpt.load(path)
+    def load_checkpoint(self, path: Path, data: dict | None = None) -> None:
+        """Continue from the checkpoint at `path` (`data`: its contents, already verified)."""
+        data = ckpt.load(path) if data is None else data
+        if ckpt.is_model_file(data):
+            raise CheckpointError(
+                f"{path}: a model file (weights only, as --save-model writes), not a checkpoint: it "
+                "has no optimizer state or position to resume from; start from it with --load-model"
+            )
         if data.get("arch") != self.cfg.arch_signature():
             raise CheckpointError(
                 f"{path}: written for a different model or optimizer ({data.get('arch')})"
@@ -411,9 +429,13 @@ class Trainer:
             self.dense_optimizer.load_state_dict(data["dense_optimizer"])
         except (KeyError, ValueError) as e:
             raise CheckpointError(f"{path}: optimizer state does not fit ({e})") from None
-        self.state = TrainState.from_checkpoint(data["train_state"])
+        try:
+            self.state = TrainState.from_checkpoint(data["train_state"])
+        except CheckpointError as e:  # it knows the field, not the file
+            raise CheckpointError(f"{path}: {e}") from None
         ckpt.set_rng_state(data["rng"])
         self._lr = float("nan")  # force the LR of the next step to be applied
+        self._good_checkpoint = path
         log.info("resumed from %s at step %d", path, self.state.step)
 
     def save_model_file(self, path: Path) -> None:

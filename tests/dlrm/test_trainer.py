@@ -124,7 +124,9 @@ def test_crash_while_writing_a_checkpoint_leaves_the_previous_one(make_config, m
         return real_save(obj, f, *a, **kw)
 
     monkeypatch.setattr(torch, "save", crashing_save)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(
+        CheckpointError, match=r"step_000000010.pt: could not write the checkpoint \(disk full\)"
+    ):
         trainer.fit()
     directory = Path(trainer.cfg.out_dir) / "checkpoints"
     assert sorted(p.name for p in directory.iterdir()) == ["step_000000005.pt"]

@@ -1,0 +1,26 @@
+import importlib.util
+from pathlib import Path
+
+import torch
+
+from dlrm import checkpoint as ckpt
+
+_SPEC = importlib.util.spec_from_file_location(
+    "bench_checkpoint", Path(__file__).parents[2] / "scripts" / "bench_checkpoint.py"
+)
+bench = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(bench)
+
+
+def test_in_process_times_a_verified_checkpoint(tmp_path):
+    path = tmp_path / "c.pt"
+    ckpt.save({"format": ckpt.FORMAT, "version": ckpt.VERSION, "model": {"w": torch.ones(3)}}, path)
+    report = bench.in_process(path, repeats=1)
+    assert report["file_bytes"] == path.stat().st_size
+    assert set(report) == {
+        "file_bytes",
+        "threads",
+        "torch_load_s",
+        "verify_s",
+        "checksums_on_save_s",
+    }
