@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,6 +129,7 @@ class TrainConfig:
     load_model: str | None = None
     inference_only: bool = False
     resume: str | None = None  # a checkpoint file, a run directory, or "auto" (this out_dir)
+    allow_changed: tuple[str, ...] = ()  # settings --resume may change (dlrm/resume_check.py)
     keep_checkpoints: int = 2
     progress: bool | None = None  # None: only when stderr is a terminal
     perf_log: str | None = None  # directory for a perf trace of a few steps (perfmodel)
@@ -153,6 +155,11 @@ class TrainConfig:
             self.arch_embedding_size = parse_widths(
                 self.arch_embedding_size, "--arch-embedding-size"
             )
+        if isinstance(self.allow_changed, str):  # --allow-changed lr,test-data-size
+            self.allow_changed = tuple(x for x in self.allow_changed.split(",") if x)
+        self.allow_changed = tuple(
+            x.strip().lstrip("-").replace("-", "_") for x in self.allow_changed
+        )
         if not self.out_dir:
             self.out_dir = _new_run_dir()
         self.validate()
@@ -224,9 +231,19 @@ class TrainConfig:
         }.items():
             if value < 0:
                 raise ConfigError(f"{flag}: expected an integer >= 0, got {value}")
-        if self.learning_rate <= 0:
+        if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
             raise ConfigError(
-                f"--learning-rate: expected a positive number, got {self.learning_rate}"
+                f"--learning-rate: expected a positive finite number, got {self.learning_rate}"
+            )
+        if not 0 <= self.seed < 2**32:  # numpy's and the reference's seed range
+            raise ConfigError(f"--seed: expected an integer from 0 to {2**32 - 1}, got {self.seed}")
+        if not (math.isfinite(self.synthetic_zipf) and self.synthetic_zipf >= 0):
+            raise ConfigError(
+                f"--synthetic-zipf: expected a finite number >= 0 (0: uniform), got {self.synthetic_zipf}"
+            )
+        if self.inference_only and not (self.load_model or self.resume):
+            raise ConfigError(
+                "--inference-only: needs the weights to evaluate, from --load-model or --resume"
             )
         if self.test_mini_batch_size == 0 or self.test_mini_batch_size < -1:
             raise ConfigError(
@@ -264,7 +281,7 @@ class TrainConfig:
             raise ConfigError(
                 f"--mlperf-auc-threshold: expected a number in [0, 1], got {self.mlperf_auc_threshold}"
             )
-        if self.synthetic_table_scale <= 0:
+        if not (math.isfinite(self.synthetic_table_scale) and self.synthetic_table_scale > 0):
             raise ConfigError("--synthetic-table-scale: expected a positive number")
         if self.data_set in ("kaggle", "terabyte", "taobao") and not (
             self.raw_data_file or self.processed_data_file

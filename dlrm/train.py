@@ -157,6 +157,10 @@ def build_parser() -> argparse.ArgumentParser:
     flag("--inference-only", "only evaluate (with --load-model)")
     p.add_argument("--resume", nargs="?", const="auto", default=argparse.SUPPRESS,
                    help="continue from a checkpoint file, a run directory, or (no value) --out-dir")  # fmt: skip
+    opt(
+        "--allow-changed",
+        help_="with --resume: settings that may differ from the checkpoint's, e.g. lr,test-data-size",
+    )
     opt("--keep-checkpoints", int)
     flag("--progress", "progress bars (default: when on a terminal)")
     opt(

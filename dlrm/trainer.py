@@ -29,6 +29,7 @@ import torch
 from tqdm import tqdm
 
 from dlrm import checkpoint as ckpt
+from dlrm import run_checks
 from dlrm.build import build_model, build_placed_embeddings, resolve_device
 from dlrm.config import TrainConfig
 from dlrm.data import DataSplits, build_data
@@ -89,6 +90,7 @@ class TrainState:
     loss_count: int = 0
     last_eval: dict = field(default_factory=dict)
     stop_reason: str = ""
+    time_breakdown_s: dict = field(default_factory=dict)  # across resumes, as train_time_s
 
     def to_checkpoint(self) -> dict:
         """Every field (plain values and a dict of floats: what a weights-only load accepts)."""
@@ -151,6 +153,16 @@ class Trainer:
                 "(python -m dlrm.train --perf-log does)"
             )
         self.device = resolve_device(cfg.device)
+        self._resume_changes: dict[str, tuple] = {}
+        if rank == 0:
+            run_checks.check_write_paths(cfg)
+        if cfg.resume:
+            run_checks.check_resume_target(cfg)
+            source = run_checks.resume_source_dir(cfg)
+            if source is not None and (source / "config.json").is_file():
+                # early, before any long work; the checkpoint's own settings are checked on load
+                before = json.loads((source / "config.json").read_text())
+                self._resume_changes = run_checks.check_resume_settings(before, cfg, str(source))
         _check_run_dir_is_free(cfg)
         set_flush_denormal(cfg.flush_denormal)  # before any parallel work: see set_flush_denormal
         torch.manual_seed(cfg.seed)
@@ -164,6 +176,10 @@ class Trainer:
             )
         self.model = model
         _check_processes(self.model.embeddings, rank)
+        if checkpoints and rank == 0 and not cfg.inference_only:
+            run_checks.check_free_space(
+                cfg.run_dir, self._checkpoint_bytes(), "a checkpoint of this model"
+            )
         self.dense_optimizer = make_dense_optimizer(cfg, self.model.dense_parameters())
         self.pipeline = self._make_pipeline(step_hook)
         self.write_checkpoints = checkpoints
@@ -211,8 +227,36 @@ class Trainer:
     def _open_run_dir(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         config_path = self.run_dir / "config.json"
-        if not config_path.exists() or not self.cfg.resume:
+        if not config_path.exists() or not self.cfg.resume or self._resume_changes:
             config_path.write_text(json.dumps(self.cfg.to_json(), indent=2) + "\n")
+        if self.cfg.resume and self._good_checkpoint is not None:
+            dropped = self._drop_superseded_events()
+            changed = {k: {"before": a, "now": b} for k, (a, b) in self._resume_changes.items()}
+            self._event(
+                "resume", checkpoint=str(self._good_checkpoint), dropped_events=dropped,
+                changed_settings=changed,
+            )  # fmt: skip
+
+    def _drop_superseded_events(self) -> int:
+        """metrics.jsonl reads as one run: the events a killed run logged after the checkpoint
+        this run resumes from are dropped (they are computed again); returns how many."""
+        path = self.run_dir / "metrics.jsonl"
+        if not path.is_file():
+            return 0
+        lines = path.read_text().splitlines()
+        keep, step = [], self.state.step
+        for line in lines:
+            try:
+                e = json.loads(line)
+            except json.JSONDecodeError:  # a line cut by the kill
+                continue
+            if e.get("step", 0) <= step:
+                keep.append(line)
+        if len(keep) != len(lines):
+            tmp = path.with_suffix(".jsonl.tmp")
+            tmp.write_text("".join(x + "\n" for x in keep))
+            tmp.replace(path)
+        return len(lines) - len(keep)
 
     def _event(self, event: str, **fields) -> None:
         if self.rank != 0:
@@ -360,7 +404,7 @@ class Trainer:
             "samples": st.samples,
             "wall_s": st.train_time_s,
             "stop_reason": st.stop_reason,
-            "time_breakdown_s": dict(self.timer.totals),
+            "time_breakdown_s": {k: round(v, 6) for k, v in self.timer.totals.items()},
             "device": str(self.device),
             "precision": self.cfg.precision,
             "placement": placement_summary(self.model.embeddings, self.device),
@@ -379,10 +423,12 @@ class Trainer:
     def checkpoint_state(self) -> dict:
         emb = self.model.embeddings
         emb.sync()
+        self.state.time_breakdown_s = dict(self.timer.totals)
         return {
             "format": ckpt.FORMAT,
             "version": ckpt.VERSION,
             "arch": self.cfg.arch_signature(),
+            "config": self.cfg.to_json(),  # what a resume must match (dlrm/run_checks.py)
             "model": self.model.state_dict(),
             "sparse_optimizer": emb.sparse_state_dict(),
             "embedding_extra": emb.extra_state(),
@@ -419,6 +465,10 @@ class Trainer:
             raise CheckpointError(
                 f"{path}: written for a different model or optimizer ({data.get('arch')})"
             )
+        if "config" in data:  # older checkpoints: config.json was checked, if there was one
+            self._resume_changes = run_checks.check_resume_settings(
+                data["config"], self.cfg, str(path)
+            )
         ckpt.load_model_state(self.model, data["model"], path)
         emb = self.model.embeddings
         # before version 2 of the trainer's layout the transfer counters stood at the top level
@@ -433,10 +483,23 @@ class Trainer:
             self.state = TrainState.from_checkpoint(data["train_state"])
         except CheckpointError as e:  # it knows the field, not the file
             raise CheckpointError(f"{path}: {e}") from None
+        self.timer.totals = dict(self.state.time_breakdown_s)
         ckpt.set_rng_state(data["rng"])
         self._lr = float("nan")  # force the LR of the next step to be applied
         self._good_checkpoint = path
         log.info("resumed from %s at step %d", path, self.state.step)
+
+    def _checkpoint_bytes(self) -> int:
+        """About what one checkpoint takes: every table with its optimizer state, and the dense
+        parameters with their optimizer's (at most twice more)."""
+        emb = self.model.embeddings
+        opt = emb.optimizer
+        rows = sum(
+            t.num_embeddings * (t.embedding_dim + opt.state_floats(t.embedding_dim))
+            for t in emb.tables
+        )
+        dense = sum(p.numel() for p in self.model.dense_parameters()) * 3
+        return 4 * (rows + dense)
 
     def save_model_file(self, path: Path) -> None:
         """Weights only (no optimizer), for --load-model and inference."""

@@ -29,7 +29,7 @@ def test_reference_flags_map_to_config():
     assert cfg.inference_only is False and cfg.arch_interaction_itself is True
     assert cfg.eval_batch_size == 4096 and cfg.optimizer == "adagrad"
     assert config_from_args(["--seed", "3"]).seed == 3
-    assert config_from_args(["--inference-only=True"]).inference_only is True
+    assert config_from_args(["--inference-only=True", "--load-model", "m.pt"]).inference_only
     assert config_from_args([]).flush_denormal is True
     assert config_from_args(["--flush-denormal=false"]).flush_denormal is False
 

@@ -1,0 +1,137 @@
+"""Checks a run makes before any long work: where it will write, and whether `--resume`
+continues the same run.
+
+A mistake found here costs seconds; found after preprocessing and an epoch it costs the epoch.
+
+A resumed run is the same run: settings that change what is computed (seed, data, learning rate
+and its policy, batch sizes, test set, placement, precision, ...) must equal the checkpoint's,
+or `--resume` would silently train the rest of the run on something else. A user who means it
+says so (`--allow-changed lr,test-data-size`), and the change is recorded in config.json and
+metrics.jsonl. Settings in FREE only say how the run is watched, stored or ended.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+from pathlib import Path
+
+from dlrm.config import TrainConfig
+from dlrm.errors import ConfigError
+
+# Settings that do not change a single computed number of the steps both runs take.
+FREE = frozenset({
+    "print_freq", "test_freq", "mlperf_auc_threshold", "nepochs", "out_dir", "save_model",
+    "load_model", "inference_only", "resume", "allow_changed", "keep_checkpoints", "progress",
+    "perf_log", "hotline_prefetch",  # Hotline computes the same whatever it stages ahead
+})  # fmt: skip
+ALIASES = {"lr": "learning_rate", "numpy_rand_seed": "seed"}
+
+
+def allowed_changes(cfg: TrainConfig) -> set[str]:
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    out = set()
+    for name in cfg.allow_changed:
+        name = ALIASES.get(name, name)
+        if name not in fields:
+            raise ConfigError(f"--allow-changed: no setting named {name!r}")
+        out.add(name)
+    return out
+
+
+def changed_settings(before: dict, cfg: TrainConfig) -> dict[str, tuple]:
+    """{setting: (before, now)} for the settings that change the computation (the model's
+    architecture is the checkpoint's own check: no flag allows another model)."""
+    now, arch = cfg.to_json(), cfg.arch_signature()
+    return {
+        k: (before.get(k), v)
+        for k, v in now.items()
+        if k not in FREE and k not in arch and k in before and before[k] != v
+    }
+
+
+def check_resume_settings(before: dict, cfg: TrainConfig, source: str) -> dict[str, tuple]:
+    """The changes `--allow-changed` allows; any other change is a ConfigError naming them."""
+    changes = changed_settings(before, cfg)
+    refused = sorted(set(changes) - allowed_changes(cfg))
+    if refused:
+        shown = ", ".join(
+            f"--{k.replace('_', '-')} {changes[k][0]!r} -> {changes[k][1]!r}" for k in refused
+        )
+        raise ConfigError(
+            f"--resume: {source} was trained with other settings ({shown}); resume with the "
+            f"same ones, or pass --allow-changed {','.join(k.replace('_', '-') for k in refused)}"
+        )
+    return changes
+
+
+def resume_source_dir(cfg: TrainConfig) -> Path | None:
+    """The run directory `--resume` continues (for a checkpoint file, the run holding it; None
+    for a file outside a run's checkpoints/ directory)."""
+    if cfg.resume == "auto":
+        return cfg.run_dir
+    source = Path(cfg.resume)
+    if source.is_dir():
+        return source
+    return source.parent.parent if source.parent.name == "checkpoints" else None
+
+
+def holds_a_run(run: Path) -> bool:
+    """Finished, or with a checkpoint (a run stopped before its first one holds nothing)."""
+    ckpts = run / "checkpoints"
+    return (run / "summary.json").exists() or (
+        ckpts.is_dir() and any(p.suffix == ".pt" for p in ckpts.iterdir())
+    )
+
+
+def check_resume_target(cfg: TrainConfig) -> None:
+    """`--resume A --out-dir B` continues A's run in B: B must not hold another run."""
+    source = resume_source_dir(cfg)
+    run = cfg.run_dir
+    if source is None:  # a loose file: what it is gets checked when it is loaded
+        return
+    if source.resolve() != run.resolve() and run.is_dir() and holds_a_run(run):
+        raise ConfigError(
+            f"--out-dir: {run} already holds another run; resuming {cfg.resume} there would "
+            "overwrite it: choose an empty --out-dir, or leave --out-dir out to continue in "
+            f"{source}"
+        )
+
+
+def _nearest_existing(path: Path) -> Path:
+    path = path.absolute()
+    while not path.exists():
+        path = path.parent
+    return path
+
+
+def check_writable_dir(path: Path, flag: str) -> None:
+    """`path` is, or can be created as, a directory this process can write."""
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{flag}: {path} is a file, not a directory")
+    base = _nearest_existing(path)
+    if not base.is_dir():
+        raise ConfigError(f"{flag}: {path} cannot be created: {base} is a file")
+    if not os.access(base, os.W_OK | os.X_OK):  # a read-only file system fails this too
+        raise ConfigError(f"{flag}: {path} cannot be written: {base} is not writable")
+
+
+def check_write_paths(cfg: TrainConfig) -> None:
+    """--out-dir and --save-model can be written."""
+    check_writable_dir(cfg.run_dir, "--out-dir")
+    if cfg.save_model:
+        target = Path(cfg.save_model)
+        if target.is_dir():
+            raise ConfigError(f"--save-model: {target} is a directory; give the file to write")
+        check_writable_dir(target.absolute().parent, "--save-model")
+
+
+def check_free_space(path: Path, needed: int, what: str, flag: str = "--out-dir") -> None:
+    """At least `needed` bytes free where `path` will be."""
+    free = shutil.disk_usage(_nearest_existing(path)).free
+    if free < needed:
+        raise ConfigError(
+            f"{flag}: {free / 2**30:.2f} GiB free where {path} is, but {what} takes about "
+            f"{needed / 2**30:.2f} GiB"
+        )
