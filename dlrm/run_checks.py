@@ -13,12 +13,16 @@ metrics.jsonl. Settings in FREE only say how the run is watched, stored or ended
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import shutil
 from pathlib import Path
 
+from dlrm import checkpoint as ckpt
 from dlrm.config import TrainConfig
 from dlrm.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 # Settings that do not change a single computed number of the steps both runs take.
 FREE = frozenset({
@@ -79,10 +83,27 @@ def resume_source_dir(cfg: TrainConfig) -> Path | None:
 
 def holds_a_run(run: Path) -> bool:
     """Finished, or with a checkpoint (a run stopped before its first one holds nothing)."""
-    ckpts = run / "checkpoints"
-    return (run / "summary.json").exists() or (
-        ckpts.is_dir() and any(p.suffix == ".pt" for p in ckpts.iterdir())
-    )
+    return (run / "summary.json").exists() or bool(ckpt.list_checkpoints(run / "checkpoints"))
+
+
+def check_run_dir_is_free(cfg: TrainConfig) -> None:
+    """A new run never writes into an earlier run's directory: its metrics and checkpoints
+    would be mixed with (or pruned among) the old ones. A run that was stopped before it
+    finished its first checkpoint is the exception: there is nothing in it to continue or to
+    lose but its log, and a user rerunning the same command expects it to start again (its
+    metrics.jsonl keeps the stopped attempt's events, as a resumed run's keeps those past its
+    checkpoint)."""
+    run = cfg.run_dir
+    if cfg.resume or not run.is_dir():
+        return
+    if holds_a_run(run):
+        raise ConfigError(
+            f"--out-dir: {run} already holds a run; pass --resume to continue it or choose another --out-dir"
+        )
+    if (run / "metrics.jsonl").exists():
+        log.warning(
+            "--out-dir: %s holds a run stopped before its first checkpoint; starting it again", run
+        )
 
 
 def check_resume_target(cfg: TrainConfig) -> None:

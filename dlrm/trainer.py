@@ -47,26 +47,6 @@ from dlrm.train_pipeline import PlainTrainPipeline, StepHook, TrainPipeline
 log = logging.getLogger(__name__)
 
 
-def _check_run_dir_is_free(cfg: TrainConfig) -> None:
-    """A new run never writes into an earlier run's directory: its metrics and checkpoints
-    would be mixed with (or pruned among) the old ones. A run that was stopped before it
-    finished its first checkpoint is the exception: there is nothing in it to continue or to
-    lose but its log, and a user rerunning the same command expects it to start again (its
-    metrics.jsonl keeps the stopped attempt's events, as a resumed run's keeps those past its
-    checkpoint)."""
-    run = cfg.run_dir
-    if cfg.resume or not run.is_dir():
-        return
-    if (run / "summary.json").exists() or ckpt.list_checkpoints(run / "checkpoints"):
-        raise ConfigError(
-            f"--out-dir: {run} already holds a run; pass --resume to continue it or choose another --out-dir"
-        )
-    if (run / "metrics.jsonl").exists():
-        log.warning(
-            "--out-dir: %s holds a run stopped before its first checkpoint; starting it again", run
-        )
-
-
 def make_dense_optimizer(
     cfg: TrainConfig, params: list[torch.nn.Parameter]
 ) -> torch.optim.Optimizer:
@@ -163,7 +143,7 @@ class Trainer:
                 # early, before any long work; the checkpoint's own settings are checked on load
                 before = json.loads((source / "config.json").read_text())
                 self._resume_changes = run_checks.check_resume_settings(before, cfg, str(source))
-        _check_run_dir_is_free(cfg)
+        run_checks.check_run_dir_is_free(cfg)
         set_flush_denormal(cfg.flush_denormal)  # before any parallel work: see set_flush_denormal
         torch.manual_seed(cfg.seed)
         self.data = data if data is not None else build_data(cfg, rank, world_size)
