@@ -23,4 +23,13 @@ class FbgemmMismatchError(ImportError):
     """fbgemm-gpu is installed but does not load with this torch (it names both versions)."""
 
 
-__all__ = ["FbgemmMismatchError", "PlacementError", "ProfileError", "TierError"]
+__all__ = ["FbgemmMismatchError", "PlacementError", "ProfileError", "TierError", "npz_failure"]
+
+
+def npz_failure(e: BaseException) -> str:
+    """Why numpy could not read an .npz file, in a few words (never its advice to unpickle: a
+    file that is not an archive of plain arrays is not ours)."""
+    text = str(e).strip()
+    if "pickle" in text:
+        return "not an .npz archive of plain arrays"
+    return (text.splitlines() or [type(e).__name__])[0][:160]

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from embeddings.config import SparseOptimizer
-from embeddings.errors import PlacementError
+from embeddings.errors import PlacementError, npz_failure
 
 FORMAT = "hybrid-dlrm/placement-plan"
 VERSION = 2
@@ -327,8 +327,9 @@ class PlacementPlan:
         except PlacementError:
             raise
         except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as e:
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
-            raise PlacementError(f"{path}: not a readable placement plan ({first})") from None
+            raise PlacementError(
+                f"{path}: not a readable placement plan ({npz_failure(e)})"
+            ) from None
         plan.validate(str(path))
         return plan
 

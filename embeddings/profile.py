@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from embeddings.errors import ProfileError
+from embeddings.errors import ProfileError, npz_failure
 
 if TYPE_CHECKING:  # torchrec costs seconds to import: the CLI and the planner do not need it
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
@@ -149,7 +149,7 @@ class AccessProfile:
             raise
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
             raise ProfileError(
-                f"{path}: not a readable access profile ({str(e).splitlines()[0][:160]})"
+                f"{path}: not a readable access profile ({npz_failure(e)})"
             ) from None
         for t, (c, n) in enumerate(zip(counts, sizes)):
             if c.dtype.kind not in "iu" or c.shape != (n,):
