@@ -30,8 +30,9 @@ import torch
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from .dataset_meta import column_path, load_meta
+from .dataset_meta import column_path, load_meta, marker_path, read_json
 from .errors import DataError
+from .npy_stream import check_file
 from .permutation import FeistelPermutation, derive_key
 
 RANDOMIZE = ("none", "day", "total")
@@ -77,8 +78,35 @@ class CriteoDataset:
                 if arr.shape[0] != info["rows"]:
                     raise DataError(f"{path}: {arr.shape[0]} rows, meta.json says {info['rows']}")
                 arrays.append(arr)
+            self._verify(part, arrays[2])
             self._columns[part] = (arrays[0], arrays[1], arrays[2])
         return self._columns[part]
+
+    def _verify(self, part: str, sparse: np.ndarray) -> None:
+        """Before a part's first use in a process: every column file's CRC-32 against the one its
+        preprocessing recorded, and every id below its table's size. Bytes changed on disk must
+        never become numbers, and fbgemm's own bounds check would silently train an
+        out-of-range id as row 0. One sequential read of the part (CRITEO.md: the cost)."""
+        record = read_json(marker_path(self.directory, part))
+        for column, file_record in record.get("files", {}).items():
+            problem = check_file(column_path(self.directory, part, column), file_record, full=True)
+            if problem:
+                raise DataError(
+                    f"{self.directory}: {problem}: it changed after preprocessing; "
+                    "delete the directory and preprocess again"
+                )
+        sizes = np.asarray(self.table_sizes)
+        step = max(1, (1 << 24) // max(1, sparse.shape[1] * sparse.itemsize))  # 16 MiB of rows
+        for start in range(0, sparse.shape[0], step):
+            chunk = np.asarray(sparse[start : start + step])
+            bad = (chunk < 0) | (chunk >= sizes)
+            if bad.any():
+                row, col = (int(x[0]) for x in np.nonzero(bad))
+                raise DataError(
+                    f"{column_path(self.directory, part, 'sparse')}: row {start + row}: id "
+                    f"{int(chunk[row, col])} of {self.feature_names[col]} is outside its table "
+                    f"({sizes[col]} rows)"
+                )
 
 
 class CriteoBatchSource:

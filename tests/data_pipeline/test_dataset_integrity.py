@@ -1,0 +1,74 @@
+"""A preprocessed dataset whose bytes changed on disk is named, never trained on."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from data_pipeline.criteo import CriteoDataset, PreprocessOptions, preprocess
+from data_pipeline.errors import DataError
+from data_pipeline.npy_stream import read_header
+from data_pipeline.synthetic_raw import SyntheticSpec, write_kaggle
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    raw = tmp_path_factory.mktemp("raw")
+    write_kaggle(raw, 7 * 41, 5, SyntheticSpec(seed=4, vocab_cap=300))
+    out = tmp_path_factory.mktemp("out")
+    return preprocess("kaggle", raw, out, PreprocessOptions(max_ind_range=10**9))
+
+
+@pytest.fixture
+def copy(made, tmp_path):
+    dst = tmp_path / "data"
+    shutil.copytree(made, dst)
+    return dst
+
+
+def first_part(ds: CriteoDataset) -> str:
+    return ds.segments("train")[0][0]
+
+
+@pytest.mark.parametrize("column", ["sparse", "dense", "labels"])
+@pytest.mark.parametrize("where", [0.0, 0.5, 1.0])
+def test_flipped_bytes_in_a_column_are_named(copy, column, where):
+    part = first_part(CriteoDataset(copy))
+    path = copy / f"{part}.{column}.npy"
+    _, _, offset = read_header(path)
+    raw = bytearray(path.read_bytes())
+    at = offset + int(where * (len(raw) - offset - 16))
+    for i in range(16):  # the issue's 16 flipped bytes
+        raw[at + i] ^= 0x5A
+    path.write_bytes(bytes(raw))
+    with pytest.raises(
+        DataError, match=rf"{path.name}: checksum differs from its marker: it changed"
+    ):
+        CriteoDataset(copy).columns(part)
+
+
+def test_ids_outside_their_table_are_named_with_file_row_and_feature(copy):
+    ds = CriteoDataset(copy)
+    part = first_part(ds)
+    sparse = ds.columns(part)[2]
+    col = int(np.argmax(sparse.max(axis=0)))  # a table whose largest id we make too large
+    biggest = int(sparse[:, col].max())
+    meta = json.loads((copy / "meta.json").read_text())
+    meta["table_sizes"][col] = biggest  # the file's bytes are intact; the table is smaller
+    (copy / "meta.json").write_text(json.dumps(meta))
+    row = int(np.flatnonzero(sparse[:, col] == biggest)[0])
+    name = ds.feature_names[col]
+    with pytest.raises(
+        DataError,
+        match=rf"{part}.sparse.npy: row {row}: id {biggest} of {name} is outside its table "
+        rf"\({biggest} rows\)",
+    ):
+        CriteoDataset(copy).columns(part)
+
+
+def test_an_intact_dataset_opens(made):
+    ds = CriteoDataset(made)
+    assert ds.columns(first_part(ds))[2].shape[1] == 26
