@@ -28,6 +28,7 @@ from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from .errors import DataError
+from .npy_stream import check_file
 from .permutation import FeistelPermutation, derive_key
 from .taobao import COLUMNS, SPLITS, load_taobao_meta
 
@@ -65,8 +66,32 @@ class TaobaoDataset:
                     raise DataError(
                         f"{self.directory}/{split}.{c}.npy: expected {self.ts_length + 1} steps per row"
                     )
+            self._verify(split, cols)
             self._columns[split] = cols
         return self._columns[split]
+
+    def _verify(self, split: str, cols: dict[str, np.ndarray]) -> None:
+        """Before a split's first use in a process: each column file's CRC-32 against the one
+        preprocessing recorded, and every id below its table's size (as CriteoDataset does)."""
+        for c, record in self.meta["splits"][split].get("files", {}).items():
+            problem = check_file(self.directory / f"{split}.{c}.npy", record, full=True)
+            if problem:
+                raise DataError(
+                    f"{self.directory}: {problem}: it changed after preprocessing; "
+                    "delete the directory and preprocess again"
+                )
+        for column, table in (("users", "user"), ("items", "item"), ("categories", "category")):
+            size = self.table_sizes[self.feature_names.index(table)]
+            ids = cols[column]
+            bad = np.flatnonzero(((ids < 0) | (ids >= size)).reshape(len(ids), -1).any(1))
+            if bad.size:
+                row = int(bad[0])
+                row_ids = np.asarray(ids[row]).reshape(-1)
+                value = int(row_ids[(row_ids < 0) | (row_ids >= size)][0])
+                raise DataError(
+                    f"{self.directory}/{split}.{column}.npy: row {row}: id {value} of {table} is "
+                    f"outside its table ({size} rows)"
+                )
 
 
 class TaobaoBatchSource:

@@ -12,6 +12,9 @@ from data_pipeline.criteo import CriteoDataset, PreprocessOptions, preprocess
 from data_pipeline.errors import DataError
 from data_pipeline.npy_stream import read_header
 from data_pipeline.synthetic_raw import SyntheticSpec, write_kaggle
+from data_pipeline.taobao import TaobaoOptions, preprocess_taobao
+from data_pipeline.taobao_dataset import TaobaoDataset
+from data_pipeline.taobao_synthetic import PlantedBehavior, write_user_behavior
 
 
 @pytest.fixture(scope="module")
@@ -72,3 +75,36 @@ def test_ids_outside_their_table_are_named_with_file_row_and_feature(copy):
 def test_an_intact_dataset_opens(made):
     ds = CriteoDataset(made)
     assert ds.columns(first_part(ds))[2].shape[1] == 26
+
+
+@pytest.fixture(scope="module")
+def taobao_made(tmp_path_factory):
+
+    root = tmp_path_factory.mktemp("taobao")
+    raw = root / "UserBehavior.csv"
+    write_user_behavior(raw, PlantedBehavior(num_users=60, min_events=8, max_events=12, seed=3))
+    return preprocess_taobao(raw, root / "out", TaobaoOptions(ts_length=4, points_per_user=5))
+
+
+def test_taobao_flipped_bytes_and_ids_outside_a_table_are_named(taobao_made, tmp_path):
+
+    assert TaobaoDataset(taobao_made).columns("train")["items"].shape[1] == 5  # intact: opens
+    copy = tmp_path / "tb"
+    shutil.copytree(taobao_made, copy)
+    path = copy / "train.items.npy"
+    _, _, offset = read_header(path)
+    raw = bytearray(path.read_bytes())
+    raw[offset + 8] ^= 0x01
+    path.write_bytes(bytes(raw))
+    with pytest.raises(DataError, match="train.items.npy: checksum differs from its marker"):
+        TaobaoDataset(copy).columns("train")
+    shutil.rmtree(copy)
+    shutil.copytree(taobao_made, copy)
+    meta = json.loads((copy / "meta.json").read_text())
+    meta["table_sizes"][meta["feature_names"].index("category")] = 1
+    (copy / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(
+        DataError,
+        match=r"train.categories.npy: row \d+: id \d+ of category is outside its table \(1 rows\)",
+    ):
+        TaobaoDataset(copy).columns("train")
