@@ -255,7 +255,23 @@ def terabyte_files(raw: Path, days: int = TERABYTE_DAYS) -> list[Path]:
             raise DataError(
                 f"{plain}: not found, nor {gz.name} (expected day_0 .. day_{days - 1}, plain or .gz)"
             )
+        _check_not_empty(files[-1])
     return files
+
+
+def _check_not_empty(path: Path) -> None:
+    """A day without a line is a truncated download, not an empty day: taken as one, the last
+    day would leave the test split empty and the run would fail after a whole epoch."""
+    if path.suffix == ".gz":
+        try:
+            with gzip.open(path, "rb") as f:
+                empty = f.read(1) == b""
+        except (OSError, EOFError) as e:
+            raise DataError(f"{path}: not a readable gzip file ({e})") from None
+    else:
+        empty = path.stat().st_size == 0
+    if empty:
+        raise DataError(f"{path}: empty: every Terabyte day holds that day's lines")
 
 
 def kaggle_parts(train: Path, test: Path | None) -> list[RawPart]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import shutil
 
@@ -11,7 +12,7 @@ import pytest
 from data_pipeline.criteo import CriteoDataset, PreprocessOptions, preprocess
 from data_pipeline.errors import DataError
 from data_pipeline.npy_stream import read_header
-from data_pipeline.synthetic_raw import SyntheticSpec, write_kaggle
+from data_pipeline.synthetic_raw import SyntheticSpec, write_kaggle, write_terabyte
 from data_pipeline.taobao import TaobaoOptions, preprocess_taobao
 from data_pipeline.taobao_dataset import TaobaoDataset
 from data_pipeline.taobao_synthetic import PlantedBehavior, write_user_behavior
@@ -108,3 +109,19 @@ def test_taobao_flipped_bytes_and_ids_outside_a_table_are_named(taobao_made, tmp
         match=r"train.categories.npy: row \d+: id \d+ of category is outside its table \(1 rows\)",
     ):
         TaobaoDataset(copy).columns("train")
+
+
+@pytest.mark.parametrize("day, gz", [(23, False), (23, True), (5, True), (0, False)])
+def test_an_empty_terabyte_day_is_one_error_before_any_work(tmp_path, day, gz):
+    compressed = [day] if gz else []
+    write_terabyte(tmp_path / "raw", 8, SyntheticSpec(seed=1), compressed_days=compressed)
+    name = f"day_{day}" + (".gz" if gz else "")
+    path = tmp_path / "raw" / name
+    if gz:
+        with gzip.open(path, "wb"):
+            pass  # a valid gzip stream of nothing
+    else:
+        path.write_bytes(b"")
+    with pytest.raises(DataError, match=rf"{name}: empty: every Terabyte day holds"):
+        preprocess("terabyte", tmp_path / "raw", tmp_path / "out", PreprocessOptions())
+    assert not (tmp_path / "out" / "meta.json").exists()
