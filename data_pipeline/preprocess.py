@@ -20,6 +20,7 @@ import platform
 import shutil
 import sys
 import time
+import zlib
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -130,9 +131,35 @@ def raw_parts(dataset: str, files: list[Path | None]) -> list[RawPart]:
     return terabyte_parts(files)
 
 
-def _raw_identity(files: list[Path | None]) -> dict[str, int]:
-    """What a result is tied to: file names and sizes in bytes (moving the files is fine)."""
-    return {f.name: f.stat().st_size for f in files if f is not None}
+_EDGE = 1 << 20  # bytes at each end of a raw file whose CRC-32 ties a result to its content
+
+
+def _raw_identity(files: list[Path | None]) -> dict[str, dict]:
+    """What a result is tied to: each file's name, size, and the CRC-32 of its first and last
+    MiB (moving the files is fine; a file replaced by other content of the same size is not).
+    Reading every byte again would cost a pass over up to a terabyte at every reuse."""
+    out = {}
+    for f in files:
+        if f is None:
+            continue
+        size = f.stat().st_size
+        with open(f, "rb") as fh:
+            crc = zlib.crc32(fh.read(_EDGE))
+            if size > _EDGE:
+                fh.seek(max(_EDGE, size - _EDGE))
+                crc = zlib.crc32(fh.read(_EDGE), crc)
+        out[f.name] = {"bytes": size, "edges_crc32": crc}
+    return out
+
+
+def _comparable(recorded: dict, now: dict) -> dict:
+    """`now` in the form `recorded` has: directories made before content checksums recorded
+    sizes only, and only sizes can be compared with them. Logs which check is made."""
+    if all(isinstance(v, int) for v in recorded.values()):
+        logger.info("raw files checked by size only (preprocessed before content checksums)")
+        return {k: v["bytes"] for k, v in now.items()}
+    logger.info("raw files checked by size and the CRC-32 of their first and last MiB")
+    return now
 
 
 def preprocess(
@@ -207,11 +234,14 @@ def _reuse(out: Path, raw: Path, dataset: str, settings: dict, options: Preproce
         )
     dm.check_bad_line_policy(str(out), sum(meta["bad_lines"].values()), options.on_bad_line)
     if raw.exists():  # the raw data may be gone after preprocessing: that is fine
-        now = _raw_identity(raw_files(dataset, raw, options))
-        if now != meta["raw"]:
+        recorded, now = (
+            meta["raw"],
+            _comparable(meta["raw"], _raw_identity(raw_files(dataset, raw, options))),
+        )
+        if recorded != now:
             raise DataError(
                 f"{out}: was made from other raw files "
-                f"({dm.describe_difference({'raw bytes': meta['raw']}, {'raw bytes': now})}); "
+                f"({dm.describe_difference({'raw': recorded}, {'raw': now})}); "
                 "delete it or choose another directory"
             )
     for part in meta["parts"]:

@@ -125,3 +125,28 @@ def test_an_empty_terabyte_day_is_one_error_before_any_work(tmp_path, day, gz):
     with pytest.raises(DataError, match=rf"{name}: empty: every Terabyte day holds"):
         preprocess("terabyte", tmp_path / "raw", tmp_path / "out", PreprocessOptions())
     assert not (tmp_path / "out" / "meta.json").exists()
+
+
+def test_raw_file_replaced_by_other_content_of_the_same_size_is_not_reused(tmp_path, caplog):
+    raw = tmp_path / "raw"
+    write_kaggle(raw, 7 * 20, 3, SyntheticSpec(seed=5, vocab_cap=100))
+    out = preprocess("kaggle", raw, tmp_path / "out", PreprocessOptions(max_ind_range=10**9))
+    with caplog.at_level("INFO", logger="data_pipeline.preprocess"):
+        preprocess("kaggle", raw, out, PreprocessOptions(max_ind_range=10**9))  # reused
+    assert "checked by size and the CRC-32 of their first and last MiB" in caplog.text
+    train = raw / "train.txt"
+    data = bytearray(train.read_bytes())
+    data[len(data) // 2] = ord("7") if data[len(data) // 2] != ord("7") else ord("8")
+    train.write_bytes(bytes(data))  # same size, other content
+    with pytest.raises(
+        DataError, match=r"was made from other raw files \(raw\.train\.txt\.edges_crc32"
+    ):
+        preprocess("kaggle", raw, out, PreprocessOptions(max_ind_range=10**9))
+    # a directory made before content checksums recorded sizes: those still match
+    meta = json.loads((out / "meta.json").read_text())
+    meta["raw"] = {name: v["bytes"] for name, v in meta["raw"].items()}
+    (out / "meta.json").write_text(json.dumps(meta))
+    caplog.clear()
+    with caplog.at_level("INFO", logger="data_pipeline.preprocess"):
+        assert preprocess("kaggle", raw, out, PreprocessOptions(max_ind_range=10**9)) == out
+    assert "checked by size only" in caplog.text
