@@ -95,3 +95,10 @@ class BadLineLog:
         n = self.part.num_lines
         if n is not None and self.lines_before != n:  # a cut in the wrong place: a bug
             raise AssertionError(f"{self.part.name}: read {self.lines_before} lines, expected {n}")
+        skipped = sum(self.counts.values())
+        if self.lines_before and skipped == self.lines_before:  # e.g. CRLF, or gzip named .txt
+            first = self.examples[0]
+            raise DataError(
+                f"{self.part.path}: {self.part.name}: none of its {skipped} lines is usable (all "
+                f"skipped as malformed; the first, line {first['line']}: {first['message']})"
+            )

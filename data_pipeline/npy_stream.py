@@ -48,6 +48,8 @@ class NpyWriter:
                 f"{self.path.name}: expected rows {self.dtype}{self.row_shape}, got "
                 f"{rows.dtype}{rows.shape[1:]}"
             )
+        if len(rows) == 0:  # a block whose lines were all skipped as bad
+            return
         data = memoryview(np.ascontiguousarray(rows)).cast("B")
         self._file.write(data)
         self.crc = zlib.crc32(data, self.crc)

@@ -150,3 +150,14 @@ def test_raw_file_replaced_by_other_content_of_the_same_size_is_not_reused(tmp_p
     with caplog.at_level("INFO", logger="data_pipeline.preprocess"):
         assert preprocess("kaggle", raw, out, PreprocessOptions(max_ind_range=10**9)) == out
     assert "checked by size only" in caplog.text
+
+
+@pytest.mark.parametrize("damage", ["crlf", "gzip named .txt"])
+def test_skipping_bad_lines_when_every_line_is_bad_is_one_error(tmp_path, damage):
+    raw = tmp_path / "raw"
+    write_kaggle(raw, 7 * 10, 2, SyntheticSpec(seed=1, vocab_cap=50))
+    train = raw / "train.txt"
+    data = train.read_bytes()
+    train.write_bytes(data.replace(b"\n", b"\r\n") if damage == "crlf" else gzip.compress(data))
+    with pytest.raises(DataError, match=r"train.txt: day_0: none of its \d+ lines is usable"):
+        preprocess("kaggle", raw, tmp_path / "out", PreprocessOptions(on_bad_line="skip"))
