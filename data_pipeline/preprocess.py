@@ -244,6 +244,9 @@ def _reuse(out: Path, raw: Path, dataset: str, settings: dict, options: Preproce
                 f"({dm.describe_difference({'raw': recorded}, {'raw': now})}); "
                 "delete it or choose another directory"
             )
+    # The frequency counts are scaffolding, removed right after meta.json: a kill in between
+    # leaves them behind (as large as the vocabularies), and nothing reads them again.
+    shutil.rmtree(out / "counts", ignore_errors=True)
     for part in meta["parts"]:
         problem = dm.part_problem(out, part["name"], meta["settings"], full=False)
         if problem:

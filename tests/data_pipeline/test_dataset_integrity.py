@@ -161,3 +161,14 @@ def test_skipping_bad_lines_when_every_line_is_bad_is_one_error(tmp_path, damage
     train.write_bytes(data.replace(b"\n", b"\r\n") if damage == "crlf" else gzip.compress(data))
     with pytest.raises(DataError, match=r"train.txt: day_0: none of its \d+ lines is usable"):
         preprocess("kaggle", raw, tmp_path / "out", PreprocessOptions(on_bad_line="skip"))
+
+
+def test_counts_left_by_a_kill_after_meta_json_are_removed_on_reuse(tmp_path):
+    raw = tmp_path / "raw"
+    write_kaggle(raw, 7 * 10, 2, SyntheticSpec(seed=2, vocab_cap=50))
+    out = preprocess("kaggle", raw, tmp_path / "out", PreprocessOptions(frequency_threshold=2))
+    assert not (out / "counts").exists()
+    (out / "counts").mkdir()  # as a kill between meta.json and their removal leaves them
+    (out / "counts" / "day_0.npz").write_bytes(b"x" * 1000)
+    assert preprocess("kaggle", raw, out, PreprocessOptions(frequency_threshold=2)) == out
+    assert not (out / "counts").exists()
