@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .errors import DataError
+from .errors import DataError, write_error
 from .npy_stream import check_file
 
 FORMAT = "hybrid-dlrm/criteo-columns"
@@ -38,11 +38,15 @@ def marker_path(out: Path, part: str) -> Path:
 def write_json(path: Path, obj: Any) -> None:
     """Atomically (temp file, fsync, rename)."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1, sort_keys=False)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with open(tmp, "w") as f:
+            json.dump(obj, f, indent=1, sort_keys=False)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise write_error(e, path, "a record of the preprocessing") from None
     os.replace(tmp, path)
 
 

@@ -4,11 +4,35 @@ Its message is a single line naming the file (and line, where there is one) and 
 the CLI prints it and exits with code 2.
 """
 
+import errno
+import os
+import shutil
 from dataclasses import dataclass
+from pathlib import Path
 
 
 class DataError(ValueError):
     pass
+
+
+def mount_point(directory: Path) -> Path:
+    """The mount point of the file system holding `directory` (what a full disk is named by)."""
+    directory = Path(directory).resolve()
+    while not os.path.ismount(directory):
+        directory = directory.parent
+    return directory
+
+
+def write_error(e: OSError, path: Path, what: str) -> DataError:
+    """One line for a failed write of `path`: a full file system named by its mount point."""
+    path = Path(path)
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        free = shutil.disk_usage(path.parent).free
+        return DataError(
+            f"{path}: no space left on the file system mounted at {mount_point(path.parent)} "
+            f"while writing {what} ({free // 1024} KiB free); the files finished before are intact"
+        )
+    return DataError(f"{path}: could not write {what} ({e.strerror or e})")
 
 
 @dataclass

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .errors import write_error
+
 HEADER_BYTES = 128  # numpy's own headers for our shapes are this size too (64-byte aligned)
 _MAGIC = b"\x93NUMPY\x01\x00"
 
@@ -51,17 +53,23 @@ class NpyWriter:
         if len(rows) == 0:  # a block whose lines were all skipped as bad
             return
         data = memoryview(np.ascontiguousarray(rows)).cast("B")
-        self._file.write(data)
+        try:
+            self._file.write(data)
+        except OSError as e:
+            raise write_error(e, self.path, "preprocessed rows") from None
         self.crc = zlib.crc32(data, self.crc)
         self.rows += len(rows)
 
     def finish(self) -> dict:
         """Write the final header, sync and rename; returns what a marker should record."""
         f = self._file
-        f.seek(0)
-        f.write(_header(self.dtype, (self.rows, *self.row_shape)))
-        f.flush()
-        os.fsync(f.fileno())
+        try:
+            f.seek(0)
+            f.write(_header(self.dtype, (self.rows, *self.row_shape)))
+            f.flush()  # buffered rows reach the file system here: a full disk shows now
+            os.fsync(f.fileno())
+        except OSError as e:
+            raise write_error(e, self.path, "preprocessed rows") from None
         f.close()
         os.replace(self.tmp, self.path)
         return {"name": self.path.name, "rows": self.rows, "bytes": self.nbytes, "crc32": self.crc}

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from data_pipeline.errors import mount_point
 from dlrm.errors import CheckpointError
 
 log = logging.getLogger(__name__)
@@ -168,7 +169,7 @@ def _write_error(e: Exception, path: Path, what: str) -> Exception:
     if full:
         free = shutil.disk_usage(path.parent).free
         return CheckpointError(
-            f"{path}: no space left on the file system mounted at {_mount_point(path.parent)} "
+            f"{path}: no space left on the file system mounted at {mount_point(path.parent)} "
             f"while writing the {what} ({free // 1024} KiB free); nothing earlier was changed"
         )
     if isinstance(e, OSError):
@@ -177,13 +178,6 @@ def _write_error(e: Exception, path: Path, what: str) -> Exception:
             f"{path}: could not write the {what} ({reason}); nothing earlier was changed"
         )
     return e  # a RuntimeError that is not about the file: a bug, keep its traceback
-
-
-def _mount_point(directory: Path) -> Path:
-    directory = directory.resolve()
-    while not os.path.ismount(directory):
-        directory = directory.parent
-    return directory
 
 
 def save(obj: dict, path: Path, what: str = "checkpoint") -> None:

@@ -5,10 +5,12 @@ from __future__ import annotations
 import gzip
 import json
 import shutil
+import subprocess
 
 import numpy as np
 import pytest
 
+from data_pipeline import dataset_meta as dm
 from data_pipeline.criteo import CriteoDataset, PreprocessOptions, preprocess
 from data_pipeline.errors import DataError
 from data_pipeline.npy_stream import read_header
@@ -172,3 +174,32 @@ def test_counts_left_by_a_kill_after_meta_json_are_removed_on_reuse(tmp_path):
     (out / "counts" / "day_0.npz").write_bytes(b"x" * 1000)
     assert preprocess("kaggle", raw, out, PreprocessOptions(frequency_threshold=2)) == out
     assert not (out / "counts").exists()
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A 256 KiB file system (root can mount one; elsewhere the test is skipped)."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)],
+                          capture_output=True)  # fmt: skip
+    if done.returncode != 0:
+        pytest.skip("cannot mount a small file system here")
+    yield mnt
+    subprocess.run(["umount", str(mnt)], check=False)
+
+
+def test_a_full_disk_while_preprocessing_names_the_file_system(tmp_path, small_fs):
+    raw = tmp_path / "raw"
+    write_kaggle(raw, 7 * 400, 2, SyntheticSpec(seed=3, vocab_cap=2000))
+    with pytest.raises(
+        DataError, match=rf"no space left on the file system mounted at {small_fs} "
+    ):
+        preprocess("kaggle", raw, small_fs / "out", PreprocessOptions(max_ind_range=10**9))
+    out = small_fs / "out"
+    for marker in out.glob("*.done.json"):  # the parts finished before the disk filled are intact
+        part = marker.name.removesuffix(".done.json")
+        assert (
+            dm.part_problem(out, part, json.loads(marker.read_text())["fingerprint"], True) is None
+        )
+    assert not list(out.glob("*.tmp"))

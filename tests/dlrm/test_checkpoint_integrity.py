@@ -14,6 +14,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from data_pipeline.errors import mount_point
 from dlrm import Trainer
 from dlrm import checkpoint as ckpt
 from dlrm.errors import CheckpointError
@@ -285,7 +286,7 @@ def test_write_errors_are_one_line_and_keep_earlier_checkpoints(make_config, mon
     checkpoints = Path(trainer.cfg.out_dir) / "checkpoints"
     path = checkpoints / "step_000000020.pt"
     message = assert_one_line_naming(e.value, path)
-    mount = ckpt._mount_point(checkpoints)
+    mount = mount_point(checkpoints)
     assert (
         f"no space left on the file system mounted at {mount} while writing the checkpoint ("
         in message
