@@ -1,3 +1,6 @@
+import subprocess
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -9,3 +12,24 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """`tmpfs("size=256k")` -> a directory on a fresh tmpfs mounted with those options, unmounted
+    after the test (a real full or read-only file system needs root: skipped elsewhere)."""
+    mounted: list[Path] = []
+
+    def mount(options: str) -> Path:
+        where = tmp_path / f"tmpfs{len(mounted)}"
+        where.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)],
+                              capture_output=True)  # fmt: skip
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs ({options}) here: needs root")
+        mounted.append(where)
+        return where
+
+    yield mount
+    for where in mounted:
+        subprocess.run(["umount", "-l", str(where)], check=False)

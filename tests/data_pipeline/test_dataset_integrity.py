@@ -5,7 +5,6 @@ from __future__ import annotations
 import gzip
 import json
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -176,20 +175,8 @@ def test_counts_left_by_a_kill_after_meta_json_are_removed_on_reuse(tmp_path):
     assert not (out / "counts").exists()
 
 
-@pytest.fixture
-def small_fs(tmp_path):
-    """A 256 KiB file system (root can mount one; elsewhere the test is skipped)."""
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)],
-                          capture_output=True)  # fmt: skip
-    if done.returncode != 0:
-        pytest.skip("cannot mount a small file system here")
-    yield mnt
-    subprocess.run(["umount", str(mnt)], check=False)
-
-
-def test_a_full_disk_while_preprocessing_names_the_file_system(tmp_path, small_fs):
+def test_a_full_disk_while_preprocessing_names_the_file_system(tmp_path, tmpfs):
+    small_fs = tmpfs("size=256k")
     raw = tmp_path / "raw"
     write_kaggle(raw, 7 * 400, 2, SyntheticSpec(seed=3, vocab_cap=2000))
     with pytest.raises(

@@ -3,7 +3,6 @@
 import json
 import math
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -54,20 +53,8 @@ def test_out_dir_that_is_a_file_and_save_model_that_is_a_directory(tmp_path, cap
     assert not (tmp_path / "r").exists()  # refused before training, not after
 
 
-@pytest.fixture
-def read_only_dir(tmp_path):
-    """A directory on a read-only file system (root ignores permission bits, not a ro mount)."""
-    mnt = tmp_path / "ro"
-    mnt.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(mnt)],
-                          capture_output=True)  # fmt: skip
-    if done.returncode != 0:
-        pytest.skip("cannot mount a read-only file system here")
-    yield mnt
-    subprocess.run(["umount", str(mnt)], check=False)
-
-
-def test_out_dir_on_a_read_only_file_system_is_one_line(read_only_dir, capsys):
+def test_out_dir_on_a_read_only_file_system_is_one_line(tmpfs, capsys):
+    read_only_dir = tmpfs("ro,size=1m")  # root ignores permission bits, not a read-only mount
     out = read_only_dir / "run"
     rc, err = run_cli([*TINY_CLI, "--out-dir", str(out)], capsys)
     assert rc == 2 and err.endswith(
