@@ -22,6 +22,7 @@ import json
 import logging
 import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,6 +46,14 @@ from dlrm.lr_schedule import learning_rate_at
 from dlrm.train_pipeline import PlainTrainPipeline, StepHook, TrainPipeline
 
 log = logging.getLogger(__name__)
+
+
+def _background(fn, *args) -> Future:
+    """`fn(*args)` on a thread of its own; its result (or exception) from `.result()`."""
+    pool = ThreadPoolExecutor(1, thread_name_prefix="resume")
+    future = pool.submit(fn, *args)
+    pool.shutdown(wait=False)
+    return future
 
 
 def make_dense_optimizer(
@@ -144,6 +153,9 @@ class Trainer:
                 before = json.loads((source / "config.json").read_text())
                 self._resume_changes = run_checks.check_resume_settings(before, cfg, str(source))
         run_checks.check_run_dir_is_free(cfg)
+        # The checkpoint is read and verified while the data and the model are built: reading
+        # and checksumming gigabytes need not wait for table initialisation.
+        resuming = _background(ckpt.resume_target, cfg.resume, cfg.run_dir) if cfg.resume else None
         set_flush_denormal(cfg.flush_denormal)  # before any parallel work: see set_flush_denormal
         torch.manual_seed(cfg.seed)
         self.data = data if data is not None else build_data(cfg, rank, world_size)
@@ -174,8 +186,8 @@ class Trainer:
         if cfg.load_model:
             ckpt.load_model_file(Path(cfg.load_model), self.model)
         self._good_checkpoint: Path | None = None  # the newest this process wrote or verified
-        if cfg.resume:
-            found = ckpt.resume_target(cfg.resume, self.run_dir)
+        if resuming is not None:
+            found = resuming.result()
             if found:  # None: the run stopped before its first checkpoint; it starts again
                 self.load_checkpoint(*found)
 
