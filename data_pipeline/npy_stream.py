@@ -10,11 +10,11 @@ the file without trusting its size alone.
 from __future__ import annotations
 
 import os
-import zlib
 from pathlib import Path
 
 import numpy as np
 
+from .checksum import crc32
 from .errors import write_error
 
 HEADER_BYTES = 128  # numpy's own headers for our shapes are this size too (64-byte aligned)
@@ -57,7 +57,7 @@ class NpyWriter:
             self._file.write(data)
         except OSError as e:
             raise write_error(e, self.path, "preprocessed rows") from None
-        self.crc = zlib.crc32(data, self.crc)
+        self.crc = crc32(data, self.crc)
         self.rows += len(rows)
 
     def finish(self) -> dict:
@@ -109,7 +109,7 @@ def data_crc32(path: str | Path, chunk_bytes: int = 1 << 24) -> int:
     with open(path, "rb") as f:
         f.seek(offset)
         while chunk := f.read(chunk_bytes):
-            crc = zlib.crc32(chunk, crc)
+            crc = crc32(chunk, crc)
     return crc
 
 

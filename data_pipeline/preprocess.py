@@ -20,7 +20,6 @@ import platform
 import shutil
 import sys
 import time
-import zlib
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -31,6 +30,7 @@ from tqdm import tqdm
 from . import dataset_meta as dm
 from .block_pipeline import BadLineLog, BlockPipeline
 from .categorical import FrequencyCounter, Vocabulary
+from .checksum import crc32
 from .criteo_format import (
     BAD_REASONS,
     DENSE_NAMES,
@@ -144,10 +144,10 @@ def _raw_identity(files: list[Path | None]) -> dict[str, dict]:
             continue
         size = f.stat().st_size
         with open(f, "rb") as fh:
-            crc = zlib.crc32(fh.read(_EDGE))
+            crc = crc32(fh.read(_EDGE))
             if size > _EDGE:
                 fh.seek(max(_EDGE, size - _EDGE))
-                crc = zlib.crc32(fh.read(_EDGE), crc)
+                crc = crc32(fh.read(_EDGE), crc)
         out[f.name] = {"bytes": size, "edges_crc32": crc}
     return out
 
