@@ -103,6 +103,16 @@ def resume_pairs(pairs: int, train_flags: list[str]) -> dict:
         added = report[mode]["total_s"]["median"] - base
         report[mode]["added_s"] = round(added, 3)
         report[mode]["added_share"] = round(added / base, 4)
+        # the same within each round (the load of the machine drifts between rounds)
+        paired = sorted(
+            (r["total_s"] - u["total_s"]) / u["total_s"]
+            for r, u in zip(runs[mode], runs["unverified"])
+        )
+        report[mode]["added_share_paired"] = {
+            "median": round(paired[len(paired) // 2], 4),
+            "min": round(paired[0], 4),
+            "max": round(paired[-1], 4),
+        }
     report["rounds"] = pairs
     report["load_avg_per_round"] = load_avg
     return report

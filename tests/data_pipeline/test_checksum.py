@@ -1,5 +1,5 @@
 """The fast CRC-32 is zlib's: everything written with zlib's (checkpoints, dataset columns, raw-file
-identities) verifies unchanged."""
+identities) verifies unchanged. And the fast checks of a dataset column agree with the plain ones."""
 
 import zlib
 
@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from data_pipeline import checksum
 from data_pipeline.checksum import crc32
+from data_pipeline.npy_stream import data_crc32, first_id_outside
 from dlrm import checkpoint as ckpt
 
 
@@ -46,3 +47,35 @@ def test_a_checkpoint_summed_with_zlib_verifies_with_the_fast_crc(tmp_path, monk
     monkeypatch.setattr(ckpt, "crc32", checksum.crc32)
     loaded = ckpt.load(path)
     assert torch.equal(loaded["model"]["w"], obj["model"]["w"])
+
+
+def test_data_crc32_is_zlibs_over_the_data_bytes(tmp_path):
+    for shape in [(0, 26), (1,), (1000, 26), (70_001, 3)]:
+        arr = np.random.default_rng(2).integers(-5, 5, shape, dtype=np.int32)
+        path = tmp_path / "a.npy"
+        np.save(path, arr)
+        assert data_crc32(path, chunk_bytes=4096) == zlib.crc32(arr.tobytes())
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    rows=st.integers(0, 300),
+    cols=st.integers(1, 5),
+    dtype=st.sampled_from([np.int32, np.int64]),
+    seed=st.integers(0, 2**16),
+    bad=st.lists(st.tuples(st.floats(0, 1), st.sampled_from(["neg", "at", "above"])), max_size=3),
+)
+def test_first_id_outside_matches_the_reference(rows, cols, dtype, seed, bad):
+    rng = np.random.default_rng(seed)
+    limits = rng.integers(1, 50, cols)
+    ids = (rng.random((rows, cols)) * limits).astype(dtype)
+    for where, kind in bad:
+        if rows:
+            r, c = int(where * (rows - 1)), int(where * 7919) % cols
+            ids[r, c] = {"neg": -1, "at": limits[c], "above": np.iinfo(dtype).max}[kind]
+    reference = np.argwhere((ids < 0) | (ids >= limits))
+    expected = tuple(int(x) for x in reference[0]) if len(reference) else None
+    # chunks of a few rows: the first bad id may sit in any chunk
+    assert first_id_outside(ids, limits, chunk_bytes=3 * cols * ids.itemsize) == expected
+    if cols == 1:  # one limit for all, on a 1-d column (Taobao's users)
+        assert first_id_outside(ids[:, 0], int(limits[0]), chunk_bytes=16) == expected
