@@ -31,7 +31,7 @@ from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from .dataset_meta import column_path, load_meta, marker_path, read_json
-from .errors import DataError
+from .errors import DataError, numpy_failure
 from .npy_stream import check_file, first_id_outside
 from .permutation import FeistelPermutation, derive_key
 
@@ -74,7 +74,7 @@ class CriteoDataset:
                 try:
                     arr = np.load(path, mmap_mode="r", allow_pickle=False)
                 except (OSError, ValueError) as e:
-                    raise DataError(f"{path}: cannot be read ({e})") from None
+                    raise DataError(f"{path}: cannot be read ({numpy_failure(e)})") from None
                 if arr.shape[0] != info["rows"]:
                     raise DataError(f"{path}: {arr.shape[0]} rows, meta.json says {info['rows']}")
                 arrays.append(arr)

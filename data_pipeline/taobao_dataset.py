@@ -27,7 +27,7 @@ import torch
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from .errors import DataError
+from .errors import DataError, numpy_failure
 from .npy_stream import check_file, first_id_outside
 from .permutation import FeistelPermutation, derive_key
 from .taobao import COLUMNS, SPLITS, load_taobao_meta
@@ -57,7 +57,7 @@ class TaobaoDataset:
                 try:
                     arr = np.load(path, mmap_mode="r", allow_pickle=False)
                 except (OSError, ValueError) as e:
-                    raise DataError(f"{path}: cannot be read ({e})") from None
+                    raise DataError(f"{path}: cannot be read ({numpy_failure(e)})") from None
                 if arr.shape[0] != rows:
                     raise DataError(f"{path}: {arr.shape[0]} rows, meta.json says {rows}")
                 cols[c] = arr

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import shutil
 from pathlib import Path
 
+from data_pipeline.errors import unwritable_dir
 from dlrm import checkpoint as ckpt
 from dlrm.config import TrainConfig
 from dlrm.errors import ConfigError
@@ -129,13 +129,9 @@ def _nearest_existing(path: Path) -> Path:
 
 def check_writable_dir(path: Path, flag: str) -> None:
     """`path` is, or can be created as, a directory this process can write."""
-    if path.exists() and not path.is_dir():
-        raise ConfigError(f"{flag}: {path} is a file, not a directory")
-    base = _nearest_existing(path)
-    if not base.is_dir():
-        raise ConfigError(f"{flag}: {path} cannot be created: {base} is a file")
-    if not os.access(base, os.W_OK | os.X_OK):  # a read-only file system fails this too
-        raise ConfigError(f"{flag}: {path} cannot be written: {base} is not writable")
+    problem = unwritable_dir(path)
+    if problem:
+        raise ConfigError(f"{flag}: {problem}")
 
 
 def check_write_paths(cfg: TrainConfig) -> None:
