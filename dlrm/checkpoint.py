@@ -248,7 +248,8 @@ def load(path: Path) -> dict:
             warnings.simplefilter("ignore")
             data = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises many types for truncated/corrupt/unsafe files
-        raise CheckpointError(f"{path}: not a readable checkpoint ({_read_error(e)})") from None
+        reason = _zip_damage(path) or _read_error(e)
+        raise CheckpointError(f"{path}: not a readable checkpoint ({reason})") from None
     verified = isinstance(data, dict) and CHECKSUMS in data
     if verified:
         _verify(data, path)  # first: a damaged byte anywhere is named as such
@@ -264,18 +265,34 @@ def load(path: Path) -> dict:
     return data
 
 
+def _zip_damage(path: Path) -> str | None:
+    """What is wrong with the file as the zip archive torch writes, in words torch's own errors
+    lack ("[Errno 22] Invalid argument" for a file cut short), or None."""
+    size = path.stat().st_size
+    if size == 0:
+        return "empty: 0 bytes"
+    try:
+        z = zipfile.ZipFile(path)
+    except zipfile.BadZipFile:
+        return f"cut short, or not a checkpoint: no zip directory at its end ({size} bytes)"
+    except Exception as e:  # a damaged directory fails in many ways (names that do not decode)
+        return f"its zip directory is damaged ({type(e).__name__})"
+    with z:
+        try:
+            bad = z.testzip()
+        except Exception as e:
+            return f"damaged: {_one_line(str(e)) or type(e).__name__}"
+    return f"record {bad!r} does not match its CRC-32" if bad else None
+
+
 def _check_unverified(path: Path) -> None:
     """Files written before checksums (version 1) are still loaded, with one warning: refusing
     them would strand every run and model trained before, with no way to convert them but
     loading them. They are not taken on trust: torch's zip writer stored a CRC-32 of every record
     (which its reader never checks), so damage inside a record is still caught here."""
-    try:
-        with zipfile.ZipFile(path) as z:
-            bad = z.testzip()
-    except (zipfile.BadZipFile, OSError, EOFError) as e:
-        raise CheckpointError(f"{path}: corrupt: {_one_line(str(e))}") from None
-    if bad:
-        raise CheckpointError(f"{path}: corrupt: record {bad} does not match its CRC-32")
+    problem = _zip_damage(path)
+    if problem:
+        raise CheckpointError(f"{path}: corrupt: {problem}")
     log.warning(
         "%s: written before checkpoints carried checksums; only the zip records' CRC-32s were "
         "checked (the next checkpoint will carry checksums)",

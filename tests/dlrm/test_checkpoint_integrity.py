@@ -91,6 +91,13 @@ def test_damage_anywhere_is_detected_and_named(trained, tmp_path, kind, damage):
         message = assert_one_line_naming(e.value, damaged)
         if damage != "truncate" and offset == in_table:
             assert "corrupt: tensor model/embeddings.t_cat_2.weight does not match" in message
+        if damage == "truncate":  # said in words, not torch's "[Errno 22] Invalid argument"
+            said = (
+                "empty: 0 bytes"
+                if offset == 0
+                else f"cut short, or not a checkpoint: no zip directory at its end ({offset} bytes)"
+            )
+            assert message == f"{damaged}: not a readable checkpoint ({said})"
 
 
 def test_damaged_optimizer_state_is_named_not_trained_on(make_config, caplog):
@@ -345,7 +352,7 @@ def test_files_from_before_checksums_load_with_a_warning_after_their_crcs(
     ]
     flip_bit(old, offset_of(old, data["model"]["embeddings.t_cat_2.weight"]) + 5)
     with pytest.raises(
-        CheckpointError, match=r"corrupt: record .*/data/\d+ does not match its CRC-32"
+        CheckpointError, match=r"corrupt: record '.*/data/\d+' does not match its CRC-32"
     ):
         ckpt.load(old)
 
