@@ -9,8 +9,8 @@ checksums), the verification `load` adds, and the checksums a save computes, wit
 The second runs `python -m dlrm.train TRAIN_FLAGS --resume` end to end, in rounds of three
 alternated modes: as it is ("verified"), verified with zlib's CRC-32 ("verified_zlib", the cost
 before ISA-L) and with the verification patched out ("unverified", the baseline); it reports the
-medians (and min/max) of the whole command and of the checkpoint load inside it, which runs on a
-thread while the model is built.
+medians (and min/max) of the whole command, of the checkpoint load inside it (which runs on a
+thread while the model is built) and of the CPU seconds the process used.
 """
 
 from __future__ import annotations
@@ -47,7 +47,10 @@ def timed_load(path):
 c.load = timed_load
 from dlrm.train import main
 rc = main(sys.argv[2:] + ["--resume"])
-print(json.dumps({"rc": rc, "load_s": timed_load.s, "total_s": time.perf_counter() - t0}))
+import resource
+use = resource.getrusage(resource.RUSAGE_SELF)
+print(json.dumps({"rc": rc, "load_s": timed_load.s, "total_s": time.perf_counter() - t0,
+                  "cpu_s": use.ru_utime + use.ru_stime}))
 """
 
 
@@ -97,7 +100,7 @@ def resume_pairs(pairs: int, train_flags: list[str]) -> dict:
         return {"median": round(values[len(values) // 2], 3), "min": round(values[0], 3),
                 "max": round(values[-1], 3)}  # fmt: skip
 
-    report: dict = {m: {k: stats(m, k) for k in ("load_s", "total_s")} for m in runs}
+    report: dict = {m: {k: stats(m, k) for k in ("load_s", "total_s", "cpu_s")} for m in runs}
     base = report["unverified"]["total_s"]["median"]
     for mode in ("verified", "verified_zlib"):
         added = report[mode]["total_s"]["median"] - base
@@ -113,6 +116,10 @@ def resume_pairs(pairs: int, train_flags: list[str]) -> dict:
             "min": round(paired[0], 4),
             "max": round(paired[-1], 4),
         }
+        # CPU seconds (user + system) of the whole process: what verification costs in work,
+        # less swayed by the load of the machine than wall time
+        cpu = report[mode]["cpu_s"]["median"] - report["unverified"]["cpu_s"]["median"]
+        report[mode]["added_cpu_s"] = round(cpu, 3)
     report["rounds"] = pairs
     report["load_avg_per_round"] = load_avg
     return report

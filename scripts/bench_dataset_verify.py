@@ -1,12 +1,20 @@
 """What checking a preprocessed part on its first open costs, per GB. Prints JSON.
 
     python scripts/bench_dataset_verify.py [--rows 10000000] [--rounds 3] [--dir /tmp]
+    python scripts/bench_dataset_verify.py --train-rounds 5 [--steps 300]
 
 Writes a Kaggle-shaped sparse column (int32 [rows, 26], ids within Kaggle's table sizes; 1.04 GB
 at 10M rows) and times, in interleaved rounds from the page cache, what `CriteoDataset._verify`
 does: the column's CRC-32 (`data_crc32`) and the id check (`first_id_outside`), each against the
 implementation before (read() copies and zlib's CRC-32; a comparison per bound). Reports the
 medians and ranges in seconds per GB. The file is deleted at the end.
+
+`--train-rounds R` instead trains a small model on a preprocessed synthetic Kaggle-shaped data set
+(7 x 30,000 lines) for `--steps` steps, alternately as it is and with the first-open check patched
+out, R rounds in one process, and reports what verification adds to a training step: how often
+the check ran (once per part, whatever the number of steps), the seconds it took, and the median
+time from one step's start to the next's (data included), first step apart (it waits for the
+first open).
 """
 
 from __future__ import annotations
@@ -45,12 +53,74 @@ def ids_before(sparse: np.ndarray, sizes: np.ndarray) -> bool:
     return False
 
 
+def train_rounds(rounds: int, steps: int, directory: str) -> dict:
+    from data_pipeline.criteo import CriteoDataset, PreprocessOptions, preprocess
+    from data_pipeline.synthetic_raw import SyntheticSpec, write_kaggle
+    from dlrm import TrainConfig, Trainer
+    from dlrm.train_pipeline import StepHook
+
+    class StepClock(StepHook):
+        def __init__(self) -> None:
+            self.starts: list[float] = []
+
+        def step(self, batch, run):
+            self.starts.append(time.perf_counter())
+            return run()
+
+    real_verify = CriteoDataset._verify
+    calls: list[float] = []
+
+    def timed_verify(self, part, sparse):
+        t0 = time.perf_counter()
+        real_verify(self, part, sparse)
+        calls.append(time.perf_counter() - t0)
+
+    with tempfile.TemporaryDirectory(dir=directory) as tmp:
+        write_kaggle(Path(tmp) / "raw", 7 * 30_000, 0, SyntheticSpec(seed=1, vocab_cap=20_000))
+        data = preprocess("kaggle", Path(tmp) / "raw", Path(tmp) / "data",
+                          PreprocessOptions(max_ind_range=20_000, progress=False))  # fmt: skip
+        runs: dict[str, list[dict]] = {"verified": [], "unverified": []}
+        for r in range(rounds):
+            for mode in runs:
+                CriteoDataset._verify = timed_verify if mode == "verified" else lambda *a: None
+                calls.clear()
+                clock = StepClock()
+                cfg = TrainConfig(data_set="kaggle", processed_data_file=str(data),
+                                  num_batches=steps, mini_batch_size=512, arch_sparse_feature_size=16,
+                                  test_mini_batch_size=4096, progress=False,
+                                  out_dir=str(Path(tmp) / f"run-{mode}-{r}"))  # fmt: skip
+                Trainer(cfg, step_hook=clock, checkpoints=False).fit()
+                gaps = np.diff(clock.starts)
+                runs[mode].append({"first_step_s": float(gaps[0]),
+                                   "step_s": float(np.median(gaps[1:])),
+                                   "checks": len(calls), "check_s": sum(calls)})  # fmt: skip
+        CriteoDataset._verify = real_verify
+
+    def med(mode: str, key: str) -> float:
+        return round(statistics.median(x[key] for x in runs[mode]), 5)
+
+    paired = sorted(
+        v["step_s"] / u["step_s"] - 1 for v, u in zip(runs["verified"], runs["unverified"])
+    )
+    return {
+        "rounds": rounds, "steps": steps, "load_avg": os.getloadavg(),
+        **{m: {k: med(m, k) for k in runs[m][0]} for m in runs},
+        "step_time_added_share_paired": {"median": round(paired[len(paired) // 2], 4),
+                                         "min": round(paired[0], 4), "max": round(paired[-1], 4)},
+    }  # fmt: skip
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rows", type=int, default=10_000_000)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--dir", default=tempfile.gettempdir())
+    p.add_argument("--train-rounds", type=int, default=0)
+    p.add_argument("--steps", type=int, default=300)
     args = p.parse_args()
+    if args.train_rounds:
+        print(json.dumps(train_rounds(args.train_rounds, args.steps, args.dir), indent=2))
+        return
     sizes = np.asarray(KAGGLE_TABLE_SIZES)
     path = Path(args.dir) / f"bench_verify_{os.getpid()}.npy"
     rng = np.random.default_rng(0)
