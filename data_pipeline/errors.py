@@ -56,7 +56,7 @@ def numpy_failure(e: Exception) -> str:
     file that does not hold plain numbers (its header damaged, say) is not ours to trust."""
     text = " ".join(str(e).split())
     if "pickle" in text:
-        return "its header is damaged, or it holds Python objects, which are never unpickled"
+        return "its header is damaged, or it holds Python objects, which are never loaded"
     return text[:200] or type(e).__name__
 
 
