@@ -218,9 +218,10 @@ def _read_error(e: Exception) -> str:
     """Why torch could not read a file, in whole sentences, without its advice to load with
     `weights_only=False` (that would run any code the file holds) or to allowlist classes."""
     text = _one_line(str(e))
-    unpickler = "WeightsUnpickler error:" in text
-    if unpickler:  # torch's advice comes first, the reason after this marker
-        text = text.split("WeightsUnpickler error:", 1)[1].split("Check the documentation")[0]
+    unpickler = "WeightsUnpickler error:" in text or text.startswith("Weights only load failed")
+    if "WeightsUnpickler error:" in text:  # torch's advice comes first, the reason after this
+        text = text.split("WeightsUnpickler error:", 1)[1]
+    text = text.removeprefix("Weights only load failed.").split("Check the documentation")[0]
     sentences = [
         s.strip()
         for s in re.split(r"(?<=\.) ", text)

@@ -165,9 +165,15 @@ class Foreign:  # a pickled object: torch's message about it advises weights_onl
     pass
 
 
+class RunsCode:  # unpickled freely, this would run a shell command
+    def __reduce__(self):
+        return (os.system, ("touch /tmp/this-must-never-exist",))
+
+
 def test_cli_unreadable_and_foreign_files_never_advise_weights_only_false(tmp_path, capsys):
     for name, write in {
         "object.pt": lambda p: torch.save({"x": Foreign()}, p),
+        "code.pt": lambda p: torch.save({"x": RunsCode()}, p),
         "truncated.pt": lambda p: p.write_bytes(b"PK\x03\x04" + bytes(300)),
         "legacy.pt": lambda p: p.write_bytes(b"\x80\x04not a zip"),
     }.items():
@@ -181,6 +187,9 @@ def test_cli_unreadable_and_foreign_files_never_advise_weights_only_false(tmp_pa
         for advice in ("weights_only", "allow_pickle", "Please", "trust"):
             assert advice not in err, err
         assert err.endswith(")"), err  # whole, not cut mid-sentence
+        if name == "code.pt":  # a blocked global, reported without torch's marker
+            assert err.endswith("which are never unpickled: Trying to load unsupported GLOBAL "
+                                "posix.system whose module posix is blocked)")  # fmt: skip
         if name == "object.pt":
             assert err.endswith("which are never unpickled: Unsupported global: GLOBAL "
                                 f"{Foreign.__module__}.{Foreign.__qualname__} was not an allowed global by default)")  # fmt: skip
