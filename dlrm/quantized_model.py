@@ -276,3 +276,25 @@ def model_bytes(model: nn.Module) -> dict[str, int]:
     tables = sum(r.numel() for r in model.embeddings.table_rows())
     dense = sum(t.numel() * t.element_size() for t in dense_tensors(model).values())
     return {"table_bytes": tables, "dense_bytes": dense, "model_bytes": tables + dense}
+
+
+# --- the reference's flags ----------------------------------------------------------------------
+
+EMB_BITS = {4: "int4", 8: "int8", 32: "fp32"}
+# 16: bf16 here; the reference's 16 is torch's float16 dynamic quantization (fp16 weights,
+# fp32 arithmetic), which bf16 replaces where the CPU has bf16 units (docs/inference.md)
+MLP_BITS = {8: "int8", 16: "bf16", 32: "fp32"}
+
+
+def quantize_for_evaluation(model: nn.Module, cfg) -> nn.Module:
+    """`--inference-only --quantize-emb-with-bit B --quantize-mlp-with-bit B`: the trained model
+    (any placement) as its quantized inference model, on the same device."""
+    emb = model.embeddings
+    emb.sync()
+    device = next(iter(model.dense_parameters())).device
+    tables = list(emb.tables)
+    precision = EMB_BITS[cfg.quantize_emb_with_bit]
+    state = {k: v for k, v in model.state_dict().items()}
+    q, _ = from_float_state(model.arch, tables, state, [precision] * len(tables),
+                            MLP_BITS[cfg.quantize_mlp_with_bit], device, cfg.embedding_backend)  # fmt: skip
+    return q
