@@ -38,6 +38,7 @@ TABLE_PRECISIONS = ("fp32", "fp16", "int8", "int4", "int2")
 BITS = {"int8": 8, "int4": 4, "int2": 2}
 SCALE_BIAS_BYTES = 4  # float16 scale, float16 bias
 _CHUNK_ROWS = 1 << 20  # rows quantized at once: bounds the float32 temporaries
+_FP16_MAX = 32768.0  # rows beyond it could round a float16 scale or bias to infinity
 
 
 def check_precision(precision: str, dim: int, table: str = "") -> None:
@@ -100,6 +101,12 @@ def quantize_rows(weight: torch.Tensor, precision: str) -> torch.Tensor:
     weight = weight.detach()
     if precision == "fp32":
         return weight.float().cpu().contiguous().view(torch.uint8).view(rows, 4 * dim)
+    largest = float(weight.abs().max()) if weight.numel() else 0.0
+    if not largest <= _FP16_MAX:  # also NaN
+        raise ValueError(
+            f"values up to {largest:g} do not fit {precision}'s float16 range (scale and bias "
+            "are float16): keep this table at fp32"
+        )
     if precision == "fp16":
         return weight.half().cpu().contiguous().view(torch.uint8).view(rows, 2 * dim)
     out = torch.empty(rows, row_bytes(dim, precision), dtype=torch.uint8)
