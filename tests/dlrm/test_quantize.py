@@ -294,3 +294,17 @@ def test_reference_flags_evaluate_the_quantized_model(run, tmp_path):
         train_main(args[:-3] + ["--quantize-emb-with-bit", "8", "--out-dir", str(tmp_path / "x")])
         == 2
     )
+
+
+@pytest.mark.gpu
+def test_predictor_serves_on_cuda_without_fbgemm_kernels(run, int8, tmp_path):
+    out = tmp_path / "bf16"
+    assert main([str(run / "run"), "--out", str(out), "--emb-precision", "int4",
+                 "--mlp-precision", "bf16", "--batch-size", "256"]) == 0  # fmt: skip
+    source = load_source(run / "run")
+    batch = next(iter(take_batches(data_source(source, None, "test", 256), 1).batches()))
+    cpu = Predictor.load(out).predict(batch)
+    gpu = Predictor.load(out, device="cuda", backend="torch").predict(batch)
+    torch.testing.assert_close(gpu.cpu(), cpu, atol=1e-2, rtol=0)
+    with pytest.raises(ArtifactError, match="int8 MLPs run on CPU only"):
+        Predictor.load(int8, device="cuda")
