@@ -22,6 +22,7 @@ import argparse
 import json
 import logging
 import platform
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -160,9 +161,7 @@ def metrics_of(logits: torch.Tensor, labels: torch.Tensor) -> dict:
 # --- export --------------------------------------------------------------------------------------
 
 
-def _precisions(
-    a, source: Source, cal: BatchList | None, out_tmp: Path
-) -> tuple[list[str], dict | None]:
+def _precisions(a, source: Source, cal: BatchList | None) -> tuple[list[str], dict | None]:
     tables = source.tables
     overrides = parse_overrides(a.emb_precision_table, tables)
     if a.emb_precision != "auto":
@@ -218,7 +217,7 @@ def _export(a, source: Source, writer: ArtifactWriter, t0: float) -> dict:
         logging.getLogger(__name__).warning(
             "no calibration data (%s is a model file): the manifest has no calibration metrics; "
             "give --data to add them", source.path)  # fmt: skip
-    precisions, record = _precisions(a, source, cal, writer.tmp)
+    precisions, record = _precisions(a, source, cal)
     backend = a.embedding_backend
     model, layers = from_float_state(source.arch, source.tables, source.state, precisions,
                                      a.mlp_precision, backend=backend)  # fmt: skip
@@ -237,8 +236,6 @@ def _export(a, source: Source, writer: ArtifactWriter, t0: float) -> dict:
         table_files.append(writer.tensor("tables", t.name, rows))
     dense_files = {k: writer.tensor("dense", k, v) for k, v in dense_tensors(model).items()}
     if vocab_dir is not None:
-        import shutil
-
         for i in range(len(source.tables)):
             for kind in ("sorted_values", "sorted_ids"):
                 rel = f"mapping/cat_{i}.{kind}.npy"

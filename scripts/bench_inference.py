@@ -214,7 +214,9 @@ def speed(arts: dict[str, Path], batch2048, rounds: int) -> dict:
     return out
 
 
-def bench_model(name: str, run: Path, work: Path, test_source, rounds: int, timing_batches: int) -> dict:
+def bench_model(
+    name: str, run: Path, work: Path, test_source, rounds: int, timing_batches: int
+) -> dict:
     t0 = time.perf_counter()
     arts = export_all(run, work / f"artifacts_{name}")
     exported = time.perf_counter() - t0
@@ -237,7 +239,9 @@ def bench_model(name: str, run: Path, work: Path, test_source, rounds: int, timi
         "bf16_mlp_speedup_batch_2048 (>= 2 with bf16 units)": [spd["bf16_mlp"]["speedup_vs_fp32"]["median"], spd["bf16_mlp"]["speedup_vs_fp32"]["median"] >= 2.0],
     }  # fmt: skip
     return {
-        "trained": {k: summary.get(k) for k in ("steps", "samples", "test_auc", "test_ne", "wall_s")},
+        "trained": {
+            k: summary.get(k) for k in ("steps", "samples", "test_auc", "test_ne", "wall_s")
+        },
         "fp32_test_auc": fp32["test_auc"],
         "export_s": round(exported, 1),
         "models": acc,
@@ -265,7 +269,7 @@ def bench_predict(work: Path, art: Path, lines: int, rounds: int) -> dict:
                   else ["--frequency-threshold", str(mode["threshold"])])  # fmt: skip
     times = {"predict_unlabelled": [], "predict_labelled": [], "preprocess_labelled": []}
     for r in range(rounds):
-        for what in (list(times) if r % 2 == 0 else list(reversed(times))):
+        for what in list(times) if r % 2 == 0 else list(reversed(times)):
             out = work / "predict_out"
             shutil.rmtree(out, ignore_errors=True)
             out.mkdir()
@@ -291,12 +295,12 @@ def bench_predict(work: Path, art: Path, lines: int, rounds: int) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--work", default="/tmp/bench_inference")
-    p.add_argument("--lines-per-day", type=int, default=100_000, help="planted Kaggle file: 7 days")
-    p.add_argument("--synthetic-batches", type=int, default=1024)
+    p.add_argument("--lines-per-day", type=int, default=50_000, help="planted Kaggle file: 7 days")
+    p.add_argument("--synthetic-batches", type=int, default=400)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--timing-batches", type=int, default=4, help="batches of 2048 per round")
     p.add_argument("--predict-lines", type=int, default=1_000_000)
-    p.add_argument("--predict-rounds", type=int, default=3)
+    p.add_argument("--predict-rounds", type=int, default=1)
     p.add_argument("--only", default="kaggle,synthetic,predict")
     a = p.parse_args()
     work = Path(a.work)
@@ -309,7 +313,9 @@ def main() -> None:
 
         if "kaggle" in only:
             test = CriteoBatchSource(proc, "test", 2048)
-            result["kaggle_planted"] = bench_model("kaggle", run, work, test, a.rounds, a.timing_batches)
+            result["kaggle_planted"] = bench_model(
+                "kaggle", run, work, test, a.rounds, a.timing_batches
+            )
         if "predict" in only:
             art = export_all(run, work / "artifacts_kaggle")["int8"]
             result["predict"] = bench_predict(work, art, a.predict_lines, a.predict_rounds)
@@ -319,7 +325,9 @@ def main() -> None:
 
         source = load_source(run)
         test = data_source(source, None, "test", 2048)
-        result["synthetic_default"] = bench_model("synthetic", run, work, test, a.rounds, a.timing_batches)
+        result["synthetic_default"] = bench_model(
+            "synthetic", run, work, test, a.rounds, a.timing_batches
+        )
     result["load_at_end"] = load()
     print(json.dumps(result, indent=1))
 
