@@ -28,6 +28,7 @@ failed export leaves no half artifact and never touches an existing one.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -104,7 +105,7 @@ class ArtifactWriter:
 
     def _error(self, e: OSError, path: Path) -> ArtifactError:
         shutil.rmtree(self.tmp, ignore_errors=True)
-        if e.errno in (28, 122):  # ENOSPC, EDQUOT
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
             return ArtifactError(
                 f"{path}: no space left on the file system mounted at "
                 f"{mount_point(self.out.parent)} while writing the artifact; nothing was kept"
