@@ -101,9 +101,10 @@ class ArtifactWriter:
         try:
             self.tmp.mkdir(parents=True)
         except OSError as e:
-            raise self._error(e, self.tmp) from None
+            raise self.error(e, self.tmp) from None
 
-    def _error(self, e: OSError, path: Path) -> ArtifactError:
+    def error(self, e: OSError, path: Path) -> ArtifactError:
+        """The one line for a failed write (the temporary directory is removed)."""
         shutil.rmtree(self.tmp, ignore_errors=True)
         if e.errno in (errno.ENOSPC, errno.EDQUOT):
             return ArtifactError(
@@ -122,7 +123,7 @@ class ArtifactWriter:
             with open(path, "wb") as f:
                 np.save(f, array, allow_pickle=False)
         except OSError as e:
-            raise self._error(e, self.out / rel) from None
+            raise self.error(e, self.out / rel) from None
         self.files[rel] = {"dtype": dtype, "shape": list(array.shape)}
         return rel
 
@@ -132,7 +133,7 @@ class ArtifactWriter:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(data)
         except OSError as e:
-            raise self._error(e, self.out / rel) from None
+            raise self.error(e, self.out / rel) from None
         self.files[rel] = {}
         return rel
 
@@ -160,7 +161,7 @@ class ArtifactWriter:
                     os.fsync(f.fileno())
             os.rename(self.tmp, self.out)  # an empty directory at `out` is replaced
         except OSError as e:
-            raise self._error(e, self.out) from None
+            raise self.error(e, self.out) from None
         return self.out
 
     def abort(self) -> None:

@@ -255,7 +255,10 @@ def _export(a, source: Source, writer: ArtifactWriter, t0: float) -> dict:
         record["dense_bytes"] = sizes["dense_bytes"]
         record["exported"] = calibration
         writer.write_bytes("sensitivity.json", (json.dumps(record, indent=1) + "\n").encode())
-        plot(record, writer.path("sensitivity.png"))
+        try:
+            plot(record, writer.path("sensitivity.png"))
+        except OSError as e:
+            raise writer.error(e, Path(a.out) / "sensitivity.png") from None
         writer.adopt("sensitivity.png")
     manifest = {
         "model": arch_to_json(source.arch),

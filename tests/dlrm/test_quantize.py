@@ -308,3 +308,11 @@ def test_predictor_serves_on_cuda_without_fbgemm_kernels(run, int8, tmp_path):
     torch.testing.assert_close(gpu.cpu(), cpu, atol=1e-2, rtol=0)
     with pytest.raises(ArtifactError, match="int8 MLPs run on CPU only"):
         Predictor.load(int8, device="cuda")
+
+
+def test_a_full_disk_leaves_no_partial_artifact(run, tmpfs, capsys):
+    disk = tmpfs("size=16k")
+    assert main([str(run / "run"), "--out", str(disk / "a"), "--batch-size", "256"]) == 2
+    err = capsys.readouterr().err
+    assert f"no space left on the file system mounted at {disk}" in err and err.count("\n") == 1
+    assert list(disk.iterdir()) == []
