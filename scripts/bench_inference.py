@@ -81,10 +81,13 @@ def load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-def run_cli(module: str, args: list[str]) -> None:
-    """A CLI in a child process (its own torch threads and memory), failing loudly."""
+def run_cli(module: str, args: list[str], threads: int | None = None) -> None:
+    """A CLI in a child process (its own torch threads and memory), failing loudly. `threads`:
+    its intra-op threads (training and export use 1: on a shared machine, threads that wait on a
+    descheduled sibling made 2-thread training 10x slower; nothing timed runs there)."""
     cmd = [sys.executable, "-m", module, *args]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads)) if threads else None
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{done.stderr[-3000:]}")
 
@@ -103,7 +106,7 @@ def train_kaggle(work: Path, lines_per_day: int) -> tuple[Path, Path]:
                                "--processed-data-file", str(proc), *KAGGLE_ARCH,
                                "--mini-batch-size", "128", "--test-mini-batch-size", "16384",
                                "--learning-rate", "0.1", "--optimizer", "sgd", "--nepochs", "1",
-                               "--print-freq", "1024", "--out-dir", str(run)])  # fmt: skip
+                               "--print-freq", "1024", "--out-dir", str(run)], threads=1)  # fmt: skip
     return run, proc
 
 
@@ -111,7 +114,7 @@ def train_synthetic(work: Path, batches: int) -> Path:
     run = work / "run_synthetic"
     if not (run / "summary.json").is_file():
         shutil.rmtree(run, ignore_errors=True)
-        run_cli("dlrm.train", ["--num-batches", str(batches), "--out-dir", str(run)])
+        run_cli("dlrm.train", ["--num-batches", str(batches), "--out-dir", str(run)], threads=1)
     return run
 
 
@@ -121,7 +124,7 @@ def export_all(run: Path, out: Path) -> dict[str, Path]:
         art = out / name
         if not (art / "manifest.json").is_file():
             shutil.rmtree(art, ignore_errors=True)
-            run_cli("dlrm.quantize", [str(run), "--out", str(art), *flags])
+            run_cli("dlrm.quantize", [str(run), "--out", str(art), *flags], threads=1)
         arts[name] = art
     return arts
 
@@ -254,7 +257,7 @@ def bench_model(
 # --- raw-line prediction vs preprocessing ------------------------------------------------------------
 
 
-def bench_predict(work: Path, art: Path, lines: int, rounds: int) -> dict:
+def bench_predict(work: Path, art: Path, lines: int, rounds: int, threads: int) -> dict:
     spec = SyntheticSpec(seed=23)
     raw = work / "predict_raw"
     raw.mkdir(exist_ok=True)
@@ -280,11 +283,11 @@ def bench_predict(work: Path, art: Path, lines: int, rounds: int) -> dict:
             else:
                 data = test_txt if what == "predict_unlabelled" else train_txt
                 run_cli("dlrm.predict", ["--model", str(art), "--data", str(data),
-                                         "--out", str(out / "preds.csv")])  # fmt: skip
+                                         "--out", str(out / "preds.csv")], threads)  # fmt: skip
             times[what].append(time.perf_counter() - t0)
     shutil.rmtree(work / "predict_out", ignore_errors=True)
     out = {"lines": lines, "bytes": train_txt.stat().st_size, "mapping": mode["mode"],
-           "artifact": art.name, "load": load()}  # fmt: skip
+           "artifact": art.name, "predict_threads": threads, "load": load()}  # fmt: skip
     for what, ts in times.items():
         out[what] = {"seconds": _stats(ts), "lines_per_s": lines / statistics.median(ts)}
     ratio = out["predict_labelled"]["lines_per_s"] / out["preprocess_labelled"]["lines_per_s"]
@@ -302,31 +305,40 @@ def main() -> None:
     p.add_argument("--predict-lines", type=int, default=1_000_000)
     p.add_argument("--predict-rounds", type=int, default=1)
     p.add_argument("--only", default="kaggle,synthetic,predict")
+    p.add_argument("--threads", type=int, default=1,
+                   help="intra-op threads for timing and predict (a shared machine: 1; see docs)")  # fmt: skip
     a = p.parse_args()
+    torch.set_num_threads(a.threads)
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
     only = set(a.only.split(","))
     result = {"machine": machine(), "load_at_start": load(), "args": vars(a)}
+
+    def keep(section: str, value: dict) -> None:  # each section also on disk as it finishes
+        result[section] = value
+        (work / f"result_{section}.json").write_text(json.dumps(value, indent=1) + "\n")
+
     if "kaggle" in only or "predict" in only:
         run, proc = train_kaggle(work, a.lines_per_day)
         from data_pipeline.criteo import CriteoBatchSource
 
         if "kaggle" in only:
             test = CriteoBatchSource(proc, "test", 2048)
-            result["kaggle_planted"] = bench_model(
-                "kaggle", run, work, test, a.rounds, a.timing_batches
+            keep(
+                "kaggle_planted", bench_model("kaggle", run, work, test, a.rounds, a.timing_batches)
             )
         if "predict" in only:
             art = export_all(run, work / "artifacts_kaggle")["int8"]
-            result["predict"] = bench_predict(work, art, a.predict_lines, a.predict_rounds)
+            keep("predict", bench_predict(work, art, a.predict_lines, a.predict_rounds, a.threads))
     if "synthetic" in only:
         run = train_synthetic(work, a.synthetic_batches)
         from dlrm.inference_data import data_source, load_source
 
         source = load_source(run)
         test = data_source(source, None, "test", 2048)
-        result["synthetic_default"] = bench_model(
-            "synthetic", run, work, test, a.rounds, a.timing_batches
+        keep(
+            "synthetic_default",
+            bench_model("synthetic", run, work, test, a.rounds, a.timing_batches),
         )
     result["load_at_end"] = load()
     print(json.dumps(result, indent=1))
