@@ -294,7 +294,7 @@ def quantize_for_evaluation(model: nn.Module, cfg) -> nn.Module:
     device = next(iter(model.dense_parameters())).device
     tables = list(emb.tables)
     precision = EMB_BITS[cfg.quantize_emb_with_bit]
-    state = {k: v for k, v in model.state_dict().items()}
+    state = model.state_dict()
     q, _ = from_float_state(model.arch, tables, state, [precision] * len(tables),
                             MLP_BITS[cfg.quantize_mlp_with_bit], device, cfg.embedding_backend)  # fmt: skip
     return q
