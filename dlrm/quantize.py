@@ -41,6 +41,7 @@ from dlrm.inference_data import (
     take_batches,
 )
 from dlrm.metrics import binary_metrics
+from dlrm.precision_search import fp32_model_bytes, plot
 from dlrm.quantized_model import (
     MLP_PRECISIONS,
     arch_to_json,
@@ -211,12 +212,11 @@ def _export(a, source: Source, writer: ArtifactWriter, t0: float) -> dict:
     try:
         cal_source = data_source(source, a.data, a.split or "val", a.batch_size)
         cal = take_batches(cal_source, a.batches)
-    except ConfigError:
+    except ConfigError as e:
         if a.emb_precision == "auto" or a.debug or a.data:
             raise
         logging.getLogger(__name__).warning(
-            "no calibration data (%s is a model file): the manifest has no calibration metrics; "
-            "give --data to add them", source.path)  # fmt: skip
+            "no calibration data (%s): the manifest has no calibration metrics", e)  # fmt: skip
     precisions, record = _precisions(a, source, cal)
     backend = a.embedding_backend
     model, layers = from_float_state(source.arch, source.tables, source.state, precisions,
@@ -248,8 +248,6 @@ def _export(a, source: Source, writer: ArtifactWriter, t0: float) -> dict:
                 writer.adopt(rel)
         mapping["dir"] = "mapping"
     sizes = model_bytes(model)
-    from dlrm.precision_search import fp32_model_bytes, plot
-
     fp32_bytes = fp32_model_bytes(source.tables, source.state, source.arch)
     if record is not None:
         record["dense_bytes"] = sizes["dense_bytes"]
