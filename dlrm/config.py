@@ -145,6 +145,11 @@ class TrainConfig:
     hotline_prefetch: int = 1  # Hotline: mini-batches whose cold rows are staged ahead (0: none)
     hotline_learn_batches: int = 0  # Hotline: learn popularity online over this many mini-batches
 
+    # low-precision evaluation (issue 23): the reference's flags, with --inference-only only;
+    # dlrm/quantized_model.py. Exported artifacts: python -m dlrm.quantize.
+    quantize_emb_with_bit: int = 32  # 4 | 8: row-wise int4 / int8 tables; 32: fp32
+    quantize_mlp_with_bit: int = 32  # 8: int8 dynamic quantization; 16: bf16; 32: fp32
+
     def __post_init__(self) -> None:
         self.reference_defaults = self._fill_reference_defaults()
         self.arch_mlp_bot = parse_widths(self.arch_mlp_bot, "--arch-mlp-bot")
@@ -289,6 +294,23 @@ class TrainConfig:
             raise ConfigError(
                 f"--data-set {self.data_set}: needs --raw-data-file or --processed-data-file"
             )
+        self._validate_quantize()
+
+    def _validate_quantize(self) -> None:
+        """--quantize-emb-with-bit / --quantize-mlp-with-bit (issue 23)."""
+        for flag, value, options in (
+            ("--quantize-emb-with-bit", self.quantize_emb_with_bit, (4, 8, 32)),
+            ("--quantize-mlp-with-bit", self.quantize_mlp_with_bit, (8, 16, 32)),
+        ):
+            if value not in options:
+                raise ConfigError(
+                    f"{flag}: expected one of {', '.join(map(str, options))}, got {value}"
+                )
+            if value != 32 and not self.inference_only:
+                raise ConfigError(
+                    f"{flag}: quantizes the model for evaluation only; use it with --inference-only "
+                    "(python -m dlrm.quantize exports a quantized model)"
+                )
 
     @property
     def eval_batch_size(self) -> int:

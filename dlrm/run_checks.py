@@ -30,6 +30,7 @@ FREE = frozenset({
     "print_freq", "test_freq", "mlperf_auc_threshold", "nepochs", "out_dir", "save_model",
     "load_model", "inference_only", "resume", "allow_changed", "keep_checkpoints", "progress",
     "perf_log", "hotline_prefetch",  # Hotline computes the same whatever it stages ahead
+    "quantize_emb_with_bit", "quantize_mlp_with_bit",  # evaluation only (--inference-only)
 })  # fmt: skip
 ALIASES = {"lr": "learning_rate", "numpy_rand_seed": "seed"}
 

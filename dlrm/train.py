@@ -167,6 +167,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--perf-log",
         help_="record a few steps after warm-up with torch.profiler; write the perf trace here",
     )
+    # low-precision evaluation with --inference-only, as the reference (issue 23)
+    opt("--quantize-emb-with-bit", int, help_="--inference-only: tables at 4 or 8 bits (32: fp32)")
+    opt(
+        "--quantize-mlp-with-bit",
+        int,
+        help_="--inference-only: MLPs at 8 (int8) or 16 (bf16) bits (32: fp32)",
+    )
     assert all(a.dest in d for a in p._actions if a.dest != "help"), "flag without a config field"
     return p
 

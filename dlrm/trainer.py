@@ -190,6 +190,11 @@ class Trainer:
             found = resuming.result()
             if found:  # None: the run stopped before its first checkpoint; it starts again
                 self.load_checkpoint(*found)
+        bits = (cfg.quantize_emb_with_bit, cfg.quantize_mlp_with_bit)
+        if cfg.inference_only and bits != (32, 32):  # the reference's flags (issue 23)
+            from dlrm.quantized_model import quantize_for_evaluation
+
+            self.model = quantize_for_evaluation(self.model, cfg)
 
     def _make_pipeline(self, hook: StepHook | None) -> TrainPipeline:
         """The plain step, or the variant the embedding collection needs (Hotline's split)."""
