@@ -76,6 +76,33 @@ class EmbeddingCollection(nn.Module, ABC):
         """Per table the fused optimizer's state ([rows, dim] for Adagrad, [rows] for row-wise
         Adagrad), None for SGD; current, views where the storage allows."""
 
+    def rows_of(
+        self, tables: torch.Tensor, rows: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The current weights [n, dim] and optimizer state ([n, dim], [n] or None) of rows
+        (`tables[i]`, `rows[i]`), on the CPU: a few rows without exporting whole tables (what
+        Slipstream snapshots). Every row must have the same width."""
+        tables, rows = torch.as_tensor(tables).long(), torch.as_tensor(rows).long()
+        n = tables.numel()
+        dims = {self.dims[t] for t in torch.unique(tables).tolist()}
+        if len(dims) > 1:
+            raise ValueError("rows_of: rows of tables of different widths")
+        dim = dims.pop() if dims else self.dims[0]
+        weights = torch.empty(n, dim)
+        states = self.optimizer_states()
+        state = None
+        if states[0] is not None:
+            state = torch.empty((n, dim) if states[0].dim() == 2 else (n,))
+        for t, w in enumerate(self.table_weights()):
+            sel = torch.nonzero(tables == t).squeeze(1)
+            if not sel.numel():
+                continue
+            at = rows[sel].to(w.device)
+            weights[sel] = w[at].detach().cpu()
+            if state is not None:
+                state[sel] = states[t][at].detach().cpu()
+        return weights, state
+
     def after_tables_written(self) -> None:
         """Called after `table_weights()` / `optimizer_states()` were written into, so copies
         of those rows elsewhere (another tier) are refreshed. `load_state_dict` and
