@@ -24,6 +24,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from embeddings.hot_inputs import AllHotClassifier, all_hot_given_cold
@@ -183,8 +184,9 @@ class StalenessTracker:
         k = min(math.ceil(self.target_skip * m.numel()), finite.numel())
         if k < 1:
             return 0.0
-        # the smallest threshold under which the k inputs of least drift are skippable
-        return math.nextafter(float(finite[k - 1]), math.inf)
+        # the smallest threshold under which the k inputs of least drift are skippable (drifts
+        # are float32, and so is the threshold, or comparing would round it back down)
+        return float(np.nextafter(finite[k - 1].numpy(), np.float32(np.inf)))
 
     def input_max_drift(self, lk: Lookups) -> torch.Tensor:
         """float [inputs]: the largest drift among an input's lookups (inf when one of them is
