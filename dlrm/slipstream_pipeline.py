@@ -307,7 +307,9 @@ class SlipstreamTrainPipeline(TrainPipeline):
         if not state:
             return
         self.epoch, self.steps = int(state["epoch"]), int(state["steps"])
-        self._resume_cursor = Cursor(*map(int, state["cursor"]))
+        cursor = Cursor(*map(int, state["cursor"]))
+        # at the end of its epoch the trainer goes on with the next one, from its start
+        self._resume_cursor = cursor if cursor.batch < self.stream.epoch_batches else None
         self.counts = dict(zip(_COUNTS, (int(v) for v in state["counts"].tolist())))
         self.tracker.load_state_dict(state["tracker"], torch.device("cpu"))
         self.history = state["history"].tolist()
