@@ -153,3 +153,13 @@ def test_rows_of_reads_the_current_rows_from_any_placement(placement):
         assert torch.equal(w[i], full_w[t[i]][r[i]])
         assert torch.equal(s[i], full_s[t[i]][r[i]])
     assert s.abs().sum() > 0
+
+
+def test_the_random_control_freezes_as_many_rows_at_random():
+    tr = StalenessTracker(make_plan(), threshold=0.1)
+    tr.stale[:7] = True
+    tr.use_random_stale_set(torch.Generator().manual_seed(1))
+    a = tr.stale.clone()
+    assert int(a.sum()) == 7 and not torch.equal(a[:7], torch.ones(7, dtype=torch.bool))
+    tr.use_random_stale_set(torch.Generator().manual_seed(1))
+    assert torch.equal(tr.stale, a)  # a function of the generator's seed: nothing to resume
