@@ -81,27 +81,23 @@ class EmbeddingCollection(nn.Module, ABC):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The current weights [n, dim] and optimizer state ([n, dim], [n] or None) of rows
         (`tables[i]`, `rows[i]`), on the CPU: a few rows without exporting whole tables (what
-        Slipstream snapshots). Every row must have the same width."""
+        Slipstream snapshots). Every table must have the same width."""
+        from embeddings.tiers import flat_rows, table_row_base  # tiers builds on collections
+
+        if len(set(self.dims)) != 1:
+            raise ValueError("rows_of: every table must have the same width")
         tables, rows = torch.as_tensor(tables).long(), torch.as_tensor(rows).long()
-        n = tables.numel()
-        dims = {self.dims[t] for t in torch.unique(tables).tolist()}
-        if len(dims) > 1:
-            raise ValueError("rows_of: rows of tables of different widths")
-        dim = dims.pop() if dims else self.dims[0]
-        weights = torch.empty(n, dim)
-        states = self.optimizer_states()
-        state = None
-        if states[0] is not None:
-            state = torch.empty((n, dim) if states[0].dim() == 2 else (n,))
-        for t, w in enumerate(self.table_weights()):
-            sel = torch.nonzero(tables == t).squeeze(1)
-            if not sel.numel():
+        out = []
+        for views in (self.table_weights(), self.optimizer_states()):
+            if views[0] is None:
+                out.append(None)
                 continue
-            at = rows[sel].to(w.device)
-            weights[sel] = w[at].detach().cpu()
-            if state is not None:
-                state[sel] = states[t][at].detach().cpu()
-        return weights, state
+            flat = flat_rows(views)
+            if flat is None:  # tables in separate buffers: joined first (a copy)
+                flat = torch.cat([v.detach() for v in views])
+            base = table_row_base([v.shape[0] for v in views])
+            out.append(flat[(rows + base[tables]).to(flat.device)].detach().cpu())
+        return out[0], out[1]
 
     def after_tables_written(self) -> None:
         """Called after `table_weights()` / `optimizer_states()` were written into, so copies

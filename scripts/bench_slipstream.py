@@ -79,6 +79,38 @@ def run(cfg: TrainConfig) -> dict:
     return out
 
 
+def step_interleaved(base: dict, args, steps: int, work: Path) -> dict:
+    """Steps of the baseline and of Slipstream (past its warm-up, snapshots included) alternated
+    one by one in one process: what a Slipstream step costs against a baseline step, measured
+    under the same load (a whole run's time swings with the machine's)."""
+    import torch
+
+    base = dict(base, data_size=base["data_size"] * 4)  # an endless stream: never runs out
+    kw = variants(base, args, 0)
+    trainers = {k: Trainer(TrainConfig(**kw[k], seed=0, out_dir=str(work / f"interleaved-{k}")),
+                           checkpoints=False) for k in ("baseline", "slipstream")}  # fmt: skip
+    its = {k: t.data.train.batches(0) for k, t in trainers.items()}
+    for _ in range(args.warmup + 2 * args.interval):  # untimed: past the warm-up, sets chosen
+        trainers["slipstream"].pipeline.progress(its["slipstream"])
+    times: dict[str, list[float]] = {k: [] for k in trainers}
+    samples = dict.fromkeys(trainers, 0)
+    for _ in range(steps):
+        for k, t in trainers.items():
+            t0 = time.perf_counter()
+            out = t.pipeline.progress(its[k])
+            torch.cuda.synchronize() if t.device.type == "cuda" else None
+            times[k].append(time.perf_counter() - t0)
+            samples[k] += out.samples
+    q = {k: statistics.quantiles(v, n=4) for k, v in times.items()}
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return {
+        "steps": steps, "ms_per_step_median": {k: round(1e3 * v, 2) for k, v in med.items()},
+        "ms_per_step_quartiles": {k: [round(1e3 * q[k][0], 2), round(1e3 * q[k][2], 2)] for k in q},
+        "slipstream_step_cost_vs_baseline": round(med["slipstream"] / med["baseline"], 3),
+        "samples": samples,
+    }  # fmt: skip
+
+
 def at_epoch(r: dict, epoch: int) -> dict:
     """The run as it stood at the end of `epoch` (its first evaluation in the next epoch's name)."""
     ends = [e for e in r["evals"] if e[3] == epoch]
@@ -214,6 +246,8 @@ def main() -> int:
                    help="explicit drift thresholds for the skip share vs AUC curve (first seed)")  # fmt: skip
     p.add_argument("--evals-per-epoch", type=int, default=4)
     p.add_argument("--hotline-seeds", type=int, default=1)
+    p.add_argument("--interleave-steps", type=int, default=48,
+                   help="steps of baseline and Slipstream alternated in one process (synthetic)")  # fmt: skip
     p.add_argument("--normalize", type=int, default=1, help="also Slipstream with normalization")
     p.add_argument("--work", default="", help="scratch directory (default: a new one in /tmp)")
     p.add_argument("--out", default="", help="write bench_slipstream.json and .png here")
@@ -254,6 +288,8 @@ def main() -> int:
         for name, base in data.items():
             rounds[name].append(one_round(base, args, seed, work, name))
     for name, rs in rounds.items():
+        if not rs:
+            continue
         d = {"compare": compare(rs), "runs": rs}
         if name == "criteo":
             firsts = [
@@ -288,6 +324,11 @@ def main() -> int:
             d["normalized"] = {"test_auc": r["test_auc"], "auc_change": round(r["test_auc"] - b0, 5),
                                "vs_slipstream": round(r["test_auc"] - rs[0]["slipstream"]["test_auc"], 5)}  # fmt: skip
         result["data"][name] = d
+    if args.interleave_steps and "synthetic" in data:
+        result["step_interleaved"] = step_interleaved(
+            data["synthetic"], args, args.interleave_steps, work
+        )
+        print(f"step interleaved: {result['step_interleaved']}", file=sys.stderr, flush=True)
     if args.hotline_seeds and "synthetic" in data:
         hl = []
         base = dict(data["synthetic"], placement="hotline")
