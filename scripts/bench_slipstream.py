@@ -232,7 +232,7 @@ def main() -> int:
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--data", default="synthetic,criteo")
     p.add_argument("--synthetic-samples", type=int, default=262_144)
-    p.add_argument("--criteo-lines", type=int, default=7 * 24_576)
+    p.add_argument("--criteo-lines", type=int, default=7 * 16_384)
     p.add_argument("--criteo-epochs", type=int, default=3)
     p.add_argument("--batch", type=int, default=2048)
     p.add_argument("--hot-budget", default="16MB")
@@ -246,7 +246,7 @@ def main() -> int:
                    help="explicit drift thresholds for the skip share vs AUC curve (first seed)")  # fmt: skip
     p.add_argument("--evals-per-epoch", type=int, default=4)
     p.add_argument("--hotline-seeds", type=int, default=1)
-    p.add_argument("--interleave-steps", type=int, default=48,
+    p.add_argument("--interleave-steps", type=int, default=40,
                    help="steps of baseline and Slipstream alternated in one process (synthetic)")  # fmt: skip
     p.add_argument("--normalize", type=int, default=1, help="also Slipstream with normalization")
     p.add_argument("--work", default="", help="scratch directory (default: a new one in /tmp)")
