@@ -149,7 +149,8 @@ def compare(rounds: list[dict]) -> dict:
             "step_ratio": round(b["steps"] / s["steps"], 3),
             "time_to_baseline_auc_minus_0.001_s": {
                 k: time_to(r[k], target) for k in ("baseline", "slipstream", "random")},
-            "skipped_input_share": {k: r[k].get("skipped_input_share") for k in ("slipstream", "random")},
+            "skipped_input_share": {k: r[k].get("slipstream", r[k]).get("skipped_input_share")
+                                    for k in ("slipstream", "random")},
         })  # fmt: skip
     ps = out["per_seed"]
     d_slip = [p["auc"]["slipstream"] - p["auc"]["baseline"] for p in ps]
