@@ -121,10 +121,8 @@ class StalenessTracker:
 
     def stale_lookups(self, lk: Lookups) -> torch.Tensor:
         """bool [lookups]: the lookup's row is tracked and stale."""
-        tracked = lk.slots >= 0
-        out = torch.zeros_like(tracked)
-        out[tracked] = self.stale[lk.slots[tracked]]
-        return out
+        # one gather: slot -1 (untracked) reads the False appended at the end
+        return torch.cat([self.stale, torch.zeros(1, dtype=torch.bool)])[lk.slots]
 
     def stale_inputs(self, lk: Lookups, stale_lookups: torch.Tensor | None = None) -> torch.Tensor:
         """bool [inputs]: every lookup of the input (every step of it, for TBSM) is a stale row.
