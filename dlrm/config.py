@@ -150,6 +150,18 @@ class TrainConfig:
     quantize_emb_with_bit: int = 32  # 4 | 8: row-wise int4 / int8 tables; 32: fp32
     quantize_mlp_with_bit: int = 32  # 8: int8 dynamic quantization; 16: bf16; 32: fp32
 
+    # Slipstream (dlrm/slipstream_pipeline.py, docs/slipstream.md): skip the work of embedding
+    # rows that stopped changing; the tracked rows are the placement plan's hot rows
+    slipstream: bool = False
+    slipstream_mode: str = "drop"  # drop (leave out all-stale inputs) | freeze (no stale updates)
+    slipstream_interval: int = 50  # steps between snapshots of the tracked rows
+    slipstream_metric: str = "relative"  # relative | absolute L2 drift since the last snapshot
+    slipstream_threshold: float | None = None  # explicit drift threshold; None: target skip's
+    slipstream_target_skip: float = 0.2  # share of recent inputs the threshold makes skippable
+    slipstream_warmup: int = 100  # steps before anything is skipped
+    slipstream_control: str = "staleness"  # staleness | random (drops the share at random)
+    slipstream_normalize: bool = False  # each feature's pooled embedding scaled to unit L2 norm
+
     def __post_init__(self) -> None:
         self.reference_defaults = self._fill_reference_defaults()
         self.arch_mlp_bot = parse_widths(self.arch_mlp_bot, "--arch-mlp-bot")
@@ -288,6 +300,7 @@ class TrainConfig:
             )
         if not (math.isfinite(self.synthetic_table_scale) and self.synthetic_table_scale > 0):
             raise ConfigError("--synthetic-table-scale: expected a positive number")
+        self._validate_slipstream()
         if self.data_set in ("kaggle", "terabyte", "taobao") and not (
             self.raw_data_file or self.processed_data_file
         ):
@@ -311,6 +324,41 @@ class TrainConfig:
                     f"{flag}: quantizes the model for evaluation only; use it with --inference-only "
                     "(python -m dlrm.quantize exports a quantized model)"
                 )
+
+    def _validate_slipstream(self) -> None:
+        for flag, value, options in (
+            ("--slipstream-mode", self.slipstream_mode, ("drop", "freeze")),
+            ("--slipstream-metric", self.slipstream_metric, ("relative", "absolute")),
+            ("--slipstream-control", self.slipstream_control, ("staleness", "random")),
+        ):
+            if value not in options:
+                raise ConfigError(f"{flag}: expected one of {', '.join(options)}, got {value!r}")
+        if self.slipstream_interval < 1:
+            raise ConfigError(
+                f"--slipstream-interval: expected a positive integer, got {self.slipstream_interval}"
+            )
+        if self.slipstream_warmup < 0:
+            raise ConfigError(
+                f"--slipstream-warmup: expected an integer >= 0, got {self.slipstream_warmup}"
+            )
+        t = self.slipstream_threshold
+        if t is not None and not (math.isfinite(t) and t >= 0):
+            raise ConfigError(f"--slipstream-threshold: expected a finite number >= 0, got {t}")
+        p = self.slipstream_target_skip
+        if not (math.isfinite(p) and 0.0 <= p < 1.0):
+            raise ConfigError(f"--slipstream-target-skip: expected a number in [0, 1), got {p}")
+        if self.slipstream_control == "random" and self.slipstream_mode == "drop" and p == 0:
+            raise ConfigError(
+                "--slipstream-control random: drops --slipstream-target-skip of the inputs, "
+                "which is 0"
+            )
+        if self.slipstream_normalize and not self.slipstream:
+            raise ConfigError("--slipstream-normalize: only with --slipstream")
+        if self.slipstream and self.hotline_learn_batches:
+            raise ConfigError(
+                "--slipstream: tracks the plan's hot rows, which --hotline-learn-batches only "
+                "knows after training has begun; plan from a profile instead"
+            )
 
     @property
     def eval_batch_size(self) -> int:

@@ -107,6 +107,24 @@ def schedule_training_data(cfg: TrainConfig, data, placed: PlacedEmbeddings, per
     return dataclasses.replace(data, train=train)
 
 
+def tracked_plan(cfg: TrainConfig, placed: PlacedEmbeddings | None, train_source) -> PlacementPlan:
+    """The rows Slipstream tracks: the placement plan's hot rows; for placements without a plan
+    (`device`, `host`), the rows a profile ranks first within `--hot-budget` (the same plan
+    FAE would make, written to the run directory and reused on resume)."""
+    if placed is None:
+        raise ConfigError(
+            "--slipstream: needs the trainer to build the embeddings (no model given)"
+        )
+    if placed.plan is not None:
+        return placed.plan
+    coll = placed.collection
+    opt = SparseOptimizer(cfg.optimizer, cfg.learning_rate)
+    try:
+        return obtain_plan(cfg, coll.tables, opt, train_source)
+    except (PlacementError, ProfileError) as e:
+        raise ConfigError(str(e)) from None
+
+
 def hotline_plan(
     cfg: TrainConfig, tables: list[TableSpec], opt: SparseOptimizer, train_source
 ) -> PlacementPlan | None:

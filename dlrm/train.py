@@ -148,6 +148,24 @@ def build_parser() -> argparse.ArgumentParser:
         help_="hotline: learn row popularity over the first N mini-batches instead of a profile",
     )
 
+    # Slipstream (docs/slipstream.md)
+    flag("--slipstream", "skip the work of embedding rows that stopped changing (default off)")
+    opt(
+        "--slipstream-mode",
+        help_="slipstream: drop (default: leave out all-stale inputs) or freeze",
+    )
+    opt("--slipstream-interval", int, help_="slipstream: steps between snapshots (default 50)")
+    opt("--slipstream-metric", help_="slipstream: relative (default) or absolute L2 drift")
+    opt("--slipstream-threshold", float, help_="slipstream: drift below which a row is stale")
+    opt(
+        "--slipstream-target-skip",
+        float,
+        help_="slipstream: without a threshold, the share of recent inputs to make skippable (0.2)",
+    )
+    opt("--slipstream-warmup", int, help_="slipstream: steps before anything is skipped (100)")
+    opt("--slipstream-control", help_="slipstream: staleness (default) or random (the control)")
+    flag("--slipstream-normalize", "slipstream: scale each feature's pooled embedding to unit norm")
+
     opt("--print-freq", int)
     opt("--test-freq", int, help_="steps between evaluations (0: at the end of each epoch)")
     opt("--mlperf-auc-threshold", float, help_="stop once the test AUC reaches this")

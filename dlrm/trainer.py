@@ -174,6 +174,8 @@ class Trainer:
             )
         self.dense_optimizer = make_dense_optimizer(cfg, self.model.dense_parameters())
         self.pipeline = self._make_pipeline(step_hook)
+        if cfg.slipstream:
+            self.pipeline = self._slipstream(self.pipeline)
         self.write_checkpoints = checkpoints
         self.state = TrainState()
         self.timer = _Timer()
@@ -218,6 +220,24 @@ class Trainer:
                 make_plan=lambda coll: learned_plan(cfg, coll),
             )
         return PlainTrainPipeline(*args)
+
+    def _slipstream(self, inner: TrainPipeline) -> TrainPipeline:
+        """`--slipstream`: the placement's pipeline wrapped in Slipstream's."""
+        from dlrm.embedding_setup import tracked_plan
+        from dlrm.slipstream_pipeline import SlipstreamSettings, SlipstreamTrainPipeline
+        from embeddings.staleness import StalenessTracker
+
+        cfg = self.cfg
+        plan = tracked_plan(cfg, self.placement, self.data.train)
+        tracker = StalenessTracker(plan, cfg.slipstream_metric, cfg.slipstream_threshold,
+                                   cfg.slipstream_target_skip)  # fmt: skip
+        settings = SlipstreamSettings(
+            cfg.slipstream_mode, cfg.slipstream_interval, cfg.slipstream_metric,
+            cfg.slipstream_threshold, cfg.slipstream_target_skip, cfg.slipstream_warmup,
+            cfg.slipstream_control, cfg.slipstream_normalize, cfg.seed, cfg.learning_rate,
+        )  # fmt: skip
+        return SlipstreamTrainPipeline(inner, self.model, tracker, settings, cfg.mini_batch_size,
+                                       self.steps_per_epoch(), self.device)  # fmt: skip
 
     # --- run directory ------------------------------------------------------------------------
 
@@ -301,12 +321,14 @@ class Trainer:
             if batches is None:
                 batches = self.data.train.batches(st.epoch, start=st.batch_in_epoch)
             self._set_learning_rate()
-            self._record(self._step(batches))
-            bar.update(1)
-            if cfg.print_freq and st.step % cfg.print_freq == 0:
-                clock = self._lap(clock)
-                self._log_train(bar)
-            epoch_done = st.batch_in_epoch >= per_epoch
+            out = self._step(batches)
+            if out is not None:
+                self._record(out)
+                bar.update(1)
+                if cfg.print_freq and st.step % cfg.print_freq == 0:
+                    clock = self._lap(clock)
+                    self._log_train(bar)
+            epoch_done = out is None or st.batch_in_epoch >= per_epoch
             if epoch_done:
                 st.epoch, st.batch_in_epoch, batches = st.epoch + 1, 0, None
             if epoch_done or (cfg.test_freq and st.step % cfg.test_freq == 0):
@@ -323,8 +345,12 @@ class Trainer:
         return self._write_summary()
 
     def _step(self, batches):
+        """The pipeline's step; None when it found nothing left to train in this epoch (a
+        pipeline that skips inputs, Slipstream's, can end an epoch early)."""
         try:
             return self.pipeline.progress(batches)
+        except StopIteration:
+            return None
         except NonFiniteLoss as e:
             st = self.state
             raise TrainingDiverged(
@@ -339,7 +365,7 @@ class Trainer:
         if out.kind:  # e.g. FAE's hot and cold steps, timed apart
             self.timer.add(f"{out.kind}_s", out.compute_s)
         st.step += 1
-        st.batch_in_epoch += 1
+        st.batch_in_epoch += out.source_batches
         st.samples += out.samples
         st.loss_sum += out.loss.item()
         st.loss_count += 1
@@ -354,7 +380,8 @@ class Trainer:
         mean_loss = st.loss_sum / max(st.loss_count, 1)
         rate = st.samples / st.train_time_s if st.train_time_s > 0 else 0.0
         self._event("train", loss=mean_loss, lr=self._lr, samples=st.samples, samples_per_s=rate,
-                    **logged_counters(self.model.embeddings, self.timer.totals))  # fmt: skip
+                    **logged_counters(self.model.embeddings, self.timer.totals),
+                    **self.pipeline.counters())  # fmt: skip
         bar.set_postfix(loss=f"{mean_loss:.4f}")
         log.info("step %d: loss %.5f, %.0f samples/s", st.step, mean_loss, rate)
         st.loss_sum, st.loss_count = 0.0, 0
@@ -363,7 +390,8 @@ class Trainer:
         """Evaluate, checkpoint, and say whether the AUC threshold was reached."""
         metrics = self.evaluate()
         self.state.last_eval = metrics
-        self._event("eval", **{f"test_{k}": v for k, v in metrics.items()})
+        self._event("eval", train_time_s=self.state.train_time_s,
+                    **{f"test_{k}": v for k, v in metrics.items()})  # fmt: skip
         reached = (
             bool(self.cfg.mlperf_auc_threshold) and metrics["auc"] >= self.cfg.mlperf_auc_threshold
         )
@@ -407,6 +435,8 @@ class Trainer:
             "precision": self.cfg.precision,
             "placement": placement_summary(self.model.embeddings, self.device),
         }
+        if self.pipeline.counters():
+            summary["slipstream"] = self.pipeline.counters()
         if self.rank == 0:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -431,6 +461,7 @@ class Trainer:
             "sparse_optimizer": emb.sparse_state_dict(),
             "embedding_extra": emb.extra_state(),
             "dense_optimizer": self.dense_optimizer.state_dict(),
+            "pipeline": self.pipeline.state_dict(),
             "train_state": self.state.to_checkpoint(),
             "rng": ckpt.rng_state(),
         }
@@ -475,6 +506,7 @@ class Trainer:
             emb.load_sparse_state_dict(data["sparse_optimizer"])
             emb.load_extra_state(extra)
             self.dense_optimizer.load_state_dict(data["dense_optimizer"])
+            self.pipeline.load_state_dict(data.get("pipeline", {}))
         except (KeyError, ValueError) as e:
             raise CheckpointError(f"{path}: optimizer state does not fit ({e})") from None
         try:

@@ -76,6 +76,29 @@ class EmbeddingCollection(nn.Module, ABC):
         """Per table the fused optimizer's state ([rows, dim] for Adagrad, [rows] for row-wise
         Adagrad), None for SGD; current, views where the storage allows."""
 
+    def rows_of(
+        self, tables: torch.Tensor, rows: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The current weights [n, dim] and optimizer state ([n, dim], [n] or None) of rows
+        (`tables[i]`, `rows[i]`), on the CPU: a few rows without exporting whole tables (what
+        Slipstream snapshots). Every table must have the same width."""
+        from embeddings.tiers import flat_rows, table_row_base  # tiers builds on collections
+
+        if len(set(self.dims)) != 1:
+            raise ValueError("rows_of: every table must have the same width")
+        tables, rows = torch.as_tensor(tables).long(), torch.as_tensor(rows).long()
+        out = []
+        for views in (self.table_weights(), self.optimizer_states()):
+            if views[0] is None:
+                out.append(None)
+                continue
+            flat = flat_rows(views)
+            if flat is None:  # tables in separate buffers: joined first (a copy)
+                flat = torch.cat([v.detach() for v in views])
+            base = table_row_base([v.shape[0] for v in views])
+            out.append(flat[(rows + base[tables]).to(flat.device)].detach().cpu())
+        return out[0], out[1]
+
     def after_tables_written(self) -> None:
         """Called after `table_weights()` / `optimizer_states()` were written into, so copies
         of those rows elsewhere (another tier) are refreshed. `load_state_dict` and

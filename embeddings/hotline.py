@@ -517,6 +517,28 @@ class HotlineEmbeddingBagCollection(EmbeddingCollection):
             self._export["state"] = out
         return out
 
+    @torch.no_grad()
+    def rows_of(
+        self, tables: torch.Tensor, rows: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Hot rows from the device tier, the others from the host (not the whole tables)."""
+        self.sync()
+        gids = torch.as_tensor(rows).long() + self.row_base[torch.as_tensor(tables).long()]
+        slots = self.remap[gids].long()
+        hot = slots >= 0
+        flat = (self.table_start[torch.as_tensor(tables).long()[hot]] + slots[hot]).to(self.device)
+        weights = torch.empty(gids.numel(), self.dim)
+        state = None if self._s is None else torch.empty((gids.numel(), *self._s.shape[1:]))
+        weights[hot] = self._w[flat].cpu()
+        if state is not None:
+            state[hot] = self._s[flat].cpu()
+        if not bool(hot.all()):
+            w, s = self.host.read_rows(gids[~hot])
+            weights[~hot] = w
+            if state is not None:
+                state[~hot] = s
+        return weights, state
+
     def after_tables_written(self) -> None:
         for name, full in list(self._export.items()):
             self._write_back_export(name, full)
