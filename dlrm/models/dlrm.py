@@ -138,7 +138,8 @@ class _DotInteractionFn(torch.autograd.Function):
         t_t = t.transpose(1, 2).contiguous()
         z = torch.bmm(t_t.transpose(1, 2), t_t).flatten(1)
         ctx.save_for_backward(t, grad_map, diagonal)
-        return torch.cat([dense, z.index_select(1, pairs)], dim=1)
+        # gather, not index_select: index_select along dim 1 is 2-3x slower on CPU (bf16: 2.8x)
+        return torch.cat([dense, torch.gather(z, 1, pairs.expand(batch, -1))], dim=1)
 
     @staticmethod
     def backward(ctx, grad_out):  # type: ignore[override]
@@ -149,7 +150,7 @@ class _DotInteractionFn(torch.autograd.Function):
         extended = torch.cat(
             [grad_z.new_zeros(batch, 1), grad_z, 2 * grad_z.index_select(1, diagonal)], dim=1
         )
-        g = extended.index_select(1, grad_map).view(batch, n, n)
+        g = torch.gather(extended, 1, grad_map.expand(batch, -1)).view(batch, n, n)
         grad_t = torch.bmm(g, t).flatten(1)
         return grad_out[:, :dim] + grad_t[:, :dim], grad_t[:, dim:], None, None, None
 
@@ -200,7 +201,9 @@ class DLRM(nn.Module):
         return [*self.bottom_mlp.parameters(), *self.top_mlp.parameters()]
 
     def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor) -> torch.Tensor:
-        x = self.bottom_mlp(dense)
-        pooled = self.embeddings(sparse).values()
-        z = self.interaction(x, pooled)
+        return self.dense_forward(dense, self.embeddings(sparse).values())
+
+    def dense_forward(self, dense: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
+        """Everything after the embedding lookup: what `--compile` compiles (dlrm/compile.py)."""
+        z = self.interaction(self.bottom_mlp(dense), pooled)
         return self.top_mlp(z).squeeze(1)
