@@ -56,8 +56,13 @@ class CompiledDenseForward:
             return self.eager(dense, pooled)
 
 
-def compile_dense_part(model: torch.nn.Module) -> CompiledDenseForward:
-    """From now on `model.dense_forward` (and so `model.forward`) runs compiled."""
+def compile_dense_part(model: torch.nn.Module) -> CompiledDenseForward | None:
+    """From now on `model.dense_forward` (and so `model.forward`) runs compiled. A model without
+    a `dense_forward` (one a library user brought) runs eager, after one log line."""
+    if not callable(getattr(model, "dense_forward", None)):
+        log.warning("--compile: %s has no dense_forward(dense, pooled) to compile; it runs eager",
+                    type(model).__name__)  # fmt: skip
+        return None
     compiled = CompiledDenseForward(model)
     model.dense_forward = compiled
     return compiled

@@ -125,3 +125,33 @@ def test_perf_log_keeps_the_step_eager(tmp_path, caplog):
         trainer = Trainer(cfg, step_hook=StepRecorder(cfg.perf_log))
     assert trainer.compiled is None
     assert any("--perf-log" in r.getMessage() for r in caplog.records)
+
+
+class _OwnModel(torch.nn.Module):
+    """A library user's model: the trainer's interface, but no dense_forward to compile."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    @property
+    def embeddings(self):
+        return self.inner.embeddings
+
+    def dense_parameters(self):
+        return self.inner.dense_parameters()
+
+    def forward(self, dense, sparse):
+        return self.inner(dense, sparse)
+
+
+def test_a_model_without_dense_forward_trains_eager(tmp_path, caplog):
+    donor = Trainer(tiny(tmp_path / "donor"), checkpoints=False)
+    with caplog.at_level(logging.WARNING, logger="dlrm.compile"):
+        trainer = Trainer(tiny(tmp_path / "own", compile=True, num_batches=3),
+                          data=donor.data, model=_OwnModel(donor.model))  # fmt: skip
+    assert trainer.compiled is None
+    assert [r.getMessage() for r in caplog.records if r.name == "dlrm.compile"] == [
+        "--compile: _OwnModel has no dense_forward(dense, pooled) to compile; it runs eager"
+    ]
+    assert trainer.fit()["steps"] == 3
