@@ -155,3 +155,15 @@ def test_a_model_without_dense_forward_trains_eager(tmp_path, caplog):
         "--compile: _OwnModel has no dense_forward(dense, pooled) to compile; it runs eager"
     ]
     assert trainer.fit()["steps"] == 3
+
+
+@pytest.mark.gpu
+def test_compiled_bf16_on_cuda_tracks_eager(tmp_path):
+    """On CUDA Inductor emits Triton kernels: same check as on CPU (one graph per mode)."""
+    torch._dynamo.reset()
+    counters.clear()
+    kw = dict(device="cuda", precision="bf16", num_batches=6, embedding_backend="torch")
+    compiled, _ = _fit(tmp_path / "compiled", compile=True, **kw)
+    assert compiled["compiled"] and counters["stats"]["unique_graphs"] == 2
+    eager, _ = _fit(tmp_path / "eager", compile=False, **kw)
+    assert compiled["test_auc"] == pytest.approx(eager["test_auc"], abs=2e-3)
