@@ -33,8 +33,17 @@ def _bad_lines(text: str | None) -> dict[str, int]:
     return out
 
 
+class _Parser(argparse.ArgumentParser):
+    """A flag mistake is one line (as in dlrm.train), not the usage block; the subcommands'
+    parsers are of this class too."""
+
+    def error(self, message: str) -> None:
+        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        sys.exit(2)
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m data_pipeline", description=__doc__.split("\n")[0])
+    p = _Parser(prog="python -m data_pipeline", description=__doc__.split("\n")[0])
     p.add_argument("-v", "--verbose", action="store_true", help="log every step")
     sub = p.add_subparsers(dest="command", required=True)
 

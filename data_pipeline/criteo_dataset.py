@@ -31,8 +31,8 @@ from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from .dataset_meta import column_path, load_meta, marker_path, read_json
-from .errors import DataError
-from .npy_stream import check_file
+from .errors import DataError, numpy_failure
+from .npy_stream import check_file, first_id_outside
 from .permutation import FeistelPermutation, derive_key
 
 RANDOMIZE = ("none", "day", "total")
@@ -74,7 +74,7 @@ class CriteoDataset:
                 try:
                     arr = np.load(path, mmap_mode="r", allow_pickle=False)
                 except (OSError, ValueError) as e:
-                    raise DataError(f"{path}: cannot be read ({e})") from None
+                    raise DataError(f"{path}: cannot be read ({numpy_failure(e)})") from None
                 if arr.shape[0] != info["rows"]:
                     raise DataError(f"{path}: {arr.shape[0]} rows, meta.json says {info['rows']}")
                 arrays.append(arr)
@@ -95,18 +95,14 @@ class CriteoDataset:
                     f"{self.directory}: {problem}: it changed after preprocessing; "
                     "delete the directory and preprocess again"
                 )
-        sizes = np.asarray(self.table_sizes)
-        step = max(1, (1 << 24) // max(1, sparse.shape[1] * sparse.itemsize))  # 16 MiB of rows
-        for start in range(0, sparse.shape[0], step):
-            chunk = np.asarray(sparse[start : start + step])
-            bad = (chunk < 0) | (chunk >= sizes)
-            if bad.any():
-                row, col = (int(x[0]) for x in np.nonzero(bad))
-                raise DataError(
-                    f"{column_path(self.directory, part, 'sparse')}: row {start + row}: id "
-                    f"{int(chunk[row, col])} of {self.feature_names[col]} is outside its table "
-                    f"({sizes[col]} rows)"
-                )
+        bad = first_id_outside(sparse, self.table_sizes)
+        if bad is not None:
+            row, col = bad
+            raise DataError(
+                f"{column_path(self.directory, part, 'sparse')}: row {row}: id "
+                f"{int(sparse[row, col])} of {self.feature_names[col]} is outside its table "
+                f"({self.table_sizes[col]} rows)"
+            )
 
 
 class CriteoBatchSource:

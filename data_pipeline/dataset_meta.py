@@ -50,12 +50,20 @@ def write_json(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
-def read_json(path: Path) -> Any:
+def read_json(path: Path) -> dict:
+    """A JSON object this package wrote; anything else (damaged, cut short, binary, a list) is
+    one DataError naming the file."""
     try:
-        with open(path) as f:
-            return json.load(f)
+        obj = json.loads(Path(path).read_bytes())
     except json.JSONDecodeError as e:
         raise DataError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+    except UnicodeDecodeError:
+        raise DataError(f"{path}: not valid JSON (not UTF-8 text)") from None
+    except OSError as e:
+        raise DataError(f"{path}: cannot be read ({e.strerror or e})") from None
+    if not isinstance(obj, dict):
+        raise DataError(f"{path}: damaged (a JSON {type(obj).__name__}, expected an object)")
+    return obj
 
 
 def part_problem(out: Path, part: str, fingerprint: dict, full: bool) -> str | None:

@@ -10,11 +10,11 @@ the file without trusting its size alone.
 from __future__ import annotations
 
 import os
-import zlib
 from pathlib import Path
 
 import numpy as np
 
+from .checksum import crc32
 from .errors import write_error
 
 HEADER_BYTES = 128  # numpy's own headers for our shapes are this size too (64-byte aligned)
@@ -57,7 +57,7 @@ class NpyWriter:
             self._file.write(data)
         except OSError as e:
             raise write_error(e, self.path, "preprocessed rows") from None
-        self.crc = zlib.crc32(data, self.crc)
+        self.crc = crc32(data, self.crc)
         self.rows += len(rows)
 
     def finish(self) -> dict:
@@ -103,14 +103,36 @@ def read_header(path: str | Path) -> tuple[tuple[int, ...], np.dtype, int]:
 
 
 def data_crc32(path: str | Path, chunk_bytes: int = 1 << 24) -> int:
-    """CRC-32 of the data bytes of an .npy file (what NpyWriter recorded)."""
+    """CRC-32 of the data bytes of an .npy file (what NpyWriter recorded), read through a memory
+    map: 0.06 s per GB from the page cache against 0.21 through read() copies (docs/data.md)."""
     _, _, offset = read_header(path)
+    if os.path.getsize(path) <= offset:
+        return 0
+    data = np.memmap(path, dtype=np.uint8, mode="r", offset=offset)
     crc = 0
-    with open(path, "rb") as f:
-        f.seek(offset)
-        while chunk := f.read(chunk_bytes):
-            crc = zlib.crc32(chunk, crc)
+    for start in range(0, len(data), chunk_bytes):
+        crc = crc32(data[start : start + chunk_bytes], crc)
     return crc
+
+
+def first_id_outside(
+    ids: np.ndarray, limits: np.ndarray | int, chunk_bytes: int = 1 << 24
+) -> tuple[int, int] | None:
+    """(row, column) of the first id below 0 or at or above its table's size (`limits`: one per
+    column, or one for all), or None. Seen as unsigned, a negative id is a huge one, so one max
+    per chunk checks both bounds: 6 GB/s against 1.5 for comparing each bound (docs/data.md)."""
+    if ids.size == 0:
+        return None
+    ids = ids.reshape(len(ids), -1)
+    limits = np.asarray(limits, dtype=np.uint64)
+    unsigned = np.dtype(f"u{ids.dtype.itemsize}")
+    step = max(1, chunk_bytes // max(1, ids.shape[1] * ids.itemsize))
+    for start in range(0, len(ids), step):
+        chunk = np.asarray(ids[start : start + step])
+        if (chunk.view(unsigned).max(axis=0, initial=0) >= limits).any():
+            rows, cols = np.nonzero((chunk < 0) | (chunk >= limits.astype(np.int64)))
+            return start + int(rows[0]), int(cols[0])
+    return None
 
 
 def check_file(path: str | Path, record: dict, full: bool) -> str | None:

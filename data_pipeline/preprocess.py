@@ -20,7 +20,6 @@ import platform
 import shutil
 import sys
 import time
-import zlib
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -39,13 +38,16 @@ from .criteo_format import (
     NUM_SPARSE,
     SPARSE_NAMES,
 )
-from .errors import DataError
+from .errors import DataError, unwritable_dir
 from .npy_stream import NpyWriter
 from .preprocess_worker import TaskResult, TaskSpec, forget_vocabularies, sub_sample_key
 from .raw_files import (
     RawPart,
+    comparable_identity,
+    identity_checks,
     kaggle_files,
     kaggle_parts,
+    raw_identity,
     split_halves,
     terabyte_files,
     terabyte_parts,
@@ -131,35 +133,19 @@ def raw_parts(dataset: str, files: list[Path | None]) -> list[RawPart]:
     return terabyte_parts(files)
 
 
-_EDGE = 1 << 20  # bytes at each end of a raw file whose CRC-32 ties a result to its content
-
-
 def _raw_identity(files: list[Path | None]) -> dict[str, dict]:
-    """What a result is tied to: each file's name, size, and the CRC-32 of its first and last
-    MiB (moving the files is fine; a file replaced by other content of the same size is not).
-    Reading every byte again would cost a pass over up to a terabyte at every reuse."""
-    out = {}
-    for f in files:
-        if f is None:
-            continue
-        size = f.stat().st_size
-        with open(f, "rb") as fh:
-            crc = zlib.crc32(fh.read(_EDGE))
-            if size > _EDGE:
-                fh.seek(max(_EDGE, size - _EDGE))
-                crc = zlib.crc32(fh.read(_EDGE), crc)
-        out[f.name] = {"bytes": size, "edges_crc32": crc}
-    return out
+    """Per raw file (by name), what the result is tied to (`raw_identity`)."""
+    return {f.name: raw_identity(f) for f in files if f is not None}
 
 
 def _comparable(recorded: dict, now: dict) -> dict:
-    """`now` in the form `recorded` has: directories made before content checksums recorded
-    sizes only, and only sizes can be compared with them. Logs which check is made."""
-    if all(isinstance(v, int) for v in recorded.values()):
-        logger.info("raw files checked by size only (preprocessed before content checksums)")
-        return {k: v["bytes"] for k, v in now.items()}
-    logger.info("raw files checked by size and the CRC-32 of their first and last MiB")
-    return now
+    """`now` in the form `recorded` has (`comparable_identity`). Logs which check is made."""
+    if not isinstance(recorded, dict):  # damaged: nothing compares equal to it
+        return now
+    cut = {k: comparable_identity(recorded[k], v) if k in recorded else v for k, v in now.items()}
+    checks = sorted({identity_checks(v) for v in recorded.values()})
+    logger.info("raw files checked by %s", "; ".join(checks))
+    return cut
 
 
 def preprocess(
@@ -175,6 +161,9 @@ def preprocess(
     if (out / "meta.json").is_file():
         return _reuse(out, raw, dataset, settings, options)
     files = raw_files(dataset, raw, options)
+    problem = unwritable_dir(out)
+    if problem:
+        raise DataError(f"{problem} (where the preprocessed data set goes)")
     out.mkdir(parents=True, exist_ok=True)
     with _locked(out):
         if (out / "meta.json").is_file():  # made by another process while we waited
@@ -184,7 +173,7 @@ def preprocess(
         plan_path = out / "options.json"
         if plan_path.is_file():
             old = dm.read_json(plan_path)
-            if old != plan:
+            if old != {"settings": settings, "raw": _comparable(old.get("raw", {}), identity)}:
                 raise DataError(
                     f"{out}: holds an unfinished preprocessing with different options or raw "
                     f"files ({dm.describe_difference(old, plan)}); delete it or choose another "

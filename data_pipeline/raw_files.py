@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .checksum import crc32
 from .errors import DataError
 
 KAGGLE_DAYS = 7
@@ -295,3 +296,53 @@ def kaggle_parts(train: Path, test: Path | None) -> list[RawPart]:
 def terabyte_parts(files: list[Path]) -> list[RawPart]:
     last = len(files) - 1
     return [RawPart(f"day_{d}", p, train=d < last) for d, p in enumerate(files)]
+
+
+# --- what a preprocessed result is tied to ----------------------------------------------------
+
+_EDGE = 1 << 20  # bytes at each end of a raw file whose CRC-32 ties a result to its content
+WHOLE_FILE_BYTES = 64 << 20  # files up to this size are checksummed whole (< 0.1 s from disk)
+_CHECKS = {"bytes": "size", "edges_crc32": "CRC-32 of the first and last MiB",
+           "crc32": "CRC-32 of the whole file"}  # fmt: skip
+
+
+def raw_identity(path: Path) -> dict:
+    """What a result made from `path` is tied to: its size, the CRC-32 of its first and last MiB,
+    and for a file up to 64 MiB the CRC-32 of all of it (moving the file is fine; other content
+    of the same size is not). Reading every byte of a large file again would cost a pass over up
+    to a terabyte at every reuse."""
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        head = fh.read(_EDGE)
+        edges = crc32(head)
+        if size > _EDGE:
+            fh.seek(max(_EDGE, size - _EDGE))
+            edges = crc32(fh.read(_EDGE), edges)
+        entry = {"bytes": size, "edges_crc32": edges}
+        if size <= WHOLE_FILE_BYTES:
+            fh.seek(0)
+            whole = 0
+            while chunk := fh.read(1 << 24):
+                whole = crc32(chunk, whole)
+            entry["crc32"] = whole
+    return entry
+
+
+def comparable_identity(recorded: dict | int, now: dict) -> dict | int:
+    """`now` cut to what `recorded` holds: results made by earlier versions recorded less (a bare
+    size, or no whole-file CRC-32), and only that can be compared with them."""
+    if isinstance(recorded, int):
+        return now["bytes"]
+    if not isinstance(recorded, dict):
+        return now
+    return {k: now[k] for k in recorded if k in now}
+
+
+def identity_checks(recorded: dict | int) -> str:
+    """Which checks comparing with `recorded` makes, in words (logged at every reuse)."""
+    if isinstance(recorded, int):
+        return "size only (made before content checksums)"
+    names = [
+        text for key, text in _CHECKS.items() if isinstance(recorded, dict) and key in recorded
+    ]
+    return ", ".join(names) or "nothing"

@@ -59,10 +59,10 @@ from tqdm import tqdm
 
 from . import dataset_meta as dm
 from .categorical import FrequencyCounter, build_vocabulary
-from .errors import DataError
+from .errors import DataError, unwritable_dir
 from .npy_stream import NpyWriter
 from .permutation import derive_key
-from .raw_files import RawPart, iter_blocks
+from .raw_files import RawPart, comparable_identity, identity_checks, iter_blocks, raw_identity
 from .taobao_format import BAD_REASONS, BEHAVIORS, parse_block
 
 log = logging.getLogger(__name__)
@@ -160,19 +160,29 @@ def preprocess_taobao(
     raw, out = Path(raw), Path(out)
     if not raw.is_file():
         raise DataError(f"{raw}: no such file (expected the raw UserBehavior.csv)")
-    identity = {"name": raw.name, "bytes": raw.stat().st_size}
+    identity = {"name": raw.name, **raw_identity(raw)}
     meta_path = out / "meta.json"
     if meta_path.is_file():
         meta = load_taobao_meta(out)
-        wanted = {"settings": options.settings(), "raw": identity}
-        found = {"settings": meta.get("settings"), "raw": meta.get("raw")}
+        recorded = meta.get("raw")
+        wanted = {"settings": options.settings(), "raw": comparable_identity(recorded, identity)}
+        found = {"settings": meta.get("settings"), "raw": recorded}
+        log.info("raw file checked by %s", identity_checks(recorded))
         if found != wanted:
+            what = (
+                "with other settings"
+                if found["settings"] != wanted["settings"]
+                else ("from another raw file")
+            )
             raise DataError(
-                f"{out}: made with other settings ({dm.describe_difference(found, wanted)}); "
-                f"delete it or choose another directory"
+                f"{out}: made {what} ({dm.describe_difference(found, wanted)}); "
+                "delete it or choose another directory"
             )
         log.info("reusing %s", out)
         return out
+    problem = unwritable_dir(out)
+    if problem:
+        raise DataError(f"{problem} (where the preprocessed data set goes)")
     return _Preprocess(raw, out, options, identity).run()
 
 

@@ -27,8 +27,8 @@ import torch
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from .errors import DataError
-from .npy_stream import check_file
+from .errors import DataError, numpy_failure
+from .npy_stream import check_file, first_id_outside
 from .permutation import FeistelPermutation, derive_key
 from .taobao import COLUMNS, SPLITS, load_taobao_meta
 
@@ -57,7 +57,7 @@ class TaobaoDataset:
                 try:
                     arr = np.load(path, mmap_mode="r", allow_pickle=False)
                 except (OSError, ValueError) as e:
-                    raise DataError(f"{path}: cannot be read ({e})") from None
+                    raise DataError(f"{path}: cannot be read ({numpy_failure(e)})") from None
                 if arr.shape[0] != rows:
                     raise DataError(f"{path}: {arr.shape[0]} rows, meta.json says {rows}")
                 cols[c] = arr
@@ -82,12 +82,10 @@ class TaobaoDataset:
                 )
         for column, table in (("users", "user"), ("items", "item"), ("categories", "category")):
             size = self.table_sizes[self.feature_names.index(table)]
-            ids = cols[column]
-            bad = np.flatnonzero(((ids < 0) | (ids >= size)).reshape(len(ids), -1).any(1))
-            if bad.size:
-                row = int(bad[0])
-                row_ids = np.asarray(ids[row]).reshape(-1)
-                value = int(row_ids[(row_ids < 0) | (row_ids >= size)][0])
+            bad = first_id_outside(cols[column], size)
+            if bad is not None:
+                row, step = bad
+                value = int(cols[column].reshape(len(cols[column]), -1)[row, step])
                 raise DataError(
                     f"{self.directory}/{split}.{column}.npy: row {row}: id {value} of {table} is "
                     f"outside its table ({size} rows)"

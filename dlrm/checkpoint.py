@@ -12,15 +12,10 @@ every tensor's dtype and shape). torch's zip reader checks none of the CRCs its 
 without the manifest a flipped bit or a zeroed page loads as a silently different model. `load`
 checks the manifest before returning anything, and names the tensor that does not match.
 
-CRC-32 rather than SHA-256: the threat is damage (disks, copies, half-written files), not forgery
-(a forger can write any file; what protects from code in it is `weights_only`). CRC-32 catches
-every burst of damage up to 32 bits long and lets other damage through with odds of 2^-32 per
-16 MiB chunk, which is why zip files guard their records with it. It hashes ~2.2 GB/s a core against SHA-256's ~1.4 (SHA instructions
-included), and the chunks spread over threads (zlib releases the GIL): on a Kaggle-sized
-checkpoint (2.2 GB) verification took 0.5 s on 2 cores against SHA-256's 1.5 s on one
-(scripts/bench_checkpoint.py; up to 8 threads are used). The trainer reads and verifies the
-checkpoint while it builds the data and the model: on 2 cores a verified `--resume` of that run
-took 5.6 s, against 8.2 s for the same resume read after the model was built.
+The checksum is CRC-32 (data_pipeline/checksum.py says why, and why ISA-L computes it): 30 GB/s
+a core here, so verifying a Kaggle-sized checkpoint (2.2 GB) takes about 0.1 s against torch.load's
+1 s. The trainer reads and verifies the checkpoint while it builds the data and the model, so even
+that is hidden behind table initialisation (docs/training.md: what it adds to `--resume`).
 """
 
 from __future__ import annotations
@@ -33,7 +28,6 @@ import re
 import shutil
 import warnings
 import zipfile
-import zlib
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -42,6 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from data_pipeline.checksum import crc32
 from data_pipeline.errors import mount_point
 from dlrm.errors import CheckpointError
 
@@ -68,7 +63,7 @@ def _tensor_bytes(t: torch.Tensor) -> np.ndarray:
 
 
 def _crc(data) -> str:
-    return f"{zlib.crc32(data):08x}"
+    return f"{crc32(data):08x}"
 
 
 def _tensor_checksums(tensors: dict[str, torch.Tensor]) -> dict[str, str]:
@@ -223,9 +218,10 @@ def _read_error(e: Exception) -> str:
     """Why torch could not read a file, in whole sentences, without its advice to load with
     `weights_only=False` (that would run any code the file holds) or to allowlist classes."""
     text = _one_line(str(e))
-    unpickler = "WeightsUnpickler error:" in text
-    if unpickler:  # torch's advice comes first, the reason after this marker
-        text = text.split("WeightsUnpickler error:", 1)[1].split("Check the documentation")[0]
+    unpickler = "WeightsUnpickler error:" in text or text.startswith("Weights only load failed")
+    if "WeightsUnpickler error:" in text:  # torch's advice comes first, the reason after this
+        text = text.split("WeightsUnpickler error:", 1)[1]
+    text = text.removeprefix("Weights only load failed.").split("Check the documentation")[0]
     sentences = [
         s.strip()
         for s in re.split(r"(?<=\.) ", text)
@@ -253,7 +249,8 @@ def load(path: Path) -> dict:
             warnings.simplefilter("ignore")
             data = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises many types for truncated/corrupt/unsafe files
-        raise CheckpointError(f"{path}: not a readable checkpoint ({_read_error(e)})") from None
+        reason = _zip_damage(path) or _read_error(e)
+        raise CheckpointError(f"{path}: not a readable checkpoint ({reason})") from None
     verified = isinstance(data, dict) and CHECKSUMS in data
     if verified:
         _verify(data, path)  # first: a damaged byte anywhere is named as such
@@ -269,18 +266,34 @@ def load(path: Path) -> dict:
     return data
 
 
+def _zip_damage(path: Path) -> str | None:
+    """What is wrong with the file as the zip archive torch writes, in words torch's own errors
+    lack ("[Errno 22] Invalid argument" for a file cut short), or None."""
+    size = path.stat().st_size
+    if size == 0:
+        return "empty: 0 bytes"
+    try:
+        z = zipfile.ZipFile(path)
+    except zipfile.BadZipFile:
+        return f"cut short, or not a checkpoint: no zip directory at its end ({size} bytes)"
+    except Exception as e:  # a damaged directory fails in many ways (names that do not decode)
+        return f"its zip directory is damaged ({type(e).__name__})"
+    with z:
+        try:
+            bad = z.testzip()
+        except Exception as e:
+            return f"damaged: {_one_line(str(e)) or type(e).__name__}"
+    return f"record {bad!r} does not match its CRC-32" if bad else None
+
+
 def _check_unverified(path: Path) -> None:
     """Files written before checksums (version 1) are still loaded, with one warning: refusing
     them would strand every run and model trained before, with no way to convert them but
     loading them. They are not taken on trust: torch's zip writer stored a CRC-32 of every record
     (which its reader never checks), so damage inside a record is still caught here."""
-    try:
-        with zipfile.ZipFile(path) as z:
-            bad = z.testzip()
-    except (zipfile.BadZipFile, OSError, EOFError) as e:
-        raise CheckpointError(f"{path}: corrupt: {_one_line(str(e))}") from None
-    if bad:
-        raise CheckpointError(f"{path}: corrupt: record {bad} does not match its CRC-32")
+    problem = _zip_damage(path)
+    if problem:
+        raise CheckpointError(f"{path}: corrupt: {problem}")
     log.warning(
         "%s: written before checkpoints carried checksums; only the zip records' CRC-32s were "
         "checked (the next checkpoint will carry checksums)",

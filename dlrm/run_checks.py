@@ -13,11 +13,12 @@ metrics.jsonl. Settings in FREE only say how the run is watched, stored or ended
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
-import os
 import shutil
 from pathlib import Path
 
+from data_pipeline.errors import unwritable_dir
 from dlrm import checkpoint as ckpt
 from dlrm.config import TrainConfig
 from dlrm.errors import ConfigError
@@ -129,23 +130,55 @@ def _nearest_existing(path: Path) -> Path:
 
 def check_writable_dir(path: Path, flag: str) -> None:
     """`path` is, or can be created as, a directory this process can write."""
-    if path.exists() and not path.is_dir():
-        raise ConfigError(f"{flag}: {path} is a file, not a directory")
-    base = _nearest_existing(path)
-    if not base.is_dir():
-        raise ConfigError(f"{flag}: {path} cannot be created: {base} is a file")
-    if not os.access(base, os.W_OK | os.X_OK):  # a read-only file system fails this too
-        raise ConfigError(f"{flag}: {path} cannot be written: {base} is not writable")
+    problem = unwritable_dir(path)
+    if problem:
+        raise ConfigError(f"{flag}: {problem}")
+
+
+def check_file_target(path: Path, flag: str) -> None:
+    """`path` names a file that can be written (or, where the flag reuses an existing file,
+    read): not a directory, in a directory this process can write."""
+    if path.is_dir():
+        raise ConfigError(f"{flag}: {path} is a directory; give the file to write")
+    if not path.exists():
+        check_writable_dir(path.absolute().parent, flag)
 
 
 def check_write_paths(cfg: TrainConfig) -> None:
-    """--out-dir and --save-model can be written."""
+    """--out-dir, --save-model, --perf-log, and --profile-file / --placement-plan (reused when
+    they exist, else written after profiling) can be written."""
     check_writable_dir(cfg.run_dir, "--out-dir")
     if cfg.save_model:
-        target = Path(cfg.save_model)
-        if target.is_dir():
-            raise ConfigError(f"--save-model: {target} is a directory; give the file to write")
-        check_writable_dir(target.absolute().parent, "--save-model")
+        check_file_target(Path(cfg.save_model), "--save-model")
+    if cfg.profile_file:
+        check_file_target(Path(cfg.profile_file), "--profile-file")
+    if cfg.placement_plan:  # written as X.npz and X.json whatever X's suffix
+        check_file_target(Path(cfg.placement_plan), "--placement-plan")
+        check_file_target(Path(cfg.placement_plan).with_suffix(".npz"), "--placement-plan")
+    if cfg.perf_log:
+        check_writable_dir(Path(cfg.perf_log), "--perf-log")
+
+
+def read_run_settings(run: Path, warn: bool = True) -> dict | None:
+    """The settings in a run directory's config.json; None when there is none, or when it is
+    damaged (then, with `warn`, one warning: the checkpoint carries its run's settings too,
+    verified by its checksums, so those are checked instead, and config.json is written again)."""
+    path = run / "config.json"
+    if not path.is_file():
+        return None
+    try:
+        settings = json.loads(path.read_bytes())
+    except (ValueError, OSError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        settings = None
+    if isinstance(settings, dict):
+        return settings
+    if warn:
+        log.warning(
+            "%s: damaged (not a JSON object of settings); the checkpoint's own settings are "
+            "checked instead, and it is written again",
+            path,
+        )
+    return None
 
 
 def check_free_space(path: Path, needed: int, what: str, flag: str = "--out-dir") -> None:

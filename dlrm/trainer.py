@@ -149,9 +149,9 @@ class Trainer:
         if cfg.resume:
             run_checks.check_resume_target(cfg)
             source = run_checks.resume_source_dir(cfg)
-            if source is not None and (source / "config.json").is_file():
+            before = run_checks.read_run_settings(source) if source is not None else None
+            if before is not None:
                 # early, before any long work; the checkpoint's own settings are checked on load
-                before = json.loads((source / "config.json").read_text())
                 self._resume_changes = run_checks.check_resume_settings(before, cfg, str(source))
         run_checks.check_run_dir_is_free(cfg)
         # The checkpoint is read and verified while the data and the model are built: reading
@@ -231,7 +231,8 @@ class Trainer:
     def _open_run_dir(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         config_path = self.run_dir / "config.json"
-        if not config_path.exists() or not self.cfg.resume or self._resume_changes:
+        kept = self.cfg.resume and run_checks.read_run_settings(self.run_dir, warn=False)
+        if not kept or self._resume_changes:
             config_path.write_text(json.dumps(self.cfg.to_json(), indent=2) + "\n")
         if self.cfg.resume and self._good_checkpoint is not None:
             dropped = self._drop_superseded_events()

@@ -31,5 +31,5 @@ def npz_failure(e: BaseException) -> str:
     file that is not an archive of plain arrays is not ours)."""
     text = str(e).strip()
     if "pickle" in text:
-        return "not an .npz archive of plain arrays"
+        return "not plain arrays: damaged, or holding Python objects, which are never loaded"
     return (text.splitlines() or [type(e).__name__])[0][:160]

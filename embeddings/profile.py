@@ -349,7 +349,7 @@ def profile_npy_files(
         try:
             a = np.load(f, mmap_mode="r", allow_pickle=False)
         except ValueError as e:
-            raise ProfileError(f"{f}: not a readable .npy file ({e})") from None
+            raise ProfileError(f"{f}: not a readable .npy file ({npz_failure(e)})") from None
         if a.ndim != 2 or a.dtype.kind not in "iu":
             raise ProfileError(
                 f"{f}: expected an integer array [rows, tables], got {a.dtype} {list(a.shape)}"
@@ -397,6 +397,18 @@ def _rate(text: str) -> float:
     return r
 
 
+def _unwritable_file(path: Path) -> str:
+    """Why `path` cannot be written as a file ("" if it can)."""
+    if path.is_dir():
+        return f"{path} is a directory; give the file to write"
+    base = path.absolute().parent
+    while not base.exists():
+        base = base.parent
+    if not base.is_dir():
+        return f"{path} cannot be created: {base} is a file"
+    return ""
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:
         sys.stderr.write(f"{self.prog}: error: {message}\n")
@@ -421,6 +433,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="write the profile here (.npz)")
     p.add_argument("--plot", help="write a PNG of the per-table access CDF here")
     args = p.parse_args(argv)
+    for flag, target in (("--out", args.out), ("--plot", args.plot)):
+        problem = target and _unwritable_file(Path(target))
+        if problem:  # before the profiling, which may take minutes
+            p.error(f"{flag}: {problem}")
     try:
         if len(args.inputs) == 1 and args.inputs[0].endswith(".npz"):
             profile = AccessProfile.load(args.inputs[0])
@@ -432,6 +448,9 @@ def main(argv: list[str] | None = None) -> int:
             profile.plot(args.plot)
     except ProfileError as e:
         sys.stderr.write(f"{p.prog}: error: {e}\n")
+        return 2
+    except OSError as e:  # writing --out or --plot (a full disk, say)
+        sys.stderr.write(f"{p.prog}: error: {e.filename}: cannot be written ({e.strerror})\n")
         return 2
     print(json.dumps(profile.summary(), indent=1))
     return 0

@@ -4,10 +4,13 @@
     python scripts/bench_checkpoint.py --resume-pairs 5 -- TRAIN_FLAGS --out-dir RUN_DIR
 
 The first times, in one process, torch.load alone (weights_only=True: what `load` did before
-checksums), the verification `load` adds, and the checksums a save computes; the minimum of the
-repeats. The second runs `python -m dlrm.train TRAIN_FLAGS --resume` end to end, alternately as it
-is and with the verification patched out (the baseline), and reports the medians of the whole
-command and of the checkpoint load inside it.
+checksums), the verification `load` adds, and the checksums a save computes, with the CRC-32 in use
+(ISA-L's) and with zlib's (the same values, what was used before); the minimum of the repeats.
+The second runs `python -m dlrm.train TRAIN_FLAGS --resume` end to end, in rounds of three
+alternated modes: as it is ("verified"), verified with zlib's CRC-32 ("verified_zlib", the cost
+before ISA-L) and with the verification patched out ("unverified", the baseline); it reports the
+medians (and min/max) of the whole command, of the checkpoint load inside it (which runs on a
+thread while the model is built) and of the CPU seconds the process used.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import os
 import subprocess
 import sys
 import time
+import zlib
 from pathlib import Path
 
 import torch
@@ -31,6 +35,9 @@ t0 = time.perf_counter()
 import dlrm.checkpoint as c
 if sys.argv[1] == "unverified":
     c._verify = lambda data, path: data.pop(c.CHECKSUMS)
+elif sys.argv[1] == "verified_zlib":
+    import zlib
+    c.crc32 = zlib.crc32
 real_load = c.load
 def timed_load(path):
     t = time.perf_counter()
@@ -40,36 +47,45 @@ def timed_load(path):
 c.load = timed_load
 from dlrm.train import main
 rc = main(sys.argv[2:] + ["--resume"])
-print(json.dumps({"rc": rc, "load_s": timed_load.s, "total_s": time.perf_counter() - t0}))
+import resource
+use = resource.getrusage(resource.RUSAGE_SELF)
+print(json.dumps({"rc": rc, "load_s": timed_load.s, "total_s": time.perf_counter() - t0,
+                  "cpu_s": use.ru_utime + use.ru_stime}))
 """
 
 
 def in_process(path: Path, repeats: int) -> dict:
-    loads, verifies, hashing = [], [], []
+    times: dict[str, list[float]] = {}
+
+    def timed(name: str, fn, *args, **kwargs):
+        t0 = time.perf_counter()
+        out = fn(*args, **kwargs)
+        times.setdefault(name, []).append(time.perf_counter() - t0)
+        return out
+
+    fast = ckpt.crc32
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        data = torch.load(path, map_location="cpu", weights_only=True)
-        loads.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        ckpt._verify(data, path)  # what `load` adds to torch.load
-        verifies.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        ckpt.checksums(data)  # what `save` adds to torch.save
-        hashing.append(time.perf_counter() - t0)
+        data = timed("torch_load_s", torch.load, path, map_location="cpu", weights_only=True)
+        for suffix, crc in (("", fast), ("_zlib", zlib.crc32)):
+            ckpt.crc32 = crc
+            timed(f"checksums_on_save{suffix}_s", ckpt.checksums, data)  # what `save` adds
+            timed(f"verify{suffix}_s", ckpt._verify, dict(data), path)  # what `load` adds
         del data
+    ckpt.crc32 = fast
     return {
         "file_bytes": path.stat().st_size,
         "threads": ckpt._THREADS,
-        "torch_load_s": min(loads),
-        "verify_s": min(verifies),
-        "checksums_on_save_s": min(hashing),
+        "crc32": f"{fast.__module__}.crc32",
+        "load_avg": os.getloadavg(),
+        **{k: round(min(v), 4) for k, v in sorted(times.items())},
     }
 
 
 def resume_pairs(pairs: int, train_flags: list[str]) -> dict:
     root = str(Path(__file__).resolve().parents[1])
     env = dict(os.environ, PYTHONPATH=root)
-    runs: dict[str, list[dict]] = {"verified": [], "unverified": []}
+    runs: dict[str, list[dict]] = {"verified": [], "verified_zlib": [], "unverified": []}
+    load_avg = [os.getloadavg()]
     for _ in range(pairs):
         for mode in runs:
             argv = [sys.executable, "-c", _RESUME, mode, *train_flags]
@@ -77,15 +93,35 @@ def resume_pairs(pairs: int, train_flags: list[str]) -> dict:
             result = json.loads(out.stdout.strip().splitlines()[-1])
             assert result["rc"] == 0, out.stderr
             runs[mode].append(result)
+        load_avg.append(os.getloadavg())
 
-    def median(mode: str, key: str) -> float:
+    def stats(mode: str, key: str) -> dict:
         values = sorted(r[key] for r in runs[mode])
-        return values[len(values) // 2]
+        return {"median": round(values[len(values) // 2], 3), "min": round(values[0], 3),
+                "max": round(values[-1], 3)}  # fmt: skip
 
-    report = {m: {k: median(m, k) for k in ("load_s", "total_s")} for m in runs}
-    added = report["verified"]["total_s"] - report["unverified"]["total_s"]
-    report["added_s"] = added
-    report["added_share"] = added / report["unverified"]["total_s"]
+    report: dict = {m: {k: stats(m, k) for k in ("load_s", "total_s", "cpu_s")} for m in runs}
+    base = report["unverified"]["total_s"]["median"]
+    for mode in ("verified", "verified_zlib"):
+        added = report[mode]["total_s"]["median"] - base
+        report[mode]["added_s"] = round(added, 3)
+        report[mode]["added_share"] = round(added / base, 4)
+        # the same within each round (the load of the machine drifts between rounds)
+        paired = sorted(
+            (r["total_s"] - u["total_s"]) / u["total_s"]
+            for r, u in zip(runs[mode], runs["unverified"])
+        )
+        report[mode]["added_share_paired"] = {
+            "median": round(paired[len(paired) // 2], 4),
+            "min": round(paired[0], 4),
+            "max": round(paired[-1], 4),
+        }
+        # CPU seconds (user + system) of the whole process: what verification costs in work,
+        # less swayed by the load of the machine than wall time
+        cpu = report[mode]["cpu_s"]["median"] - report["unverified"]["cpu_s"]["median"]
+        report[mode]["added_cpu_s"] = round(cpu, 3)
+    report["rounds"] = pairs
+    report["load_avg_per_round"] = load_avg
     return report
 
 

@@ -91,6 +91,13 @@ def test_damage_anywhere_is_detected_and_named(trained, tmp_path, kind, damage):
         message = assert_one_line_naming(e.value, damaged)
         if damage != "truncate" and offset == in_table:
             assert "corrupt: tensor model/embeddings.t_cat_2.weight does not match" in message
+        if damage == "truncate":  # said in words, not torch's "[Errno 22] Invalid argument"
+            said = (
+                "empty: 0 bytes"
+                if offset == 0
+                else f"cut short, or not a checkpoint: no zip directory at its end ({offset} bytes)"
+            )
+            assert message == f"{damaged}: not a readable checkpoint ({said})"
 
 
 def test_damaged_optimizer_state_is_named_not_trained_on(make_config, caplog):
@@ -158,9 +165,15 @@ class Foreign:  # a pickled object: torch's message about it advises weights_onl
     pass
 
 
+class RunsCode:  # unpickled freely, this would run a shell command
+    def __reduce__(self):
+        return (os.system, ("touch /tmp/this-must-never-exist",))
+
+
 def test_cli_unreadable_and_foreign_files_never_advise_weights_only_false(tmp_path, capsys):
     for name, write in {
         "object.pt": lambda p: torch.save({"x": Foreign()}, p),
+        "code.pt": lambda p: torch.save({"x": RunsCode()}, p),
         "truncated.pt": lambda p: p.write_bytes(b"PK\x03\x04" + bytes(300)),
         "legacy.pt": lambda p: p.write_bytes(b"\x80\x04not a zip"),
     }.items():
@@ -174,6 +187,9 @@ def test_cli_unreadable_and_foreign_files_never_advise_weights_only_false(tmp_pa
         for advice in ("weights_only", "allow_pickle", "Please", "trust"):
             assert advice not in err, err
         assert err.endswith(")"), err  # whole, not cut mid-sentence
+        if name == "code.pt":  # a blocked global, reported without torch's marker
+            assert err.endswith("which are never unpickled: Trying to load unsupported GLOBAL "
+                                "posix.system whose module posix is blocked)")  # fmt: skip
         if name == "object.pt":
             assert err.endswith("which are never unpickled: Unsupported global: GLOBAL "
                                 f"{Foreign.__module__}.{Foreign.__qualname__} was not an allowed global by default)")  # fmt: skip
@@ -345,7 +361,7 @@ def test_files_from_before_checksums_load_with_a_warning_after_their_crcs(
     ]
     flip_bit(old, offset_of(old, data["model"]["embeddings.t_cat_2.weight"]) + 5)
     with pytest.raises(
-        CheckpointError, match=r"corrupt: record .*/data/\d+ does not match its CRC-32"
+        CheckpointError, match=r"corrupt: record '.*/data/\d+' does not match its CRC-32"
     ):
         ckpt.load(old)
 

@@ -147,3 +147,40 @@ def test_resume_into_another_run_is_refused_and_into_an_empty_directory_continue
     )
     assert Trainer(fresh).fit()["test_auc"] == summary["test_auc"]
     assert math.isclose(json.loads((tmp_path / "c" / "config.json").read_text())["seed"], cfg.seed)
+
+
+@pytest.mark.parametrize("flag", ["--profile-file", "--placement-plan", "--perf-log"])
+def test_profile_plan_and_perf_log_paths_are_checked_before_any_work(tmp_path, capsys, flag):
+    a_file = tmp_path / "taken"
+    a_file.write_text("mine")
+    out = tmp_path / "run"
+    cases = [(str(a_file / "x.npz"), f"{a_file} is a file, not a directory")]
+    if flag == "--perf-log":  # a directory
+        cases = [
+            (str(a_file / "x"), f"{a_file / 'x'} cannot be created: {a_file} is a file"),
+            (str(a_file), f"{a_file} is a file, not a directory"),
+        ]
+    else:
+        cases.append((str(tmp_path), f"{tmp_path} is a directory; give the file to write"))
+    for value, message in cases:
+        rc, err = run_cli([*TINY_CLI, "--placement", "fae", "--out-dir", str(out), flag, value],
+                          capsys)  # fmt: skip
+        assert rc == 2 and err == f"python -m dlrm.train: error: {flag}: {message}", err
+        assert not out.exists() and a_file.read_text() == "mine"
+
+
+def test_resume_of_a_run_whose_config_json_is_damaged(make_config, stopped_run, caplog):
+    cfg, summary, _ = stopped_run
+    config = Path(cfg.out_dir) / "config.json"
+    config.write_text("{ half")
+    with caplog.at_level("WARNING"):
+        resumed = Trainer(
+            make_config(test_freq=10, keep_checkpoints=3, out_dir=cfg.out_dir, resume="auto")
+        )
+    assert f"{config}: damaged (not a JSON object of settings)" in caplog.text
+    assert resumed.fit()["test_auc"] == summary["test_auc"]
+    assert json.loads(config.read_text())["seed"] == cfg.seed  # written again
+    # the checkpoint's own settings are still checked
+    config.write_text("[]")
+    with pytest.raises(ConfigError, match=r"step_000000030\.pt was trained with other settings"):
+        Trainer(make_config(out_dir=cfg.out_dir, resume="auto", seed=5, test_freq=10))

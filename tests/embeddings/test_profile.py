@@ -117,3 +117,25 @@ def test_cli_profiles_npy_files_and_plots(tmp_path, capsys):
     assert e.value.code == 2
     assert main([str(tmp_path / "nothing.npy")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_cli_write_targets_are_checked_before_profiling_and_damage_is_one_line(tmp_path, capsys):
+    ids = tmp_path / "day_0.sparse.npy"
+    np.save(ids, np.zeros((10, 3), dtype=np.int32))
+    a_file = tmp_path / "taken"
+    a_file.write_text("mine")
+    for flag, target, said in [
+        ("--out", a_file / "p.npz", f"{a_file / 'p.npz'} cannot be created: {a_file} is a file"),
+        ("--plot", tmp_path, f"{tmp_path} is a directory; give the file to write"),
+    ]:
+        with pytest.raises(SystemExit) as e:
+            main([str(ids), flag, str(target)])
+        err = capsys.readouterr().err.strip()
+        assert e.value.code == 2 and err == f"python -m embeddings.profile: error: {flag}: {said}"
+    assert a_file.read_text() == "mine"
+    raw = bytearray(ids.read_bytes())
+    raw[:8] = b"garbage!"  # no .npy magic: numpy would take it for a pickle
+    ids.write_bytes(bytes(raw))
+    assert main([str(ids)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "pickle" not in err and f"{ids}: not a readable" in err

@@ -1,0 +1,530 @@
+"""Issue #25's review: each mistake and each damaged file, tried on the command lines as a hostile
+but fair user would, on tiny synthetic data. Prints a JSON list (or --markdown, a table).
+
+    python scripts/hostile_probes.py [--only SUBSTRING] [--markdown] [--keep DIR]
+
+Every probe runs one command in a fresh copy of a small world (a finished tiny run with three
+checkpoints and a model file, a preprocessed Kaggle-shaped directory, Terabyte day files, a
+profile and a plan) and checks what the issue asks: a mistake ends with exit code 2 and exactly
+one line on stderr naming the flag, file or line (no traceback, no advice to unpickle); a case the
+run should survive ends with exit 0 and says what it did in one warning; and the files a probe
+names as the user's are byte for byte as they were. `ok` is false where any of that fails.
+Takes a few minutes (each command starts Python and torch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--arch-embedding-size", "60-40-500-7", "--arch-sparse-feature-size", "4",
+        "--arch-mlp-bot", "13-16-4", "--arch-mlp-top", "16-1", "--mini-batch-size", "64",
+        "--data-size", "1920", "--test-data-size", "2048", "--progress", "false"]  # fmt: skip
+CRITEO = ["--arch-sparse-feature-size", "4", "--arch-mlp-bot", "13-8-4", "--arch-mlp-top",
+          "8-1", "--mini-batch-size", "32", "--progress", "false"]  # fmt: skip
+FAE = ["--placement", "fae", "--hot-budget", "1KB", "--profile-sample-rate", "0.2"]
+
+
+@dataclass
+class Probe:
+    name: str
+    section: str  # the issue's heading
+    make: Callable[[Path], list[str]]  # builds the case in a fresh world; returns the command
+    expect: str = "error"  # error: exit 2, one line; survive: exit 0, `says` in a warning
+    says: str = ""  # a piece of the line the user must see
+    keep: tuple[str, ...] = ()  # paths (relative to the world) that must not change
+    result: dict = field(default_factory=dict)
+
+
+def train(*args: str) -> list[str]:
+    return [sys.executable, "-m", "dlrm.train", *args]
+
+
+def pipeline(*args: str) -> list[str]:
+    return [sys.executable, "-m", "data_pipeline", *args]
+
+
+def profile(*args: str) -> list[str]:
+    return [sys.executable, "-m", "embeddings.profile", *args]
+
+
+def edit(path: Path, fn: Callable[[bytearray], bytes | bytearray]) -> None:
+    path.write_bytes(bytes(fn(bytearray(path.read_bytes()))))
+
+
+def flip(offset: float, count: int = 1) -> Callable[[bytearray], bytearray]:
+    def do(raw: bytearray) -> bytearray:
+        start = int(offset * (len(raw) - count))
+        for i in range(start, start + count):
+            raw[i] ^= 0x5A
+        return raw
+
+    return do
+
+
+def zero_4k(offset: float) -> Callable[[bytearray], bytearray]:
+    def do(raw: bytearray) -> bytearray:
+        start = int(offset * max(0, len(raw) - 4096))
+        raw[start : start + 4096] = bytes(len(raw[start : start + 4096]))
+        return raw
+
+    return do
+
+
+def newest(w: Path) -> Path:
+    return w / "A/checkpoints/step_000000030.pt"
+
+
+def tensor_offset(path: Path) -> int:
+    """Where the first large tensor record starts in a checkpoint (past the pickled outline)."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as z:
+        info = max(z.infolist(), key=lambda i: i.file_size)
+        return info.header_offset + 30 + len(info.filename) + len(info.extra) + 64
+
+
+# --- the world -------------------------------------------------------------------------------
+
+
+def build_world(base: Path) -> None:
+    """A finished tiny run A (checkpoints 10, 20, 30; model file), a profile and plan, Kaggle and
+    Terabyte raw files, and the preprocessed Kaggle directory."""
+
+    def run(argv: list[str]) -> None:
+        done = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT)
+        if done.returncode != 0:
+            raise SystemExit(f"building the world failed: {argv}\n{done.stderr}")
+
+    run(train(*TINY, "--test-freq", "10", "--keep-checkpoints", "3", "--out-dir", str(base / "A"),
+              "--save-model", str(base / "A.model.pt")))  # fmt: skip
+    run(train(*TINY, *FAE, "--num-batches", "2", "--test-data-size", "64", "--out-dir",
+              str(base / "F"), "--profile-file", str(base / "profile.npz"),
+              "--placement-plan", str(base / "plan.npz")))  # fmt: skip
+    run(pipeline("synth", "--layout", "kaggle", "--out", str(base / "kraw"), "--lines", "700",
+                 "--vocab-cap", "300"))  # fmt: skip
+    run(pipeline("preprocess", "--dataset", "kaggle", "--raw", str(base / "kraw/train.txt"),
+                 "--out", str(base / "kdata"), "--max-ind-range", "1000", "--no-progress"))  # fmt: skip
+    run(pipeline("synth", "--layout", "terabyte", "--out", str(base / "traw"), "--lines", "30",
+                 "--vocab-cap", "50"))  # fmt: skip
+
+
+def kaggle(w: Path, *extra: str) -> list[str]:
+    return train(*CRITEO, "--data-set", "kaggle", "--processed-data-file", str(w / "kdata"),
+                 "--out-dir", str(w / "K"), *extra)  # fmt: skip
+
+
+def sparse_day(w: Path, day: int = 2) -> Path:
+    return w / f"kdata/day_{day}.sparse.npy"
+
+
+def set_id(w: Path, value: int, fix_crc: bool) -> None:
+    """Write `value` into day 2's sparse column, row 3, feature 5; with `fix_crc` also its marker's
+    CRC-32 and the part's (a file edited on purpose, consistently: only the id check can tell)."""
+    import numpy as np
+
+    from data_pipeline.npy_stream import data_crc32
+
+    path = sparse_day(w)
+    a = np.load(path, mmap_mode="r+")
+    a[3, 5] = value
+    a.flush()
+    del a
+    if fix_crc:
+        marker = w / "kdata/day_2.done.json"
+        record = json.loads(marker.read_text())
+        record["files"]["sparse"]["crc32"] = data_crc32(path)
+        marker.write_text(json.dumps(record))
+
+
+def stop_after_checkpoint(w: Path) -> None:
+    """Run A as if killed right after its step-20 checkpoint: the step-30 one is gone and
+    metrics.jsonl goes on past step 20."""
+    newest(w).unlink()
+    (w / "A/summary.json").unlink()
+
+
+# --- the probes ------------------------------------------------------------------------------
+
+C, W_, R, M = (
+    "Corruption is detected",
+    "Nothing overwritten or dropped",
+    "Resume means the same run",
+    "Every mistake is one line",
+)
+
+
+def probes() -> list[Probe]:
+    p: list[Probe] = []
+
+    def add(name, section, make, expect="error", says="", keep=()):
+        p.append(Probe(name, section, make, expect, says, tuple(keep)))
+
+    ckpts = ("A/checkpoints/step_000000010.pt", "A/checkpoints/step_000000020.pt")
+    # checkpoints and model files
+    for label, damage in [
+        ("1 flipped bit in the outline", lambda w: edit(newest(w), flip(0.02))),
+        ("1 flipped bit in a tensor", lambda w: edit(newest(w), flip(tensor_offset(newest(w)) / newest(w).stat().st_size))),
+        ("64 flipped bytes in the optimizer state", lambda w: edit(newest(w), flip(0.8, 64))),
+        ("4 KiB of zeros mid-file", lambda w: edit(newest(w), zero_4k(0.5))),
+        ("truncated to half", lambda w: edit(newest(w), lambda r: r[: len(r) // 2])),
+        ("emptied (0 bytes)", lambda w: newest(w).write_bytes(b"")),
+        ("replaced by random bytes", lambda w: newest(w).write_bytes(os.urandom(30000))),
+    ]:  # fmt: skip
+        add(f"--resume FILE: newest checkpoint {label}", C,
+            lambda w, d=damage: (d(w), train(*TINY, "--out-dir", str(w / "B"), "--resume", str(newest(w))))[1],
+            says="step_000000030.pt: ", keep=ckpts)  # fmt: skip
+        add(f"--resume of the run directory: newest checkpoint {label}", C,
+            lambda w, d=damage: (d(w), train(*TINY, "--keep-checkpoints", "3", "--out-dir", str(w / "A"), "--resume"))[1],
+            expect="survive", says="skipped 1 corrupt checkpoint", keep=ckpts)  # fmt: skip
+    add("--resume: every checkpoint of the run damaged", C,
+        lambda w: ([edit(q, flip(0.5, 8)) for q in (w / "A/checkpoints").glob("*.pt")],
+                   train(*TINY, "--out-dir", str(w / "A"), "--resume"))[1],
+        says="no checkpoint in")  # fmt: skip
+    add("--resume FILE: a pickle that would run code", C,
+        lambda w: (_evil_pickle(w / "evil.pt"), train(*TINY, "--out-dir", str(w / "B"), "--resume", str(w / "evil.pt")))[1],
+        says="evil.pt: not a readable checkpoint")  # fmt: skip
+    add("--load-model: model file with a flipped bit", C,
+        lambda w: (edit(w / "A.model.pt", flip(0.7)), train(*TINY, "--out-dir", str(w / "B"), "--load-model", str(w / "A.model.pt")))[1],
+        says="A.model.pt: corrupt")  # fmt: skip
+    add("--inference-only --load-model: model file truncated", C,
+        lambda w: (edit(w / "A.model.pt", lambda r: r[:-100]), train(*TINY, "--out-dir", str(w / "B"), "--inference-only", "--load-model", str(w / "A.model.pt")))[1],
+        says="A.model.pt: ")  # fmt: skip
+    add("--load-model: a model of another architecture", C,
+        lambda w: train(*other_arch(TINY, "--arch-embedding-size", "60-40-500-8"), "--out-dir", str(w / "B"), "--load-model", str(w / "A.model.pt")),
+        says="does not fit the model")  # fmt: skip
+    add("--resume FILE: a --save-model file", C,
+        lambda w: train(*TINY, "--out-dir", str(w / "B"), "--resume", str(w / "A.model.pt")),
+        says="a model file (weights only")  # fmt: skip
+    # datasets
+    for col, where in [
+        ("sparse", 0.0),
+        ("sparse", 0.5),
+        ("sparse", 1.0),
+        ("dense", 0.5),
+        ("labels", 1.0),
+    ]:
+        add(f"16 flipped bytes in day_2.{col}.npy at {where:.0%}", C,
+            lambda w, c=col, x=where: (edit(w / f"kdata/day_2.{c}.npy", flip(x, 16)), kaggle(w, "--num-batches", "4"))[1],
+            says=f"day_2.{col}.npy: " + ("cannot be read (its header is damaged" if where == 0.0 else "checksum differs"))  # fmt: skip
+    add("an id beyond its table, CRC-32s made consistent", C,
+        lambda w: (set_id(w, 1_400_000_000, True), kaggle(w, "--num-batches", "4"))[1],
+        says="row 3: id 1400000000 of cat_5 is outside its table")  # fmt: skip
+    add("a negative id, CRC-32s made consistent", C,
+        lambda w: (set_id(w, -7, True), kaggle(w, "--num-batches", "4"))[1],
+        says="row 3: id -7 of cat_5 is outside its table")  # fmt: skip
+    add("day_2.dense.npy truncated", C,
+        lambda w: (edit(w / "kdata/day_2.dense.npy", lambda r: r[:-52]), kaggle(w))[1],
+        says="day_2.dense.npy")  # fmt: skip
+    add("day_2.sparse.npy deleted", C,
+        lambda w: ((w / "kdata/day_2.sparse.npy").unlink(), kaggle(w))[1], says="day_2.sparse.npy")  # fmt: skip
+    add("meta.json garbage", C,
+        lambda w: ((w / "kdata/meta.json").write_text("{ not json"), kaggle(w))[1], says="meta.json")  # fmt: skip
+    add("a part's marker (done.json) garbage", C,
+        lambda w: ((w / "kdata/day_2.done.json").write_text("]"), kaggle(w))[1], says="day_2.done.json")  # fmt: skip
+    add("data_pipeline info on a damaged meta.json", C,
+        lambda w: ((w / "kdata/meta.json").write_text("[]"), pipeline("info", str(w / "kdata")))[1], says="meta.json")  # fmt: skip
+    # plans and profiles
+    for flag, name in [("--profile-file", "profile.npz"), ("--placement-plan", "plan.npz")]:
+        for label, damage in [("empty", lambda r: b""), ("truncated", lambda r: r[: len(r) // 2]),
+                              ("1 flipped bit in the data", flip(0.5)), ("garbage", lambda r: os.urandom(300))]:  # fmt: skip
+            add(f"{flag} {label}", C,
+                lambda w, f=flag, n=name, d=damage: (edit(w / n, d), train(*TINY, *FAE, "--num-batches", "2", "--out-dir", str(w / "B"), "--profile-file", str(w / "profile.npz"), "--placement-plan", str(w / ("plan.npz" if f == "--placement-plan" else "new-plan.npz"))))[1],
+                says=name)  # fmt: skip
+    add("--placement-plan: its JSON half garbage", C,
+        lambda w: ((w / "plan.json").write_text("{"), train(*TINY, *FAE, "--num-batches", "2", "--out-dir", str(w / "B"), "--profile-file", str(w / "profile.npz"), "--placement-plan", str(w / "plan.npz")))[1],
+        expect="survive")  # the JSON is for people: the plan is read from the .npz  # fmt: skip
+    add("embeddings.profile on a truncated profile", C,
+        lambda w: (edit(w / "profile.npz", lambda r: r[:100]), profile(str(w / "profile.npz")))[1],
+        says="profile.npz")  # fmt: skip
+    add("embeddings.profile --out into a directory that is a file", C,
+        lambda w: profile(str(sparse_day(w)), "--out", str(w / "A.model.pt/p.npz")),
+        says="A.model.pt", keep=["A.model.pt"])  # fmt: skip
+    add("embeddings.profile on a missing .npy", C,
+        lambda w: profile(str(w / "nothing.npy")), says="nothing.npy")  # fmt: skip
+    # nothing overwritten or dropped
+    add("--resume A --out-dir B where B holds another run", W_,
+        lambda w: (shutil.copytree(w / "F", w / "B"), train(*TINY, "--out-dir", str(w / "B"), "--resume", str(w / "A")))[1],
+        says="already holds another run", keep=["B/summary.json", "B/metrics.jsonl", "B/config.json"])  # fmt: skip
+    add("a new run in a directory holding a run", W_,
+        lambda w: train(*TINY, "--out-dir", str(w / "A")),
+        says="already holds a run", keep=["A/summary.json", "A/metrics.jsonl", *ckpts])  # fmt: skip
+    for label, damage in [("0-byte day_23", lambda w: (w / "traw/day_23").write_bytes(b"")),
+                          ("0-byte day_5.gz", lambda w: ((w / "traw/day_5").unlink(), gzip.open(w / "traw/day_5.gz", "wb").close())),
+                          ("missing day_7", lambda w: (w / "traw/day_7").unlink()),
+                          ("day_3.gz that is not gzip", lambda w: (w / "traw/day_3").rename(w / "traw/day_3.gz"))]:  # fmt: skip
+        add(f"Terabyte: {label}", W_,
+            lambda w, d=damage: (d(w), train(*CRITEO, "--data-set", "terabyte", "--raw-data-file", str(w / "traw/day"), "--out-dir", str(w / "T")))[1],
+            says="day_")  # fmt: skip
+    add("raw train.txt replaced by other content of the same size", W_,
+        lambda w: (edit(w / "kraw/train.txt", lambda r: r.replace(b"\t1\t", b"\t2\t", 5)),
+                   pipeline("-v", "preprocess", "--dataset", "kaggle", "--raw", str(w / "kraw/train.txt"), "--out", str(w / "kdata"), "--max-ind-range", "1000", "--no-progress"))[1],
+        says="made from other raw files", keep=["kdata/meta.json"])  # fmt: skip
+    add(
+        "metrics.jsonl after a resume reads as one run",
+        W_,
+        lambda w: (stop_after_checkpoint(w), train(*TINY, "--out-dir", str(w / "A"), "--resume"))[
+            1
+        ],
+        expect="survive",
+        says="",
+    )  # checked in `check_one_run`
+    # resume means the same run
+    add("--resume with another --seed", R,
+        lambda w: train(*TINY, "--seed", "7", "--out-dir", str(w / "A"), "--resume", "--nepochs", "2"),
+        says="--seed 123 -> 7", keep=["A/config.json", "A/metrics.jsonl"])  # fmt: skip
+    add("--resume with another --learning-rate and --test-data-size", R,
+        lambda w: train(*TINY[:-4], "--test-data-size", "1024", "--progress", "false", "--learning-rate", "0.5", "--out-dir", str(w / "A"), "--resume", "--nepochs", "2"),
+        says="--allow-changed learning-rate,test-data-size", keep=["A/config.json"])  # fmt: skip
+    add("--resume --allow-changed lr with another --learning-rate", R,
+        lambda w: train(*TINY, "--learning-rate", "0.5", "--allow-changed", "lr", "--out-dir", str(w / "A"), "--resume", "--nepochs", "2"),
+        expect="survive")  # fmt: skip
+    add("--allow-changed naming no setting", R,
+        lambda w: train(*TINY, "--allow-changed", "lr,colour", "--out-dir", str(w / "A"), "--resume"),
+        says="--allow-changed: no setting named 'colour'")  # fmt: skip
+    add("--resume with another architecture", R,
+        lambda w: train(*other_arch(TINY, "--arch-mlp-bot", "13-32-4"), "--out-dir", str(w / "A"), "--resume"),
+        says="written for a different model")  # fmt: skip
+    add("--resume of a run killed in its first checkpoint", R,
+        lambda w: ([q.rename(q.with_name(f".{q.name}.tmp-999999999")) for q in (w / "A/checkpoints").glob("*.pt")],
+                   (w / "A/summary.json").unlink(), train(*TINY, "--out-dir", str(w / "A"), "--resume"))[2],
+        expect="survive", says="stopped before its first complete checkpoint")  # fmt: skip
+    add("--resume of a path that does not exist", R,
+        lambda w: train(*TINY, "--out-dir", str(w / "B"), "--resume", str(w / "nowhere")), says="nowhere")  # fmt: skip
+    # every mistake is one line
+    for label, args, says in [
+        ("--out-dir that is a file", ["--out-dir", "A.model.pt"], "A.model.pt is a file, not a directory"),
+        ("--out-dir under a file", ["--out-dir", "A.model.pt/run"], "--out-dir"),
+        ("--save-model that is a directory", ["--save-model", "A"], "--save-model"),
+        ("--save-model under a file", ["--save-model", "A.model.pt/m.pt"], "--save-model"),
+        ("--seed -1", ["--seed", "-1"], "--seed"), ("--seed 2**64", ["--seed", str(2**64)], "--seed"),
+        ("--synthetic-zipf -1", ["--synthetic-zipf", "-1"], "--synthetic-zipf"),
+        ("--synthetic-zipf nan", ["--synthetic-zipf", "nan"], "--synthetic-zipf"),
+        ("--learning-rate nan", ["--learning-rate", "nan"], "--learning-rate"),
+        ("--learning-rate inf", ["--learning-rate", "inf"], "--learning-rate"),
+        ("--learning-rate -0.1", ["--learning-rate", "-0.1"], "--learning-rate"),
+        ("--inference-only without weights", ["--inference-only"], "--inference-only"),
+        ("--mini-batch-size 0", ["--mini-batch-size", "0"], "--mini-batch-size"),
+        ("--num-batches -1", ["--num-batches", "-1"], "--num-batches"),
+        ("--hot-budget lots", ["--placement", "fae", "--hot-budget", "lots"], "--hot-budget"),
+        ("--data-sub-sample-rate 1", ["--data-sub-sample-rate", "1"], "--data-sub-sample-rate"),
+        ("--keep-checkpoints 0", ["--keep-checkpoints", "0"], "--keep-checkpoints"),
+        ("--profile-sample-rate 0", ["--profile-sample-rate", "0"], "--profile-sample-rate"),
+        ("--perf-log that is a file", ["--perf-log", "A.model.pt"], "--perf-log"),
+        ("--perf-log under a file", ["--perf-log", "A.model.pt/run"], "--perf-log"),
+        ("--profile-file that is a directory", ["--placement", "fae", "--profile-file", "A"], "--profile-file"),
+        ("--placement-plan under a file", ["--placement", "fae", "--placement-plan", "A.model.pt/m.pt"], "--placement-plan"),
+        ("--data-set kaggle without data", ["--data-set", "kaggle"], "--data-set kaggle"),
+        ("--processed-data-file that does not exist", ["--data-set", "kaggle", "--processed-data-file", "nowhere"], "nowhere is not a preprocessed data set"),
+        ("--raw-data-file that does not exist", ["--data-set", "kaggle", "--raw-data-file", "nowhere.txt"], "nowhere.txt: not found"),
+        ("--raw-data-file that is empty", ["--data-set", "kaggle", "--raw-data-file", "empty.txt"], "empty.txt: 0 lines"),
+        ("--mini-batch-size abc", ["--mini-batch-size", "abc"], "--mini-batch-size"),
+        ("an unknown flag", ["--colour", "blue"], "--colour"),
+    ]:  # fmt: skip
+        add(label, M, lambda w, a=args: ((w / "empty.txt").write_bytes(b""), train(*TINY, "--out-dir", str(w / "B"), *[str(w / x) if x in WORLD_PATHS else x for x in a]))[1],
+            says=says, keep=["A.model.pt", "A/summary.json"])  # fmt: skip
+    add("--max-ind-range -5 (the reference's 'no hashing')", M,
+        lambda w: train(*TINY, "--out-dir", str(w / "B"), "--max-ind-range", "-5"), expect="survive")  # fmt: skip
+    for label, damage in [("CRLF line ends", lambda r: r.replace(b"\n", b"\r\n")),
+                          ("gzip data named .txt", lambda r: gzip.compress(bytes(r)))]:  # fmt: skip
+        add(f"--on-bad-line skip, every line bad: {label}", M,
+            lambda w, d=damage: (edit(w / "kraw/train.txt", d), pipeline("preprocess", "--dataset", "kaggle", "--raw", str(w / "kraw/train.txt"), "--out", str(w / "k2"), "--on-bad-line", "skip", "--no-progress"))[1],
+            says="train.txt")  # fmt: skip
+    for label, args, says in [
+        ("preprocess: --raw that does not exist", ["preprocess", "--dataset", "kaggle", "--raw", "nowhere", "--out", "k2"], "nowhere: not found"),
+        ("preprocess: --out that is a file", ["preprocess", "--dataset", "kaggle", "--raw", "kraw/train.txt", "--out", "A.model.pt"], "A.model.pt is a file"),
+        ("preprocess: --out under a file", ["preprocess", "--dataset", "kaggle", "--raw", "kraw/train.txt", "--out", "A.model.pt/run"], "A.model.pt is a file"),
+        ("preprocess: an unknown --dataset", ["preprocess", "--dataset", "criteo", "--raw", "kraw/train.txt", "--out", "k2"], "--dataset"),
+        ("preprocess: a missing --out", ["preprocess", "--dataset", "kaggle", "--raw", "kraw/train.txt"], "--out"),
+        ("preprocess: --workers -1", ["preprocess", "--dataset", "kaggle", "--raw", "kraw/train.txt", "--out", "k2", "--workers", "-1"], "--workers"),
+        ("preprocess: --data-sub-sample-rate 2", ["preprocess", "--dataset", "kaggle", "--raw", "kraw/train.txt", "--out", "k2", "--data-sub-sample-rate", "2"], "--data-sub-sample-rate"),
+        ("preprocess: other settings into an existing directory", ["preprocess", "--dataset", "kaggle", "--raw", "kraw/train.txt", "--out", "kdata", "--max-ind-range", "77"], "max_ind_range: 1000 there, 77 asked"),
+        ("info: a directory that is no dataset", ["info", "A"], "A/meta.json: not found"),
+        ("synth: --lines abc", ["synth", "--layout", "kaggle", "--out", "k2", "--lines", "abc"], "--lines"),
+    ]:  # fmt: skip
+        add(label, M, lambda w, a=args: pipeline(*[str(w / x) if x in WORLD_PATHS else x for x in a]),
+            says=says, keep=["A.model.pt", "kdata/meta.json"])  # fmt: skip
+    add("embeddings.profile --plot that is a directory", M,
+        lambda w: profile(str(sparse_day(w)), "--plot", str(w / "A")), says="--plot")  # fmt: skip
+    add("--resume FILE: a verified checkpoint of a future format version", C,
+        lambda w: (rewrite_checkpoint(newest(w), version=3), train(*TINY, "--out-dir", str(w / "B"), "--resume", str(newest(w))))[1],
+        says="checkpoint format version 3")  # fmt: skip
+    add("--resume of an FAE run whose own placement_plan.npz is cut short", C,
+        lambda w: (subprocess.run(train(*TINY, *FAE, "--num-batches", "2", "--test-data-size", "64", "--out-dir", str(w / "G")), capture_output=True, check=True),
+                   edit(w / "G/placement_plan.npz", lambda r: r[: len(r) // 2]),
+                   train(*TINY, *FAE, "--num-batches", "2", "--test-data-size", "64", "--out-dir", str(w / "G"), "--resume"))[2],
+        says="placement_plan.npz: not a readable placement plan")  # fmt: skip
+    add("--resume of a run whose config.json is not JSON", R,
+        lambda w: ((w / "A/config.json").write_text("{ half"), train(*TINY, "--keep-checkpoints", "3", "--out-dir", str(w / "A"), "--resume", "--nepochs", "2"))[1],
+        expect="survive", says="config.json: damaged")  # fmt: skip
+    add("Taobao: raw file replaced by other content of the same size", W_,
+        lambda w: (taobao_world(w), edit(w / "UserBehavior.csv", swap_digit),
+                   pipeline("preprocess", "--dataset", "taobao", "--raw", str(w / "UserBehavior.csv"), "--out", str(w / "tb"), "--ts-length", "4", "--points-per-user", "3", "--no-progress"))[2],
+        says="from another raw file", keep=["tb/meta.json"])  # fmt: skip
+    return p
+
+
+WORLD_PATHS = ("A.model.pt", "A.model.pt/run", "A", "A.model.pt/m.pt", "nowhere", "nowhere.txt",
+               "empty.txt", "k2", "kraw/train.txt", "kdata")  # fmt: skip
+
+
+def other_arch(argv: list[str], flag: str, value: str) -> list[str]:
+    i = argv.index(flag)
+    return [*argv[: i + 1], value, *argv[i + 2 :]]
+
+
+def swap_digit(raw: bytearray) -> bytearray:
+    """One digit in the middle changed: same size, other content."""
+    i = len(raw) // 2
+    while not chr(raw[i]).isdigit():
+        i += 1
+    raw[i] = ord("7") if raw[i] != ord("7") else ord("3")
+    return raw
+
+
+def rewrite_checkpoint(path: Path, **changes) -> None:
+    """The checkpoint with `changes`, saved with fresh checksums (so only those changes differ)."""
+    from dlrm import checkpoint as ckpt
+
+    data = ckpt.load(path)
+    data.pop(ckpt.CHECKSUMS, None)
+    ckpt.save({**data, **changes}, path)
+
+
+def taobao_world(w: Path) -> None:
+    """A small UserBehavior.csv preprocessed into w/tb."""
+    from data_pipeline.taobao import TaobaoOptions, preprocess_taobao
+    from data_pipeline.taobao_synthetic import PlantedBehavior, write_user_behavior
+
+    write_user_behavior(w / "UserBehavior.csv", PlantedBehavior(num_users=60, min_events=8,
+                                                                max_events=12, seed=3))  # fmt: skip
+    preprocess_taobao(
+        w / "UserBehavior.csv", w / "tb", TaobaoOptions(ts_length=4, points_per_user=3)
+    )
+
+
+def _evil_pickle(path: Path) -> None:
+    """A torch file whose pickle would call os.system if it were unpickled freely."""
+    import torch
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, (f"touch {path.parent / 'PWNED'}",))
+
+    torch.save({"format": "hybrid-dlrm-checkpoint", "x": Evil()}, path)
+
+
+# --- running ---------------------------------------------------------------------------------
+
+
+def digest(path: Path) -> str | None:
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+
+
+def check_one_run(w: Path) -> str:
+    """After a resume: metrics.jsonl's steps never go back, and one resume event marks the seam."""
+    events = [json.loads(x) for x in (w / "A/metrics.jsonl").read_text().splitlines()]
+    steps = [e["step"] for e in events if e["event"] != "resume"]
+    resumes = [e for e in events if e["event"] == "resume"]
+    if steps != sorted(steps) or len(resumes) != 1:
+        return (
+            f"metrics.jsonl does not read as one run: steps {steps}, {len(resumes)} resume events"
+        )
+    return ""
+
+
+def run_probe(probe: Probe, world: Path, scratch: Path) -> None:
+    w = scratch / "w"
+    if w.exists():
+        shutil.rmtree(w)
+    shutil.copytree(world, w, symlinks=True)
+    argv = probe.make(w)
+    before = {k: digest(w / k) for k in probe.keep}
+    t0 = time.perf_counter()
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=w, timeout=600)
+    # log records the user asked for with -v are not part of the one line
+    lines = [x for x in done.stderr.strip().splitlines() if x.strip() and not x.startswith("INFO")]
+    problems = []
+    if probe.expect == "error":
+        if done.returncode != 2:
+            problems.append(f"exit {done.returncode}")
+        if len(lines) != 1:
+            problems.append(f"{len(lines)} lines on stderr")
+    else:
+        if done.returncode != 0:
+            problems.append(f"exit {done.returncode}")
+        warnings = [x for x in lines if x.startswith("WARNING")]
+        if probe.says and not any(probe.says in x for x in warnings):
+            problems.append("no warning saying so")
+    if probe.says and probe.says not in done.stderr:
+        problems.append(f"does not say {probe.says!r}")
+    if (
+        "Traceback" in done.stderr
+        or "weights_only=False" in done.stderr
+        or "allow_pickle" in done.stderr
+    ):
+        problems.append("traceback or unpickling advice")
+    changed = [k for k, v in before.items() if digest(w / k) != v]
+    if changed:
+        problems.append(f"changed: {', '.join(changed)}")
+    if (w / "PWNED").exists():
+        problems.append("the pickle ran code")
+    if probe.name.startswith("metrics.jsonl") and not problems:
+        problems += [x for x in [check_one_run(w)] if x]
+    shown = (
+        lines[-1]
+        if probe.expect == "error" and lines
+        else next((x for x in lines if x.startswith("WARNING")), lines[-1] if lines else "")
+    )
+    probe.result = {
+        "probe": probe.name, "section": probe.section, "rc": done.returncode,
+        "stderr_lines": len(lines), "shown": shown.replace(str(w) + "/", "")[:400],
+        "ok": not problems, "problems": problems, "s": round(time.perf_counter() - t0, 1),
+    }  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", help="run the probes whose name contains this")
+    ap.add_argument("--markdown", action="store_true", help="print a table instead of JSON")
+    ap.add_argument("--keep", type=Path, help="build the world here once and reuse it")
+    args = ap.parse_args()
+    chosen = [q for q in probes() if not args.only or args.only in q.name]
+    with tempfile.TemporaryDirectory(prefix="probes-") as tmp:
+        world = args.keep or Path(tmp) / "world"
+        if not (world / "A/summary.json").exists():
+            world.mkdir(parents=True, exist_ok=True)
+            build_world(world)
+        for q in chosen:
+            run_probe(q, world, Path(tmp))
+            print(f"{'ok ' if q.result['ok'] else 'BAD'} {q.name}: {q.result['shown'][:160]}",
+                  file=sys.stderr, flush=True)  # fmt: skip
+    results = [q.result for q in chosen]
+    if args.markdown:
+        print("| # | section | probe | exit | lines | what the user sees | ok |")
+        print("|---|---|---|---|---|---|---|")
+        for i, r in enumerate(results, 1):
+            ok = "yes" if r["ok"] else "NO: " + "; ".join(r["problems"])
+            shown = r["shown"].replace("|", "\\|")
+            print(
+                f"| {i} | {r['section']} | {r['probe']} | {r['rc']} | {r['stderr_lines']} | {shown} | {ok} |"
+            )
+    else:
+        print(json.dumps({"probes": len(results), "ok": sum(r["ok"] for r in results),
+                          "results": results}, indent=1))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
