@@ -183,6 +183,28 @@ class GemmOnlyStep:
                 call()
 
 
+def weight_casts(batch_size: int, tmp: str, steps: int = 10) -> dict:
+    """What autocast's casts cost in an eager bf16 dense step (torch.profiler): the casts of
+    parameter-shaped tensors (weights and biases to bf16, their gradients back) against the
+    activations' casts, per step, next to the profiled step's total."""
+    step = DenseOnlyStep(batch_size, "bf16", f"{tmp}/casts", compile=False)
+    step.run(3)
+    shapes = {tuple(p.shape) for p in step.model.dense_parameters()}
+    with torch.profiler.profile(record_shapes=True) as prof:
+        step.run(steps)
+    weight = other = 0.0
+    for e in prof.events():
+        if e.name == "aten::_to_copy":
+            is_param = bool(e.input_shapes) and tuple(e.input_shapes[0]) in shapes
+            if is_param:
+                weight += e.cpu_time_total
+            else:
+                other += e.cpu_time_total
+    total = sum(e.self_cpu_time_total for e in prof.key_averages())
+    return {"batch": batch_size, "step_ms": total / steps / 1e3,
+            "parameter_casts_ms": weight / steps / 1e3, "activation_casts_ms": other / steps / 1e3}  # fmt: skip
+
+
 def timed(step, steps: int, batch_size: int) -> float:
     start = time.perf_counter()
     step.run(steps)
@@ -299,6 +321,8 @@ def main() -> None:
         "--auc-steps", type=int, default=400, help="steps of batch 2048 for the AUC check"
     )
     p.add_argument("--skip-auc", action="store_true")
+    p.add_argument("--weight-casts", action="store_true",
+                   help="also profile what autocast's casts cost in an eager bf16 dense step")  # fmt: skip
     p.add_argument("--variants", default="naive,fp32,bf16,bf16_eager,dense_only_fp32,dense_only_bf16,gemm_only_fp32,gemm_only_bf16",
                    help="comma-separated, measured in this order in every round")  # fmt: skip
     args = p.parse_args()
@@ -341,6 +365,8 @@ def main() -> None:
                     p: s["train_samples_per_s"] for p, s in summaries.items()
                 },
             }
+        if args.weight_casts:
+            result["weight_casts"] = weight_casts(2048, tmp)
     result["targets"] = judge(result, bf16_units)
     result["machine"]["load_avg_end"] = os.getloadavg()
     print(json.dumps(result, indent=2))
