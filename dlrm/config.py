@@ -117,6 +117,7 @@ class TrainConfig:
     lr_num_decay_steps: int = 0
     precision: str = "fp32"
     flush_denormal: bool = True  # CPU: denormal floats read and written as zero (see Trainer)
+    compile: bool | None = None  # the dense part compiled by TorchInductor; None: auto (bf16 only)
     device: str = "auto"
     seed: int = 123
 

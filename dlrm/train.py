@@ -31,6 +31,10 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
+def _bool_or_auto(text: str) -> bool | None:
+    return None if text.strip().lower() == "auto" else _bool(text)
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, not the usage block
         sys.stderr.write(f"{self.prog}: error: {message}\n")
@@ -110,6 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
         "CPU: treat denormal floats as zero (default true; a denormal operand "
         "makes oneDNN's bf16 matmuls several times slower)",
     )
+    p.add_argument("--compile", type=_bool_or_auto, nargs="?", const=True, default=argparse.SUPPRESS,
+                   help="compile the dense part with TorchInductor: true, false or auto (default: "
+                        "bf16 only, where it pays; docs/speed.md)")  # fmt: skip
     opt("--device", help_="auto, cpu or cuda")
     opt("--numpy-rand-seed", int, dest="seed", help_="seed of initialisation and data order")
     opt("--seed", int, help_="alias of --numpy-rand-seed")

@@ -30,6 +30,7 @@ import torch
 from tqdm import tqdm
 
 from dlrm import checkpoint as ckpt
+from dlrm import compile as compile_
 from dlrm import run_checks
 from dlrm.build import build_model, build_placed_embeddings, resolve_device
 from dlrm.config import TrainConfig
@@ -187,6 +188,7 @@ class Trainer:
         self.pipeline.hook.attach(self)
         if cfg.load_model:
             ckpt.load_model_file(Path(cfg.load_model), self.model)
+        self.compiled = self._compile_dense_part()  # None: eager
         self._good_checkpoint: Path | None = None  # the newest this process wrote or verified
         if resuming is not None:
             found = resuming.result()
@@ -197,6 +199,16 @@ class Trainer:
             from dlrm.quantized_model import quantize_for_evaluation
 
             self.model = quantize_for_evaluation(self.model, cfg)
+
+    def _compile_dense_part(self) -> compile_.CompiledDenseForward | None:
+        """`--compile` (dlrm/compile.py); off while the performance model records its trace, whose
+        kernel models are of the eager step's operators."""
+        if not compile_.wanted(self.cfg.compile, self.cfg.precision):
+            return None
+        if self.cfg.perf_log:
+            log.warning("--compile: off with --perf-log (the performance model traces eager steps)")
+            return None
+        return compile_.compile_dense_part(self.model)
 
     def _make_pipeline(self, hook: StepHook | None) -> TrainPipeline:
         """The plain step, or the variant the embedding collection needs (Hotline's split)."""
@@ -433,6 +445,7 @@ class Trainer:
             "time_breakdown_s": {k: round(v, 6) for k, v in self.timer.totals.items()},
             "device": str(self.device),
             "precision": self.cfg.precision,
+            "compiled": self.compiled is not None and not self.compiled.fell_back,
             "placement": placement_summary(self.model.embeddings, self.device),
         }
         if self.pipeline.counters():
