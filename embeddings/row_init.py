@@ -1,0 +1,73 @@
+"""Initial embedding rows as a pure function of (seed, table, row): `hashed` initialisation.
+
+The in-memory collections draw each table from one seeded generator (`fused.uniform_table`):
+row r's values depend on every row before it, so a tier that stores only the rows it touched
+(the SSD tier, whose tables may be larger than memory and than the free disk) cannot compute
+them. `hashed_rows` gives any row its values directly, with the same distribution,
+U(-sqrt(1/rows), +sqrt(1/rows)), from a counter-based hash (murmur3's 32-bit finaliser of seed,
+table, row and column; 24 random bits per value).
+
+`--placement tiered` always initialises this way; `--embedding-init hashed` makes the device
+placement start from exactly the same values (what the equivalence tests compare).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+_CHUNK_ROWS = 1 << 18  # rows per vectorised chunk when a whole table is made
+
+
+def _fmix32(h: np.ndarray) -> np.ndarray:
+    """murmur3's finaliser on uint32 arrays (in place; wraps modulo 2**32)."""
+    h ^= h >> np.uint32(16)
+    h *= np.uint32(0x85EBCA6B)
+    h ^= h >> np.uint32(13)
+    h *= np.uint32(0xC2B2AE35)
+    h ^= h >> np.uint32(16)
+    return h
+
+
+def _table_key(seed: int, table: int) -> np.uint32:
+    k = np.array([(seed * 1_000_003 + table * 7919 + 1) & 0xFFFFFFFF], dtype=np.uint32)
+    k = _fmix32(k)
+    k ^= np.uint32((seed >> 32) & 0xFFFFFFFF)  # seeds are < 2**32; kept for completeness
+    return _fmix32(k)[0]
+
+
+def hashed_rows(
+    rows: np.ndarray | torch.Tensor, dim: int, table: int, table_rows: int, seed: int
+) -> torch.Tensor:
+    """Initial weights [len(rows), dim] float32 of rows `rows` of table `table` (which has
+    `table_rows` rows): U(-sqrt(1/table_rows), +sqrt(1/table_rows))."""
+    r = rows.numpy() if isinstance(rows, torch.Tensor) else np.asarray(rows)
+    with np.errstate(over="ignore"):
+        lo = (r.astype(np.uint64) & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+        hi = (r.astype(np.uint64) >> np.uint64(32)).astype(np.uint32)
+        h = _fmix32(lo * np.uint32(0x9E3779B1) + _table_key(seed, table))
+        h = _fmix32(h ^ (hi * np.uint32(0x27D4EB2F)))
+        cols = np.arange(dim, dtype=np.uint32) * np.uint32(0x85EBCA6B)
+        v = _fmix32(h[:, None] + cols[None, :])
+    bound = (1.0 / table_rows) ** 0.5
+    unit = (v >> np.uint32(8)).astype(np.float32) * np.float32(1.0 / (1 << 24))  # [0, 1)
+    return torch.from_numpy(unit * np.float32(2 * bound) - np.float32(bound))
+
+
+def hashed_table(rows: int, dim: int, table: int, seed: int) -> torch.Tensor:
+    """Every row of a table, as `hashed_rows` gives them (made in chunks to bound memory)."""
+    out = torch.empty(rows, dim)
+    for start in range(0, rows, _CHUNK_ROWS):
+        ids = np.arange(start, min(rows, start + _CHUNK_ROWS), dtype=np.int64)
+        out[start : start + ids.size] = hashed_rows(ids, dim, table, rows, seed)
+    return out
+
+
+@torch.no_grad()
+def hashed_init_(weights: list[torch.Tensor], seed: int) -> None:
+    """Fill per-table weight views in place with the hashed initial values (table i = index i)."""
+    for i, w in enumerate(weights):
+        rows, dim = w.shape
+        for start in range(0, rows, _CHUNK_ROWS):
+            ids = np.arange(start, min(rows, start + _CHUNK_ROWS), dtype=np.int64)
+            w[start : start + ids.size].copy_(hashed_rows(ids, dim, i, rows, seed))
