@@ -24,7 +24,12 @@ class FbgemmMismatchError(ImportError):
 
 
 __all__ = [
-    "FbgemmMismatchError", "PlacementError", "ProfileError", "ScmError", "TierError", "npz_failure",
+    "FbgemmMismatchError",
+    "PlacementError",
+    "ProfileError",
+    "ScmError",
+    "TierError",
+    "npz_failure",
 ]
 
 

@@ -27,6 +27,7 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -77,14 +78,14 @@ class ScmTier:
         optimizer: SparseOptimizer,
         seed: int,
         cache_bytes: int,
-        held: torch.Tensor | None = None,
+        held: Callable[[torch.Tensor], torch.Tensor] | None = None,
         io: str = "direct",
         io_threads: int = 16,
         priority=None,
         resume: bool = False,
         owner: str = "",
     ) -> None:
-        """`held`: bool per global row, the rows this tier is home to (None: every row);
+        """`held(ids)`: bool per id, whether this tier is its home (None: every row's);
         `priority(gids)`: profile counts for the cache. `resume`: keep the files for a
         `restore`; if none follows before the first read or write, they are started afresh."""
         self.dir = Path(directory)
@@ -97,6 +98,7 @@ class ScmTier:
         self.total_rows = sum(self.sizes)
         self.held = held
         self.io, self.io_threads, self.owner = io, io_threads, owner
+        self.backend = f"ssd({io})"
         self.row_bytes = 4 * self.row_floats
         capacity = max(0, int(cache_bytes) // self.row_bytes)
         self.cache = RowCache(self.total_rows, self.row_floats, capacity, priority)
@@ -105,7 +107,7 @@ class ScmTier:
         self.generation = 0
         self._journaled = np.zeros(self.num_blocks, dtype=bool)
         self.counts = dict.fromkeys(
-            ("rows_requested", "rows_read", "rows_initial", "blocks_read", "rows_written",
+            ("rows_requested", "rows_read", "rows_initial", "blocks_read", "blocks_rmw", "rows_written",
              "blocks_written", "rows_direct_writes", "preimage_blocks"), 0
         )  # fmt: skip
         self.io_s = 0.0  # time in file reads and writes (on whichever thread)
@@ -227,13 +229,13 @@ class ScmTier:
     def holds(self, ids: torch.Tensor) -> torch.Tensor:
         if self.held is None:
             return torch.ones(ids.shape, dtype=torch.bool)
-        return self.held[ids]
+        return self.held(ids)
 
     def _check(self, ids: torch.Tensor) -> None:
         if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.total_rows):
             raise TierError(f"ssd tier: row ids outside 0..{self.total_rows - 1}")
         if self.held is not None and ids.numel():
-            bad = torch.nonzero(~self.held[ids])
+            bad = torch.nonzero(~self.held(ids))
             if bad.numel():
                 gid = int(ids[bad[0, 0]])
                 t = int(torch.bucketize(torch.tensor(gid), self.row_base, right=True)) - 1
@@ -391,7 +393,7 @@ class ScmTier:
         old = np.flatnonzero(written)
         if old.size:
             buf[old] = self.file.read(ub[old])
-            self.counts["blocks_read"] += old.size
+            self.counts["blocks_rmw"] += old.size
         new = np.flatnonzero(~written)
         if new.size:  # a block's first write: its other rows keep their initial values
             first = torch.from_numpy(ub[new] * self.rpb)
@@ -432,6 +434,7 @@ class ScmTier:
             "scm_read_amplification": round(bytes_read / used, 2) if used else None,
             "scm_rows_written": c["rows_written"],
             "scm_writeback_bytes": c["blocks_written"] * BLOCK,
+            "scm_writeback_read_bytes": c["blocks_rmw"] * BLOCK,  # blocks read to patch rows in
             "scm_preimage_bytes": c["preimage_blocks"] * BLOCK,
             "scm_io_p50_us": p50,
             "scm_io_p99_us": p99,
