@@ -5,7 +5,7 @@ same byte budget (what the page cache does: the comparison point).
 [capacity, row floats] tensor, found through a dense global-id -> slot map. Which rows stay:
 - every row carries a priority: its count in the access profile (rows the profile saw often are
   the warm rows that should stay) plus the hits it has had while cached;
-- when slots run out, the cache evicts in bulk (1/16 of its slots at a time, so the cost of
+- when slots run out, the cache evicts in bulk (1/64 of its slots at a time, so the cost of
   choosing is spread over many admissions): the rows of lowest priority, the least recently used
   first among equals; the rows of the last two accesses (a staged mini-batch and the one being
   prefetched) are never chosen;
@@ -23,7 +23,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-EVICT_SHARE = 16  # evict at least capacity / EVICT_SHARE rows at a time
+EVICT_SHARE = 64  # evict at least capacity / EVICT_SHARE rows at a time
 _NEVER = torch.iinfo(torch.int64).max
 
 

@@ -343,6 +343,26 @@ class ScmTier:
                 self._write_file(gids[a : a + _WRITE_CHUNK], self.cache.data[s])
             self.cache.dirty[slots] = False
 
+    def fill(self, chunk_blocks: int = 8192) -> int:
+        """Write every block not yet written with its initial rows (sequential writes), as a
+        long run's tier looks: then every cache miss is a real read. Returns blocks written."""
+        with self._lock:
+            self._ready()
+            todo = np.flatnonzero(~self.materialised)
+            for a in range(0, todo.size, chunk_blocks):
+                ub = todo[a : a + chunk_blocks]
+                buf = aligned_blocks(ub.size)
+                first = torch.from_numpy(ub * self.rpb)
+                ids = (first[:, None] + torch.arange(self.rpb)[None, :]).reshape(-1)
+                ok = ids < self.total_rows
+                init = torch.zeros(ids.numel(), self.row_floats)
+                init[ok] = self._initial(ids[ok])
+                self._rows_view(buf)[:] = init.view(ub.size, self.rpb, self.row_floats)
+                self.file.write(ub, buf)
+                self.materialised[ub] = True
+            self.file.fsync()
+            return int(todo.size)
+
     # --- the file ------------------------------------------------------------------------------
 
     def _initial(self, gids: torch.Tensor) -> torch.Tensor:

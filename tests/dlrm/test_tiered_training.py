@@ -246,3 +246,21 @@ def test_tier_counters_reach_metrics_jsonl_and_the_checkpoint_holds_no_cold_rows
     hot = model["embeddings.tiered.hot_weight"]
     assert hot.shape[0] == trainer.model.embeddings.num_hot < 607
     assert data["sparse_optimizer"] == {}
+
+
+@pytest.mark.gpu
+def test_tiered_on_cuda_trains_like_the_device_placement(make_config, tmp_path):
+    common = dict(data_size=64 * 60, optimizer="adagrad", print_freq=50)
+    device = Trainer(
+        make_config(**common, **dict(DEVICE, device="cuda"), out_dir=str(tmp_path / "d"))
+    )
+    tiered = Trainer(
+        make_config(**common, **dict(TIERED, device="cuda"), out_dir=str(tmp_path / "t"))
+    )
+    a, b = device.fit(), tiered.fit()
+    for x, y in zip(
+        device.model.embeddings.table_weights(), tiered.model.embeddings.table_weights()
+    ):
+        assert float((x.cpu() - y.cpu()).abs().max() / y.abs().max()) <= 1e-5  # CUDA's own order
+    assert round(a["test_auc"], 4) == round(b["test_auc"], 4)
+    assert b["placement"]["scm_rows_read"] > 0
