@@ -29,29 +29,39 @@ def _fmix32(h: np.ndarray) -> np.ndarray:
     return h
 
 
-def _table_key(seed: int, table: int) -> np.uint32:
-    k = np.array([(seed * 1_000_003 + table * 7919 + 1) & 0xFFFFFFFF], dtype=np.uint32)
-    k = _fmix32(k)
-    k ^= np.uint32((seed >> 32) & 0xFFFFFFFF)  # seeds are < 2**32; kept for completeness
-    return _fmix32(k)[0]
+def _table_key(seed: int, table: np.ndarray) -> np.ndarray:
+    """One uint32 key per (seed, table)."""
+    t = np.asarray(table, dtype=np.int64)
+    k = ((seed * 1_000_003 + t * 7919 + 1) & 0xFFFFFFFF).astype(np.uint32)
+    return _fmix32(_fmix32(np.atleast_1d(k)))
 
 
 def hashed_rows(
-    rows: np.ndarray | torch.Tensor, dim: int, table: int, table_rows: int, seed: int
+    rows: np.ndarray | torch.Tensor,
+    dim: int,
+    table: int | np.ndarray,
+    table_rows: int | np.ndarray,
+    seed: int,
 ) -> torch.Tensor:
     """Initial weights [len(rows), dim] float32 of rows `rows` of table `table` (which has
-    `table_rows` rows): U(-sqrt(1/table_rows), +sqrt(1/table_rows))."""
+    `table_rows` rows): U(-sqrt(1/table_rows), +sqrt(1/table_rows)). `table` and `table_rows`
+    may also be arrays, one per row (rows of several tables at once)."""
     r = rows.numpy() if isinstance(rows, torch.Tensor) else np.asarray(rows)
+    r = r.astype(np.uint64)
+    key = _table_key(seed, table)
+    key = key[0] if np.ndim(table) == 0 else key
     with np.errstate(over="ignore"):
-        lo = (r.astype(np.uint64) & np.uint64(0xFFFFFFFF)).astype(np.uint32)
-        hi = (r.astype(np.uint64) >> np.uint64(32)).astype(np.uint32)
-        h = _fmix32(lo * np.uint32(0x9E3779B1) + _table_key(seed, table))
+        lo = (r & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+        hi = (r >> np.uint64(32)).astype(np.uint32)
+        h = _fmix32(lo * np.uint32(0x9E3779B1) + key)
         h = _fmix32(h ^ (hi * np.uint32(0x27D4EB2F)))
         cols = np.arange(dim, dtype=np.uint32) * np.uint32(0x85EBCA6B)
         v = _fmix32(h[:, None] + cols[None, :])
-    bound = (1.0 / table_rows) ** 0.5
+    bound = np.sqrt(1.0 / np.asarray(table_rows, dtype=np.float64))
+    lo_b = bound.astype(np.float32).reshape(-1, 1)
+    width = (2 * bound).astype(np.float32).reshape(-1, 1)
     unit = (v >> np.uint32(8)).astype(np.float32) * np.float32(1.0 / (1 << 24))  # [0, 1)
-    return torch.from_numpy(unit * np.float32(2 * bound) - np.float32(bound))
+    return torch.from_numpy(unit * width - lo_b)
 
 
 def hashed_table(rows: int, dim: int, table: int, seed: int) -> torch.Tensor:

@@ -368,11 +368,10 @@ class ScmTier:
     def _initial(self, gids: torch.Tensor) -> torch.Tensor:
         """Initial rows: hashed weights, zero optimizer state."""
         out = torch.zeros(gids.numel(), self.row_floats)
-        table = torch.bucketize(gids, self.row_base, right=True) - 1
-        for t in torch.unique(table).tolist():
-            sel = torch.nonzero(table == t).squeeze(1)
-            rows = gids[sel] - self.row_base[t]
-            out[sel, : self.dim] = hashed_rows(rows, self.dim, t, self.sizes[t], self.seed)
+        table = (torch.bucketize(gids, self.row_base, right=True) - 1).numpy()
+        rows = gids.numpy() - self.row_base.numpy()[table]
+        sizes = np.asarray(self.sizes)[table]
+        out[:, : self.dim] = hashed_rows(rows, self.dim, table, sizes, self.seed)
         return out
 
     def _rows_view(self, buf: np.ndarray) -> torch.Tensor:
