@@ -29,6 +29,7 @@ FREE = frozenset({
     "print_freq", "test_freq", "mlperf_auc_threshold", "nepochs", "out_dir", "save_model",
     "load_model", "inference_only", "resume", "allow_changed", "keep_checkpoints", "progress",
     "perf_log", "hotline_prefetch",  # Hotline computes the same whatever it stages ahead
+    "scm_cache", "scm_io", "scm_io_threads",  # the SSD tier returns the same rows however it caches
 })  # fmt: skip
 ALIASES = {"lr": "learning_rate", "numpy_rand_seed": "seed"}
 

@@ -130,6 +130,11 @@ class TieredEmbeddingBagCollection(HotlineEmbeddingBagCollection):
     def adopt(self, plan: PlacementPlan) -> None:
         raise PlacementError("tiered placement: the plan is fixed when the collection is built")
 
+    def forward(self, features):
+        if self.training and torch.is_grad_enabled():  # a checkpoint left unfinished is over
+            self._checkpoint_generation = None
+        return super().forward(features)
+
     # --- the step's own time in the tier ----------------------------------------------------------
 
     def _write_back(self) -> None:
