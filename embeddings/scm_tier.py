@@ -458,6 +458,9 @@ class ScmTier:
             "scm_io_p50_us": p50,
             "scm_io_p99_us": p99,
             "scm_queue_depth": self.file.queue_depth(),
+            "scm_reads_per_s_while_reading": (
+                round(self.file.blocks_read / self.file.wall_s) if self.file.wall_s else None
+            ),
             "scm_io_s": round(self.io_s, 4),
             "scm_disk_bytes": self.file.disk_bytes(),
             "scm_logical_bytes": self.num_blocks * BLOCK,
