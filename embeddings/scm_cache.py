@@ -7,8 +7,9 @@ same byte budget (what the page cache does: the comparison point).
   the warm rows that should stay) plus the hits it has had while cached;
 - when slots run out, the cache evicts in bulk (1/64 of its slots at a time, so the cost of
   choosing is spread over many admissions): the rows of lowest priority, the least recently used
-  first among equals; the rows of the last two accesses (a staged mini-batch and the one being
-  prefetched) are never chosen;
+  first among equals; the rows of the last PROTECT accesses (a staged mini-batch, the one being
+  prefetched, and the refreshes between them) are never chosen: a staged row evicted before its
+  write-back would be re-admitted on the step's own thread, evicting there;
 - evicted dirty rows are handed back to the caller to be written to the file; a row that finds
   no slot (the cache is full of protected rows) is simply not admitted.
 `BlockCache` is an LRU of whole 4 KiB blocks: it only counts (hits, misses, bytes), for the
@@ -24,6 +25,7 @@ import numpy as np
 import torch
 
 EVICT_SHARE = 64  # evict at least capacity / EVICT_SHARE rows at a time
+PROTECT = 4  # accesses whose rows are never evicted
 _NEVER = torch.iinfo(torch.int64).max
 
 
@@ -99,7 +101,7 @@ class RowCache:
         Returns the freed slots that were dirty *and* still hold their rows' data (their
         `gid` is kept until the caller has written them: `release`)."""
         score = self.prio * (1 << 32) + self.last
-        protected = (self.gid < 0) | (self.last >= self.tick - 1)
+        protected = (self.gid < 0) | (self.last > self.tick - PROTECT)
         score = score.masked_fill(protected, _NEVER)
         k = min(k, int((~protected).sum()))
         if k <= 0:

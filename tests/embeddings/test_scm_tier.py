@@ -166,7 +166,7 @@ def test_a_torn_journal_tail_is_ignored_but_damage_inside_is_not(tmp_path):
 def test_the_row_cache_keeps_profiled_rows_and_evicts_the_least_recent_others():
     counts = torch.zeros(1000, dtype=torch.int64)
     counts[:10] = 100  # the profile's warm rows
-    cache = RowCache(1000, 0, 32, priority=lambda g: counts[g])
+    cache = RowCache(1000, 0, 48, priority=lambda g: counts[g])
     for step in range(40):
         cache.next_access()
         ids = torch.cat([torch.arange(10), torch.arange(100 + 8 * step, 108 + 8 * step)])
