@@ -42,7 +42,7 @@ def same_tables(a: Trainer, b: Trainer) -> None:
 
 @pytest.mark.parametrize(
     "optimizer,steps,io",
-    [("adagrad", 200, "direct"), ("sgd", 40, "buffered"), ("rowwise_adagrad", 40, "buffered")],
+    [("adagrad", 200, "buffered"), ("sgd", 40, "direct"), ("rowwise_adagrad", 40, "buffered")],
 )
 def test_tiered_trains_like_the_device_placement(make_config, tmp_path, optimizer, steps, io):
     # Hotline's exactness argument holds with the SSD tier as the cold rows' home: each row,
