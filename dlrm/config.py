@@ -163,6 +163,13 @@ class TrainConfig:
     slipstream_control: str = "staleness"  # staleness | random (drops the share at random)
     slipstream_normalize: bool = False  # each feature's pooled embedding scaled to unit L2 norm
 
+    # SSD tier, --placement tiered (embeddings/scm_tier.py, dlrm/scm_setup.py, docs/scm.md)
+    scm_dir: str | None = None  # the tier's files (None: <out_dir>/scm)
+    scm_cache: str = "256MB"  # DRAM row cache in front of the tier's files
+    scm_io: str = "direct"  # direct (O_DIRECT: the page cache bypassed) | buffered
+    scm_io_threads: int = 16  # file reads in flight at once
+    embedding_init: str = "auto"  # auto (hashed for tiered, else uniform) | uniform | hashed
+
     def __post_init__(self) -> None:
         self.reference_defaults = self._fill_reference_defaults()
         self.arch_mlp_bot = parse_widths(self.arch_mlp_bot, "--arch-mlp-bot")
@@ -273,7 +280,9 @@ class TrainConfig:
             raise ConfigError(
                 f"--data-sub-sample-rate: expected a number in [0, 1), got {self.data_sub_sample_rate}"
             )
-        choice("--placement", self.placement, ("device", "host", "fae", "hotline", "auto"))
+        choice(
+            "--placement", self.placement, ("device", "host", "fae", "hotline", "tiered", "auto")
+        )
         if not 0 <= self.hotline_prefetch <= 8:
             raise ConfigError(
                 f"--hotline-prefetch: expected an integer from 0 to 8, got {self.hotline_prefetch}"
@@ -302,6 +311,7 @@ class TrainConfig:
         if not (math.isfinite(self.synthetic_table_scale) and self.synthetic_table_scale > 0):
             raise ConfigError("--synthetic-table-scale: expected a positive number")
         self._validate_slipstream()
+        self._validate_scm()
         if self.data_set in ("kaggle", "terabyte", "taobao") and not (
             self.raw_data_file or self.processed_data_file
         ):
@@ -360,6 +370,38 @@ class TrainConfig:
                 "--slipstream: tracks the plan's hot rows, which --hotline-learn-batches only "
                 "knows after training has begun; plan from a profile instead"
             )
+
+    def _validate_scm(self) -> None:
+        """The SSD tier's flags (--placement tiered)."""
+        for flag, value, options in [
+            ("--scm-io", self.scm_io, ("direct", "buffered")),
+            ("--embedding-init", self.embedding_init, ("auto", "uniform", "hashed")),
+        ]:
+            if value not in options:
+                raise ConfigError(f"{flag}: expected one of {', '.join(options)}, got {value!r}")
+        try:
+            parse_bytes(self.scm_cache, "--scm-cache")
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        if not 1 <= self.scm_io_threads <= 256:
+            raise ConfigError(
+                f"--scm-io-threads: expected an integer from 1 to 256, got {self.scm_io_threads}"
+            )
+        if self.embedding_init == "hashed" and self.placement not in ("device", "tiered"):
+            raise ConfigError(
+                "--embedding-init hashed: supported by --placement device and tiered, "
+                f"not {self.placement}"
+            )
+        if self.placement == "tiered":
+            if self.embedding_init == "uniform":
+                raise ConfigError(
+                    "--embedding-init uniform: --placement tiered initialises every row as a "
+                    "pure function of seed, table and row (hashed), so untouched rows need no storage"
+                )
+            if self.hotline_learn_batches:
+                raise ConfigError(
+                    "--hotline-learn-batches: not with --placement tiered (its plan is fixed)"
+                )
 
     @property
     def eval_batch_size(self) -> int:

@@ -31,6 +31,7 @@ FREE = frozenset({
     "load_model", "inference_only", "resume", "allow_changed", "keep_checkpoints", "progress",
     "perf_log", "hotline_prefetch",  # Hotline computes the same whatever it stages ahead
     "quantize_emb_with_bit", "quantize_mlp_with_bit",  # evaluation only (--inference-only)
+    "scm_cache", "scm_io", "scm_io_threads",  # the SSD tier returns the same rows however it caches
 })  # fmt: skip
 ALIASES = {"lr": "learning_rate", "numpy_rand_seed": "seed"}
 

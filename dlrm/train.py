@@ -15,6 +15,7 @@ import sys
 from data_pipeline.errors import DataError
 from dlrm.config import TrainConfig
 from dlrm.errors import CheckpointError, ConfigError, TrainingDiverged
+from embeddings.errors import ScmError
 
 EXIT_USAGE = 2
 
@@ -123,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     opt(
         "--placement",
-        help_="where embedding rows live: device (default), host, fae, hotline or auto",
+        help_="where embedding rows live: device (default), host, fae, hotline, tiered or auto",
     )
     opt(
         "--hot-budget",
@@ -172,6 +173,15 @@ def build_parser() -> argparse.ArgumentParser:
     opt("--slipstream-warmup", int, help_="slipstream: steps before anything is skipped (100)")
     opt("--slipstream-control", help_="slipstream: staleness (default) or random (the control)")
     flag("--slipstream-normalize", "slipstream: scale each feature's pooled embedding to unit norm")
+    # the SSD tier (--placement tiered): docs/scm.md
+    opt("--scm-dir", help_="tiered: directory of the SSD tier's files (default: OUT_DIR/scm)")
+    opt("--scm-cache", help_="tiered: DRAM row cache for the SSD tier's rows (e.g. 256MB)")
+    opt("--scm-io", help_="tiered: direct (O_DIRECT, default) or buffered (through the page cache)")
+    opt("--scm-io-threads", int, help_="tiered: file reads in flight at once (default 16)")
+    opt(
+        "--embedding-init",
+        help_="auto (default), uniform or hashed (rows a pure function of seed, table, row)",
+    )
 
     opt("--print-freq", int)
     opt("--test-freq", int, help_="steps between evaluations (0: at the end of each epoch)")
@@ -220,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         from dlrm.trainer import Trainer  # after parsing: --help and flag errors stay fast
 
         summary = Trainer(cfg, step_hook=_perf_recorder(cfg)).fit()
-    except (ConfigError, DataError, CheckpointError) as e:
+    except (ConfigError, DataError, CheckpointError, ScmError) as e:
         sys.stderr.write(f"python -m dlrm.train: error: {e}\n")
         return EXIT_USAGE
     except TrainingDiverged as e:

@@ -221,7 +221,7 @@ class Trainer:
             cfg.loss_function,
             hook,
         )
-        if self.model.embeddings.placement_info()["kind"] == "hotline":
+        if self.model.embeddings.placement_info()["kind"] in ("hotline", "tiered"):
             from dlrm.embedding_setup import learned_plan
             from dlrm.hotline_pipeline import HotlineTrainPipeline
 
@@ -463,7 +463,7 @@ class Trainer:
 
     def checkpoint_state(self) -> dict:
         emb = self.model.embeddings
-        emb.sync()
+        emb.begin_checkpoint()  # every tier current; a file tier marks a consistent point
         self.state.time_breakdown_s = dict(self.timer.totals)
         return {
             "format": ckpt.FORMAT,
@@ -488,7 +488,12 @@ class Trainer:
             return None
         t0 = time.perf_counter()
         path = ckpt.checkpoint_path(self.ckpt_dir, self.state.step)
-        ckpt.save(self.checkpoint_state(), path)
+        written = False
+        try:
+            ckpt.save(self.checkpoint_state(), path)
+            written = True
+        finally:
+            self.model.embeddings.end_checkpoint(written)
         self._good_checkpoint = path
         ckpt.prune(self.ckpt_dir, self.cfg.keep_checkpoints)
         self._event("checkpoint", path=str(path))
@@ -535,14 +540,8 @@ class Trainer:
     def _checkpoint_bytes(self) -> int:
         """About what one checkpoint takes: every table with its optimizer state, and the dense
         parameters with their optimizer's (at most twice more)."""
-        emb = self.model.embeddings
-        opt = emb.optimizer
-        rows = sum(
-            t.num_embeddings * (t.embedding_dim + opt.state_floats(t.embedding_dim))
-            for t in emb.tables
-        )
         dense = sum(p.numel() for p in self.model.dense_parameters()) * 3
-        return 4 * (rows + dense)
+        return self.model.embeddings.checkpoint_bytes() + 4 * dense
 
     def save_model_file(self, path: Path) -> None:
         """Weights only (no optimizer), for --load-model and inference."""

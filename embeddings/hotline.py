@@ -120,17 +120,22 @@ class HotlineEmbeddingBagCollection(EmbeddingCollection):
         self.plan: PlacementPlan | None = None
         self.capacity = [0] * len(tables)  # staging slots per table
         if plan is None:
-            self.host = HostTier(tables, optimizer, None, backend, seed)
+            self.host = self._cold_tier(None)
             self._set_device_tier(torch.zeros(0, dtype=torch.int64))
         else:
             plan = self._one_home(plan)
-            self.host = HostTier(tables, optimizer, plan.tier_remaps("host"), backend, seed)
+            self.host = self._cold_tier(plan)
             hot = self._hot_gids(plan)
             self._set_device_tier(hot, self._initial_rows(hot))
             self.plan = plan
         self.backend = f"hotline(host={self.host.backend}, device={self.fast.backend})"
 
     # --- tiers ------------------------------------------------------------------------------------
+
+    def _cold_tier(self, plan: PlacementPlan | None) -> HostTier:
+        """The home of the rows the device tier does not hold (`plan=None`: of every row)."""
+        remaps = None if plan is None else plan.tier_remaps("host")
+        return HostTier(self.tables, self.optimizer, remaps, self.backend_name, self.seed)
 
     def _one_home(self, plan: PlacementPlan) -> PlacementPlan:
         plan.check_fits(
