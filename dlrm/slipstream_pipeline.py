@@ -31,13 +31,12 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
-from dlrm.slipstream_stream import Cursor, RefillingStream, Yielded, random_kept
+from dlrm.slipstream_stream import Cursor, Decision, RefillingStream, Yielded, random_kept
 from dlrm.train_pipeline import StepResult, TrainPipeline
 from embeddings.kjt_ops import in_feature_order
 from embeddings.plan import row_bytes
@@ -181,15 +180,15 @@ class SlipstreamTrainPipeline(TrainPipeline):
 
     # --- which inputs are kept (drop) -------------------------------------------------------------
 
-    def _decide(self, index: int, batch: Batch) -> np.ndarray | None:
+    def _decide(self, index: int, batch: Batch) -> Decision:
         s = self.settings
         if not self._active or self.freeze:
             return None
         inputs = batch.labels.numel()
         if s.control == "random":
             return random_kept(s.seed, self.epoch, index, inputs, s.target_skip)
-        stale = self.tracker.stale_inputs(self.tracker.lookups(batch.sparse_features, inputs))
-        return (~stale).numpy() if bool(stale.any()) else None
+        stale, lookups = self.tracker.stale_input_mask(batch.sparse_features, inputs)
+        return (~stale, lookups) if stale.any() else None
 
     # --- frozen rows (freeze) ---------------------------------------------------------------------
 

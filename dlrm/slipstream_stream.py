@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torchrec.datasets.utils import Batch
 
-from dlrm.fae_batches import BatchSelector, concat_batches
+from embeddings.kjt_ops import gather_rows
 
 
 @dataclass(frozen=True)
@@ -53,18 +53,27 @@ class Yielded:
 class _Opened:
     batch: Batch
     kept: np.ndarray | None  # bool per input; None: all
-    lookups: np.ndarray  # lookups per input
-    selector: BatchSelector | None = field(default=None)
+    _lookups: np.ndarray | None = field(default=None)  # lookups per input, when known
 
     @property
     def size(self) -> int:
         return int(self.batch.labels.numel())
+
+    @property
+    def lookups(self) -> np.ndarray:
+        if self._lookups is None:
+            self._lookups = lookups_per_input(self.batch)
+        return self._lookups
 
     def kept_from(self, p: int) -> np.ndarray:
         """Positions >= p that are kept."""
         if self.kept is None:
             return np.arange(p, self.size)
         return p + np.flatnonzero(self.kept[p:])
+
+
+# which inputs of a source batch are kept (bool, None: all), optionally with each one's lookups
+Decision = np.ndarray | None | tuple[np.ndarray, np.ndarray]
 
 
 def lookups_per_input(batch: Batch) -> np.ndarray:
@@ -82,7 +91,7 @@ class RefillingStream:
         self,
         batch_size: int,
         limit: int,
-        decide: Callable[[int, Batch], np.ndarray | None],
+        decide: Callable[[int, Batch], Decision],
         transform: Callable[[Batch], tuple[Batch, object]] | None = None,
     ) -> None:
         self.batch_size = batch_size
@@ -134,7 +143,7 @@ class RefillingStream:
             if raw is None:
                 return None
             kept = self.decide(j, raw)
-            self._opened[j] = _Opened(raw, kept, lookups_per_input(raw))
+            self._opened[j] = _Opened(raw, *kept) if isinstance(kept, tuple) else _Opened(raw, kept)
         return self._opened[j]
 
     # --- mini-batches ---------------------------------------------------------------------------
@@ -187,12 +196,15 @@ class RefillingStream:
     def _assemble(self, parts: list[tuple[_Opened, np.ndarray]]) -> Batch:
         if len(parts) == 1 and parts[0][1].size == parts[0][0].size:
             return parts[0][0].batch  # every input of one source batch: the batch itself
-        out = []
+        rows = []  # KJT (and dense) rows of the inputs: R per input for TBSM, sample-major
         for o, idx in parts:
-            if o.selector is None:
-                o.selector = BatchSelector(o.batch)
-            out.append(o.selector.select(idx))
-        return concat_batches(out)
+            R = max(1, o.batch.sparse_features.stride() // max(1, o.size))
+            rows.append(idx if R == 1 else (idx[:, None] * R + np.arange(R)).reshape(-1))
+        return Batch(
+            dense_features=torch.cat([o.batch.dense_features[torch.from_numpy(r)] for (o, _), r in zip(parts, rows)]),
+            sparse_features=gather_rows([(o.batch.sparse_features, r) for (o, _), r in zip(parts, rows)]),
+            labels=torch.cat([o.batch.labels[torch.from_numpy(i)] for o, i in parts]),
+        )  # fmt: skip
 
     def trained(self) -> Yielded:
         """The oldest mini-batch given out was trained: the cursor moves past it."""

@@ -16,6 +16,10 @@ too). Every interval the caller passes the tracked rows' current weights to `sna
 Which inputs are stale is the all-hot question of `hot_inputs.py` asked of the stale rows
 instead of the device tier's (`all_hot_given_cold` with the non-stale lookups as the "cold" ones).
 Lookups are table-major KJTs in feature order, as everywhere (`lookup_slots`).
+
+Drop asks "which inputs are stale" of every source batch, once per step and more: that is one
+numba pass over the batch's lookups (`stale_input_mask`), not a dozen tensor ops (measured in
+docs/slipstream.md: the ops cost more than the rest of Slipstream's step together).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numba
 import numpy as np
 import torch
 
@@ -37,6 +42,33 @@ if TYPE_CHECKING:
 
 METRICS = ("relative", "absolute")
 _TINY = 1e-12  # a row of zeros has no relative drift to speak of: measured against this norm
+
+
+@numba.njit(cache=True)
+def _classify(values, lengths, row_base, rows, rows_per_input, remap, stale):  # pragma: no cover
+    """One pass over table-major lookups: per input, whether every lookup is a stale tracked row
+    (and it has one), and its number of lookups; -1 in `bad` for ids outside the tables."""
+    inputs = rows // rows_per_input
+    fresh = np.zeros(inputs, dtype=np.bool_)
+    count = np.zeros(inputs, dtype=np.int64)
+    pos, bad, T = 0, -1, row_base.shape[0]
+    for t in range(T):
+        base = row_base[t]
+        end = row_base[t + 1] if t + 1 < T else remap.shape[0]
+        for r in range(rows):
+            n = lengths[t * rows + r]
+            i = r // rows_per_input
+            count[i] += n
+            for k in range(pos, pos + n):
+                g = base + values[k]
+                if g < base or g >= end:
+                    bad = k
+                    continue
+                s = remap[g]
+                if s < 0 or not stale[s]:
+                    fresh[i] = True
+            pos += n
+    return (~fresh) & (count > 0), count, bad
 
 
 @dataclass
@@ -118,6 +150,25 @@ class StalenessTracker:
             raise ValueError(f"staleness: {rows} KJT rows do not split into {inputs} inputs")
         slots = self.classifier.slots(values, lengths, rows).long()
         return Lookups(slots, lengths, rows, rows // inputs)
+
+    def stale_input_mask(
+        self, features: KeyedJaggedTensor, inputs: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """bool [inputs]: every lookup of the input (every step, for TBSM) is a stale row (what
+        `stale_inputs(lookups(...))` says, in one pass), and int64 [inputs]: its lookups."""
+        features = in_feature_order(features, self.feature_names)
+        values, lengths = features.values().cpu().numpy(), features.lengths().cpu().numpy()
+        rows = features.stride()
+        if inputs < 1 or rows % inputs:
+            raise ValueError(f"staleness: {rows} KJT rows do not split into {inputs} inputs")
+        remap = self.classifier.remap(torch.device("cpu")).numpy()
+        stale, count, bad = _classify(
+            values, lengths, self.classifier.row_base.numpy(), rows, rows // inputs, remap,
+            self.stale.numpy(),
+        )  # fmt: skip
+        if bad >= 0:
+            raise IndexError(f"staleness: lookup {bad} (id {values[bad]}) is outside its table")
+        return stale, count
 
     def stale_lookups(self, lk: Lookups) -> torch.Tensor:
         """bool [lookups]: the lookup's row is tracked and stale."""
