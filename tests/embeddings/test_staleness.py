@@ -112,6 +112,32 @@ def test_tbsm_inputs_are_stale_only_when_every_step_is():
         tr.lookups(kjt, 7)
 
 
+@pytest.mark.parametrize("R", [1, 3])
+def test_the_one_pass_classification_agrees_with_the_reference(R):
+    """`stale_input_mask` (what drop asks of every source batch, numba) against brute force,
+    with multi-hot bags, empty bags and int32 ids; an id outside its table is an error."""
+    plan = make_plan(2)
+    tr = StalenessTracker(plan, threshold=0.5)
+    gen = np.random.default_rng(R)
+    slot = {(int(t), int(r)): i for i, (t, r) in enumerate(zip(tr.tables, tr.rows))}
+    for trial in range(6):
+        tr.stale = torch.from_numpy(gen.random(tr.num_tracked) < [0.3, 0.9, 1.0][trial % 3])
+        stale_rows = {x for x, i in slot.items() if tr.stale[i]}
+        kjt = random_kjt(gen, 60, max_len=trial % 3)
+        if trial % 2:
+            kjt = KeyedJaggedTensor(keys=NAMES, values=kjt.values().int(), lengths=kjt.lengths(),
+                                    stride=60)  # fmt: skip
+        got, lookups = tr.stale_input_mask(kjt, 60 // R)
+        per_input = lookups_of(kjt, R)
+        want = [bool(lk) and all(x in stale_rows for x in lk) for lk in per_input]
+        assert got.tolist() == want
+        assert lookups.tolist() == [len(lk) for lk in per_input]
+    bad = KeyedJaggedTensor(keys=NAMES, values=torch.tensor([0, 7, 1]),
+                            lengths=torch.tensor([1, 1, 1]), stride=1)  # fmt: skip
+    with pytest.raises(IndexError, match=r"lookup 1 \(id 7\) is outside its table"):
+        tr.stale_input_mask(bad, 1)
+
+
 def test_state_round_trip_and_bad_settings():
     plan = make_plan()
     tr = StalenessTracker(plan, threshold=0.2)
