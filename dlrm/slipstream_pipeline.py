@@ -60,6 +60,9 @@ class SlipstreamSettings:
     normalize: bool = False
     seed: int = 0
     learning_rate: float = 0.1  # the sparse optimizer's, for freeze's would-be drift
+    # source batches (indices in an epoch) the access profile read: their inputs' rows are all
+    # tracked (they are the rows the profile saw), so the threshold's sample avoids them
+    profiled: frozenset[int] = frozenset()
 
 
 @dataclass
@@ -155,6 +158,7 @@ class SlipstreamTrainPipeline(TrainPipeline):
             raise
         y = self.stream.trained()
         self._count(y)
+        self.tracker.count(y.batch.sparse_features)
         self.steps += 1
         if self.steps % self.settings.interval == 0:
             self._snapshot()
@@ -243,7 +247,7 @@ class SlipstreamTrainPipeline(TrainPipeline):
         extra = None
         if self.would_be is not None:
             extra = self.would_be.cpu() * s.learning_rate
-        raw = self.stream.sample()
+        raw = self.stream.sample(s.profiled)
         sample = None if raw is None else tr.lookups(raw.sparse_features, raw.labels.numel())
         info = tr.snapshot(weights, state, sample, extra)
         if s.control == "random" and self.freeze:

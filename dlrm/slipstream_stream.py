@@ -47,6 +47,7 @@ class Yielded:
     dropped: int = 0  # inputs left out before the cursor (since the previous mini-batch)
     dropped_lookups: int = 0
     extra: object = None  # what `transform` attached (Slipstream's frozen lookups)
+    batch: Batch | None = None  # the mini-batch (before `transform`)
 
 
 @dataclass
@@ -187,7 +188,7 @@ class RefillingStream:
             if not have:  # nothing left to train in this epoch
                 self.pending.append(y)
                 return
-            batch = self._assemble(parts)
+            batch = y.batch = self._assemble(parts)
             if self.transform is not None:
                 batch, y.extra = self.transform(batch)
             self.pending.append(y)
@@ -227,10 +228,16 @@ class RefillingStream:
             self.last_consumed = self._raw.pop(j)
         self.cursor = cursor
 
-    def sample(self) -> Batch | None:
-        """Recent inputs, as the source has them: the source batch at the cursor, or at the
-        epoch's end the last one consumed."""
-        raw = self.source_batch(self.cursor.batch) if self.cursor.batch < self.limit else None
+    def sample(self, avoid: frozenset[int] = frozenset(), ahead: int = 8) -> Batch | None:
+        """Recent inputs, as the source has them: the source batch at the cursor, or the first
+        after it (up to `ahead`) whose index is not in `avoid`; at the epoch's end the last one
+        consumed."""
+        j = self.cursor.batch
+        for k in range(j, min(j + ahead, self.limit)):
+            if k not in avoid:
+                j = k
+                break
+        raw = self.source_batch(j) if j < self.limit else None
         return raw if raw is not None else self.last_consumed
 
 

@@ -169,6 +169,7 @@ def test_tbsm_drops_whole_histories(make_config, tmp_path):
         arch_embedding_size=None, arch_sparse_feature_size=None, arch_mlp_bot=None,
         arch_mlp_top=None, **{**SLIP, "hot_budget": "64KB", "slipstream_interval": 4,
                               "slipstream_warmup": 4}, slipstream_target_skip=0.3,
+        slipstream_min_lookups=1,  # a tiny data set: few lookups per row and interval
     )  # fmt: skip
     watch = Watch()
     summary = Trainer(cfg, step_hook=watch).fit()

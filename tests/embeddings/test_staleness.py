@@ -189,3 +189,47 @@ def test_the_random_control_freezes_as_many_rows_at_random():
     assert int(a.sum()) == 7 and not torch.equal(a[:7], torch.ones(7, dtype=torch.bool))
     tr.use_random_stale_set(torch.Generator().manual_seed(1))
     assert torch.equal(tr.stale, a)  # a function of the generator's seed: nothing to resume
+
+
+def test_only_rows_looked_up_enough_can_become_stale():
+    """`min_lookups`: the trained lookups are counted per tracked row (against a brute-force
+    count); at a snapshot a row becomes stale only with at least m of them, a stale row stays
+    stale with fewer unless its drift shows it moving, and the threshold's sample treats the
+    rows that cannot be stale as untracked."""
+    plan = make_plan(3)
+    tr = StalenessTracker(plan, threshold=0.5, min_lookups=7)
+    n = tr.num_tracked
+    slot = {(int(t), int(r)): i for i, (t, r) in enumerate(zip(tr.tables, tr.rows))}
+    gen = np.random.default_rng(4)
+    w0 = torch.ones(n, 4)
+    tr.snapshot(w0, None, None)
+    want = np.zeros(n, dtype=np.int64)
+    for _ in range(3):
+        kjt = random_kjt(gen, 20)
+        tr.count(kjt)
+        for lk in lookups_of(kjt):
+            for x in lk:
+                if x in slot:
+                    want[slot[x]] += 1
+    assert tr.looked_up.tolist() == want.tolist() and (want >= 7).any() and (want < 7).any()
+    tr.stale[0], tr.stale[1] = True, True  # as if stale before: row 0 stays, row 1 moves
+    w1 = w0.clone()
+    w1[1] += 1.0
+    judged = torch.from_numpy(want >= 7)
+    tr.snapshot(w1, None, None)
+    expect = judged & (tr.drift < 0.5)
+    expect[0], expect[1] = True, False
+    assert torch.equal(tr.stale, expect) and not tr.looked_up.any()
+    # the target-skip threshold: a sample input meeting a row nobody looked up is never skippable
+    tr2 = StalenessTracker(plan, target_skip=0.99, min_lookups=1)
+    tr2.snapshot(w0, None, None)
+    kjt = random_kjt(gen, 40)
+    tr2.count(random_kjt(gen, 5))
+    tr2.snapshot(w0, None, tr2.lookups(kjt, 40))
+    seen = tr2.stale.clone()
+    m = tr2.input_max_drift(tr2.lookups(kjt, 40))
+    for lk, mi in zip(lookups_of(kjt), m.tolist()):
+        if any(x not in slot or not seen[slot[x]] for x in lk):
+            assert mi == math.inf
+    state = tr.state_dict()
+    assert torch.equal(state["looked_up"], tr.looked_up)
