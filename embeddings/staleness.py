@@ -53,28 +53,32 @@ _TINY = 1e-12  # a row of zeros has no relative drift to speak of: measured agai
 @numba.njit(cache=True)
 def _classify(values, lengths, row_base, rows, rows_per_input, remap, stale):  # pragma: no cover
     """One pass over table-major lookups: per input, whether every lookup is a stale tracked row
-    (and it has one), and its number of lookups; -1 in `bad` for ids outside the tables."""
-    inputs = rows // rows_per_input
+    (and it has one), and its number of lookups; `bad`: the position of an id outside its
+    table (-1: none). Inputs are walked as whole bags of R rows (no division per bag: it cost
+    as much as the lookups)."""
+    R = rows_per_input
+    inputs = rows // R
     fresh = np.zeros(inputs, dtype=np.bool_)
     count = np.zeros(inputs, dtype=np.int64)
-    pos, bad, T = 0, -1, row_base.shape[0]
+    pos, T = 0, row_base.shape[0]
     for t in range(T):
         base = row_base[t]
         end = row_base[t + 1] if t + 1 < T else remap.shape[0]
-        for r in range(rows):
-            n = lengths[t * rows + r]
-            i = r // rows_per_input
-            count[i] += n
-            for k in range(pos, pos + n):
-                g = base + values[k]
-                if g < base or g >= end:
-                    bad = k
-                    continue
-                s = remap[g]
-                if s < 0 or not stale[s]:
-                    fresh[i] = True
-            pos += n
-    return (~fresh) & (count > 0), count, bad
+        for i in range(inputs):
+            f, c = False, 0
+            for rr in range(R):
+                n = lengths[t * rows + i * R + rr]
+                c += n
+                for k in range(pos, pos + n):
+                    g = base + values[k]
+                    if g < base or g >= end:
+                        return fresh, count, k
+                    s = remap[g]
+                    f |= s < 0 or not stale[s]
+                pos += n
+            count[i] += c
+            fresh[i] |= f
+    return (~fresh) & (count > 0), count, -1
 
 
 @numba.njit(cache=True)
