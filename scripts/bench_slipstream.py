@@ -215,6 +215,11 @@ def at_epoch(r: dict, epoch: int) -> dict:
     }
 
 
+def skipped(r: dict) -> float:
+    """A run's skipped input share (0 for a run without Slipstream)."""
+    return r.get("slipstream", r).get("skipped_input_share") or 0.0
+
+
 def time_to(r: dict, target: float) -> float | None:
     return next((t for t, auc, *_ in r["evals"] if auc >= target), None)
 
@@ -244,8 +249,7 @@ def compare(rounds: list[dict]) -> dict:
             "step_ratio": round(b["steps"] / s["steps"], 3),
             "time_to_baseline_auc_minus_0.001_s": {
                 k: time_to(r[k], target) for k in ("baseline", "slipstream", "random")},
-            "skipped_input_share": {k: r[k].get("slipstream", r[k]).get("skipped_input_share")
-                                    for k in ("slipstream", "random")},
+            "skipped_input_share": {k: skipped(r[k]) for k in ("slipstream", "random")},
         })  # fmt: skip
     ps = out["per_seed"]
     d_slip = [p["auc"]["slipstream"] - p["auc"]["baseline"] for p in ps]
@@ -286,6 +290,9 @@ def one_round(base: dict, args, seed: int, work: Path, tag: str) -> dict:
         res[name] = run(TrainConfig(**kw, seed=seed, out_dir=str(work / f"{tag}-{name}-{seed}")))
         log(tag, seed, name, res[name])
     share = round(res["slipstream"]["skip_share_after_warmup"], 4)
+    if share == 0:  # dropping nothing is the baseline, bit for bit (tested)
+        res["random"] = dict(res["baseline"], note="Slipstream dropped nothing: the baseline")
+        return res
     kw = variants(base, args, seed, share)["random"]
     res["random"] = run(TrainConfig(**kw, seed=seed, out_dir=str(work / f"{tag}-random-{seed}")))
     log(tag, seed, "random", res["random"])
@@ -329,28 +336,33 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--data", default="synthetic,criteo")
-    p.add_argument("--synthetic-samples", type=int, default=262_144)
-    p.add_argument("--criteo-lines", type=int, default=7 * 16_384)
+    p.add_argument("--synthetic-samples", type=int, default=2048 * 2048)
+    p.add_argument("--criteo-lines", type=int, default=7 * 131_072)
     p.add_argument("--criteo-epochs", type=int, default=3)
     p.add_argument("--batch", type=int, default=2048)
+    p.add_argument("--lr", type=float, default=0.4,
+                   help="SGD learning rate (0.4: the baseline plateaus within the runs)")  # fmt: skip
     p.add_argument("--hot-budget", default="16MB")
     p.add_argument("--profile-sample-rate", type=float, default=0.25)
     p.add_argument("--arch", default="small", choices=("small", "reference"),
                    help="small: MLPs 13-64-16 / 64-1 (as bench_placement); reference: Kaggle's")  # fmt: skip
-    p.add_argument("--interval", type=int, default=16)
-    p.add_argument("--warmup", type=int, default=32)
+    p.add_argument("--interval", type=int, default=50)
+    p.add_argument("--warmup", type=int, default=200)
     p.add_argument("--target-skip", type=float, default=0.2)
     p.add_argument("--min-lookups", type=int, default=8,
                    help="trained lookups per interval before a row may be called stale")  # fmt: skip
     p.add_argument("--threads", type=int, default=1,
                    help="torch and numba threads (1: CPU time measures the work, not the load)")  # fmt: skip
-    p.add_argument("--curve", default="0.01,0.03,0.1",
+    p.add_argument("--curve", default="0.05,0.2",
                    help="explicit drift thresholds for the skip share vs AUC curve (first seed)")  # fmt: skip
-    p.add_argument("--evals-per-epoch", type=int, default=4)
+    p.add_argument("--curve-data", default="synthetic", help="data sets the curve is run on")
+    p.add_argument("--evals-per-epoch", type=int, default=8)
     p.add_argument("--hotline-seeds", type=int, default=1)
-    p.add_argument("--interleave-steps", type=int, default=40,
+    p.add_argument("--interleave-steps", type=int, default=100,
                    help="steps of baseline and Slipstream alternated in one process (synthetic)")  # fmt: skip
-    p.add_argument("--normalize", type=int, default=1, help="also Slipstream with normalization")
+    p.add_argument("--interleave-archs", default="small,reference",
+                   help="the MLPs the interleaved step cost is measured with")  # fmt: skip
+    p.add_argument("--normalize", type=int, default=0, help="also Slipstream with normalization")
     p.add_argument("--work", default="", help="scratch directory (default: a new one in /tmp)")
     p.add_argument("--out", default="", help="write bench_slipstream.json and .png here")
     args = p.parse_args()
@@ -366,7 +378,7 @@ def main() -> int:
     t_start = time.perf_counter()
     common = dict(mini_batch_size=args.batch, device="cpu", placement="device",
                   hot_budget=args.hot_budget, profile_sample_rate=args.profile_sample_rate,
-                  print_freq=10**9, progress=False)  # fmt: skip
+                  learning_rate=args.lr, print_freq=10**9, progress=False)  # fmt: skip
     if args.arch == "small":
         common.update(arch_sparse_feature_size=16, arch_mlp_bot=(13, 64, 16), arch_mlp_top=(64, 1))
     data = {}
@@ -390,6 +402,13 @@ def main() -> int:
         "settings": vars(args), "data": {},
     }  # fmt: skip
     histories, curves = {}, {}
+    if data:  # untimed: kernels compiled or loaded, caches warm, before the first timed run
+        first = next(iter(data.values()))
+        warm = {**variants(first, args, 0)["slipstream"], "nepochs": 1, "slipstream_warmup": 2,
+                "slipstream_interval": 2, "slipstream_min_lookups": 1, "test_freq": 0,
+                "data_size": 8 * args.batch, "data_set": "synthetic"}  # fmt: skip
+        warm.pop("processed_data_file", None)
+        run(TrainConfig(**warm, seed=0, out_dir=str(work / "warm-up")))
     rounds: dict[str, list] = {k: [] for k in data}
     for seed in range(args.seeds):  # rounds: every data set and variant once per seed
         for name, base in data.items():
@@ -405,16 +424,16 @@ def main() -> int:
             ]
             for f, r in zip(firsts, rs):
                 for k in ("slipstream", "random"):
-                    f[k]["skipped_input_share"] = r[k]["slipstream"]["skipped_input_share"]
+                    f[k]["skipped_input_share"] = skipped(r[k])
             d["compare_1_epoch"] = compare(firsts)
         histories[f"{name}, target skip {args.target_skip}"] = rs[0]["slipstream"]["history"]
         b0 = rs[0]["baseline"]["test_auc"]
         curves[f"{name}, fixed thresholds"] = []
-        curves[f"{name}, target skip"] = [(rs[0]["slipstream"]["slipstream"]["skipped_input_share"],
+        curves[f"{name}, target skip"] = [(skipped(rs[0]["slipstream"]),
                          rs[0]["slipstream"]["test_auc"] - b0)]  # fmt: skip
-        curves[f"{name} random"] = [(rs[0]["random"]["slipstream"]["skipped_input_share"],
+        curves[f"{name} random"] = [(skipped(rs[0]["random"]),
                                      rs[0]["random"]["test_auc"] - b0)]  # fmt: skip
-        for t in [float(x) for x in args.curve.split(",") if x]:
+        for t in [float(x) for x in args.curve.split(",") if x and name in args.curve_data]:
             kw = {**variants(data[name], args, 0)["slipstream"], "slipstream_threshold": t}
             r = run(TrainConfig(**kw, seed=0, out_dir=str(work / f"{name}-curve-{t}")))
             log(name, 0, f"threshold {t}", r)
@@ -433,10 +452,15 @@ def main() -> int:
                                "vs_slipstream": round(r["test_auc"] - rs[0]["slipstream"]["test_auc"], 5)}  # fmt: skip
         result["data"][name] = d
     if args.interleave_steps and "synthetic" in data:
-        result["step_interleaved"] = step_interleaved(
-            data["synthetic"], args, args.interleave_steps, work
-        )
-        print(f"step interleaved: {result['step_interleaved']}", file=sys.stderr, flush=True)
+        result["step_interleaved"] = {}
+        for arch in [a for a in args.interleave_archs.split(",") if a]:
+            base = dict(data["synthetic"])
+            if arch == "reference":  # the Kaggle reference's MLPs (TrainConfig's defaults)
+                for k in ("arch_sparse_feature_size", "arch_mlp_bot", "arch_mlp_top"):
+                    base.pop(k, None)
+            r = step_interleaved(base, args, args.interleave_steps, work / arch)
+            result["step_interleaved"][arch] = r
+            print(f"step interleaved ({arch}): {r}", file=sys.stderr, flush=True)
     if args.hotline_seeds and "synthetic" in data:
         hl = []
         base = dict(data["synthetic"], placement="hotline")
