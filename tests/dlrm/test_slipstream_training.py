@@ -185,6 +185,7 @@ def test_tbsm_drops_whole_histories(make_config, tmp_path):
         (["--slipstream", "--slipstream-target-skip", "1.5"], "--slipstream-target-skip: expected a number in [0, 1)"),
         (["--slipstream", "--slipstream-interval", "0"], "--slipstream-interval: expected a positive integer"),
         (["--slipstream", "--slipstream-threshold", "-1"], "--slipstream-threshold: expected a finite number >= 0"),
+        (["--slipstream", "--slipstream-min-lookups", "-1"], "--slipstream-min-lookups: expected an integer >= 0"),
         (["--slipstream-normalize"], "--slipstream-normalize: only with --slipstream"),
         (["--slipstream", "--slipstream-control", "random", "--slipstream-target-skip", "0"], "drops --slipstream-target-skip"),
         (["--slipstream", "--placement", "hotline", "--hotline-learn-batches", "4"], "--slipstream: tracks the plan's hot rows"),
