@@ -337,6 +337,8 @@ class StalenessTracker:
         self.drift = state["drift"].float().clone()
         self.threshold = float(state["threshold"])
         self.snapshots = int(state["snapshots"])
-        self.looked_up = state["looked_up"].to(torch.int64).clone()
+        # checkpoints from before the evidence rule have no counts: none counted yet
+        counts = state.get("looked_up", torch.zeros(n, dtype=torch.int64))
+        self.looked_up = counts.to(torch.int64).clone()
         self.weights = state["weights"].to(device) if "weights" in state else None
         self.state = state["state"].to(device) if "state" in state else None
