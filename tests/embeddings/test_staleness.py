@@ -148,6 +148,16 @@ def test_state_round_trip_and_bad_settings():
     other.load_state_dict(tr.state_dict(), torch.device("cpu"))
     for k, v in tr.state_dict().items():
         assert torch.equal(other.state_dict()[k], v), k
+    counted = StalenessTracker(plan, threshold=0.2, min_lookups=2)
+    counted.count(random_kjt(np.random.default_rng(0), 10))
+    assert counted.looked_up.any()
+    other.load_state_dict(counted.state_dict(), torch.device("cpu"))
+    assert torch.equal(other.looked_up, counted.looked_up)
+    before_counts = {k: v for k, v in tr.state_dict().items() if k != "looked_up"}
+    other.load_state_dict(before_counts, torch.device("cpu"))  # a first-round checkpoint
+    assert not other.looked_up.any()
+    with pytest.raises(ValueError, match="min lookups"):
+        StalenessTracker(plan, threshold=0.2, min_lookups=-1)
     small = StalenessTracker(make_plan(budget_rows=5), threshold=0.2)
     with pytest.raises(ValueError, match="tracks 20 rows, this plan 5"):
         small.load_state_dict(tr.state_dict(), torch.device("cpu"))
