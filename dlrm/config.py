@@ -162,6 +162,7 @@ class TrainConfig:
     slipstream_warmup: int = 100  # steps before anything is skipped
     slipstream_control: str = "staleness"  # staleness | random (drops the share at random)
     slipstream_normalize: bool = False  # each feature's pooled embedding scaled to unit L2 norm
+    slipstream_min_lookups: int = 8  # lookups per interval before a row may be called stale
 
     # SSD tier, --placement tiered (embeddings/scm_tier.py, dlrm/scm_setup.py, docs/scm.md)
     scm_dir: str | None = None  # the tier's files (None: <out_dir>/scm)
@@ -362,6 +363,11 @@ class TrainConfig:
             raise ConfigError(
                 "--slipstream-control random: drops --slipstream-target-skip of the inputs, "
                 "which is 0"
+            )
+        if self.slipstream_min_lookups < 0:
+            raise ConfigError(
+                "--slipstream-min-lookups: expected an integer >= 0, got "
+                f"{self.slipstream_min_lookups}"
             )
         if self.slipstream_normalize and not self.slipstream:
             raise ConfigError("--slipstream-normalize: only with --slipstream")

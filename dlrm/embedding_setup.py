@@ -236,11 +236,17 @@ def profile_training_sample(
 ) -> AccessProfile:
     """Counts over `rate` of the epoch-0 training batches, evenly spread over the epoch."""
     n = len(source)
-    k = min(n, max(1, math.ceil(rate * n)))
+    batches = profiled_batches(n, rate)
     profiler = AccessProfiler(sizes, names)
-    for j in range(k):
-        profiler.add_kjt(source.batch(0, (j * n) // k).sparse_features)
-    return profiler.finish(sample_rate=k / n)
+    for j in batches:
+        profiler.add_kjt(source.batch(0, j).sparse_features)
+    return profiler.finish(sample_rate=len(batches) / n)
+
+
+def profiled_batches(n: int, rate: float) -> list[int]:
+    """The indices of the batches `profile_training_sample` reads of an n-batch epoch."""
+    k = min(n, max(1, math.ceil(rate * n)))
+    return [(j * n) // k for j in range(k)]
 
 
 # --- what the run directory reports ---------------------------------------------------------------

@@ -31,13 +31,12 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
-from dlrm.slipstream_stream import Cursor, RefillingStream, Yielded, random_kept
+from dlrm.slipstream_stream import Cursor, Decision, RefillingStream, Yielded, random_kept
 from dlrm.train_pipeline import StepResult, TrainPipeline
 from embeddings.kjt_ops import in_feature_order
 from embeddings.plan import row_bytes
@@ -61,6 +60,9 @@ class SlipstreamSettings:
     normalize: bool = False
     seed: int = 0
     learning_rate: float = 0.1  # the sparse optimizer's, for freeze's would-be drift
+    # source batches (indices in an epoch) the access profile read: their inputs' rows are all
+    # tracked (they are the rows the profile saw), so the threshold's sample avoids them
+    profiled: frozenset[int] = frozenset()
 
 
 @dataclass
@@ -156,6 +158,7 @@ class SlipstreamTrainPipeline(TrainPipeline):
             raise
         y = self.stream.trained()
         self._count(y)
+        self.tracker.count(y.batch.sparse_features)
         self.steps += 1
         if self.steps % self.settings.interval == 0:
             self._snapshot()
@@ -181,15 +184,15 @@ class SlipstreamTrainPipeline(TrainPipeline):
 
     # --- which inputs are kept (drop) -------------------------------------------------------------
 
-    def _decide(self, index: int, batch: Batch) -> np.ndarray | None:
+    def _decide(self, index: int, batch: Batch) -> Decision:
         s = self.settings
         if not self._active or self.freeze:
             return None
         inputs = batch.labels.numel()
         if s.control == "random":
             return random_kept(s.seed, self.epoch, index, inputs, s.target_skip)
-        stale = self.tracker.stale_inputs(self.tracker.lookups(batch.sparse_features, inputs))
-        return (~stale).numpy() if bool(stale.any()) else None
+        stale, lookups = self.tracker.stale_input_mask(batch.sparse_features, inputs)
+        return (~stale, lookups) if stale.any() else None
 
     # --- frozen rows (freeze) ---------------------------------------------------------------------
 
@@ -244,7 +247,7 @@ class SlipstreamTrainPipeline(TrainPipeline):
         extra = None
         if self.would_be is not None:
             extra = self.would_be.cpu() * s.learning_rate
-        raw = self.stream.sample()
+        raw = self.stream.sample(s.profiled)
         sample = None if raw is None else tr.lookups(raw.sparse_features, raw.labels.numel())
         info = tr.snapshot(weights, state, sample, extra)
         if s.control == "random" and self.freeze:

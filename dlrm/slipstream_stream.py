@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torchrec.datasets.utils import Batch
 
-from dlrm.fae_batches import BatchSelector, concat_batches
+from embeddings.kjt_ops import gather_rows
 
 
 @dataclass(frozen=True)
@@ -47,24 +47,34 @@ class Yielded:
     dropped: int = 0  # inputs left out before the cursor (since the previous mini-batch)
     dropped_lookups: int = 0
     extra: object = None  # what `transform` attached (Slipstream's frozen lookups)
+    batch: Batch | None = None  # the mini-batch (before `transform`)
 
 
 @dataclass
 class _Opened:
     batch: Batch
     kept: np.ndarray | None  # bool per input; None: all
-    lookups: np.ndarray  # lookups per input
-    selector: BatchSelector | None = field(default=None)
+    _lookups: np.ndarray | None = field(default=None)  # lookups per input, when known
 
     @property
     def size(self) -> int:
         return int(self.batch.labels.numel())
+
+    @property
+    def lookups(self) -> np.ndarray:
+        if self._lookups is None:
+            self._lookups = lookups_per_input(self.batch)
+        return self._lookups
 
     def kept_from(self, p: int) -> np.ndarray:
         """Positions >= p that are kept."""
         if self.kept is None:
             return np.arange(p, self.size)
         return p + np.flatnonzero(self.kept[p:])
+
+
+# which inputs of a source batch are kept (bool, None: all), optionally with each one's lookups
+Decision = np.ndarray | None | tuple[np.ndarray, np.ndarray]
 
 
 def lookups_per_input(batch: Batch) -> np.ndarray:
@@ -82,7 +92,7 @@ class RefillingStream:
         self,
         batch_size: int,
         limit: int,
-        decide: Callable[[int, Batch], np.ndarray | None],
+        decide: Callable[[int, Batch], Decision],
         transform: Callable[[Batch], tuple[Batch, object]] | None = None,
     ) -> None:
         self.batch_size = batch_size
@@ -134,7 +144,7 @@ class RefillingStream:
             if raw is None:
                 return None
             kept = self.decide(j, raw)
-            self._opened[j] = _Opened(raw, kept, lookups_per_input(raw))
+            self._opened[j] = _Opened(raw, *kept) if isinstance(kept, tuple) else _Opened(raw, kept)
         return self._opened[j]
 
     # --- mini-batches ---------------------------------------------------------------------------
@@ -178,7 +188,7 @@ class RefillingStream:
             if not have:  # nothing left to train in this epoch
                 self.pending.append(y)
                 return
-            batch = self._assemble(parts)
+            batch = y.batch = self._assemble(parts)
             if self.transform is not None:
                 batch, y.extra = self.transform(batch)
             self.pending.append(y)
@@ -187,12 +197,15 @@ class RefillingStream:
     def _assemble(self, parts: list[tuple[_Opened, np.ndarray]]) -> Batch:
         if len(parts) == 1 and parts[0][1].size == parts[0][0].size:
             return parts[0][0].batch  # every input of one source batch: the batch itself
-        out = []
+        rows = []  # KJT (and dense) rows of the inputs: R per input for TBSM, sample-major
         for o, idx in parts:
-            if o.selector is None:
-                o.selector = BatchSelector(o.batch)
-            out.append(o.selector.select(idx))
-        return concat_batches(out)
+            R = max(1, o.batch.sparse_features.stride() // max(1, o.size))
+            rows.append(idx if R == 1 else (idx[:, None] * R + np.arange(R)).reshape(-1))
+        return Batch(
+            dense_features=torch.cat([o.batch.dense_features[torch.from_numpy(r)] for (o, _), r in zip(parts, rows)]),
+            sparse_features=gather_rows([(o.batch.sparse_features, r) for (o, _), r in zip(parts, rows)]),
+            labels=torch.cat([o.batch.labels[torch.from_numpy(i)] for o, i in parts]),
+        )  # fmt: skip
 
     def trained(self) -> Yielded:
         """The oldest mini-batch given out was trained: the cursor moves past it."""
@@ -215,10 +228,16 @@ class RefillingStream:
             self.last_consumed = self._raw.pop(j)
         self.cursor = cursor
 
-    def sample(self) -> Batch | None:
-        """Recent inputs, as the source has them: the source batch at the cursor, or at the
-        epoch's end the last one consumed."""
-        raw = self.source_batch(self.cursor.batch) if self.cursor.batch < self.limit else None
+    def sample(self, avoid: frozenset[int] = frozenset(), ahead: int = 8) -> Batch | None:
+        """Recent inputs, as the source has them: the source batch at the cursor, or the first
+        after it (up to `ahead`) whose index is not in `avoid`; at the epoch's end the last one
+        consumed."""
+        j = self.cursor.batch
+        for k in range(j, min(j + ahead, self.limit)):
+            if k not in avoid:
+                j = k
+                break
+        raw = self.source_batch(j) if j < self.limit else None
         return raw if raw is not None else self.last_consumed
 
 

@@ -173,6 +173,11 @@ def build_parser() -> argparse.ArgumentParser:
     opt("--slipstream-warmup", int, help_="slipstream: steps before anything is skipped (100)")
     opt("--slipstream-control", help_="slipstream: staleness (default) or random (the control)")
     flag("--slipstream-normalize", "slipstream: scale each feature's pooled embedding to unit norm")
+    opt(
+        "--slipstream-min-lookups",
+        int,
+        help_="slipstream: trained lookups per interval before a row may be called stale (8)",
+    )
     # the SSD tier (--placement tiered): docs/scm.md
     opt("--scm-dir", help_="tiered: directory of the SSD tier's files (default: OUT_DIR/scm)")
     opt("--scm-cache", help_="tiered: DRAM row cache for the SSD tier's rows (e.g. 256MB)")

@@ -235,18 +235,19 @@ class Trainer:
 
     def _slipstream(self, inner: TrainPipeline) -> TrainPipeline:
         """`--slipstream`: the placement's pipeline wrapped in Slipstream's."""
-        from dlrm.embedding_setup import tracked_plan
+        from dlrm.embedding_setup import profiled_batches, tracked_plan
         from dlrm.slipstream_pipeline import SlipstreamSettings, SlipstreamTrainPipeline
         from embeddings.staleness import StalenessTracker
 
         cfg = self.cfg
         plan = tracked_plan(cfg, self.placement, self.data.train)
         tracker = StalenessTracker(plan, cfg.slipstream_metric, cfg.slipstream_threshold,
-                                   cfg.slipstream_target_skip)  # fmt: skip
+                                   cfg.slipstream_target_skip, cfg.slipstream_min_lookups)  # fmt: skip
         settings = SlipstreamSettings(
             cfg.slipstream_mode, cfg.slipstream_interval, cfg.slipstream_metric,
             cfg.slipstream_threshold, cfg.slipstream_target_skip, cfg.slipstream_warmup,
             cfg.slipstream_control, cfg.slipstream_normalize, cfg.seed, cfg.learning_rate,
+            frozenset(profiled_batches(len(self.data.train), cfg.profile_sample_rate)),
         )  # fmt: skip
         return SlipstreamTrainPipeline(inner, self.model, tracker, settings, cfg.mini_batch_size,
                                        self.steps_per_epoch(), self.device)  # fmt: skip

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numba
 import numpy as np
 import torch
 
@@ -79,3 +80,52 @@ class KJTSelector:
 def select_inputs(kjt: KeyedJaggedTensor, idx: np.ndarray | torch.Tensor) -> KeyedJaggedTensor:
     """The inputs at positions `idx` of a KJT (every feature)."""
     return KJTSelector(kjt).select(idx)
+
+
+@numba.njit(cache=True)
+def _bag_lengths(offsets, T, rows, idx, out_len, col0):  # pragma: no cover
+    for t in range(T):
+        for j in range(idx.shape[0]):
+            out_len[t, col0 + j] = offsets[t * rows + idx[j] + 1] - offsets[t * rows + idx[j]]
+
+
+@numba.njit(cache=True)
+def _copy_bags(values, offsets, T, rows, idx, out, out_offsets, out_rows, col0):  # pragma: no cover
+    for t in range(T):
+        for j in range(idx.shape[0]):
+            a, b = offsets[t * rows + idx[j]], offsets[t * rows + idx[j] + 1]
+            o = out_offsets[t * out_rows + col0 + j]
+            for k in range(b - a):
+                out[o + k] = values[a + k]
+
+
+def gather_rows(parts: list[tuple[KeyedJaggedTensor, np.ndarray]]) -> KeyedJaggedTensor:
+    """The rows `idx` of each KJT, the parts one after the other (every feature, in the first
+    part's key order), in one pass over their lookups: what `concat_kjts` of `select_inputs`
+    gives, without its per-part tensor ops (Slipstream refills a mini-batch every step). CPU
+    tensors without weights only; others go through those two."""
+    kjts = [in_feature_order(k, parts[0][0].keys()) for k, _ in parts]
+    if any(k.values().device.type != "cpu" or k.weights_or_none() is not None for k in kjts):
+        return concat_kjts([select_inputs(k, i) for k, (_, i) in zip(kjts, parts)])
+    T = len(kjts[0].keys())
+    idxs = [np.ascontiguousarray(i, dtype=np.int64) for _, i in parts]
+    offsets = [k.offsets().numpy() for k in kjts]
+    out_rows = sum(i.size for i in idxs)
+    out_len = np.empty((T, out_rows), dtype=offsets[0].dtype)
+    col0 = 0
+    for kjt, off, i in zip(kjts, offsets, idxs):
+        _bag_lengths(off, T, kjt.stride(), i, out_len, col0)
+        col0 += i.size
+    out_offsets = np.zeros(out_len.size + 1, dtype=np.int64)
+    np.cumsum(out_len.reshape(-1), out=out_offsets[1:])
+    dtype = kjts[0].values().dtype
+    out = torch.empty(int(out_offsets[-1]), dtype=dtype)
+    col0 = 0
+    for kjt, off, i in zip(kjts, offsets, idxs):
+        values = kjt.values()
+        if values.dtype != dtype:
+            values = values.to(dtype)
+        _copy_bags(values.numpy(), off, T, kjt.stride(), i, out.numpy(), out_offsets, out_rows, col0)  # fmt: skip
+        col0 += i.size
+    lengths_out = torch.from_numpy(out_len.reshape(-1)).to(kjts[0].lengths().dtype)
+    return _kjt(keys=kjts[0].keys(), values=out, lengths=lengths_out, stride=out_rows)

@@ -11,11 +11,21 @@ too). Every interval the caller passes the tracked rows' current weights to `sna
 - the threshold: an explicit one, or the drift below which `target_skip` of a sample of recent
   inputs would be skippable (an input is skippable when every lookup of it is a tracked row with
   a drift below the threshold, so the threshold is a quantile of the inputs' largest drift);
-- rows below the threshold are stale until a later snapshot shows them moving again.
+- rows below the threshold are stale until a later snapshot shows them moving again;
+- with `min_lookups` m, only rows the trained mini-batches looked up at least m times since the
+  last snapshot can *become* stale (`count` counts them): a row nobody looked up has a drift of
+  0 because nothing touched it, not because it saturated, and calling it stale would make every
+  input that meets it skippable on no evidence (measured in docs/slipstream.md: in 16 steps of
+  the synthetic data two thirds of the tracked rows are not looked up at all). A stale row
+  looked up fewer times stays stale unless its drift shows it moving.
 
 Which inputs are stale is the all-hot question of `hot_inputs.py` asked of the stale rows
 instead of the device tier's (`all_hot_given_cold` with the non-stale lookups as the "cold" ones).
 Lookups are table-major KJTs in feature order, as everywhere (`lookup_slots`).
+
+Drop asks "which inputs are stale" of every source batch, once per step and more: that is one
+numba pass over the batch's lookups (`stale_input_mask`), not a dozen tensor ops (measured in
+docs/slipstream.md: the ops cost more than the rest of Slipstream's step together).
 """
 
 from __future__ import annotations
@@ -24,6 +34,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numba
 import numpy as np
 import torch
 
@@ -37,6 +48,55 @@ if TYPE_CHECKING:
 
 METRICS = ("relative", "absolute")
 _TINY = 1e-12  # a row of zeros has no relative drift to speak of: measured against this norm
+
+
+@numba.njit(cache=True)
+def _classify(values, lengths, row_base, rows, rows_per_input, remap, stale):  # pragma: no cover
+    """One pass over table-major lookups: per input, whether every lookup is a stale tracked row
+    (and it has one), and its number of lookups; `bad`: the position of an id outside its
+    table (-1: none). Inputs are walked as whole bags of R rows (no division per bag: it cost
+    as much as the lookups)."""
+    R = rows_per_input
+    inputs = rows // R
+    fresh = np.zeros(inputs, dtype=np.bool_)
+    count = np.zeros(inputs, dtype=np.int64)
+    pos, T = 0, row_base.shape[0]
+    for t in range(T):
+        base = row_base[t]
+        end = row_base[t + 1] if t + 1 < T else remap.shape[0]
+        for i in range(inputs):
+            f, c = False, 0
+            for rr in range(R):
+                n = lengths[t * rows + i * R + rr]
+                c += n
+                for k in range(pos, pos + n):
+                    g = base + values[k]
+                    if g < base or g >= end:
+                        return fresh, count, k
+                    s = remap[g]
+                    f |= s < 0 or not stale[s]
+                pos += n
+            count[i] += c
+            fresh[i] |= f
+    return (~fresh) & (count > 0), count, -1
+
+
+@numba.njit(cache=True)
+def _count(values, lengths, row_base, rows, remap, counts):  # pragma: no cover
+    """counts[slot] += 1 for every lookup of a tracked row (ids outside the tables: ignored,
+    the lookup itself fails elsewhere)."""
+    pos, T = 0, row_base.shape[0]
+    for t in range(T):
+        base = row_base[t]
+        end = row_base[t + 1] if t + 1 < T else remap.shape[0]
+        n = 0
+        for r in range(rows):
+            n += lengths[t * rows + r]
+        for k in range(pos, pos + n):
+            g = base + values[k]
+            if base <= g < end and remap[g] >= 0:
+                counts[remap[g]] += 1
+        pos += n
 
 
 @dataclass
@@ -74,6 +134,7 @@ class StalenessTracker:
         metric: str = "relative",
         threshold: float | None = None,
         target_skip: float | None = None,
+        min_lookups: int = 0,
     ) -> None:
         if metric not in METRICS:
             raise ValueError(
@@ -85,6 +146,9 @@ class StalenessTracker:
             raise ValueError(f"staleness threshold: expected a number >= 0, got {threshold}")
         if target_skip is not None and not 0.0 <= target_skip < 1.0:
             raise ValueError(f"staleness target skip share: expected [0, 1), got {target_skip}")
+        if min_lookups < 0:
+            raise ValueError(f"staleness min lookups: expected an integer >= 0, got {min_lookups}")
+        self.min_lookups = min_lookups
         self.classifier = AllHotClassifier(plan)  # lookups -> tracked row (hot-table index)
         self.feature_names = list(plan.feature_names)
         self.tables, self.rows = plan.hot_ids()  # (table, row) of each tracked row
@@ -94,6 +158,7 @@ class StalenessTracker:
         n = self.num_tracked
         self.stale = torch.zeros(n, dtype=torch.bool)
         self.drift = torch.zeros(n)  # at the last snapshot (0 before the second)
+        self.looked_up = torch.zeros(n, dtype=torch.int64)  # trained lookups since the snapshot
         self.threshold = float("nan")  # nan until a drift has been measured
         self.snapshots = 0
         self.weights: torch.Tensor | None = None  # [n, dim] at the last snapshot
@@ -118,6 +183,36 @@ class StalenessTracker:
             raise ValueError(f"staleness: {rows} KJT rows do not split into {inputs} inputs")
         slots = self.classifier.slots(values, lengths, rows).long()
         return Lookups(slots, lengths, rows, rows // inputs)
+
+    def stale_input_mask(
+        self, features: KeyedJaggedTensor, inputs: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """bool [inputs]: every lookup of the input (every step, for TBSM) is a stale row (what
+        `stale_inputs(lookups(...))` says, in one pass), and int64 [inputs]: its lookups."""
+        features = in_feature_order(features, self.feature_names)
+        values, lengths = features.values().cpu().numpy(), features.lengths().cpu().numpy()
+        rows = features.stride()
+        if inputs < 1 or rows % inputs:
+            raise ValueError(f"staleness: {rows} KJT rows do not split into {inputs} inputs")
+        remap = self.classifier.remap(torch.device("cpu")).numpy()
+        stale, count, bad = _classify(
+            values, lengths, self.classifier.row_base.numpy(), rows, rows // inputs, remap,
+            self.stale.numpy(),
+        )  # fmt: skip
+        if bad >= 0:
+            raise IndexError(f"staleness: lookup {bad} (id {values[bad]}) is outside its table")
+        return stale, count
+
+    def count(self, features: KeyedJaggedTensor) -> None:
+        """A trained mini-batch's lookups of tracked rows, counted towards `min_lookups`."""
+        if not self.min_lookups:
+            return
+        features = in_feature_order(features, self.feature_names)
+        _count(
+            features.values().cpu().numpy(), features.lengths().cpu().numpy(),
+            self.classifier.row_base.numpy(), features.stride(),
+            self.classifier.remap(torch.device("cpu")).numpy(), self.looked_up.numpy(),
+        )  # fmt: skip
 
     def stale_lookups(self, lk: Lookups) -> torch.Tensor:
         """bool [lookups]: the lookup's row is tracked and stale."""
@@ -159,8 +254,10 @@ class StalenessTracker:
                 base = torch.linalg.vector_norm(self.weights.to(weights.device), dim=1)
                 drift = drift / base.clamp(min=_TINY)
             self.drift = drift.cpu()
+            may_be = self._may_be_stale()
             self.threshold = self._threshold(sample)
-            self.stale = self.drift < self.threshold
+            self.stale = (self.drift < self.threshold) & may_be
+            self.looked_up.zero_()
         self.weights = weights.clone()
         self.state = None if state is None else state.detach().clone()
         self.snapshots += 1
@@ -169,6 +266,13 @@ class StalenessTracker:
             "stale_row_share": self.stale_share,
             "median_drift": float(self.drift.median()) if self.num_tracked else 0.0,
         }  # fmt: skip
+
+    def _may_be_stale(self) -> torch.Tensor:
+        """bool [tracked]: rows with enough lookups since the last snapshot to judge, and the
+        rows already stale (they stay so unless their drift shows them moving)."""
+        if not self.min_lookups:
+            return torch.ones(self.num_tracked, dtype=torch.bool)
+        return (self.looked_up >= self.min_lookups) | self.stale
 
     def _threshold(self, sample: Lookups | None) -> float:
         if self.fixed_threshold is not None:
@@ -191,7 +295,10 @@ class StalenessTracker:
         not tracked, or when it has none): it is skippable under thresholds above this."""
         per_lookup = torch.full((lk.slots.numel(),), math.inf)
         tracked = lk.slots >= 0
-        per_lookup[tracked] = self.drift[lk.slots[tracked]]
+        drift = self.drift
+        if self.min_lookups:  # rows that cannot be called stale now count as untracked
+            drift = torch.where(self._may_be_stale(), drift, math.inf)
+        per_lookup[tracked] = drift[lk.slots[tracked]]
         per_bag = torch.full((lk.lengths.numel(),), -math.inf)
         per_bag.scatter_reduce_(0, lk.bag_of_lookup(), per_lookup, "amax")
         m = lk.per_input(per_bag, "amax")
@@ -212,6 +319,7 @@ class StalenessTracker:
             "drift": self.drift.clone(),
             "threshold": torch.tensor(self.threshold, dtype=torch.float64),
             "snapshots": torch.tensor(self.snapshots),
+            "looked_up": self.looked_up.clone(),
         }
         if self.weights is not None:
             out["weights"] = self.weights.cpu()
@@ -229,5 +337,8 @@ class StalenessTracker:
         self.drift = state["drift"].float().clone()
         self.threshold = float(state["threshold"])
         self.snapshots = int(state["snapshots"])
+        # checkpoints from before the evidence rule have no counts: none counted yet
+        counts = state.get("looked_up", torch.zeros(n, dtype=torch.int64))
+        self.looked_up = counts.to(torch.int64).clone()
         self.weights = state["weights"].to(device) if "weights" in state else None
         self.state = state["state"].to(device) if "state" in state else None

@@ -57,16 +57,41 @@ def criteo_data(work: Path, lines: int) -> Path:
     return ensure_preprocessed("kaggle", raw, work / "kaggle.processed", seed=0)
 
 
+def cpu_clock(trainer: Trainer) -> tuple[list[float], list[float]]:
+    """The process CPU time the trainer's steps take (data, Slipstream's work and the step;
+    evaluation excluded) and its value at each evaluation: the load-robust training time (the
+    run's threads: one torch thread, one numba thread, the data's reader)."""
+    total, at_eval = [0.0], []
+    step, evaluate = trainer._step, trainer._evaluate_and_checkpoint
+
+    def timed_step(batches):
+        t0 = time.process_time()
+        try:
+            return step(batches)
+        finally:
+            total[0] += time.process_time() - t0
+
+    def timed_evaluate():
+        at_eval.append(total[0])
+        return evaluate()
+
+    trainer._step, trainer._evaluate_and_checkpoint = timed_step, timed_evaluate
+    return total, at_eval
+
+
 def run(cfg: TrainConfig) -> dict:
     t0 = time.perf_counter()
     trainer = Trainer(cfg, checkpoints=False)
+    cpu, cpu_at_eval = cpu_clock(trainer)
     summary = trainer.fit()
     events = [json.loads(x) for x in (cfg.run_dir / "metrics.jsonl").read_text().splitlines()]
-    evals = [(e["train_time_s"], e["test_auc"], e["step"], e["epoch"]) for e in events if e["event"] == "eval"]  # fmt: skip
+    # (CPU seconds, AUC, step, epoch, wall seconds of training) at each evaluation
+    evals = [(round(c, 3), e["test_auc"], e["step"], e["epoch"], round(e["train_time_s"], 3))
+             for c, e in zip(cpu_at_eval, (e for e in events if e["event"] == "eval"))]  # fmt: skip
     out = {
-        "test_auc": summary["test_auc"], "wall_s": round(summary["wall_s"], 3),
-        "steps": summary["steps"], "samples": summary["samples"], "evals": evals,
-        "run_s": round(time.perf_counter() - t0, 1),
+        "test_auc": summary["test_auc"], "cpu_s": round(cpu[0], 3),
+        "wall_s": round(summary["wall_s"], 3), "steps": summary["steps"],
+        "samples": summary["samples"], "evals": evals, "run_s": round(time.perf_counter() - t0, 1),
     }  # fmt: skip
     s = summary.get("slipstream")
     if s:
@@ -75,14 +100,59 @@ def run(cfg: TrainConfig) -> dict:
         pre = cfg.slipstream_warmup * cfg.mini_batch_size
         seen = s["samples_trained"] + s["samples_skipped"]
         out["skip_share_after_warmup"] = s["samples_skipped"] / max(1, seen - pre)
+        out["all_tracked_input_share"] = all_tracked_share(trainer)
     shutil.rmtree(cfg.run_dir, ignore_errors=True)
     return out
 
 
+def all_tracked_share(trainer: Trainer, batches: int = 8) -> dict:
+    """Share of inputs whose every lookup is a tracked row (no threshold can skip more), in
+    source batches the access profile read and in others (the first `batches` of each)."""
+    import torch
+
+    from embeddings.hot_inputs import all_hot_given_cold
+
+    tr, profiled, src = (
+        trainer.pipeline.tracker,
+        trainer.pipeline.settings.profiled,
+        trainer.data.train,
+    )
+    out = {}
+    for name, pick in (
+        ("profiled", lambda j: j in profiled),
+        ("other", lambda j: j not in profiled),
+    ):
+        hits = seen = 0
+        for j in [j for j in range(len(src)) if pick(j)][:batches]:
+            b = src.batch(0, j)
+            lk = tr.lookups(b.sparse_features, b.labels.numel())
+            a = all_hot_given_cold(torch.nonzero(lk.slots < 0).squeeze(1), lk.lengths, lk.rows)
+            a = a.view(lk.inputs, lk.rows_per_input).all(1)
+            hits, seen = hits + int(a.sum()), seen + a.numel()
+        out[name] = round(hits / seen, 4) if seen else None
+    return out
+
+
+def _thread_timed(obj, name: str, acc: dict) -> None:
+    """Wrap `obj.name` to add its thread CPU time to acc[name]."""
+    fn = getattr(obj, name)
+    acc[name] = 0.0
+
+    def timed(*a, **k):
+        t0 = time.thread_time()
+        try:
+            return fn(*a, **k)
+        finally:
+            acc[name] += time.thread_time() - t0
+
+    setattr(obj, name, timed)
+
+
 def step_interleaved(base: dict, args, steps: int, work: Path) -> dict:
     """Steps of the baseline and of Slipstream (past its warm-up, snapshots included) alternated
-    one by one in one process: what a Slipstream step costs against a baseline step, measured
-    under the same load (a whole run's time swings with the machine's)."""
+    one by one in one process, each timed by the thread CPU time it takes (one torch thread,
+    one numba thread: the load of the shared machine does not enter): what a Slipstream step
+    costs against a baseline step, and where Slipstream's own part of it goes."""
     import torch
 
     base = dict(base, data_size=base["data_size"] * 4)  # an endless stream: never runs out
@@ -92,21 +162,42 @@ def step_interleaved(base: dict, args, steps: int, work: Path) -> dict:
     its = {k: t.data.train.batches(0) for k, t in trainers.items()}
     for _ in range(args.warmup + 2 * args.interval):  # untimed: past the warm-up, sets chosen
         trainers["slipstream"].pipeline.progress(its["slipstream"])
+    for _ in range(4):
+        trainers["baseline"].pipeline.progress(its["baseline"])
+    pipe = trainers["slipstream"].pipeline
+    parts: dict[str, float] = {}
+    _thread_timed(pipe.stream, "decide", parts)  # classifying source batches
+    _thread_timed(pipe.stream, "_assemble", parts)  # cutting and joining refilled mini-batches
+    _thread_timed(pipe, "_snapshot", parts)  # snapshots, drift, threshold
+    _thread_timed(pipe.tracker, "count", parts)  # counting trained lookups (min lookups)
+    _thread_timed(pipe.stream, "source_batch", parts)  # reading source batches (data)
     times: dict[str, list[float]] = {k: [] for k in trainers}
     samples = dict.fromkeys(trainers, 0)
+    skipped0, source0 = pipe.counts["samples_skipped"], pipe.counts["samples_trained"]
     for _ in range(steps):
         for k, t in trainers.items():
-            t0 = time.perf_counter()
+            t0 = time.thread_time()
             out = t.pipeline.progress(its[k])
             torch.cuda.synchronize() if t.device.type == "cuda" else None
-            times[k].append(time.perf_counter() - t0)
+            times[k].append(time.thread_time() - t0)
             samples[k] += out.samples
     q = {k: statistics.quantiles(v, n=4) for k, v in times.items()}
     med = {k: statistics.median(v) for k, v in times.items()}
+    total = {k: sum(v) for k, v in times.items()}
+    skipped = pipe.counts["samples_skipped"] - skipped0
+    seen = pipe.counts["samples_trained"] - source0 + skipped
+    own = {k: v for k, v in parts.items() if k != "source_batch"}
     return {
-        "steps": steps, "ms_per_step_median": {k: round(1e3 * v, 2) for k, v in med.items()},
+        "steps": steps, "clock": "thread CPU time (time.thread_time), torch and numba 1 thread",
+        "ms_per_step_median": {k: round(1e3 * v, 2) for k, v in med.items()},
         "ms_per_step_quartiles": {k: [round(1e3 * q[k][0], 2), round(1e3 * q[k][2], 2)] for k in q},
+        "ms_per_step_mean": {k: round(1e3 * v / steps, 2) for k, v in total.items()},
         "slipstream_step_cost_vs_baseline": round(med["slipstream"] / med["baseline"], 3),
+        "slipstream_step_cost_vs_baseline_mean": round(total["slipstream"] / total["baseline"], 3),
+        # Slipstream's own work per step (reading source batches is the data's, listed apart)
+        "slipstream_parts_ms_per_step": {k: round(1e3 * v / steps, 3) for k, v in parts.items()},
+        "slipstream_own_share_of_step": round(sum(own.values()) / total["slipstream"], 4),
+        "source_inputs_per_trained_input": round(seen / max(1, samples["slipstream"]), 4),
         "samples": samples,
     }  # fmt: skip
 
@@ -114,17 +205,23 @@ def step_interleaved(base: dict, args, steps: int, work: Path) -> dict:
 def at_epoch(r: dict, epoch: int) -> dict:
     """The run as it stood at the end of `epoch` (its first evaluation in the next epoch's name)."""
     ends = [e for e in r["evals"] if e[3] == epoch]
-    t, auc, step, _ = ends[0]
+    t, auc, step, _, wall = ends[0]
     return {
         "test_auc": auc,
-        "wall_s": t,
+        "cpu_s": t,
+        "wall_s": wall,
         "steps": step,
         "evals": [e for e in r["evals"] if e[2] <= step],
     }
 
 
+def skipped(r: dict) -> float:
+    """A run's skipped input share (0 for a run without Slipstream)."""
+    return r.get("slipstream", r).get("skipped_input_share") or 0.0
+
+
 def time_to(r: dict, target: float) -> float | None:
-    return next((t for t, auc, _, _ in r["evals"] if auc >= target), None)
+    return next((t for t, auc, *_ in r["evals"] if auc >= target), None)
 
 
 def spread(xs: list[float]) -> dict:
@@ -141,21 +238,24 @@ def compare(rounds: list[dict]) -> dict:
     for r in rounds:
         b, s = r["baseline"], r["slipstream"]
         target = b["test_auc"] - AUC_MARGIN
+        clock = "cpu_s" if "cpu_s" in b else "wall_s"  # made-up runs in tests have wall only
         out["per_seed"].append({
             "auc": {k: round(r[k]["test_auc"], 5) for k in ("baseline", "slipstream", "random")},
+            "time_s": {k: round(r[k][clock], 2) for k in ("baseline", "slipstream", "random")},
             "wall_s": {k: round(r[k]["wall_s"], 2) for k in ("baseline", "slipstream", "random")},
             "steps": {k: r[k]["steps"] for k in ("baseline", "slipstream", "random")},
-            "time_ratio": round(b["wall_s"] / s["wall_s"], 3),
+            "time_ratio": round(b[clock] / s[clock], 3),
+            "wall_ratio": round(b["wall_s"] / s["wall_s"], 3),
             "step_ratio": round(b["steps"] / s["steps"], 3),
             "time_to_baseline_auc_minus_0.001_s": {
                 k: time_to(r[k], target) for k in ("baseline", "slipstream", "random")},
-            "skipped_input_share": {k: r[k].get("slipstream", r[k]).get("skipped_input_share")
-                                    for k in ("slipstream", "random")},
+            "skipped_input_share": {k: skipped(r[k]) for k in ("slipstream", "random")},
         })  # fmt: skip
     ps = out["per_seed"]
     d_slip = [p["auc"]["slipstream"] - p["auc"]["baseline"] for p in ps]
     d_rand = [p["auc"]["random"] - p["auc"]["baseline"] for p in ps]
     out["time_ratio"] = spread([p["time_ratio"] for p in ps])
+    out["wall_ratio"] = spread([p["wall_ratio"] for p in ps])
     out["step_ratio"] = spread([p["step_ratio"] for p in ps])
     out["auc_change_slipstream"] = spread(d_slip)
     out["auc_change_random"] = spread(d_rand)
@@ -171,7 +271,8 @@ def compare(rounds: list[dict]) -> dict:
 
 def variants(base: dict, args, seed: int, share: float | None = None) -> dict[str, dict]:
     slip = dict(slipstream=True, slipstream_interval=args.interval, slipstream_warmup=args.warmup,
-                slipstream_target_skip=args.target_skip)  # fmt: skip
+                slipstream_target_skip=args.target_skip,
+                slipstream_min_lookups=args.min_lookups)  # fmt: skip
     out = {"baseline": base, "slipstream": {**base, **slip}}
     if share is not None:
         out["random"] = {
@@ -189,6 +290,9 @@ def one_round(base: dict, args, seed: int, work: Path, tag: str) -> dict:
         res[name] = run(TrainConfig(**kw, seed=seed, out_dir=str(work / f"{tag}-{name}-{seed}")))
         log(tag, seed, name, res[name])
     share = round(res["slipstream"]["skip_share_after_warmup"], 4)
+    if share == 0:  # dropping nothing is the baseline, bit for bit (tested)
+        res["random"] = dict(res["baseline"], note="Slipstream dropped nothing: the baseline")
+        return res
     kw = variants(base, args, seed, share)["random"]
     res["random"] = run(TrainConfig(**kw, seed=seed, out_dir=str(work / f"{tag}-random-{seed}")))
     log(tag, seed, "random", res["random"])
@@ -232,27 +336,41 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--data", default="synthetic,criteo")
-    p.add_argument("--synthetic-samples", type=int, default=262_144)
-    p.add_argument("--criteo-lines", type=int, default=7 * 16_384)
+    p.add_argument("--synthetic-samples", type=int, default=2048 * 2048)
+    p.add_argument("--criteo-lines", type=int, default=7 * 131_072)
     p.add_argument("--criteo-epochs", type=int, default=3)
     p.add_argument("--batch", type=int, default=2048)
+    p.add_argument("--lr", type=float, default=0.4,
+                   help="SGD learning rate (0.4: the baseline plateaus within the runs)")  # fmt: skip
     p.add_argument("--hot-budget", default="16MB")
     p.add_argument("--profile-sample-rate", type=float, default=0.25)
     p.add_argument("--arch", default="small", choices=("small", "reference"),
                    help="small: MLPs 13-64-16 / 64-1 (as bench_placement); reference: Kaggle's")  # fmt: skip
-    p.add_argument("--interval", type=int, default=16)
-    p.add_argument("--warmup", type=int, default=32)
+    p.add_argument("--interval", type=int, default=50)
+    p.add_argument("--warmup", type=int, default=200)
     p.add_argument("--target-skip", type=float, default=0.2)
-    p.add_argument("--curve", default="0.01,0.03,0.1",
+    p.add_argument("--min-lookups", type=int, default=8,
+                   help="trained lookups per interval before a row may be called stale")  # fmt: skip
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch and numba threads (1: CPU time measures the work, not the load)")  # fmt: skip
+    p.add_argument("--curve", default="0.05,0.2",
                    help="explicit drift thresholds for the skip share vs AUC curve (first seed)")  # fmt: skip
-    p.add_argument("--evals-per-epoch", type=int, default=4)
+    p.add_argument("--curve-data", default="synthetic", help="data sets the curve is run on")
+    p.add_argument("--evals-per-epoch", type=int, default=8)
     p.add_argument("--hotline-seeds", type=int, default=1)
-    p.add_argument("--interleave-steps", type=int, default=40,
+    p.add_argument("--interleave-steps", type=int, default=100,
                    help="steps of baseline and Slipstream alternated in one process (synthetic)")  # fmt: skip
-    p.add_argument("--normalize", type=int, default=1, help="also Slipstream with normalization")
+    p.add_argument("--interleave-archs", default="small,reference",
+                   help="the MLPs the interleaved step cost is measured with")  # fmt: skip
+    p.add_argument("--normalize", type=int, default=0, help="also Slipstream with normalization")
     p.add_argument("--work", default="", help="scratch directory (default: a new one in /tmp)")
     p.add_argument("--out", default="", help="write bench_slipstream.json and .png here")
     args = p.parse_args()
+    import numba
+    import torch
+
+    torch.set_num_threads(args.threads)
+    numba.set_num_threads(args.threads)
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
     work = Path(args.work or tempfile.mkdtemp(prefix="bench_slipstream_"))
@@ -260,7 +378,7 @@ def main() -> int:
     t_start = time.perf_counter()
     common = dict(mini_batch_size=args.batch, device="cpu", placement="device",
                   hot_budget=args.hot_budget, profile_sample_rate=args.profile_sample_rate,
-                  print_freq=10**9, progress=False)  # fmt: skip
+                  learning_rate=args.lr, print_freq=10**9, progress=False)  # fmt: skip
     if args.arch == "small":
         common.update(arch_sparse_feature_size=16, arch_mlp_bot=(13, 64, 16), arch_mlp_top=(64, 1))
     data = {}
@@ -284,6 +402,13 @@ def main() -> int:
         "settings": vars(args), "data": {},
     }  # fmt: skip
     histories, curves = {}, {}
+    if data:  # untimed: kernels compiled or loaded, caches warm, before the first timed run
+        first = next(iter(data.values()))
+        warm = {**variants(first, args, 0)["slipstream"], "nepochs": 1, "slipstream_warmup": 2,
+                "slipstream_interval": 2, "slipstream_min_lookups": 1, "test_freq": 0,
+                "data_size": 8 * args.batch, "data_set": "synthetic"}  # fmt: skip
+        warm.pop("processed_data_file", None)
+        run(TrainConfig(**warm, seed=0, out_dir=str(work / "warm-up")))
     rounds: dict[str, list] = {k: [] for k in data}
     for seed in range(args.seeds):  # rounds: every data set and variant once per seed
         for name, base in data.items():
@@ -291,23 +416,24 @@ def main() -> int:
     for name, rs in rounds.items():
         if not rs:
             continue
-        d = {"compare": compare(rs), "runs": rs}
+        d = {"compare": compare(rs), "runs": rs,
+             "all_tracked_input_share": rs[0]["slipstream"]["all_tracked_input_share"]}  # fmt: skip
         if name == "criteo":
             firsts = [
                 {k: at_epoch(r[k], 1) for k in ("baseline", "slipstream", "random")} for r in rs
             ]
             for f, r in zip(firsts, rs):
                 for k in ("slipstream", "random"):
-                    f[k]["skipped_input_share"] = r[k]["slipstream"]["skipped_input_share"]
+                    f[k]["skipped_input_share"] = skipped(r[k])
             d["compare_1_epoch"] = compare(firsts)
         histories[f"{name}, target skip {args.target_skip}"] = rs[0]["slipstream"]["history"]
         b0 = rs[0]["baseline"]["test_auc"]
         curves[f"{name}, fixed thresholds"] = []
-        curves[f"{name}, target skip"] = [(rs[0]["slipstream"]["slipstream"]["skipped_input_share"],
+        curves[f"{name}, target skip"] = [(skipped(rs[0]["slipstream"]),
                          rs[0]["slipstream"]["test_auc"] - b0)]  # fmt: skip
-        curves[f"{name} random"] = [(rs[0]["random"]["slipstream"]["skipped_input_share"],
+        curves[f"{name} random"] = [(skipped(rs[0]["random"]),
                                      rs[0]["random"]["test_auc"] - b0)]  # fmt: skip
-        for t in [float(x) for x in args.curve.split(",") if x]:
+        for t in [float(x) for x in args.curve.split(",") if x and name in args.curve_data]:
             kw = {**variants(data[name], args, 0)["slipstream"], "slipstream_threshold": t}
             r = run(TrainConfig(**kw, seed=0, out_dir=str(work / f"{name}-curve-{t}")))
             log(name, 0, f"threshold {t}", r)
@@ -326,10 +452,15 @@ def main() -> int:
                                "vs_slipstream": round(r["test_auc"] - rs[0]["slipstream"]["test_auc"], 5)}  # fmt: skip
         result["data"][name] = d
     if args.interleave_steps and "synthetic" in data:
-        result["step_interleaved"] = step_interleaved(
-            data["synthetic"], args, args.interleave_steps, work
-        )
-        print(f"step interleaved: {result['step_interleaved']}", file=sys.stderr, flush=True)
+        result["step_interleaved"] = {}
+        for arch in [a for a in args.interleave_archs.split(",") if a]:
+            base = dict(data["synthetic"])
+            if arch == "reference":  # the Kaggle reference's MLPs (TrainConfig's defaults)
+                for k in ("arch_sparse_feature_size", "arch_mlp_bot", "arch_mlp_top"):
+                    base.pop(k, None)
+            r = step_interleaved(base, args, args.interleave_steps, work / arch)
+            result["step_interleaved"][arch] = r
+            print(f"step interleaved ({arch}): {r}", file=sys.stderr, flush=True)
     if args.hotline_seeds and "synthetic" in data:
         hl = []
         base = dict(data["synthetic"], placement="hotline")

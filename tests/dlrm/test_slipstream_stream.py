@@ -133,3 +133,20 @@ def test_random_control_is_a_function_of_its_batch():
     assert np.array_equal(a, random_kept(7, 1, 3, 10_000, 0.25))
     assert not np.array_equal(a, random_kept(7, 1, 4, 10_000, 0.25))
     assert abs((~a).mean() - 0.25) < 0.02
+
+
+def test_the_threshold_sample_skips_the_profiled_batches():
+    """`sample(avoid)`: the first source batch at or after the cursor not in `avoid` (the
+    batches the access profile read), the cursor's own when all near ones are avoided, and at
+    the epoch's end the last one consumed."""
+    sizes = [8] * 6
+    stream = RefillingStream(B, 6, lambda j, b: None)
+    stream.open(iter(source(sizes)), Cursor())
+    assert stream.sample().labels[0] == 0
+    assert stream.sample(frozenset({0, 1, 3})).labels[0] == 16
+    assert stream.sample(frozenset(range(6)), ahead=6).labels[0] == 0
+    drain(stream, stream.restart(), 3)
+    assert stream.cursor == Cursor(3, 0)
+    assert stream.sample(frozenset({0, 3, 4})).labels[0] == 40
+    drain(stream, stream.restart())
+    assert stream.sample(frozenset({5})).labels[0] == 40  # the epoch is over: the last consumed

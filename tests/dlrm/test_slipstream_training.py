@@ -169,6 +169,7 @@ def test_tbsm_drops_whole_histories(make_config, tmp_path):
         arch_embedding_size=None, arch_sparse_feature_size=None, arch_mlp_bot=None,
         arch_mlp_top=None, **{**SLIP, "hot_budget": "64KB", "slipstream_interval": 4,
                               "slipstream_warmup": 4}, slipstream_target_skip=0.3,
+        slipstream_min_lookups=1,  # a tiny data set: few lookups per row and interval
     )  # fmt: skip
     watch = Watch()
     summary = Trainer(cfg, step_hook=watch).fit()
@@ -184,6 +185,7 @@ def test_tbsm_drops_whole_histories(make_config, tmp_path):
         (["--slipstream", "--slipstream-target-skip", "1.5"], "--slipstream-target-skip: expected a number in [0, 1)"),
         (["--slipstream", "--slipstream-interval", "0"], "--slipstream-interval: expected a positive integer"),
         (["--slipstream", "--slipstream-threshold", "-1"], "--slipstream-threshold: expected a finite number >= 0"),
+        (["--slipstream", "--slipstream-min-lookups", "-1"], "--slipstream-min-lookups: expected an integer >= 0"),
         (["--slipstream-normalize"], "--slipstream-normalize: only with --slipstream"),
         (["--slipstream", "--slipstream-control", "random", "--slipstream-target-skip", "0"], "drops --slipstream-target-skip"),
         (["--slipstream", "--placement", "hotline", "--hotline-learn-batches", "4"], "--slipstream: tracks the plan's hot rows"),

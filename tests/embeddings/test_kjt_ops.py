@@ -3,7 +3,13 @@ import pytest
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from embeddings.kjt_ops import KJTSelector, concat_kjts, in_feature_order, select_inputs
+from embeddings.kjt_ops import (
+    KJTSelector,
+    concat_kjts,
+    gather_rows,
+    in_feature_order,
+    select_inputs,
+)
 
 
 def ragged(batch: int, seed: int, keys=("a", "b", "c")) -> KeyedJaggedTensor:
@@ -47,3 +53,22 @@ def test_concat_joins_along_the_batch_and_follows_the_first_key_order():
     assert joined.keys() == ["a", "b", "c"] and joined.stride() == 7
     assert per_input(joined) == per_input(a) + per_input(b)
     assert concat_kjts([a]) is a
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_gather_rows_is_select_then_concat(seed):
+    """Slipstream's one-pass refill: the rows of several KJTs (keys in another order, empty
+    selections, repeats) against the per-input reference."""
+    gen = np.random.default_rng(seed)
+    parts = []
+    for j, batch in enumerate((5, 1, 9)):
+        kjt = ragged(batch, seed * 10 + j)
+        if j == 1:
+            kjt = kjt.permute([2, 0, 1])
+        idx = np.sort(gen.choice(batch, size=int(gen.integers(0, batch + 1)), replace=True))
+        parts.append((kjt, idx))
+    got = gather_rows(parts)
+    want = [per_input(in_feature_order(k, ["a", "b", "c"]))[i] for k, idx in parts for i in idx]
+    assert got.keys() == ["a", "b", "c"] and got.stride() == len(want)
+    assert per_input(got) == want
+    assert got.lengths().dtype == parts[0][0].lengths().dtype

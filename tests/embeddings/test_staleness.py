@@ -112,6 +112,32 @@ def test_tbsm_inputs_are_stale_only_when_every_step_is():
         tr.lookups(kjt, 7)
 
 
+@pytest.mark.parametrize("R", [1, 3])
+def test_the_one_pass_classification_agrees_with_the_reference(R):
+    """`stale_input_mask` (what drop asks of every source batch, numba) against brute force,
+    with multi-hot bags, empty bags and int32 ids; an id outside its table is an error."""
+    plan = make_plan(2)
+    tr = StalenessTracker(plan, threshold=0.5)
+    gen = np.random.default_rng(R)
+    slot = {(int(t), int(r)): i for i, (t, r) in enumerate(zip(tr.tables, tr.rows))}
+    for trial in range(6):
+        tr.stale = torch.from_numpy(gen.random(tr.num_tracked) < [0.3, 0.9, 1.0][trial % 3])
+        stale_rows = {x for x, i in slot.items() if tr.stale[i]}
+        kjt = random_kjt(gen, 60, max_len=trial % 3)
+        if trial % 2:
+            kjt = KeyedJaggedTensor(keys=NAMES, values=kjt.values().int(), lengths=kjt.lengths(),
+                                    stride=60)  # fmt: skip
+        got, lookups = tr.stale_input_mask(kjt, 60 // R)
+        per_input = lookups_of(kjt, R)
+        want = [bool(lk) and all(x in stale_rows for x in lk) for lk in per_input]
+        assert got.tolist() == want
+        assert lookups.tolist() == [len(lk) for lk in per_input]
+    bad = KeyedJaggedTensor(keys=NAMES, values=torch.tensor([0, 7, 1]),
+                            lengths=torch.tensor([1, 1, 1]), stride=1)  # fmt: skip
+    with pytest.raises(IndexError, match=r"lookup 1 \(id 7\) is outside its table"):
+        tr.stale_input_mask(bad, 1)
+
+
 def test_state_round_trip_and_bad_settings():
     plan = make_plan()
     tr = StalenessTracker(plan, threshold=0.2)
@@ -122,6 +148,16 @@ def test_state_round_trip_and_bad_settings():
     other.load_state_dict(tr.state_dict(), torch.device("cpu"))
     for k, v in tr.state_dict().items():
         assert torch.equal(other.state_dict()[k], v), k
+    counted = StalenessTracker(plan, threshold=0.2, min_lookups=2)
+    counted.count(random_kjt(np.random.default_rng(0), 10))
+    assert counted.looked_up.any()
+    other.load_state_dict(counted.state_dict(), torch.device("cpu"))
+    assert torch.equal(other.looked_up, counted.looked_up)
+    before_counts = {k: v for k, v in tr.state_dict().items() if k != "looked_up"}
+    other.load_state_dict(before_counts, torch.device("cpu"))  # a first-round checkpoint
+    assert not other.looked_up.any()
+    with pytest.raises(ValueError, match="min lookups"):
+        StalenessTracker(plan, threshold=0.2, min_lookups=-1)
     small = StalenessTracker(make_plan(budget_rows=5), threshold=0.2)
     with pytest.raises(ValueError, match="tracks 20 rows, this plan 5"):
         small.load_state_dict(tr.state_dict(), torch.device("cpu"))
@@ -163,3 +199,47 @@ def test_the_random_control_freezes_as_many_rows_at_random():
     assert int(a.sum()) == 7 and not torch.equal(a[:7], torch.ones(7, dtype=torch.bool))
     tr.use_random_stale_set(torch.Generator().manual_seed(1))
     assert torch.equal(tr.stale, a)  # a function of the generator's seed: nothing to resume
+
+
+def test_only_rows_looked_up_enough_can_become_stale():
+    """`min_lookups`: the trained lookups are counted per tracked row (against a brute-force
+    count); at a snapshot a row becomes stale only with at least m of them, a stale row stays
+    stale with fewer unless its drift shows it moving, and the threshold's sample treats the
+    rows that cannot be stale as untracked."""
+    plan = make_plan(3)
+    tr = StalenessTracker(plan, threshold=0.5, min_lookups=7)
+    n = tr.num_tracked
+    slot = {(int(t), int(r)): i for i, (t, r) in enumerate(zip(tr.tables, tr.rows))}
+    gen = np.random.default_rng(4)
+    w0 = torch.ones(n, 4)
+    tr.snapshot(w0, None, None)
+    want = np.zeros(n, dtype=np.int64)
+    for _ in range(3):
+        kjt = random_kjt(gen, 20)
+        tr.count(kjt)
+        for lk in lookups_of(kjt):
+            for x in lk:
+                if x in slot:
+                    want[slot[x]] += 1
+    assert tr.looked_up.tolist() == want.tolist() and (want >= 7).any() and (want < 7).any()
+    tr.stale[0], tr.stale[1] = True, True  # as if stale before: row 0 stays, row 1 moves
+    w1 = w0.clone()
+    w1[1] += 1.0
+    judged = torch.from_numpy(want >= 7)
+    tr.snapshot(w1, None, None)
+    expect = judged & (tr.drift < 0.5)
+    expect[0], expect[1] = True, False
+    assert torch.equal(tr.stale, expect) and not tr.looked_up.any()
+    # the target-skip threshold: a sample input meeting a row nobody looked up is never skippable
+    tr2 = StalenessTracker(plan, target_skip=0.99, min_lookups=1)
+    tr2.snapshot(w0, None, None)
+    kjt = random_kjt(gen, 40)
+    tr2.count(random_kjt(gen, 5))
+    tr2.snapshot(w0, None, tr2.lookups(kjt, 40))
+    seen = tr2.stale.clone()
+    m = tr2.input_max_drift(tr2.lookups(kjt, 40))
+    for lk, mi in zip(lookups_of(kjt), m.tolist()):
+        if any(x not in slot or not seen[slot[x]] for x in lk):
+            assert mi == math.inf
+    state = tr.state_dict()
+    assert torch.equal(state["looked_up"], tr.looked_up)
