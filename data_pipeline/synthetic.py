@@ -1,9 +1,11 @@
 """Criteo-shaped synthetic batches with a planted model, generated on demand at millions/s.
 
 A `PlantedWorld` is a fixed, seeded "true" click model. Each split is an endless stream of samples
-made in chunks of CHUNK; chunk k is a pure function of (seed, split, k, shard), and batch i is
-samples [i*B, (i+1)*B) of the stream. So data order is reproducible, resumable from any step and
-shardable across ranks for free, and nothing is stored but the planted parameters.
+made in chunks of CHUNK; chunk k is a pure function of (seed, split, k), and batch i is samples
+[i*B, (i+1)*B) of the stream. So data order is reproducible, resumable from any step and
+shardable across ranks for free (rank r of W reads the r-th contiguous B/W of each global batch,
+so W processes train on exactly the samples one process would), and nothing is stored but the
+planted parameters.
 
 Sparse ids: per table a Zipf(alpha) draw over ranks 1..n (inverse CDF of the continuous bounded
 power law, floored); id = rank - 1, so row 0 is the hottest, as in a dataset whose ids were
@@ -240,7 +242,7 @@ class SyntheticBatchSource:
     """A `BatchSource` over one split of a planted world: `num_batches` batches per epoch.
 
     Every epoch sees new samples (the world is infinite); `rank`/`world_size` split each global
-    batch of `batch_size` into equal shards.
+    batch of `batch_size` into equal contiguous shards (rank r: samples [r*B/W, (r+1)*B/W) of it).
     """
 
     def __init__(
@@ -285,12 +287,13 @@ class SyntheticBatchSource:
             raise IndexError(f"batch {index} of {self.num_batches}")
         index += epoch * self.num_batches
         local = self.batch_size // self.world_size
-        lo, hi = index * local, (index + 1) * local
+        lo = index * self.batch_size + self.rank * local
+        hi = lo + local
         parts = []
         while lo < hi:
             k = lo // CHUNK
             if self._cached_index != k:
-                self._cached = self.world.chunk(self.split, k, shard=self.rank)
+                self._cached = self.world.chunk(self.split, k)
                 self._cached_index = k
             a, b = lo - k * CHUNK, min(hi - k * CHUNK, CHUNK)
             rows, dense, labels = self._cached
