@@ -30,6 +30,9 @@ FREE = frozenset({
     "print_freq", "test_freq", "mlperf_auc_threshold", "nepochs", "out_dir", "save_model",
     "load_model", "inference_only", "resume", "allow_changed", "keep_checkpoints", "progress",
     "perf_log", "hotline_prefetch",  # Hotline computes the same whatever it stages ahead
+    # how the tables are split over processes: the same steps, to float rounding (the
+    # equivalence tests of docs/distributed.md), so a run resumes with another world size
+    "dist_backend", "sharding", "sharding_min_columns", "dist_timeout_s",
 })  # fmt: skip
 ALIASES = {"lr": "learning_rate", "numpy_rand_seed": "seed"}
 
