@@ -92,7 +92,7 @@ def data_parallel(model: torch.nn.Module) -> torch.nn.Module:
 
     device = next(model.parameters()).device
     ids = [device] if device.type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=ids, broadcast_buffers=False)
+    return DistributedDataParallel(model, device_ids=ids, forward_sync_buffers=False)
 
 
 def mean_across_ranks(value: torch.Tensor) -> float:
