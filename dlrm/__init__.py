@@ -3,14 +3,17 @@
     from dlrm import Trainer, TrainConfig
     summary = Trainer(TrainConfig(num_batches=100, out_dir="runs/demo")).fit()
 
-`Trainer` is imported on first use: parsing a command line (`dlrm.train`, `dlrm.config`) must not
+    from dlrm import Predictor
+    probabilities = Predictor.load("artifacts/model-int8").predict(batch)
+
+`Trainer` and `Predictor` are imported on first use: parsing a command line (`dlrm.train`, `dlrm.config`) must not
 pay for importing torchrec and fbgemm.
 """
 
 from dlrm.config import TrainConfig
 from dlrm.errors import ConfigError
 
-__all__ = ["ConfigError", "TrainConfig", "Trainer"]
+__all__ = ["ConfigError", "Predictor", "TrainConfig", "Trainer"]
 
 
 def __getattr__(name: str):
@@ -18,4 +21,8 @@ def __getattr__(name: str):
         from dlrm.trainer import Trainer
 
         return Trainer
+    if name == "Predictor":
+        from dlrm.predictor import Predictor
+
+        return Predictor
     raise AttributeError(f"module 'dlrm' has no attribute {name!r}")

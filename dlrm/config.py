@@ -117,6 +117,7 @@ class TrainConfig:
     lr_num_decay_steps: int = 0
     precision: str = "fp32"
     flush_denormal: bool = True  # CPU: denormal floats read and written as zero (see Trainer)
+    compile: bool | None = None  # the dense part compiled by TorchInductor; None: auto (bf16 only)
     device: str = "auto"
     seed: int = 123
 
@@ -144,6 +145,30 @@ class TrainConfig:
     fae_order: str = "interleave"  # interleave | block (the original FAE order, an ablation)
     hotline_prefetch: int = 1  # Hotline: mini-batches whose cold rows are staged ahead (0: none)
     hotline_learn_batches: int = 0  # Hotline: learn popularity online over this many mini-batches
+
+    # low-precision evaluation (issue 23): the reference's flags, with --inference-only only;
+    # dlrm/quantized_model.py. Exported artifacts: python -m dlrm.quantize.
+    quantize_emb_with_bit: int = 32  # 4 | 8: row-wise int4 / int8 tables; 32: fp32
+    quantize_mlp_with_bit: int = 32  # 8: int8 dynamic quantization; 16: bf16; 32: fp32
+
+    # Slipstream (dlrm/slipstream_pipeline.py, docs/slipstream.md): skip the work of embedding
+    # rows that stopped changing; the tracked rows are the placement plan's hot rows
+    slipstream: bool = False
+    slipstream_mode: str = "drop"  # drop (leave out all-stale inputs) | freeze (no stale updates)
+    slipstream_interval: int = 50  # steps between snapshots of the tracked rows
+    slipstream_metric: str = "relative"  # relative | absolute L2 drift since the last snapshot
+    slipstream_threshold: float | None = None  # explicit drift threshold; None: target skip's
+    slipstream_target_skip: float = 0.2  # share of recent inputs the threshold makes skippable
+    slipstream_warmup: int = 100  # steps before anything is skipped
+    slipstream_control: str = "staleness"  # staleness | random (drops the share at random)
+    slipstream_normalize: bool = False  # each feature's pooled embedding scaled to unit L2 norm
+
+    # SSD tier, --placement tiered (embeddings/scm_tier.py, dlrm/scm_setup.py, docs/scm.md)
+    scm_dir: str | None = None  # the tier's files (None: <out_dir>/scm)
+    scm_cache: str = "256MB"  # DRAM row cache in front of the tier's files
+    scm_io: str = "direct"  # direct (O_DIRECT: the page cache bypassed) | buffered
+    scm_io_threads: int = 16  # file reads in flight at once
+    embedding_init: str = "auto"  # auto (hashed for tiered, else uniform) | uniform | hashed
 
     # multi-process training (dlrm/distributed.py, embeddings/sharded.py): under torchrun
     dist_backend: str = "auto"  # auto (nccl with CUDA, else gloo) | gloo | nccl
@@ -261,7 +286,9 @@ class TrainConfig:
             raise ConfigError(
                 f"--data-sub-sample-rate: expected a number in [0, 1), got {self.data_sub_sample_rate}"
             )
-        choice("--placement", self.placement, ("device", "host", "fae", "hotline", "auto"))
+        choice(
+            "--placement", self.placement, ("device", "host", "fae", "hotline", "tiered", "auto")
+        )
         if not 0 <= self.hotline_prefetch <= 8:
             raise ConfigError(
                 f"--hotline-prefetch: expected an integer from 0 to 8, got {self.hotline_prefetch}"
@@ -289,6 +316,8 @@ class TrainConfig:
             )
         if not (math.isfinite(self.synthetic_table_scale) and self.synthetic_table_scale > 0):
             raise ConfigError("--synthetic-table-scale: expected a positive number")
+        self._validate_slipstream()
+        self._validate_scm()
         choice("--dist-backend", self.dist_backend, ("auto", "gloo", "nccl"))
         choice("--sharding", self.sharding,
                ("auto", "table_wise", "column_wise", "row_wise", "data_parallel"))  # fmt: skip
@@ -306,6 +335,90 @@ class TrainConfig:
             raise ConfigError(
                 f"--data-set {self.data_set}: needs --raw-data-file or --processed-data-file"
             )
+        self._validate_quantize()
+
+    def _validate_quantize(self) -> None:
+        """--quantize-emb-with-bit / --quantize-mlp-with-bit (issue 23)."""
+        for flag, value, options in (
+            ("--quantize-emb-with-bit", self.quantize_emb_with_bit, (4, 8, 32)),
+            ("--quantize-mlp-with-bit", self.quantize_mlp_with_bit, (8, 16, 32)),
+        ):
+            if value not in options:
+                raise ConfigError(
+                    f"{flag}: expected one of {', '.join(map(str, options))}, got {value}"
+                )
+            if value != 32 and not self.inference_only:
+                raise ConfigError(
+                    f"{flag}: quantizes the model for evaluation only; use it with --inference-only "
+                    "(python -m dlrm.quantize exports a quantized model)"
+                )
+
+    def _validate_slipstream(self) -> None:
+        for flag, value, options in (
+            ("--slipstream-mode", self.slipstream_mode, ("drop", "freeze")),
+            ("--slipstream-metric", self.slipstream_metric, ("relative", "absolute")),
+            ("--slipstream-control", self.slipstream_control, ("staleness", "random")),
+        ):
+            if value not in options:
+                raise ConfigError(f"{flag}: expected one of {', '.join(options)}, got {value!r}")
+        if self.slipstream_interval < 1:
+            raise ConfigError(
+                f"--slipstream-interval: expected a positive integer, got {self.slipstream_interval}"
+            )
+        if self.slipstream_warmup < 0:
+            raise ConfigError(
+                f"--slipstream-warmup: expected an integer >= 0, got {self.slipstream_warmup}"
+            )
+        t = self.slipstream_threshold
+        if t is not None and not (math.isfinite(t) and t >= 0):
+            raise ConfigError(f"--slipstream-threshold: expected a finite number >= 0, got {t}")
+        p = self.slipstream_target_skip
+        if not (math.isfinite(p) and 0.0 <= p < 1.0):
+            raise ConfigError(f"--slipstream-target-skip: expected a number in [0, 1), got {p}")
+        if self.slipstream_control == "random" and self.slipstream_mode == "drop" and p == 0:
+            raise ConfigError(
+                "--slipstream-control random: drops --slipstream-target-skip of the inputs, "
+                "which is 0"
+            )
+        if self.slipstream_normalize and not self.slipstream:
+            raise ConfigError("--slipstream-normalize: only with --slipstream")
+        if self.slipstream and self.hotline_learn_batches:
+            raise ConfigError(
+                "--slipstream: tracks the plan's hot rows, which --hotline-learn-batches only "
+                "knows after training has begun; plan from a profile instead"
+            )
+
+    def _validate_scm(self) -> None:
+        """The SSD tier's flags (--placement tiered)."""
+        for flag, value, options in [
+            ("--scm-io", self.scm_io, ("direct", "buffered")),
+            ("--embedding-init", self.embedding_init, ("auto", "uniform", "hashed")),
+        ]:
+            if value not in options:
+                raise ConfigError(f"{flag}: expected one of {', '.join(options)}, got {value!r}")
+        try:
+            parse_bytes(self.scm_cache, "--scm-cache")
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        if not 1 <= self.scm_io_threads <= 256:
+            raise ConfigError(
+                f"--scm-io-threads: expected an integer from 1 to 256, got {self.scm_io_threads}"
+            )
+        if self.embedding_init == "hashed" and self.placement not in ("device", "tiered"):
+            raise ConfigError(
+                "--embedding-init hashed: supported by --placement device and tiered, "
+                f"not {self.placement}"
+            )
+        if self.placement == "tiered":
+            if self.embedding_init == "uniform":
+                raise ConfigError(
+                    "--embedding-init uniform: --placement tiered initialises every row as a "
+                    "pure function of seed, table and row (hashed), so untouched rows need no storage"
+                )
+            if self.hotline_learn_batches:
+                raise ConfigError(
+                    "--hotline-learn-batches: not with --placement tiered (its plan is fixed)"
+                )
 
     @property
     def eval_batch_size(self) -> int:

@@ -8,6 +8,8 @@ build the collection; and the FAE schedule of the training split when the placem
 - `hotline`: hot rows only on the device, the rest only on the host, every mini-batch split into
   popular and non-popular inputs (embeddings/hotline.py, dlrm/hotline_pipeline.py); with
   `--hotline-learn-batches N` the plan is learned over the first N mini-batches instead;
+- `tiered`: hot rows on the device, every other row in an SSD file behind a DRAM row cache
+  (dlrm/scm_setup.py, embeddings/tiered.py);
 - `auto`:   `device` when all tables (weights + optimizer state) fit `--hot-budget`, else `fae`.
 
 The plan comes from `--placement-plan` when that file exists; otherwise from the access profile
@@ -44,10 +46,11 @@ from embeddings.placement import (
     row_bytes,
 )
 from embeddings.profile import AccessProfile, AccessProfiler
+from embeddings.row_init import hashed_init_
 
 log = logging.getLogger(__name__)
 
-PLACEMENTS = ("device", "host", "fae", "hotline", "auto")
+PLACEMENTS = ("device", "host", "fae", "hotline", "tiered", "auto")
 PROFILE_NAME = "access_profile.npz"
 PLAN_NAME = "placement_plan.npz"
 
@@ -81,7 +84,14 @@ def build_embeddings(
             coll = FusedEmbeddingBagCollection(
                 tables, opt, device=device, backend=backend, seed=seed
             )
+            if cfg.embedding_init == "hashed":  # the tiered placement's initial values
+                hashed_init_(coll.table_weights(), seed)
+                coll.after_tables_written()
             return PlacedEmbeddings(coll, kind)
+        if kind == "tiered":
+            from dlrm.scm_setup import build_tiered
+
+            return build_tiered(cfg, tables, opt, train_source, device)
         if kind == "host":
             return PlacedEmbeddings(
                 FAEEmbeddingBagCollection(tables, opt, None, device, backend, seed), kind
@@ -105,6 +115,24 @@ def schedule_training_data(cfg: TrainConfig, data, placed: PlacedEmbeddings, per
     classify = AllHotClassifier(placed.plan)
     train = FAEBatchSource(data.train, classify, cfg.fae_switch_period, cfg.fae_order, per_epoch)
     return dataclasses.replace(data, train=train)
+
+
+def tracked_plan(cfg: TrainConfig, placed: PlacedEmbeddings | None, train_source) -> PlacementPlan:
+    """The rows Slipstream tracks: the placement plan's hot rows; for placements without a plan
+    (`device`, `host`), the rows a profile ranks first within `--hot-budget` (the same plan
+    FAE would make, written to the run directory and reused on resume)."""
+    if placed is None:
+        raise ConfigError(
+            "--slipstream: needs the trainer to build the embeddings (no model given)"
+        )
+    if placed.plan is not None:
+        return placed.plan
+    coll = placed.collection
+    opt = SparseOptimizer(cfg.optimizer, cfg.learning_rate)
+    try:
+        return obtain_plan(cfg, coll.tables, opt, train_source)
+    except (PlacementError, ProfileError) as e:
+        raise ConfigError(str(e)) from None
 
 
 def hotline_plan(
@@ -223,6 +251,10 @@ LOGGED_COUNTERS = (
     "emb_bytes_h2d_sync", "emb_bytes_d2h_sync", "syncs", "hot_input_share", "sync_s",
     "emb_bytes_h2d_gather", "emb_bytes_d2h_writeback", "popular_input_share",
     "cold_rows_per_batch", "gather_s", "exposed_gather_s", "hidden_share",
+    # the SSD tier (--placement tiered)
+    "scm_cache_hits", "scm_cache_misses", "scm_cache_hit_rate", "scm_rows_read", "scm_bytes_read",
+    "scm_read_amplification", "scm_writeback_bytes", "scm_io_p50_us", "scm_io_p99_us",
+    "scm_queue_depth", "scm_exposed_io_s_per_step",
 )  # fmt: skip
 
 

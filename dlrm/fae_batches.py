@@ -31,17 +31,24 @@ def concat_batches(parts: list[Batch]) -> Batch:
 
 
 class BatchSelector:
-    """Many subsets of one batch's inputs, each costing only its own lookups."""
+    """Many subsets of one batch's inputs, each costing only its own lookups. An input is its
+    label's rows of dense and sparse features: one for DLRM, ts_length + 1 for TBSM
+    (sample-major, so input i is rows i * R ... i * R + R - 1)."""
 
     def __init__(self, batch: Batch) -> None:
         self.kjt = KJTSelector(batch.sparse_features)
         self.dense, self.labels = batch.dense_features, batch.labels
+        self.rows_per_input = max(1, self.kjt.size // max(1, self.labels.numel()))
 
     def select(self, idx: np.ndarray) -> Batch:
         sel = torch.from_numpy(np.ascontiguousarray(idx, dtype=np.int64))
+        rows = sel
+        if self.rows_per_input > 1:
+            R = self.rows_per_input
+            rows = (sel.unsqueeze(1) * R + torch.arange(R)).reshape(-1)
         return Batch(
-            dense_features=self.dense[sel],
-            sparse_features=self.kjt.select(sel),
+            dense_features=self.dense[rows],
+            sparse_features=self.kjt.select(rows),
             labels=self.labels[sel],
         )
 

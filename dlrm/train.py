@@ -15,6 +15,7 @@ import sys
 from data_pipeline.errors import DataError
 from dlrm.config import TrainConfig
 from dlrm.errors import CheckpointError, ConfigError, TrainingDiverged
+from embeddings.errors import ScmError
 
 EXIT_USAGE = 2
 
@@ -29,6 +30,10 @@ def _bool(text: str) -> bool:
     if value in _FALSE:
         return False
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def _bool_or_auto(text: str) -> bool | None:
+    return None if text.strip().lower() == "auto" else _bool(text)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -110,13 +115,16 @@ def build_parser() -> argparse.ArgumentParser:
         "CPU: treat denormal floats as zero (default true; a denormal operand "
         "makes oneDNN's bf16 matmuls several times slower)",
     )
+    p.add_argument("--compile", type=_bool_or_auto, nargs="?", const=True, default=argparse.SUPPRESS,
+                   help="compile the dense part with TorchInductor: true, false or auto (default: "
+                        "bf16 only, where it pays; docs/speed.md)")  # fmt: skip
     opt("--device", help_="auto, cpu or cuda")
     opt("--numpy-rand-seed", int, dest="seed", help_="seed of initialisation and data order")
     opt("--seed", int, help_="alias of --numpy-rand-seed")
 
     opt(
         "--placement",
-        help_="where embedding rows live: device (default), host, fae, hotline or auto",
+        help_="where embedding rows live: device (default), host, fae, hotline, tiered or auto",
     )
     opt(
         "--hot-budget",
@@ -146,6 +154,33 @@ def build_parser() -> argparse.ArgumentParser:
         "--hotline-learn-batches",
         int,
         help_="hotline: learn row popularity over the first N mini-batches instead of a profile",
+    )
+
+    # Slipstream (docs/slipstream.md)
+    flag("--slipstream", "skip the work of embedding rows that stopped changing (default off)")
+    opt(
+        "--slipstream-mode",
+        help_="slipstream: drop (default: leave out all-stale inputs) or freeze",
+    )
+    opt("--slipstream-interval", int, help_="slipstream: steps between snapshots (default 50)")
+    opt("--slipstream-metric", help_="slipstream: relative (default) or absolute L2 drift")
+    opt("--slipstream-threshold", float, help_="slipstream: drift below which a row is stale")
+    opt(
+        "--slipstream-target-skip",
+        float,
+        help_="slipstream: without a threshold, the share of recent inputs to make skippable (0.2)",
+    )
+    opt("--slipstream-warmup", int, help_="slipstream: steps before anything is skipped (100)")
+    opt("--slipstream-control", help_="slipstream: staleness (default) or random (the control)")
+    flag("--slipstream-normalize", "slipstream: scale each feature's pooled embedding to unit norm")
+    # the SSD tier (--placement tiered): docs/scm.md
+    opt("--scm-dir", help_="tiered: directory of the SSD tier's files (default: OUT_DIR/scm)")
+    opt("--scm-cache", help_="tiered: DRAM row cache for the SSD tier's rows (e.g. 256MB)")
+    opt("--scm-io", help_="tiered: direct (O_DIRECT, default) or buffered (through the page cache)")
+    opt("--scm-io-threads", int, help_="tiered: file reads in flight at once (default 16)")
+    opt(
+        "--embedding-init",
+        help_="auto (default), uniform or hashed (rows a pure function of seed, table, row)",
     )
 
     # multi-process training: `torchrun --nproc_per_node N -m dlrm.train ...` (docs/distributed.md)
@@ -178,6 +213,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--perf-log",
         help_="record a few steps after warm-up with torch.profiler; write the perf trace here",
     )
+    # low-precision evaluation with --inference-only, as the reference (issue 23)
+    opt("--quantize-emb-with-bit", int, help_="--inference-only: tables at 4 or 8 bits (32: fp32)")
+    opt(
+        "--quantize-mlp-with-bit",
+        int,
+        help_="--inference-only: MLPs at 8 (int8) or 16 (bf16) bits (32: fp32)",
+    )
     assert all(a.dest in d for a in p._actions if a.dest != "help"), "flag without a config field"
     return p
 
@@ -203,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         if distributed.launched_by_torchrun():
             rank, world = distributed.init_from_env(cfg)
         summary = Trainer(cfg, rank, world, step_hook=_perf_recorder(cfg)).fit()
-    except (ConfigError, DataError, CheckpointError) as e:
+    except (ConfigError, DataError, CheckpointError, ScmError) as e:
         sys.stderr.write(f"python -m dlrm.train: error: {_ranked(e, rank, world)}\n")
         return EXIT_USAGE
     except TrainingDiverged as e:

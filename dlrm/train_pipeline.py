@@ -32,6 +32,7 @@ class StepResult:
     data_s: float  # waiting for the batch and moving it to the device
     compute_s: float  # forward, backward (with the fused sparse updates), optimizer
     kind: str | None = None  # the embedding collection's step kind (FAE: "hot" or "cold")
+    source_batches: int = 1  # the data's batches this step consumed (Slipstream's drop: 0 or more)
 
 
 class StepHook:
@@ -54,6 +55,18 @@ class TrainPipeline(ABC):
     @abstractmethod
     def progress(self, batches: Iterator[Batch]) -> StepResult:
         """One optimisation step on the next batch of `batches` (StopIteration when there is none)."""
+
+    def state_dict(self) -> dict:
+        """What a checkpoint must hold of the pipeline itself for an exact resume (Slipstream's)."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore `state_dict()` (an empty dict: start afresh)."""
+        return None
+
+    def counters(self) -> dict:
+        """The pipeline's own counters for metrics.jsonl and summary.json (Slipstream's)."""
+        return {}
 
 
 def loss_of(

@@ -30,6 +30,7 @@ import torch
 from tqdm import tqdm
 
 from dlrm import checkpoint as ckpt
+from dlrm import compile as compile_
 from dlrm import distributed, run_checks, sharded_checkpoint
 from dlrm.build import build_model, build_placed_embeddings, resolve_device
 from dlrm.config import TrainConfig
@@ -174,6 +175,8 @@ class Trainer:
             )
         self.dense_optimizer = make_dense_optimizer(cfg, self.model.dense_parameters())
         self.pipeline = self._make_pipeline(step_hook)
+        if cfg.slipstream:
+            self.pipeline = self._slipstream(self.pipeline)
         self.write_checkpoints = checkpoints
         self.state = TrainState()
         self.timer = _Timer()
@@ -185,11 +188,27 @@ class Trainer:
         self.pipeline.hook.attach(self)
         if cfg.load_model:
             ckpt.load_model_file(Path(cfg.load_model), self.model)
+        self.compiled = self._compile_dense_part()  # None: eager
         self._good_checkpoint: Path | None = None  # the newest this process wrote or verified
         if resuming is not None:
             found = resuming.result()
             if found:  # None: the run stopped before its first checkpoint; it starts again
                 self.load_checkpoint(*found)
+        bits = (cfg.quantize_emb_with_bit, cfg.quantize_mlp_with_bit)
+        if cfg.inference_only and bits != (32, 32):  # the reference's flags (issue 23)
+            from dlrm.quantized_model import quantize_for_evaluation
+
+            self.model = quantize_for_evaluation(self.model, cfg)
+
+    def _compile_dense_part(self) -> compile_.CompiledDenseForward | None:
+        """`--compile` (dlrm/compile.py); off while the performance model records its trace, whose
+        kernel models are of the eager step's operators."""
+        if not compile_.wanted(self.cfg.compile, self.cfg.precision):
+            return None
+        if self.cfg.perf_log:
+            log.warning("--compile: off with --perf-log (the performance model traces eager steps)")
+            return None
+        return compile_.compile_dense_part(self.model)
 
     def _make_pipeline(self, hook: StepHook | None) -> TrainPipeline:
         """The plain step, or the variant the embedding collection needs (Hotline's split)."""
@@ -202,7 +221,7 @@ class Trainer:
             cfg.loss_function,
             hook,
         )
-        if self.model.embeddings.placement_info()["kind"] == "hotline":
+        if self.model.embeddings.placement_info()["kind"] in ("hotline", "tiered"):
             from dlrm.embedding_setup import learned_plan
             from dlrm.hotline_pipeline import HotlineTrainPipeline
 
@@ -215,6 +234,24 @@ class Trainer:
         if self.world_size > 1:  # the dense part under DDP (dlrm/distributed.py)
             return PlainTrainPipeline(*args, forward=distributed.data_parallel(self.model))
         return PlainTrainPipeline(*args)
+
+    def _slipstream(self, inner: TrainPipeline) -> TrainPipeline:
+        """`--slipstream`: the placement's pipeline wrapped in Slipstream's."""
+        from dlrm.embedding_setup import tracked_plan
+        from dlrm.slipstream_pipeline import SlipstreamSettings, SlipstreamTrainPipeline
+        from embeddings.staleness import StalenessTracker
+
+        cfg = self.cfg
+        plan = tracked_plan(cfg, self.placement, self.data.train)
+        tracker = StalenessTracker(plan, cfg.slipstream_metric, cfg.slipstream_threshold,
+                                   cfg.slipstream_target_skip)  # fmt: skip
+        settings = SlipstreamSettings(
+            cfg.slipstream_mode, cfg.slipstream_interval, cfg.slipstream_metric,
+            cfg.slipstream_threshold, cfg.slipstream_target_skip, cfg.slipstream_warmup,
+            cfg.slipstream_control, cfg.slipstream_normalize, cfg.seed, cfg.learning_rate,
+        )  # fmt: skip
+        return SlipstreamTrainPipeline(inner, self.model, tracker, settings, cfg.mini_batch_size,
+                                       self.steps_per_epoch(), self.device)  # fmt: skip
 
     # --- run directory ------------------------------------------------------------------------
 
@@ -300,12 +337,14 @@ class Trainer:
             if batches is None:
                 batches = self.data.train.batches(st.epoch, start=st.batch_in_epoch)
             self._set_learning_rate()
-            self._record(self._step(batches))
-            bar.update(1)
-            if cfg.print_freq and st.step % cfg.print_freq == 0:
-                clock = self._lap(clock)
-                self._log_train(bar)
-            epoch_done = st.batch_in_epoch >= per_epoch
+            out = self._step(batches)
+            if out is not None:
+                self._record(out)
+                bar.update(1)
+                if cfg.print_freq and st.step % cfg.print_freq == 0:
+                    clock = self._lap(clock)
+                    self._log_train(bar)
+            epoch_done = out is None or st.batch_in_epoch >= per_epoch
             if epoch_done:
                 st.epoch, st.batch_in_epoch, batches = st.epoch + 1, 0, None
             if epoch_done or (cfg.test_freq and st.step % cfg.test_freq == 0):
@@ -322,8 +361,12 @@ class Trainer:
         return self._write_summary()
 
     def _step(self, batches):
+        """The pipeline's step; None when it found nothing left to train in this epoch (a
+        pipeline that skips inputs, Slipstream's, can end an epoch early)."""
         try:
             return self.pipeline.progress(batches)
+        except StopIteration:
+            return None
         except NonFiniteLoss as e:
             st = self.state
             raise TrainingDiverged(
@@ -338,7 +381,7 @@ class Trainer:
         if out.kind:  # e.g. FAE's hot and cold steps, timed apart
             self.timer.add(f"{out.kind}_s", out.compute_s)
         st.step += 1
-        st.batch_in_epoch += 1
+        st.batch_in_epoch += out.source_batches
         # global steps: every rank trains an equal slice of the global batch (dlrm/distributed.py)
         st.samples += out.samples * self.world_size
         st.loss_sum += distributed.mean_across_ranks(out.loss)
@@ -354,7 +397,8 @@ class Trainer:
         mean_loss = st.loss_sum / max(st.loss_count, 1)
         rate = st.samples / st.train_time_s if st.train_time_s > 0 else 0.0
         self._event("train", loss=mean_loss, lr=self._lr, samples=st.samples, samples_per_s=rate,
-                    **logged_counters(self.model.embeddings, self.timer.totals))  # fmt: skip
+                    **logged_counters(self.model.embeddings, self.timer.totals),
+                    **self.pipeline.counters())  # fmt: skip
         bar.set_postfix(loss=f"{mean_loss:.4f}")
         log.info("step %d: loss %.5f, %.0f samples/s", st.step, mean_loss, rate)
         st.loss_sum, st.loss_count = 0.0, 0
@@ -363,7 +407,8 @@ class Trainer:
         """Evaluate, checkpoint, and say whether the AUC threshold was reached."""
         metrics = self.evaluate()
         self.state.last_eval = metrics
-        self._event("eval", **{f"test_{k}": v for k, v in metrics.items()})
+        self._event("eval", train_time_s=self.state.train_time_s,
+                    **{f"test_{k}": v for k, v in metrics.items()})  # fmt: skip
         reached = (
             bool(self.cfg.mlperf_auc_threshold) and metrics["auc"] >= self.cfg.mlperf_auc_threshold
         )
@@ -405,8 +450,11 @@ class Trainer:
             "time_breakdown_s": {k: round(v, 6) for k, v in self.timer.totals.items()},
             "device": str(self.device),
             "precision": self.cfg.precision,
+            "compiled": self.compiled is not None and not self.compiled.fell_back,
             "placement": placement_summary(self.model.embeddings, self.device),
         }
+        if self.pipeline.counters():
+            summary["slipstream"] = self.pipeline.counters()
         if self.rank == 0:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -420,7 +468,7 @@ class Trainer:
 
     def checkpoint_state(self) -> dict:
         emb = self.model.embeddings
-        emb.sync()
+        emb.begin_checkpoint()  # every tier current; a file tier marks a consistent point
         self.state.time_breakdown_s = dict(self.timer.totals)
         return {
             "format": ckpt.FORMAT,
@@ -431,6 +479,7 @@ class Trainer:
             "sparse_optimizer": emb.sparse_state_dict(),
             "embedding_extra": emb.extra_state(),
             "dense_optimizer": self.dense_optimizer.state_dict(),
+            "pipeline": self.pipeline.state_dict(),
             "train_state": self.state.to_checkpoint(),
             "rng": ckpt.rng_state(),
         }
@@ -452,7 +501,12 @@ class Trainer:
             return None
         t0 = time.perf_counter()
         path = ckpt.checkpoint_path(self.ckpt_dir, self.state.step)
-        ckpt.save(self.checkpoint_state(), path)
+        written = False
+        try:
+            ckpt.save(self.checkpoint_state(), path)
+            written = True
+        finally:
+            self.model.embeddings.end_checkpoint(written)
         self._good_checkpoint = path
         ckpt.prune(self.ckpt_dir, self.cfg.keep_checkpoints)
         self._event("checkpoint", path=str(path))
@@ -483,6 +537,7 @@ class Trainer:
             emb.load_sparse_state_dict(data["sparse_optimizer"])
             emb.load_extra_state(extra)
             self.dense_optimizer.load_state_dict(data["dense_optimizer"])
+            self.pipeline.load_state_dict(data.get("pipeline", {}))
         except (KeyError, ValueError) as e:
             raise CheckpointError(f"{path}: optimizer state does not fit ({e})") from None
         try:
@@ -498,14 +553,8 @@ class Trainer:
     def _checkpoint_bytes(self) -> int:
         """About what one checkpoint takes: every table with its optimizer state, and the dense
         parameters with their optimizer's (at most twice more)."""
-        emb = self.model.embeddings
-        opt = emb.optimizer
-        rows = sum(
-            t.num_embeddings * (t.embedding_dim + opt.state_floats(t.embedding_dim))
-            for t in emb.tables
-        )
         dense = sum(p.numel() for p in self.model.dense_parameters()) * 3
-        return 4 * (rows + dense)
+        return self.model.embeddings.checkpoint_bytes() + 4 * dense
 
     def save_model_file(self, path: Path) -> None:
         """Weights only (no optimizer), for --load-model and inference."""

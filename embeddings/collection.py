@@ -11,6 +11,8 @@ what training around it needs:
   row of every table, current (after `sync()`), and `state_dict()` is placement-independent
   (`<table>.weight`, one tensor per table), so checkpoints move between placements;
 - `sync()` makes every tier current (before evaluation, checkpoints, exports);
+  `begin_checkpoint()` / `end_checkpoint(written)` around a checkpoint (a tier with files of its
+  own marks a consistent point of them, and its checkpoint then holds that point, not its rows);
 - `counters()` for metrics.jsonl / summary.json: every collection the same keys (bytes per
   link and purpose, syncs, FAE's hot/cold counts; see `transfer_stats.py`), so the trainer
   prints them without asking which collection it has; `placement_info()` for the summary's
@@ -75,6 +77,29 @@ class EmbeddingCollection(nn.Module, ABC):
     def optimizer_states(self) -> list[torch.Tensor | None]:
         """Per table the fused optimizer's state ([rows, dim] for Adagrad, [rows] for row-wise
         Adagrad), None for SGD; current, views where the storage allows."""
+
+    def rows_of(
+        self, tables: torch.Tensor, rows: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The current weights [n, dim] and optimizer state ([n, dim], [n] or None) of rows
+        (`tables[i]`, `rows[i]`), on the CPU: a few rows without exporting whole tables (what
+        Slipstream snapshots). Every table must have the same width."""
+        from embeddings.tiers import flat_rows, table_row_base  # tiers builds on collections
+
+        if len(set(self.dims)) != 1:
+            raise ValueError("rows_of: every table must have the same width")
+        tables, rows = torch.as_tensor(tables).long(), torch.as_tensor(rows).long()
+        out = []
+        for views in (self.table_weights(), self.optimizer_states()):
+            if views[0] is None:
+                out.append(None)
+                continue
+            flat = flat_rows(views)
+            if flat is None:  # tables in separate buffers: joined first (a copy)
+                flat = torch.cat([v.detach() for v in views])
+            base = table_row_base([v.shape[0] for v in views])
+            out.append(flat[(rows + base[tables]).to(flat.device)].detach().cpu())
+        return out[0], out[1]
 
     def after_tables_written(self) -> None:
         """Called after `table_weights()` / `optimizer_states()` were written into, so copies
@@ -155,6 +180,23 @@ class EmbeddingCollection(nn.Module, ABC):
     def placement_info(self) -> dict:
         """Where rows live, for the summary: at least `kind` ("device", "host", "fae", ...) and
         `backend`."""
+
+    def begin_checkpoint(self) -> None:
+        """Before a checkpoint's state is taken: every tier current. A tier with files of its own
+        (the SSD tier) also flushes them and marks a consistent point they can be rolled back to."""
+        self.sync()
+
+    def end_checkpoint(self, written: bool) -> None:
+        """After the checkpoint file was written (`written`) or failed to be."""
+
+    def checkpoint_bytes(self) -> int:
+        """Bytes of rows (weights and optimizer state) a checkpoint holds: every row but those a
+        file tier keeps in its own files."""
+        opt = self.optimizer
+        return 4 * sum(
+            t.num_embeddings * (t.embedding_dim + opt.state_floats(t.embedding_dim))
+            for t in self.tables
+        )
 
     def extra_state(self) -> dict[str, torch.Tensor]:
         """Tensors a checkpoint must carry beyond weights and optimizer state."""

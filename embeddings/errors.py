@@ -23,7 +23,14 @@ class FbgemmMismatchError(ImportError):
     """fbgemm-gpu is installed but does not load with this torch (it names both versions)."""
 
 
-__all__ = ["FbgemmMismatchError", "PlacementError", "ProfileError", "TierError", "npz_failure"]
+__all__ = [
+    "FbgemmMismatchError",
+    "PlacementError",
+    "ProfileError",
+    "ScmError",
+    "TierError",
+    "npz_failure",
+]
 
 
 def npz_failure(e: BaseException) -> str:
@@ -33,3 +40,8 @@ def npz_failure(e: BaseException) -> str:
     if "pickle" in text:
         return "not plain arrays: damaged, or holding Python objects, which are never loaded"
     return (text.splitlines() or [type(e).__name__])[0][:160]
+
+
+class ScmError(ValueError):
+    """A corrupt, truncated or mismatched SSD-tier file (or journal), or a tier that cannot be
+    opened as asked: one line naming the file, the offset and what was expected."""

@@ -120,17 +120,22 @@ class HotlineEmbeddingBagCollection(EmbeddingCollection):
         self.plan: PlacementPlan | None = None
         self.capacity = [0] * len(tables)  # staging slots per table
         if plan is None:
-            self.host = HostTier(tables, optimizer, None, backend, seed)
+            self.host = self._cold_tier(None)
             self._set_device_tier(torch.zeros(0, dtype=torch.int64))
         else:
             plan = self._one_home(plan)
-            self.host = HostTier(tables, optimizer, plan.tier_remaps("host"), backend, seed)
+            self.host = self._cold_tier(plan)
             hot = self._hot_gids(plan)
             self._set_device_tier(hot, self._initial_rows(hot))
             self.plan = plan
         self.backend = f"hotline(host={self.host.backend}, device={self.fast.backend})"
 
     # --- tiers ------------------------------------------------------------------------------------
+
+    def _cold_tier(self, plan: PlacementPlan | None) -> HostTier:
+        """The home of the rows the device tier does not hold (`plan=None`: of every row)."""
+        remaps = None if plan is None else plan.tier_remaps("host")
+        return HostTier(self.tables, self.optimizer, remaps, self.backend_name, self.seed)
 
     def _one_home(self, plan: PlacementPlan) -> PlacementPlan:
         plan.check_fits(
@@ -516,6 +521,28 @@ class HotlineEmbeddingBagCollection(EmbeddingCollection):
         if out[0] is not None:
             self._export["state"] = out
         return out
+
+    @torch.no_grad()
+    def rows_of(
+        self, tables: torch.Tensor, rows: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Hot rows from the device tier, the others from the host (not the whole tables)."""
+        self.sync()
+        gids = torch.as_tensor(rows).long() + self.row_base[torch.as_tensor(tables).long()]
+        slots = self.remap[gids].long()
+        hot = slots >= 0
+        flat = (self.table_start[torch.as_tensor(tables).long()[hot]] + slots[hot]).to(self.device)
+        weights = torch.empty(gids.numel(), self.dim)
+        state = None if self._s is None else torch.empty((gids.numel(), *self._s.shape[1:]))
+        weights[hot] = self._w[flat].cpu()
+        if state is not None:
+            state[hot] = self._s[flat].cpu()
+        if not bool(hot.all()):
+            w, s = self.host.read_rows(gids[~hot])
+            weights[~hot] = w
+            if state is not None:
+                state[~hot] = s
+        return weights, state
 
     def after_tables_written(self) -> None:
         for name, full in list(self._export.items()):

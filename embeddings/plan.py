@@ -192,7 +192,7 @@ class PlacementPlan:
         return self.tier_bytes("device")
 
     def host_bytes(self) -> int:
-        return self.tier_bytes("host")
+        return self.tier_bytes("host") if "host" in self.tier_names else 0
 
     def overlap(self, other: PlacementPlan) -> dict:
         """How much of `other`'s hot set this plan's holds (e.g. a hot set learned online

@@ -69,13 +69,13 @@ def scratch_dir(prefix: str) -> Path:
 
 
 def build_trainer(cfg: TrainConfig):
-    """A Trainer for measuring and capturing (never writes its run directory unless fit)."""
+    """A Trainer for measuring and capturing (never writes its run directory unless fit). Its
+    step is eager: the kernel models are of the eager step's operators (`--compile` off)."""
     from dlrm.trainer import Trainer  # here: `python -m perfmodel --help` need not load torchrec
 
     tmp = str(scratch_dir("run-"))
-    return Trainer(
-        _with(cfg, out_dir=tmp, perf_log=None, resume=None, progress=False), checkpoints=False
-    )
+    cfg = _with(cfg, out_dir=tmp, perf_log=None, resume=None, progress=False, compile=False)
+    return Trainer(cfg, checkpoints=False)
 
 
 def batches_for(trainer, batch_size: int, n: int, start: int = 0) -> list:

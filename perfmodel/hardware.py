@@ -53,6 +53,24 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_flags() -> list[str]:
+    """The CPU's bf16/AMX/AVX-512 flags (what decides low-precision speed on this machine);
+    benchmarks print them beside every bf16 figure."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return []
+    flags = next(
+        (ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("flags")), []
+    )
+    return sorted(f for f in flags if "bf16" in f or f.startswith("amx") or f == "avx512f")
+
+
+def has_bf16_units() -> bool:
+    """avx512_bf16 or AMX: bf16 matrix products in hardware (elsewhere they are emulated)."""
+    return any(f in ("avx512_bf16", "amx_bf16") for f in cpu_flags())
+
+
 def machine_key() -> str:
     parts = [cpu_model(), str(torch.get_num_threads()), torch.__version__]
     if torch.cuda.is_available():

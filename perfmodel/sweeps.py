@@ -47,7 +47,7 @@ import time
 
 import torch
 
-from dlrm.models.dlrm import NARROW_INPUT
+from dlrm.models.dlrm import NARROW_INPUT, PAD_INPUT_TO
 from perfmodel import hardware
 from perfmodel import trace as tr
 from perfmodel.features import on_device
@@ -208,12 +208,15 @@ def linear_gemms(
 ) -> list[tuple[str, list, object]]:
     """The GEMMs of one MLP layer's training step, (name, operands, call), in the layouts the
     trainer's autograd runs them: forward addmm(bias, x, W.t()) (W.t() contiguous for narrow
-    inputs, see `NarrowInputLinear`), input gradient mm(g, W), and the weight gradient x^T g for
+    inputs, see `NarrowInputLinear`; inputs padded to a multiple of 8 wide otherwise, see
+    `PaddedInputLinear`), input gradient mm(g, W), and the weight gradient x^T g for
     a row-major weight operand or (g^T x)^T for a transposed view (`mm_mat2_backward` keeps the
     weight's layout)."""
+    narrow = fi < NARROW_INPUT
+    if not narrow:  # `PaddedInputLinear`: the reduction width padded with zeros
+        fi = -(-fi // PAD_INPUT_TO) * PAD_INPUT_TO
     x, w = torch.randn(b, fi, device=device).to(dtype), torch.randn(fo, fi, device=device).to(dtype)
     bias, g = torch.randn(fo, device=device).to(dtype), torch.randn(b, fo, device=device).to(dtype)
-    narrow = fi < NARROW_INPUT
     w_t = w.t().contiguous() if narrow else w.t()
     wgrad = [x.t(), g] if narrow else [g.t(), x]
     return [

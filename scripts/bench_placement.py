@@ -52,20 +52,9 @@ from dlrm.data import build_data  # noqa: E402
 from embeddings.config import SparseOptimizer  # noqa: E402
 from embeddings.placement import parse_bytes, row_bytes  # noqa: E402
 from embeddings.profile import AccessProfiler  # noqa: E402
+from perfmodel.hardware import cpu_flags  # noqa: E402
 
 RUNS = ("host", "fae", "fae_block", "hotline", "hotline_learned", "device")
-
-
-def cpu_flags() -> list[str]:
-    """The CPU's bf16/AMX/AVX-512 flags (what decides low-precision speed on this machine)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return []
-    flags = next(
-        (ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("flags")), []
-    )
-    return sorted(f for f in flags if "bf16" in f or f.startswith("amx") or f == "avx512f")
 
 
 def _load() -> list[float]:

@@ -1,20 +1,26 @@
-"""Training throughput: ours end to end vs a naive reference-style DLRM step, in one process.
+"""Training throughput: ours end to end vs a naive reference-style DLRM step and vs the dense-only
+bound, in one process.
 
-Prints one JSON object. For each batch size (128 and 2048 by default):
-- `naive_step_samples_per_s`: the facebookresearch/dlrm-style step on pre-generated batches
-  (26 nn.EmbeddingBag(sparse=True), the same MLPs ending in Sigmoid, BCELoss, torch.optim.SGD
-  over all parameters), model step only: no data generation counted.
-- `fp32_samples_per_s` / `bf16_samples_per_s`: our Trainer's step with its synthetic data
-  generator (the body of `Trainer.fit`'s loop: generation, fused embeddings, dense step).
-- the speed-ups over the naive step, and `generator_samples_per_s`: the synthetic data alone.
-The three are measured in `--rounds` interleaved rounds (naive, fp32, bf16, naive, ...) and
-reported as medians; a speed-up is the median of per-round ratios, so slow changes in machine
-load (this VM shares its host) cancel. Every round's figure is in `all_rounds_samples_per_s`.
-Then `auc`: test AUC of fp32 and bf16 training on the planted synthetic data (same seed, same
-batches) and their difference, with `Trainer.fit`'s own `train_samples_per_s` as a cross-check.
+Prints one JSON object. For each batch size (128 and 2048 by default), samples/s of:
+- `naive`: the facebookresearch/dlrm-style step on pre-generated batches (26
+  nn.EmbeddingBag(sparse=True), the same MLPs ending in Sigmoid, BCELoss, torch.optim.SGD over all
+  parameters), model step only: no data generation counted;
+- `fp32`, `bf16`: our Trainer's step with its synthetic data generator (the body of `Trainer.fit`'s
+  loop: generation, fused embeddings, dense step) with the default `--compile` (auto: bf16
+  compiled, fp32 eager); `bf16_eager`: bf16 with `--compile=false`;
+- `dense_only_fp32`, `dense_only_bf16`: our model's dense part alone (MLPs, interaction, loss,
+  dense optimizer; no embeddings, no data): the bound our step can reach;
+and the ratios `X_vs_naive`, `X_vs_dense_only_*`, plus `generator_samples_per_s` (the synthetic
+data alone). The variants alternate in `--rounds` rounds and are reported as medians; a ratio is
+the median of per-round ratios, so slow changes in machine load (this VM shares its host) cancel.
+Every round's figure is in `all_rounds_samples_per_s`. `targets`: the issue's targets, each met,
+missed or not measurable (bf16 on a CPU without bf16 units). `machine.cpu_flags`: the CPU's
+bf16/AMX flags. Then `auc`: test AUC of fp32 and bf16 training on the planted synthetic data (same
+seed, same batches) and their difference, with `Trainer.fit`'s own figure as a cross-check.
 
-    python scripts/bench_train.py                      # full Kaggle table sizes (about 2.2 GB)
+    python scripts/bench_train.py                      # full Kaggle table sizes (about 2.2 GB each)
     python scripts/bench_train.py --table-scale 0.01   # quick
+    python scripts/bench_train.py --variants naive,bf16,dense_only_bf16 --batch-sizes 2048
 """
 
 from __future__ import annotations
@@ -23,8 +29,8 @@ import argparse
 import json
 import logging
 import os
-import platform
 import statistics
+import sys
 import tempfile
 import time
 
@@ -38,6 +44,9 @@ from data_pipeline.synthetic import (
     SyntheticConfig,
 )
 from dlrm import TrainConfig, Trainer
+from dlrm.train_pipeline import loss_of
+from perfmodel import hardware
+from perfmodel.sweeps import linear_gemms
 
 BOTTOM = (13, 512, 256, 64, 16)
 TOP = (512, 256, 1)
@@ -103,14 +112,97 @@ class NaiveStep:
 class OursStep:
     """Our trainer's step with its data generator: the train pipeline `Trainer.fit` runs."""
 
-    def __init__(self, table_sizes, batch_size: int, precision: str, out_dir: str) -> None:
-        cfg = make_config(table_sizes, batch_size, 1_000_000, precision, out_dir)
+    def __init__(self, table_sizes, batch_size: int, precision: str, out_dir: str,
+                 compile: bool | None = None) -> None:  # fmt: skip
+        cfg = make_config(table_sizes, batch_size, 1_000_000, precision, out_dir, compile=compile)
         self.trainer = Trainer(cfg)
         self.batches = self.trainer.data.train.batches(0)
 
     def run(self, steps: int) -> None:
         for _ in range(steps):
             self.trainer.pipeline.progress(self.batches)
+
+
+class DenseOnlyStep:
+    """The bound our step can reach: our model's dense part alone (MLPs and interaction, the
+    same precision and compilation as our step, the gradient to the pooled embeddings computed)
+    with the loss and the dense optimizer, on one fixed input: no embeddings, no data."""
+
+    def __init__(self, batch_size: int, precision: str, out_dir: str,
+                 compile: bool | None = None) -> None:  # fmt: skip
+        # tables of 2 rows: the dense part does not depend on them
+        cfg = make_config([2] * len(KAGGLE_TABLE_SIZES), batch_size, 1, precision, out_dir,
+                          compile=compile)  # fmt: skip
+        trainer = Trainer(cfg, checkpoints=False)
+        self.model, self.optimizer = trainer.model, trainer.dense_optimizer
+        self.bf16 = precision == "bf16"
+        g = torch.Generator().manual_seed(0)
+        width = len(KAGGLE_TABLE_SIZES) * DIM
+        self.dense = torch.rand(batch_size, BOTTOM[0], generator=g)
+        self.pooled = torch.randn(batch_size, width, generator=g).mul_(0.1).requires_grad_()
+        self.labels = torch.randint(0, 2, (batch_size,), generator=g).float()
+
+    def run(self, steps: int) -> None:
+        for _ in range(steps):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
+                logits = self.model.dense_forward(self.dense, self.pooled)
+            loss = loss_of(logits, self.labels, "bce")
+            loss.item()  # as the real step, which checks the loss is finite
+            self.optimizer.zero_grad(set_to_none=True)
+            self.pooled.grad = None
+            loss.backward()
+            self.optimizer.step()
+
+
+class GemmOnlyStep:
+    """The matrix products of our dense step and nothing else: per MLP layer its forward, input
+    gradient (not for the first layer, whose input needs none) and weight gradient, and the
+    interaction's two bmm, in the layouts training runs them (perfmodel.sweeps.linear_gemms).
+    No step that runs these products with these kernels can be faster: naive / gemm_only is the
+    ceiling of any speed-up over the naive step."""
+
+    def __init__(self, batch_size: int, precision: str) -> None:
+        dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+        n = len(KAGGLE_TABLE_SIZES) + 1
+        top_in = n * (n - 1) // 2 + DIM
+        self.calls = []
+        for layers, first in ((BOTTOM, True), ((top_in, *TOP), False)):
+            for i, (fi, fo) in enumerate(zip(layers[:-1], layers[1:])):
+                gemms = linear_gemms(batch_size, fi, fo, dtype)
+                self.calls += [
+                    fn for j, (_, _, fn) in enumerate(gemms) if not (first and i == 0 and j == 1)
+                ]
+        t = torch.randn(batch_size, n, DIM).to(dtype)
+        t_t = t.transpose(1, 2).contiguous()
+        g = torch.randn(batch_size, n, n).to(dtype)
+        self.calls += [lambda: torch.bmm(t_t.transpose(1, 2), t_t), lambda: torch.bmm(g, t)]
+
+    def run(self, steps: int) -> None:
+        for _ in range(steps):
+            for call in self.calls:
+                call()
+
+
+def weight_casts(batch_size: int, tmp: str, steps: int = 10) -> dict:
+    """What autocast's casts cost in an eager bf16 dense step (torch.profiler): the casts of
+    parameter-shaped tensors (weights and biases to bf16, their gradients back) against the
+    activations' casts, per step, next to the profiled step's total."""
+    step = DenseOnlyStep(batch_size, "bf16", f"{tmp}/casts", compile=False)
+    step.run(3)
+    shapes = {tuple(p.shape) for p in step.model.dense_parameters()}
+    with torch.profiler.profile(record_shapes=True) as prof:
+        step.run(steps)
+    weight = other = 0.0
+    for e in prof.events():
+        if e.name == "aten::_to_copy":
+            is_param = bool(e.input_shapes) and tuple(e.input_shapes[0]) in shapes
+            if is_param:
+                weight += e.cpu_time_total
+            else:
+                other += e.cpu_time_total
+    total = sum(e.self_cpu_time_total for e in prof.key_averages())
+    return {"batch": batch_size, "step_ms": total / steps / 1e3,
+            "parameter_casts_ms": weight / steps / 1e3, "activation_casts_ms": other / steps / 1e3}  # fmt: skip
 
 
 def timed(step, steps: int, batch_size: int) -> float:
@@ -134,39 +226,89 @@ def generator_throughput(
 
 
 def make_config(
-    table_sizes, batch_size, steps, precision, out_dir, test_size=16384, seed=0
+    table_sizes, batch_size, steps, precision, out_dir, test_size=16384, seed=0, compile=None
 ) -> TrainConfig:
     return TrainConfig(
         arch_embedding_size=tuple(table_sizes), arch_sparse_feature_size=DIM,
         arch_mlp_bot=BOTTOM, arch_mlp_top=TOP, mini_batch_size=batch_size,
         data_size=steps * batch_size, test_data_size=test_size, learning_rate=0.1,
         precision=precision, seed=seed, out_dir=out_dir, progress=False, print_freq=0,
+        compile=compile,
     )  # fmt: skip
 
 
-def compare(sizes, bs: int, seconds: float, rounds: int, tmp: str) -> dict:
-    """Alternate naive / fp32 / bf16 in `rounds` rounds; medians of throughput and of the
-    per-round speed-up (adjacent measurements, so slow drifts in machine load cancel)."""
+# name -> (precision, --compile); `ours_*` is the whole step, `dense_only_*` its dense part
+VARIANTS = {
+    "fp32": ("fp32", None), "bf16": ("bf16", None), "bf16_eager": ("bf16", False),
+    "fp32_compiled": ("fp32", True), "dense_only_fp32": ("fp32", None),
+    "dense_only_bf16": ("bf16", None), "dense_only_fp32_compiled": ("fp32", True),
+    "gemm_only_fp32": ("fp32", None), "gemm_only_bf16": ("bf16", None),
+}  # fmt: skip
+
+# (what, of, over, at least, batch size, needs bf16 units): the issue's targets
+TARGETS = (
+    ("bf16", "naive", 3.0, 2048, True), ("bf16", "naive", 2.0, 128, True),
+    ("fp32", "dense_only_fp32", 0.9, 2048, False), ("fp32", "naive", 1.6, 128, False),
+)  # fmt: skip
+
+
+def make_step(name: str, sizes, bs: int, rounds_steps: int, tmp: str):
+    if name == "naive":
+        return NaiveStep(sizes, bs, rounds_steps)
+    precision, compile = VARIANTS[name]
+    if name.startswith("gemm_only"):
+        return GemmOnlyStep(bs, precision)
+    if name.startswith("dense_only"):
+        return DenseOnlyStep(bs, precision, f"{tmp}/{bs}-{name}", compile)
+    return OursStep(sizes, bs, precision, f"{tmp}/{bs}-{name}", compile)
+
+
+BASES = ("naive", "dense_only_fp32", "dense_only_bf16")
+
+
+def compare(sizes, bs: int, seconds: float, rounds: int, names: list[str], tmp: str) -> dict:
+    """Alternate the variants in `rounds` rounds; medians of throughput and of the per-round
+    ratios to the naive step and to the dense-only bound (adjacent measurements, so slow drifts
+    in machine load cancel)."""
     per_step = 30_000 if bs <= 256 else 60_000  # rough samples/s, sets steps per round
     steps = max(5, int(seconds * per_step / bs / rounds))
-    naive = NaiveStep(sizes, bs, steps * rounds)
-    ours = {p: OursStep(sizes, bs, p, f"{tmp}/{bs}-{p}") for p in ("fp32", "bf16")}
-    for step in (naive, *ours.values()):  # warm-up: first-touch of tables, kernel caches
-        step.run(3)
-    runs: dict[str, list[float]] = {"naive": [], "fp32": [], "bf16": []}
+    runs: dict[str, list[float]] = {}
+    stepper = {}
+    for name in names:
+        stepper[name] = make_step(name, sizes, bs, steps * rounds, tmp)
+        stepper[name].run(3)  # warm-up: first touch of tables, kernel caches, compilation
+        runs[name] = []
     for _ in range(rounds):
-        runs["naive"].append(timed(naive, steps, bs))
-        for p, step in ours.items():
-            runs[p].append(timed(step, steps, bs))
+        for name in names:
+            runs[name].append(timed(stepper[name], steps, bs))
     med = statistics.median
-    row = {"steps_per_round": steps, "rounds": rounds,
-           "generator_samples_per_s": generator_throughput(sizes, bs),
-           "naive_step_samples_per_s": med(runs["naive"])}  # fmt: skip
-    for p in ("fp32", "bf16"):
-        row[f"{p}_samples_per_s"] = med(runs[p])
-        row[f"{p}_speedup_vs_naive"] = med([o / n for o, n in zip(runs[p], runs["naive"])])
+    row: dict = {"steps_per_round": steps, "rounds": rounds,
+                 "generator_samples_per_s": generator_throughput(sizes, bs)}  # fmt: skip
+    for name in names:
+        row[f"{name}_samples_per_s"] = med(runs[name])
+    for name in names:
+        bases = ["naive"] if name.startswith(("dense_only", "gemm_only")) else BASES
+        for base in bases:
+            if base in runs and name != base:
+                row[f"{name}_vs_{base}"] = med([a / b for a, b in zip(runs[name], runs[base])])
     row["all_rounds_samples_per_s"] = runs
     return row
+
+
+def judge(result: dict, bf16_units: bool) -> list[dict]:
+    """The issue's targets, each met, missed or not measurable here."""
+    out = []
+    for what, over, least, bs, needs_bf16 in TARGETS:
+        row = result["batches"].get(str(bs), {})
+        value = row.get(f"{what}_vs_{over}")
+        status = "not measured" if value is None else ("met" if value >= least else "missed")
+        if needs_bf16 and not bf16_units:
+            status = "not measurable: no bf16 units on this CPU"
+        # the most any step running our dense part's matrix products could reach
+        ceiling = row.get(f"gemm_only_{what}_vs_naive") if over == "naive" else 1.0
+        out.append({"target": f"{what} >= {least}x {over} at batch {bs}", "value": value,
+                    "ceiling": ceiling, "status": status})  # fmt: skip
+    return out
 
 
 def main() -> None:
@@ -179,17 +321,30 @@ def main() -> None:
         "--auc-steps", type=int, default=400, help="steps of batch 2048 for the AUC check"
     )
     p.add_argument("--skip-auc", action="store_true")
+    p.add_argument("--weight-casts", action="store_true",
+                   help="also profile what autocast's casts cost in an eager bf16 dense step")  # fmt: skip
+    p.add_argument("--variants", default="naive,fp32,bf16,bf16_eager,dense_only_fp32,dense_only_bf16,gemm_only_fp32,gemm_only_bf16",
+                   help="comma-separated, measured in this order in every round")  # fmt: skip
     args = p.parse_args()
+    names = [x for x in args.variants.split(",") if x]
+    unknown = sorted(set(names) - {"naive", *VARIANTS})
+    if unknown:
+        p.error(f"--variants: unknown {', '.join(unknown)}")
     logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
     sizes = [max(2, int(n * args.table_scale)) for n in KAGGLE_TABLE_SIZES]
+    bf16_units = hardware.has_bf16_units()
     result: dict = {
         "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-                    "processor": platform.processor(), "load_avg": os.getloadavg()},
+                    "cpu": hardware.cpu_model(), "cpu_flags": hardware.cpu_flags(),
+                    "bf16_units": bf16_units, "load_avg": os.getloadavg()},
         "table_rows": sum(sizes), "embedding_dim": DIM, "batches": {},
     }  # fmt: skip
+    if not bf16_units:
+        print("this CPU has no bf16 units (avx512_bf16/amx_bf16): bf16 is emulated, and the bf16 "
+              "targets are not measurable here", file=sys.stderr)  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         for bs in [int(x) for x in args.batch_sizes.split(",")]:
-            row = compare(sizes, bs, args.seconds, args.rounds, tmp)
+            row = compare(sizes, bs, args.seconds, args.rounds, names, tmp)
             result["batches"][str(bs)] = row
             print(json.dumps({bs: row}), flush=True)
         if not args.skip_auc:
@@ -210,6 +365,9 @@ def main() -> None:
                     p: s["train_samples_per_s"] for p, s in summaries.items()
                 },
             }
+        if args.weight_casts:
+            result["weight_casts"] = weight_casts(2048, tmp)
+    result["targets"] = judge(result, bf16_units)
     result["machine"]["load_avg_end"] = os.getloadavg()
     print(json.dumps(result, indent=2))
 

@@ -118,7 +118,9 @@ class StepEncoder(nn.Module):
         self.top_mlp = make_mlp((width, *arch.top), final_activation=False, generator=gen)
 
     def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor) -> torch.Tensor:
-        pooled = self.embeddings(sparse).values()
+        return self.dense_forward(dense, self.embeddings(sparse).values())
+
+    def dense_forward(self, dense: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
         return self.top_mlp(self.interaction(self.bottom_mlp(dense), pooled))
 
 
@@ -205,7 +207,13 @@ class TBSM(nn.Module):
             raise ValueError(
                 f"TBSM: {dense.shape[0]} steps is not a multiple of ts_length + 1 = {T + 1}"
             )
-        z = self.encode_steps(dense, sparse)
+        return self.dense_forward(dense, self.embeddings(sparse).values())
+
+    def dense_forward(self, dense: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
+        """Everything after the embedding lookup: what `--compile` compiles (dlrm/compile.py)."""
+        T = self.arch.ts_length
+        z = self.step.dense_forward(dense, pooled)
+        z = z.view(-1, T + 1, z.shape[-1])
         H, w = z[:, :T], z[:, T]
         kind = self.arch.model_type
         if kind == "tsl":

@@ -5,7 +5,7 @@ import zlib
 
 import numpy as np
 import torch
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from data_pipeline import checksum
@@ -19,7 +19,7 @@ def test_the_fast_implementation_is_installed():
     assert crc32.__module__ == "isal.isal_zlib"
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.binary(max_size=5000), start=st.integers(0, 2**32 - 1), cut=st.integers(0, 64))
 def test_same_values_as_zlib_for_any_bytes_start_and_split(data, start, cut):
     assert crc32(data) == zlib.crc32(data)
@@ -57,7 +57,7 @@ def test_data_crc32_is_zlibs_over_the_data_bytes(tmp_path):
         assert data_crc32(path, chunk_bytes=4096) == zlib.crc32(arr.tobytes())
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     rows=st.integers(0, 300),
     cols=st.integers(1, 5),

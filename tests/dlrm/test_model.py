@@ -5,7 +5,14 @@ import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dlrm.errors import ArchError
-from dlrm.models.dlrm import DLRM, DLRMArch, Interaction, NarrowInputLinear, make_mlp
+from dlrm.models.dlrm import (
+    DLRM,
+    DLRMArch,
+    Interaction,
+    NarrowInputLinear,
+    PaddedInputLinear,
+    make_mlp,
+)
 from embeddings import FusedEmbeddingBagCollection, tables_for_features
 
 KAGGLE = DLRMArch(
@@ -73,13 +80,18 @@ def test_dot_interaction_gradients_match_autograd_reference(itself):
     assert torch.autograd.gradcheck(lambda a, b: inter(a, b), (dense, sparse))
 
 
-def test_narrow_input_linear_matches_nn_linear():
+@pytest.mark.parametrize(
+    "fan_in, kind", [(13, NarrowInputLinear), (67, PaddedInputLinear), (64, torch.nn.Linear)]
+)
+def test_cpu_linear_layers_match_nn_linear(fan_in, kind):
+    """The layers make_mlp picks by input width compute exactly nn.Linear's function and
+    gradients, and behave as nn.Linear under bf16 autocast."""
     gen = torch.Generator().manual_seed(3)
-    mlp = make_mlp((13, 32, 4), True, gen)
-    assert isinstance(mlp[0], NarrowInputLinear) and type(mlp[2]) is torch.nn.Linear
-    plain = torch.nn.Linear(13, 32)
+    mlp = make_mlp((fan_in, 32, 4), True, gen)
+    assert type(mlp[0]) is kind and type(mlp[2]) is torch.nn.Linear
+    plain = torch.nn.Linear(fan_in, 32)
     plain.load_state_dict(mlp[0].state_dict())
-    x = torch.randn(7, 13, generator=gen, requires_grad=True)
+    x = torch.randn(7, fan_in, generator=gen, requires_grad=True)
     g = torch.randn(7, 32, generator=gen)
     for layer in (mlp[0], plain):
         layer.zero_grad()
@@ -93,10 +105,19 @@ def test_narrow_input_linear_matches_nn_linear():
     torch.testing.assert_close(mlp[0].weight.grad, plain.weight.grad)
     torch.testing.assert_close(mlp[0].bias.grad, plain.bias.grad)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        y16 = mlp[0](x)
+        y16, y16_ref = mlp[0](x), plain(x)
     assert y16.dtype == torch.bfloat16
+    torch.testing.assert_close(y16, y16_ref, rtol=2e-2, atol=2e-2)
+    mlp[0].weight.grad = None
     y16.float().sum().backward()
     assert mlp[0].weight.grad.dtype == torch.float32
+    assert mlp[0].weight.grad.shape == mlp[0].weight.shape
+    layer64 = mlp[0].double()
+    args = (torch.randn(3, fan_in, dtype=torch.float64, generator=gen, requires_grad=True),
+            layer64.weight.detach().requires_grad_(), layer64.bias.detach().requires_grad_())  # fmt: skip
+    assert torch.autograd.gradcheck(
+        lambda a, w, b: torch.func.functional_call(layer64, {"weight": w, "bias": b}, (a,)), args
+    )
 
 
 def test_cat_interaction():

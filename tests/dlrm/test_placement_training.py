@@ -133,7 +133,10 @@ def test_cli_placement_mistakes_are_one_line(make_config, tmp_path, capsys):
             "--arch-mlp-top", "16-1", "--mini-batch-size", "64", "--data-size", "640", "--out-dir", str(tmp_path / "r")]  # fmt: skip
     for extra, message in [
         (["--hot-budget", "lots"], "--hot-budget: expected a size like 256MB"),
-        (["--placement", "gpu"], "--placement: expected one of device, host, fae, hotline, auto"),
+        (
+            ["--placement", "gpu"],
+            "--placement: expected one of device, host, fae, hotline, tiered, auto",
+        ),
         (["--profile-sample-rate", "0"], "--profile-sample-rate: expected a number in (0, 1]"),
         (["--placement", "fae", "--placement-plan", str(tmp_path / "p.npz")], None),
     ]:

@@ -382,18 +382,19 @@ def test_embedding_sweep_records_forward_and_backward_over_distinct_batches(monk
     assert threads_seen == [1, 1]
 
 
-@pytest.mark.parametrize("fan_in", [13, 64])
+@pytest.mark.parametrize("fan_in", [13, 64, 67])
 def test_gemm_sweep_runs_a_layer_in_the_layouts_of_a_training_step(fan_in):
     """The sweep's GEMMs of an MLP layer have the shapes and strides autograd gives the
-    trainer's layer (`nn.Linear`, or `NarrowInputLinear` for narrow inputs): the weight
+    trainer's layer (`nn.Linear`, `NarrowInputLinear` for narrow inputs, `PaddedInputLinear` for
+    widths that are not a multiple of 8): the weight
     gradient of a transposed weight view is g^T x, not x^T g."""
     import torch
 
-    from dlrm.models.dlrm import NARROW_INPUT, NarrowInputLinear
+    from dlrm.models.dlrm import linear_layer
     from perfmodel.sweeps import linear_gemms, profile_kernels
 
     b, fo = 32, 24
-    layer = (NarrowInputLinear if fan_in < NARROW_INPUT else torch.nn.Linear)(fan_in, fo)
+    layer = linear_layer(fan_in, fo)
     x = torch.randn(b, fan_in, requires_grad=True)
     g = torch.randn(b, fo)
     recs = profile_kernels(lambda: layer(x).backward(g), reps=1)

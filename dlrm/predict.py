@@ -1,0 +1,317 @@
+"""`python -m dlrm.predict`: score a preprocessed split or raw Criteo lines with an artifact.
+
+    python -m dlrm.predict --model ARTIFACT --data RAW_FILE_OR_DATASET --out preds.csv
+
+Raw Criteo lines (plain or .gz; 40 fields, or 39 without the label as in Kaggle's `test.txt`)
+go through the preprocessing's own parser and categorical mapping (data_pipeline: parse_block,
+the hash or the frequency dictionaries, run by its worker processes while this process scores),
+with what the artifact carries: the hashing modulus, or the dictionaries as sorted value/id
+arrays. A value never seen in training gets the out-of-vocabulary id, as in preprocessing.
+
+Output (CSV, written to a temporary file and renamed at the end, so an earlier file of that name
+survives a failed run):
+- raw lines without a label: the Kaggle submission layout `Id,Predicted`, Id = 60000000 + the
+  line's 0-based index (Kaggle's test ids);
+- raw lines with a label: `line,label,predicted` (1-based line numbers);
+- a preprocessed split: `row,label,predicted` (the `inference` split, Kaggle's unlabelled
+  test.txt: `Id,Predicted`).
+
+A malformed line is `FILE:LINE: what was expected` (exit 2), or, with `--on-bad-line skip`,
+skipped, counted and reported at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from data_pipeline.errors import DataError
+
+EXIT_USAGE = 2
+PROG = "python -m dlrm.predict"
+KAGGLE_FIRST_ID = 60_000_000
+_DEL = 0xFF
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:
+        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        sys.exit(EXIT_USAGE)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog=PROG, description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True, help="inference artifact (python -m dlrm.quantize)")
+    p.add_argument("--data", required=True, help="raw Criteo file, or preprocessed data set")
+    p.add_argument("--out", required=True, help="CSV file to write")
+    p.add_argument("--split", default="test", help="split of a preprocessed data set")
+    p.add_argument("--on-bad-line", default="error", help="error (default) or skip")
+    p.add_argument("--batch-size", type=int, default=2048)
+    p.add_argument("--workers", type=int, default=None,
+                   help="parse processes (default: one per core but one; 0: inline)")  # fmt: skip
+    p.add_argument("--block-mb", type=float, default=2.0, help="raw bytes per parse task")
+    p.add_argument("--embedding-backend", default="auto", help="auto, fbgemm or torch")
+    return p
+
+
+# --- CSV, vectorised ------------------------------------------------------------------------------
+
+
+def _decimal(x: np.ndarray, width: int) -> np.ndarray:
+    """Non-negative integers -> [n, width] ASCII digits, leading zeros replaced by _DEL."""
+    digits = np.empty((len(x), width), dtype=np.uint8)
+    v = x.astype(np.int64)
+    for col in range(width - 1, -1, -1):
+        q = v // 10
+        digits[:, col] = (v - q * 10).astype(np.uint8) + ord("0")
+        v = q
+    ndig = np.ones(len(x), dtype=np.int64)
+    for k in range(1, width):
+        ndig += x >= 10**k
+    digits[np.arange(width)[None, :] < (width - ndig)[:, None]] = _DEL
+    return digits
+
+
+def format_csv(columns: list[np.ndarray | None], probabilities: np.ndarray) -> bytes:
+    """Rows of integer columns (None: an empty field) then the probability with 6 decimals."""
+    n = len(probabilities)
+    parts = []
+    for c in columns:
+        if c is None:
+            parts.append(np.full((n, 0), _DEL, dtype=np.uint8))
+        else:
+            width = max(1, len(str(int(c.max())))) if n else 1
+            parts.append(_decimal(c, width))
+        parts.append(np.full((n, 1), ord(","), dtype=np.uint8))
+    q = np.rint(np.clip(probabilities, 0.0, 1.0) * 1e6).astype(np.int64)
+    whole = q // 1_000_000
+    parts += [
+        (whole.astype(np.uint8) + ord("0"))[:, None],
+        np.full((n, 1), ord("."), dtype=np.uint8),
+        _decimal(q - whole * 1_000_000, 6),
+        np.full((n, 1), ord("\n"), dtype=np.uint8),
+    ]
+    m = np.concatenate(parts, axis=1)
+    # the fraction's leading zeros are digits: put them back
+    frac = m[:, -7:-1]
+    frac[frac == _DEL] = ord("0")
+    return m[m != _DEL].tobytes()
+
+
+# --- scoring ----------------------------------------------------------------------------------------
+
+
+class _Output:
+    """The CSV, written to a temporary file renamed over `path` at the end."""
+
+    def __init__(self, path: Path, header: str) -> None:
+        self.path = path
+        self.tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        try:
+            self.f = open(self.tmp, "wb")
+            self.f.write(header.encode() + b"\n")
+        except OSError as e:
+            raise DataError(f"{path}: cannot be written ({e.strerror or e})") from None
+        self.rows = 0
+
+    def write(self, data: bytes, rows: int) -> None:
+        try:
+            self.f.write(data)
+        except OSError as e:
+            self.abort()
+            raise DataError(
+                f"{self.path}: cannot be written ({e.strerror or e}); nothing kept"
+            ) from None
+        self.rows += rows
+
+    def finish(self) -> None:
+        self.f.flush()
+        os.fsync(self.f.fileno())
+        self.f.close()
+        os.replace(self.tmp, self.path)
+
+    def abort(self) -> None:
+        if not self.f.closed:
+            self.f.close()
+        self.tmp.unlink(missing_ok=True)
+
+
+def _score(predictor, dense: np.ndarray, sparse: np.ndarray, batch_size: int) -> np.ndarray:
+    """Probabilities of rows given as dense [n, 13] and ids [n, 26] (feature order)."""
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    out = np.empty(len(dense), dtype=np.float64)
+    names = predictor.feature_names
+    for lo in range(0, len(dense), batch_size):
+        d = torch.from_numpy(np.array(dense[lo : lo + batch_size]))  # a worker's read-only buffer
+        ids = torch.from_numpy(np.ascontiguousarray(sparse[lo : lo + batch_size].T).reshape(-1))
+        kjt = KeyedJaggedTensor(keys=names, values=ids,
+                                lengths=torch.ones(ids.numel(), dtype=torch.int32))  # fmt: skip
+        out[lo : lo + len(d)] = predictor.predict((d, kjt)).double().numpy()
+    return out
+
+
+def _has_label(path: Path) -> bool:
+    """40 fields: labelled; 39: not (Kaggle's test.txt); anything else: FILE:1: ..."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rb") as f:
+            first = f.readline()
+    except (OSError, EOFError) as e:
+        raise DataError(f"{path}: unreadable ({e})") from None
+    if not first:
+        raise DataError(f"{path}: empty: expected raw Criteo lines")
+    fields = first.rstrip(b"\r\n").count(b"\t") + 1
+    if fields not in (39, 40):
+        raise DataError(
+            f"{path}:1: expected 40 tab-separated fields (label, 13 integers, 26 categoricals) "
+            f"or 39 (no label, as in Kaggle's test.txt), found {fields}"
+        )
+    return fields == 40
+
+
+def predict_raw(predictor, path: Path, out: Path, on_bad_line: str, batch_size: int,
+                workers: int | None, block_bytes: int) -> dict:  # fmt: skip
+    from data_pipeline.block_pipeline import BadLineLog, BlockPipeline
+    from data_pipeline.preprocess_worker import TaskResult, TaskSpec
+    from data_pipeline.raw_files import RawPart
+
+    mapping = predictor.manifest.get("categorical")
+    if not mapping:
+        raise DataError(
+            f"{predictor.artifact.path}: carries no categorical mapping (the model was not trained "
+            "on Criteo data): score a preprocessed data set instead"
+        )
+    if not path.is_file():
+        raise DataError(f"{path}: not found (expected raw Criteo lines or a preprocessed data set)")
+    labelled = _has_label(path)
+    part = RawPart("predict", path, has_label=labelled)
+    spec = TaskSpec(
+        kind="encode", has_label=labelled, sub_sample_rate=0.0, sub_sample_key=0,
+        max_ind_range=mapping.get("max_ind_range", 0) if mapping["mode"] == "hash" else 0,
+        vocab_dir=str(predictor.artifact.mapping_dir) if mapping["mode"] == "frequency" else None,
+        index_dtype="int64",
+    )  # fmt: skip
+    if workers is None:
+        workers = max(1, len(os.sched_getaffinity(0)) - 1)
+    writer = _Output(out, "line,label,predicted" if labelled else "Id,Predicted")
+    bad = BadLineLog(part, on_bad_line)
+    lines_before = 0
+
+    def take(result: TaskResult) -> None:
+        nonlocal lines_before
+        bad.take(result)  # raises FILE:LINE: ... in error mode
+        keep = np.ones(result.num_lines, dtype=bool)
+        keep[[b[0] for b in result.bad]] = False
+        index = lines_before + np.flatnonzero(keep)
+        lines_before += result.num_lines
+        if result.rows == 0:
+            return
+        p = _score(predictor, result.dense, result.sparse, batch_size)
+        if labelled:
+            cols = [index + 1, result.labels.astype(np.int64)]
+        else:
+            cols = [index + KAGGLE_FIRST_ID]
+        writer.write(format_csv(cols, p), len(p))
+
+    from tqdm import tqdm
+
+    pipeline = BlockPipeline(workers)
+    try:
+        with tqdm(disable=True) as bar:
+            pipeline.run(part, spec, block_bytes, take, bar)
+        bad.check_total()
+    except BaseException:
+        writer.abort()
+        raise
+    finally:
+        pipeline.close()
+    writer.finish()
+    return {"lines": lines_before, "rows": writer.rows, "bad_lines": bad.counts}
+
+
+def predict_dataset(predictor, directory: Path, split: str, out: Path, batch_size: int) -> dict:
+    meta = json.loads((directory / "meta.json").read_text())
+    tbsm = predictor.manifest["model"]["model"] == "tbsm"
+    if meta.get("dataset") == "taobao":
+        from data_pipeline.taobao_dataset import TaobaoBatchSource, TaobaoDataset
+
+        source = TaobaoBatchSource(TaobaoDataset(directory), split, batch_size,
+                                   layout="sequence" if tbsm else "candidate")  # fmt: skip
+    else:
+        from data_pipeline.criteo import CriteoBatchSource
+
+        source = CriteoBatchSource(directory, split, batch_size)
+    kaggle = split == "inference"
+    writer = _Output(out, "Id,Predicted" if kaggle else "row,label,predicted")
+    row = 0
+    try:
+        for batch in source.batches(0):
+            p = predictor.predict(batch).double().numpy()
+            index = np.arange(row, row + len(p))
+            row += len(p)
+            labels = batch.labels.numpy()
+            if kaggle:
+                cols = [index + KAGGLE_FIRST_ID]
+            elif np.isnan(labels).any():
+                cols = [index, None]
+            else:
+                cols = [index, labels.astype(np.int64)]
+            writer.write(format_csv(cols, p), len(p))
+    except BaseException:
+        writer.abort()
+        raise
+    writer.finish()
+    return {"rows": row}
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
+    a = build_parser().parse_args(argv)
+    from dlrm.artifact import ArtifactError
+    from dlrm.errors import ConfigError
+
+    t0 = time.perf_counter()
+    try:
+        if a.on_bad_line not in ("error", "skip"):
+            raise ConfigError(f"--on-bad-line: expected error or skip, got {a.on_bad_line!r}")
+        if a.batch_size < 1 or (a.workers is not None and a.workers < 0) or a.block_mb <= 0:
+            raise ConfigError("--batch-size, --workers, --block-mb: expected positive numbers")
+        out = Path(a.out)
+        if out.is_dir():
+            raise ConfigError(f"--out: {out} is a directory; expected a CSV file name")
+        if not out.parent.is_dir():
+            raise ConfigError(f"--out: {out.parent} does not exist")
+        from dlrm.predictor import Predictor
+
+        predictor = Predictor.load(a.model, backend=a.embedding_backend)
+        data = Path(a.data)
+        if (data / "meta.json").is_file():
+            stats = predict_dataset(predictor, data, a.split, out, a.batch_size)
+        else:
+            stats = predict_raw(predictor, data, out, a.on_bad_line, a.batch_size, a.workers,
+                                int(a.block_mb * 2**20))  # fmt: skip
+    except (ConfigError, DataError, ArtifactError) as e:
+        sys.stderr.write(f"{PROG}: error: {e}\n")
+        return EXIT_USAGE
+    seconds = time.perf_counter() - t0
+    stats.update(out=str(out), seconds=round(seconds, 3))
+    skipped = sum(stats.get("bad_lines", {}).values())
+    if skipped:
+        sys.stderr.write(f"{PROG}: skipped {skipped} malformed lines ({stats['bad_lines']})\n")
+    print(json.dumps(stats))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

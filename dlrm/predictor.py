@@ -1,0 +1,75 @@
+"""`Predictor`: a verified inference artifact, ready to score batches.
+
+    from dlrm import Predictor
+    predictor = Predictor.load("artifacts/kaggle-int8")
+    probabilities = predictor.predict(batch)     # a torchrec Batch, or (dense, sparse)
+
+DLRM and TBSM artifacts alike (a TBSM batch holds every step of each sample, see DESIGN.md).
+Loading verifies every file of the artifact first (dlrm/artifact.py); raw Criteo lines are scored
+by `python -m dlrm.predict`, which maps them as training did with what the artifact carries.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torchrec.datasets.utils import Batch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from dlrm import artifact as art
+from dlrm.quantized_model import arch_from_json, build_model, convert_dense, load_dense_tensors
+
+
+class Predictor:
+    def __init__(self, artifact: art.Artifact, model: torch.nn.Module, device: torch.device):
+        self.artifact = artifact
+        self.model = model
+        self.device = device
+
+    @classmethod
+    def load(
+        cls, path: str | Path, device: str | torch.device = "cpu", backend: str = "auto"
+    ) -> Predictor:
+        """Read and verify the artifact at `path` and build its model on `device` (`backend`:
+        auto, fbgemm or torch for the tables). ArtifactError names any file that is wrong."""
+        a = art.load(path)
+        device = torch.device(device)
+        precision = a.manifest["dense"].get("precision")
+        if precision == "int8" and device.type != "cpu":
+            raise art.ArtifactError(
+                f"{a.path}: int8 MLPs run on CPU only (torch's dynamic quantization); export "
+                f"with --mlp-precision bf16 or fp32 for {device.type}"
+            )
+        try:
+            arch = arch_from_json(a.manifest["model"])
+            model = build_model(arch, a.tables, a.precisions, a.rows, device, backend)
+            convert_dense(model, precision)
+            load_dense_tensors(model, a.dense)
+        except (KeyError, TypeError, ValueError) as e:
+            if isinstance(e, art.ArtifactError):
+                raise
+            raise art.ArtifactError(
+                f"{a.path / art.MANIFEST}: does not describe its tensors ({e})"
+            ) from None
+        return cls(a, model.eval(), device)
+
+    @property
+    def manifest(self) -> dict:
+        return self.artifact.manifest
+
+    @property
+    def feature_names(self) -> list[str]:
+        return [t.feature_name for t in self.artifact.tables]
+
+    @torch.no_grad()
+    def logits(self, batch: Batch | tuple[torch.Tensor, KeyedJaggedTensor]) -> torch.Tensor:
+        if isinstance(batch, Batch):
+            dense, sparse = batch.dense_features, batch.sparse_features
+        else:
+            dense, sparse = batch
+        return self.model(dense.to(self.device), sparse.to(self.device)).float()
+
+    def predict(self, batch: Batch | tuple[torch.Tensor, KeyedJaggedTensor]) -> torch.Tensor:
+        """Click probabilities [B] (TBSM: one per sample, for its candidate)."""
+        return torch.sigmoid(self.logits(batch))

@@ -1,0 +1,475 @@
+"""The SSD tier: embedding rows (weights and optimizer state) in files under `--scm-dir`, served
+through a DRAM row cache, by global row id: a `RowStore` (embeddings/tiers.py), so a faster tier
+stages rows from it and writes them back exactly as it does with the host tier.
+
+Files in the directory:
+- `rows.dat`: every global row at a fixed stride in checksummed 4 KiB blocks (embeddings/scm_file.py),
+  sparse: a block is written the first time one of its rows is;
+- `journal.log`: the undo journal that makes a checkpoint a consistent point (scm_journal.py);
+- `tier.json`: what the files hold (tables, width, optimizer, seed, layout) and the tier's id.
+A row never written has its initial value, `row_init.hashed_rows` (a pure function of seed,
+table and row), and optimizer state zero; the map of written blocks is kept with each
+checkpoint (`materialised`).
+
+Reads: cached rows are copied from DRAM; the others are read from their blocks (one 4 KiB read
+per block, on the I/O threads) or made from their initial value, and admitted to the cache.
+Writes go to the cache (dirty); rows the cache evicts, and rows it has no room for, are written
+to their blocks (read, patched, checksummed, written; a block's pre-image journaled first).
+`flush` writes every dirty row; `prepare(generation)` flushes, fsyncs and marks the point in the
+journal; `commit(generation)` makes it the journal's base once the checkpoint is written;
+`restore(generation, materialised)` rolls the file back to a checkpoint's point.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from embeddings.config import SparseOptimizer, TableSpec
+from embeddings.errors import ScmError, TierError
+from embeddings.row_init import hashed_rows
+from embeddings.scm_cache import RowCache
+from embeddings.scm_file import BLOCK, PAYLOAD, BlockFile, aligned_blocks
+from embeddings.scm_journal import UndoJournal
+from embeddings.tiers import table_row_base
+
+FORMAT, VERSION = "hybrid-dlrm/scm-tier", 1
+MANIFEST, ROWS, JOURNAL = "tier.json", "rows.dat", "journal.log"
+_WRITE_CHUNK = 1 << 16  # rows per flush chunk
+
+
+def _layout(tables: list[TableSpec], optimizer: SparseOptimizer, seed: int) -> dict:
+    dim = tables[0].embedding_dim
+    row_floats = dim + optimizer.state_floats(dim)
+    rpb = PAYLOAD // (4 * row_floats)
+    if rpb < 1:
+        raise ScmError(f"scm tier: a row of {row_floats} floats does not fit a {BLOCK}-byte block")
+    total = sum(t.num_embeddings for t in tables)
+    return {
+        "table_sizes": [t.num_embeddings for t in tables],
+        "features": [t.feature_name for t in tables],
+        "dim": dim,
+        "optimizer": optimizer.kind,
+        "row_floats": row_floats,
+        "rows_per_block": rpb,
+        "num_blocks": -(-total // rpb),
+        "seed": seed,
+        "init": "hashed",
+    }
+
+
+class ScmTier:
+    """Rows by global id in an SSD file behind a DRAM row cache of `cache_bytes`."""
+
+    name = "ssd"
+
+    def __init__(
+        self,
+        directory: str | Path,
+        tables: list[TableSpec],
+        optimizer: SparseOptimizer,
+        seed: int,
+        cache_bytes: int,
+        held: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        io: str = "direct",
+        io_threads: int = 16,
+        priority=None,
+        resume: bool = False,
+        owner: str = "",
+    ) -> None:
+        """`held(ids)`: bool per id, whether this tier is its home (None: every row's);
+        `priority(gids)`: profile counts for the cache. `resume`: keep the files for a
+        `restore`; if none follows before the first read or write, they are started afresh."""
+        self.dir = Path(directory)
+        self.tables, self.optimizer, self.seed = list(tables), optimizer, seed
+        self.layout = _layout(self.tables, optimizer, seed)
+        self.dim, self.row_floats = self.layout["dim"], self.layout["row_floats"]
+        self.rpb, self.num_blocks = self.layout["rows_per_block"], self.layout["num_blocks"]
+        self.sizes = self.layout["table_sizes"]
+        self.row_base = table_row_base(self.sizes)
+        self.total_rows = sum(self.sizes)
+        self.held = held
+        self.io, self.io_threads, self.owner = io, io_threads, owner
+        self.backend = f"ssd({io})"
+        self.row_bytes = 4 * self.row_floats
+        capacity = max(0, int(cache_bytes) // self.row_bytes)
+        self.cache = RowCache(self.total_rows, self.row_floats, capacity, priority)
+        self._lock = threading.RLock()
+        self.journal = UndoJournal(self.dir / JOURNAL)
+        self.generation = 0
+        self._journaled = np.zeros(self.num_blocks, dtype=bool)
+        self.counts = dict.fromkeys(
+            ("rows_requested", "rows_read", "rows_initial", "blocks_read", "blocks_rmw", "rows_written",
+             "blocks_written", "rows_direct_writes", "preimage_blocks"), 0
+        )  # fmt: skip
+        self.io_s = 0.0  # time in file reads and writes (on whichever thread)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._pending = resume and (self.dir / MANIFEST).is_file()
+        if self._pending:
+            self._open_existing()
+        else:
+            self._create()
+
+    # --- files --------------------------------------------------------------------------------------
+
+    def _create(self) -> None:
+        if getattr(self, "file", None) is not None:
+            self.file.close()
+        self._check_owner()
+        self.tier_id = uuid.uuid4().bytes
+        manifest = {"format": FORMAT, "version": VERSION, "tier_id": self.tier_id.hex(),
+                    "owner": self.owner, **self.layout}  # fmt: skip
+        tmp = self.dir / (MANIFEST + ".tmp")
+        tmp.write_text(json.dumps(manifest, indent=1) + "\n")
+        os.replace(tmp, self.dir / MANIFEST)
+        self.file = BlockFile(self.dir / ROWS, self.num_blocks, self.io, self.io_threads, True)
+        self.materialised = np.zeros(self.num_blocks, dtype=bool)
+        self.generation = 0
+        self._journaled[:] = False
+        self.journal.start(self.tier_id, 0)
+        self._pending = False
+
+    def _check_owner(self) -> None:
+        path = self.dir / MANIFEST
+        if not path.is_file():
+            return
+        try:
+            old = json.loads(path.read_text()).get("owner", "")
+        except (json.JSONDecodeError, OSError, AttributeError):
+            old = ""
+        if old and self.owner and Path(old).resolve() != Path(self.owner).resolve():
+            raise ScmError(
+                f"--scm-dir {self.dir}: holds the tier of the run in {old}; give this run "
+                "another directory (or delete that one)"
+            )
+
+    def _open_existing(self) -> None:
+        path = self.dir / MANIFEST
+        try:
+            manifest = json.loads(path.read_text())
+        except (json.JSONDecodeError, OSError) as e:
+            raise ScmError(f"{path}: not a readable tier manifest ({e})") from None
+        if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
+            raise ScmError(f"{path}: not a hybrid-dlrm SSD tier (version {VERSION})")
+        stored = {k: manifest.get(k) for k in self.layout}
+        if stored != self.layout:
+            diff = [k for k in self.layout if stored[k] != self.layout[k]]
+            raise ScmError(
+                f"{path}: the tier was made for other tables or settings ({', '.join(diff)} differ)"
+            )
+        self.tier_id = bytes.fromhex(manifest["tier_id"])
+        self.file = BlockFile(self.dir / ROWS, self.num_blocks, self.io, self.io_threads)
+        self.materialised = np.zeros(self.num_blocks, dtype=bool)
+
+    def _ready(self) -> None:
+        if self._pending:  # resumed without a checkpoint of this tier: start it afresh
+            self._create()
+
+    def restore(self, generation: int, tier_id: bytes, materialised: np.ndarray) -> None:
+        """Roll the files back to a checkpoint's point (its generation and written-block map)."""
+        with self._lock:
+            if not self._pending and generation == self.generation and tier_id == self.tier_id:
+                self.materialised = materialised.copy()  # loading the state we are at
+                return
+            if tier_id != self.tier_id:
+                raise ScmError(
+                    f"{self.dir}: this tier ({self.tier_id.hex()}) is not the one the checkpoint "
+                    f"was written with ({tier_id.hex()})"
+                )
+            if materialised.shape != (self.num_blocks,):
+                raise ScmError(f"{self.dir}: the checkpoint's block map has the wrong size")
+            if self.journal.tier_id() != self.tier_id:
+                raise ScmError(f"{self.journal.path}: the journal belongs to another tier")
+            blocks, images = self.journal.rollback_images(generation)
+            if blocks.size:  # one write per image, newest first: a block's oldest image wins
+                buf = aligned_blocks(1)
+                for b, img in zip(blocks.tolist(), images):
+                    buf[0] = img
+                    os.pwrite(self.file.fd, memoryview(buf.reshape(-1)), b * BLOCK)
+                self.file.fsync()
+            self.materialised = materialised.copy()
+            self.generation = generation
+            self._journaled[:] = False
+            self.journal.start(self.tier_id, generation)
+            self.cache = RowCache(
+                self.total_rows, self.row_floats, self.cache.capacity, self.cache.priority
+            )
+            self._pending = False
+
+    def prepare(self) -> int:
+        """Flush every dirty row, fsync, and mark the next generation in the journal."""
+        with self._lock:
+            self._ready()
+            self.flush()
+            self.file.fsync()
+            self.generation += 1
+            self.journal.prepare(self.generation)
+            self._journaled[:] = False
+            return self.generation
+
+    def commit(self, generation: int) -> None:
+        """The checkpoint of `generation` is written: the journal restarts from it."""
+        with self._lock:
+            self.journal.start(self.tier_id, generation)
+
+    def close(self) -> None:
+        self.journal.close()
+        self.file.close()
+
+    # --- rows ----------------------------------------------------------------------------------
+
+    def holds(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.held is None:
+            return torch.ones(ids.shape, dtype=torch.bool)
+        return self.held(ids)
+
+    def _check(self, ids: torch.Tensor) -> None:
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.total_rows):
+            raise TierError(f"ssd tier: row ids outside 0..{self.total_rows - 1}")
+        if self.held is not None and ids.numel():
+            bad = torch.nonzero(~self.held(ids))
+            if bad.numel():
+                gid = int(ids[bad[0, 0]])
+                t = int(torch.bucketize(torch.tensor(gid), self.row_base, right=True)) - 1
+                raise TierError(
+                    f"ssd tier: row {gid - int(self.row_base[t])} of table {self.tables[t].name} "
+                    "is not held here (its plan puts it in another tier)"
+                )
+
+    def _split(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        w = rows[:, : self.dim]
+        if self.optimizer.kind == "sgd":
+            return w.contiguous(), None
+        s = rows[:, self.dim :]
+        return w.contiguous(), (
+            s.contiguous() if self.optimizer.kind == "adagrad" else s[:, 0].contiguous()
+        )
+
+    @torch.no_grad()
+    def read_rows(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Rows `ids` (unique int64 global ids) and their state; admitted to the cache."""
+        with self._lock:
+            self._ready()
+            self._check(ids)
+            self.cache.next_access()
+            out = torch.empty(ids.numel(), self.row_floats)
+            self.counts["rows_requested"] += ids.numel()
+            if self.cache.capacity:
+                slots = self.cache.lookup(ids)
+                hit = slots >= 0
+                out[hit] = self.cache.data[slots[hit]]
+                miss = torch.nonzero(~hit).squeeze(1)
+            else:
+                self.cache.misses += ids.numel()
+                miss = torch.arange(ids.numel())
+            if miss.numel():
+                gids = ids[miss]
+                rows = self._read_file(gids)
+                out[miss] = rows
+                if self.cache.capacity:
+                    self._admit(gids, rows, dirty=False)
+            return self._split(out)
+
+    @torch.no_grad()
+    def peek_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """[n, row floats] of `ids` without touching the cache's order or admitting (exports)."""
+        with self._lock:
+            self._ready()
+            out = torch.empty(ids.numel(), self.row_floats)
+            slots = (
+                self.cache.slot_of[ids].long() if self.cache.capacity else torch.full_like(ids, -1)
+            )
+            hit = slots >= 0
+            if hit.any():
+                out[hit] = self.cache.data[slots[hit]]
+            miss = torch.nonzero(~hit).squeeze(1)
+            if miss.numel():
+                out[miss] = self._read_file(ids[miss], count=False)
+            return out
+
+    @torch.no_grad()
+    def write_rows(
+        self, ids: torch.Tensor, weights: torch.Tensor, state: torch.Tensor | None
+    ) -> None:
+        """Store rows `ids` (unique) back: into the cache (dirty), the rest into the file."""
+        rows = weights.reshape(-1, self.dim)
+        if state is not None:
+            rows = torch.cat([rows, state.reshape(ids.numel(), -1)], dim=1)
+        with self._lock:
+            self._ready()
+            self._check(ids)
+            if not self.cache.capacity:
+                self._write_file(ids, rows)
+                return
+            slots = self.cache.slot_of[ids].long()
+            hit = slots >= 0
+            self.cache.data[slots[hit]] = rows[hit]
+            self.cache.dirty[slots[hit]] = True
+            miss = torch.nonzero(~hit).squeeze(1)
+            if miss.numel():
+                self._admit(ids[miss], rows[miss], dirty=True)
+
+    def _admit(self, gids: torch.Tensor, rows: torch.Tensor, dirty: bool) -> None:
+        slots, evicted = self.cache.admit(gids, dirty)
+        if evicted.numel():  # write the evicted dirty rows out before their slots are reused
+            self._write_file(self.cache.evicted_gids(), self.cache.data[evicted].clone())
+        k = slots.numel()
+        self.cache.data[slots] = rows[:k]
+        if dirty and k < gids.numel():  # no room: straight to the file
+            self.counts["rows_direct_writes"] += gids.numel() - k
+            self._write_file(gids[k:], rows[k:])
+
+    def flush(self) -> None:
+        """Every dirty cached row into the file (the cache keeps them, clean)."""
+        with self._lock:
+            if not self.cache.capacity:
+                return
+            slots = torch.nonzero(self.cache.dirty).squeeze(1)
+            if not slots.numel():
+                return
+            gids = self.cache.gid[slots]
+            order = torch.argsort(gids)
+            gids, slots = gids[order], slots[order]
+            for a in range(0, gids.numel(), _WRITE_CHUNK):
+                s = slots[a : a + _WRITE_CHUNK]
+                self._write_file(gids[a : a + _WRITE_CHUNK], self.cache.data[s])
+            self.cache.dirty[slots] = False
+
+    def fill(self, chunk_blocks: int = 8192) -> int:
+        """Write every block not yet written with its initial rows (sequential writes), as a
+        long run's tier looks: then every cache miss is a real read. Returns blocks written."""
+        with self._lock:
+            self._ready()
+            todo = np.flatnonzero(~self.materialised)
+            for a in range(0, todo.size, chunk_blocks):
+                ub = todo[a : a + chunk_blocks]
+                buf = aligned_blocks(ub.size)
+                first = torch.from_numpy(ub * self.rpb)
+                ids = (first[:, None] + torch.arange(self.rpb)[None, :]).reshape(-1)
+                ok = ids < self.total_rows
+                init = torch.zeros(ids.numel(), self.row_floats)
+                init[ok] = self._initial(ids[ok])
+                self._rows_view(buf)[:] = init.view(ub.size, self.rpb, self.row_floats)
+                self.file.write(ub, buf)
+                self.materialised[ub] = True
+            self.file.fsync()
+            return int(todo.size)
+
+    # --- the file ------------------------------------------------------------------------------
+
+    def _initial(self, gids: torch.Tensor) -> torch.Tensor:
+        """Initial rows: hashed weights, zero optimizer state."""
+        out = torch.zeros(gids.numel(), self.row_floats)
+        table = (torch.bucketize(gids, self.row_base, right=True) - 1).numpy()
+        rows = gids.numpy() - self.row_base.numpy()[table]
+        sizes = np.asarray(self.sizes)[table]
+        out[:, : self.dim] = hashed_rows(rows, self.dim, table, sizes, self.seed)
+        return out
+
+    def _rows_view(self, buf: np.ndarray) -> torch.Tensor:
+        used = self.rpb * self.row_bytes
+        return torch.from_numpy(buf[:, :used].view(np.float32)).view(-1, self.rpb, self.row_floats)
+
+    def _read_file(self, gids: torch.Tensor, count: bool = True) -> torch.Tensor:
+        t0 = time.perf_counter()
+        blocks = (gids // self.rpb).numpy()
+        written = self.materialised[blocks]
+        out = torch.empty(gids.numel(), self.row_floats)
+        fresh = torch.from_numpy(np.flatnonzero(~written))
+        if fresh.numel():
+            out[fresh] = self._initial(gids[fresh])
+        on_disk = np.flatnonzero(written)
+        if on_disk.size:
+            ub, pos = np.unique(blocks[on_disk], return_inverse=True)
+            buf = self.file.read(ub)
+            rows = self._rows_view(buf)
+            at = torch.from_numpy(on_disk)
+            out[at] = rows[torch.from_numpy(pos), gids[at] % self.rpb]
+            if count:
+                self.counts["blocks_read"] += ub.size
+                self.counts["rows_read"] += on_disk.size
+        if count:
+            self.counts["rows_initial"] += fresh.numel()
+        self.io_s += time.perf_counter() - t0
+        return out
+
+    def _write_file(self, gids: torch.Tensor, rows: torch.Tensor) -> None:
+        """Rows into their blocks: read-modify-write, a block's pre-image journaled first."""
+        t0 = time.perf_counter()
+        blocks = (gids // self.rpb).numpy()
+        ub, pos = np.unique(blocks, return_inverse=True)
+        written = self.materialised[ub]
+        buf = aligned_blocks(ub.size)
+        view = self._rows_view(buf)
+        old = np.flatnonzero(written)
+        if old.size:
+            buf[old] = self.file.read(ub[old])
+            self.counts["blocks_rmw"] += old.size
+        new = np.flatnonzero(~written)
+        if new.size:  # a block's first write: its other rows keep their initial values
+            first = torch.from_numpy(ub[new] * self.rpb)
+            ids = (first[:, None] + torch.arange(self.rpb)[None, :]).reshape(-1)
+            ok = ids < self.total_rows
+            init = torch.zeros(ids.numel(), self.row_floats)
+            init[ok] = self._initial(ids[ok])
+            view[torch.from_numpy(new)] = init.view(new.size, self.rpb, self.row_floats)
+        need = old[~self._journaled[ub[old]]]
+        if need.size:
+            self.journal.add_preimages(ub[need], buf[need])
+            self._journaled[ub[need]] = True
+            self.counts["preimage_blocks"] += need.size
+        view[torch.from_numpy(pos), gids % self.rpb] = rows
+        self.file.write(ub, buf)
+        self.materialised[ub] = True
+        self.counts["rows_written"] += gids.numel()
+        self.counts["blocks_written"] += ub.size
+        self.io_s += time.perf_counter() - t0
+
+    # --- counters ------------------------------------------------------------------------------
+
+    def counters(self) -> dict:
+        c, cache = self.counts, self.cache
+        p50, p99 = self.file.latency_percentiles_us()
+        bytes_read = c["blocks_read"] * BLOCK
+        used = c["rows_read"] * self.row_bytes
+        lookups = cache.hits + cache.misses
+        return {
+            "scm_cache_hits": cache.hits,
+            "scm_cache_misses": cache.misses,
+            "scm_cache_hit_rate": round(cache.hits / lookups, 4) if lookups else None,
+            "scm_cache_rows": cache.used,
+            "scm_cache_evictions": cache.evictions,
+            "scm_rows_read": c["rows_read"],
+            "scm_rows_initial": c["rows_initial"],
+            "scm_bytes_read": bytes_read,
+            "scm_read_amplification": round(bytes_read / used, 2) if used else None,
+            "scm_rows_written": c["rows_written"],
+            "scm_writeback_bytes": c["blocks_written"] * BLOCK,
+            "scm_writeback_read_bytes": c["blocks_rmw"] * BLOCK,  # blocks read to patch rows in
+            "scm_preimage_bytes": c["preimage_blocks"] * BLOCK,
+            "scm_io_p50_us": p50,
+            "scm_io_p99_us": p99,
+            "scm_queue_depth": self.file.queue_depth(),
+            "scm_reads_per_s_while_reading": (
+                round(self.file.blocks_read / self.file.wall_s) if self.file.wall_s else None
+            ),
+            "scm_io_s": round(self.io_s, 4),
+            "scm_disk_bytes": self.file.disk_bytes(),
+            "scm_logical_bytes": self.num_blocks * BLOCK,
+        }
+
+    def dram_bytes(self) -> int:
+        """The tier's DRAM: cached rows plus the cache's and the block map's bookkeeping."""
+        return (
+            self.cache.capacity * self.row_bytes
+            + self.cache.bookkeeping_bytes()
+            + 2 * self.num_blocks
+        )

@@ -1,0 +1,348 @@
+#!/usr/bin/env python
+"""Low-precision inference, measured: bytes, accuracy and CPU speed per precision, and raw-line
+prediction against preprocessing (issue 23). Prints one JSON object.
+
+Two trained models:
+- `kaggle_planted`: the Kaggle recipe (scripts/bench_kaggle.sh: dim 16, 13-512-256-64-16 /
+  512-256-1, batch 128, lr 0.1, SGD, one epoch) on a planted Criteo-format raw file
+  (data_pipeline/synthetic_raw.py), frequency-mode ids; test = the first half of day 6;
+- `synthetic_default`: `python -m dlrm.train`'s default (the embedded synthetic data set),
+  `--num-batches` steps.
+
+Per model, artifacts at fp32, fp16, int8, int4, int2 tables (fp32 MLPs), int8 tables + int8
+MLPs ("int8"), fp32 tables + bf16 MLPs ("bf16_mlp") and `auto` (default budget, fp32 MLPs):
+table and model bytes (counted), test AUC and NE (the whole test split), then CPU samples/s at
+batch 2048 and latency p50/p99 at batch 1 and 64, the models timed in interleaved rounds in this
+process (the order rotates each round). Finally `python -m dlrm.predict` on a 1M-line raw file,
+lines/s end to end, against preprocessing the same lines (`python -m data_pipeline`'s work, in
+the artifact's mapping mode), alternated in rounds.
+
+    python scripts/bench_inference.py --work /tmp/bench_inference [--rounds 5]
+
+The work directory keeps the raw files, runs and artifacts: a rerun reuses them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from data_pipeline.synthetic_raw import SyntheticSpec, write_kaggle, write_raw_file
+
+ROOT = Path(__file__).resolve().parent.parent
+KAGGLE_ARCH = ["--arch-sparse-feature-size", "16", "--arch-mlp-bot", "13-512-256-64-16",
+               "--arch-mlp-top", "512-256-1", "--arch-interaction-op", "dot"]  # fmt: skip
+VARIANTS = {  # name: quantize flags
+    "fp32": ["--emb-precision", "fp32"],
+    "fp16": ["--emb-precision", "fp16"],
+    "int8_tables": ["--emb-precision", "int8"],
+    "int4": ["--emb-precision", "int4"],
+    "int2": ["--emb-precision", "int2"],
+    "int8": ["--emb-precision", "int8", "--mlp-precision", "int8"],
+    "bf16_mlp": ["--emb-precision", "fp32", "--mlp-precision", "bf16"],
+    "auto": ["--emb-precision", "auto"],
+}
+TIMED = ("fp32", "int8_tables", "int8", "bf16_mlp", "auto")
+
+
+def machine() -> dict:
+    flags = ""
+    try:
+        for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
+            if line.startswith("Flags:"):
+                flags = line
+            if line.startswith("Model name:"):
+                model = line.split(":", 1)[1].strip()
+    except OSError:
+        model = platform.processor()
+    wanted = ("avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8", "avx_vnni")
+    return {
+        "cpu": model,
+        "flags": [f for f in wanted if f" {f}" in flags],
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "quantized_engine": torch.backends.quantized.engine,
+    }
+
+
+def load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def run_cli(module: str, args: list[str], threads: int | None = None) -> None:
+    """A CLI in a child process (its own torch threads and memory), failing loudly. `threads`:
+    its intra-op threads (training and export use 1: on a shared machine, threads that wait on a
+    descheduled sibling made 2-thread training 10x slower; nothing timed runs there)."""
+    cmd = [sys.executable, "-m", module, *args]
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads)) if threads else None
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{done.stderr[-3000:]}")
+
+
+# --- models and artifacts ----------------------------------------------------------------------
+
+
+def train_kaggle(work: Path, lines_per_day: int) -> tuple[Path, Path]:
+    raw = work / "raw"
+    if not (raw / "train.txt").is_file():
+        write_kaggle(raw, 7 * lines_per_day, 0, SyntheticSpec(seed=23))
+    run, proc = work / "run_kaggle", work / "proc_kaggle"
+    if not (run / "summary.json").is_file():
+        shutil.rmtree(run, ignore_errors=True)
+        run_cli("dlrm.train", ["--data-set", "kaggle", "--raw-data-file", str(raw / "train.txt"),
+                               "--processed-data-file", str(proc), *KAGGLE_ARCH,
+                               "--mini-batch-size", "128", "--test-mini-batch-size", "16384",
+                               "--learning-rate", "0.1", "--optimizer", "sgd", "--nepochs", "1",
+                               "--print-freq", "1024", "--out-dir", str(run)], threads=1)  # fmt: skip
+    return run, proc
+
+
+def train_synthetic(work: Path, batches: int) -> Path:
+    run = work / "run_synthetic"
+    if not (run / "summary.json").is_file():
+        shutil.rmtree(run, ignore_errors=True)
+        run_cli("dlrm.train", ["--num-batches", str(batches), "--out-dir", str(run)], threads=1)
+    return run
+
+
+def export_all(run: Path, out: Path) -> dict[str, Path]:
+    arts = {}
+    for name, flags in VARIANTS.items():
+        art = out / name
+        if not (art / "manifest.json").is_file():
+            shutil.rmtree(art, ignore_errors=True)
+            run_cli("dlrm.quantize", [str(run), "--out", str(art), *flags], threads=1)
+        arts[name] = art
+    return arts
+
+
+def accuracy(arts: dict[str, Path], test_batches) -> dict:
+    from dlrm import Predictor
+    from dlrm.quantize import metrics_of
+
+    out = {}
+    fp32_tables = fp32_model = None
+    for name, art in arts.items():
+        p = Predictor.load(art)
+        m = p.manifest
+        logits = torch.cat([p.logits(b) for b in test_batches])
+        labels = torch.cat([b.labels for b in test_batches])
+        met = metrics_of(logits, labels)
+        b = m["bytes"]
+        if name == "fp32":
+            fp32_tables, fp32_model = b["table_bytes"], b["model_bytes"]
+        out[name] = {
+            "table_precisions": sorted({t["precision"] for t in m["tables"]}),
+            "mlp_precision": m["dense"]["precision"],
+            "table_bytes": b["table_bytes"],
+            "model_bytes": b["model_bytes"],
+            "test_auc": met["auc"],
+            "test_ne": met["ne"],
+            "test_samples": met["samples"],
+        }
+        if m.get("precision_search"):
+            out[name]["calibration_ne_change"] = m["calibration"]["ne_change"]
+            out[name]["choice"] = {t["feature"]: t["precision"] for t in m["tables"]}
+    ref = out["fp32"]
+    for r in out.values():
+        r["table_share_of_fp32"] = r["table_bytes"] / fp32_tables
+        r["model_share_of_fp32"] = r["model_bytes"] / fp32_model
+        r["auc_loss"] = ref["test_auc"] - r["test_auc"]
+        r["ne_change"] = r["test_ne"] / ref["test_ne"] - 1
+    return out
+
+
+def _stats(xs: list[float]) -> dict:
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
+
+
+def speed(arts: dict[str, Path], batch2048, rounds: int) -> dict:
+    """Interleaved rounds; each round times every model once, in a rotating order."""
+    from dlrm import Predictor
+    from embeddings.kjt_ops import select_inputs
+
+    predictors = {n: Predictor.load(arts[n]) for n in TIMED}
+    small = {}
+    for k in (1, 64):
+        idx = np.arange(k)
+        small[k] = [(b.dense_features[:k].contiguous(), select_inputs(b.sparse_features, idx))
+                    for b in batch2048]  # fmt: skip
+    big = [(b.dense_features, b.sparse_features) for b in batch2048]
+    rates = {n: [] for n in TIMED}
+    lat = {n: {1: [], 64: []} for n in TIMED}
+    names = list(TIMED)
+    for p in predictors.values():  # warm-up: oneDNN kernels, first-call allocations
+        for x in big[:2] + small[1][:2] + small[64][:2]:
+            p.logits(x)
+    for r in range(rounds):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        for n in order:
+            p = predictors[n]
+            t0 = time.perf_counter()
+            for x in big:
+                p.logits(x)
+            rates[n].append(len(big) * 2048 / (time.perf_counter() - t0))
+            for k, reps in ((1, 200), (64, 50)):
+                for i in range(reps):
+                    x = small[k][i % len(small[k])]
+                    t = time.perf_counter()
+                    p.logits(x)
+                    lat[n][k].append((time.perf_counter() - t) * 1e3)
+    out = {}
+    for n in TIMED:
+        out[n] = {"samples_per_s_batch_2048": _stats(rates[n])}
+        for k in (1, 64):
+            a = np.array(lat[n][k])
+            out[n][f"batch_{k}_ms"] = {"p50": float(np.percentile(a, 50)),
+                                       "p99": float(np.percentile(a, 99)), "n": len(a)}  # fmt: skip
+    base = statistics.median(rates["fp32"])
+    for n in TIMED:
+        # ratio per round (same round, adjacent in time), then the median of the ratios
+        ratios = [a / b for a, b in zip(rates[n], rates["fp32"])]
+        out[n]["speedup_vs_fp32"] = _stats(ratios)
+        out[n]["median_speedup"] = statistics.median(rates[n]) / base
+    return out
+
+
+def bench_model(
+    name: str, run: Path, work: Path, test_source, rounds: int, timing_batches: int
+) -> dict:
+    t0 = time.perf_counter()
+    arts = export_all(run, work / f"artifacts_{name}")
+    exported = time.perf_counter() - t0
+
+    test = [test_source.batch(0, i) for i in range(len(test_source))]
+    acc = accuracy(arts, test)
+    batch2048 = [test[i % len(test)] for i in range(timing_batches)]
+    load_before = load()
+    spd = speed(arts, batch2048, rounds)
+    summary = json.loads((run / "summary.json").read_text())
+    fp32, int8, auto = acc["fp32"], acc["int8_tables"], acc["auto"]
+    targets = {
+        "int8_table_bytes_share (<= 0.32 at dim 16)": [int8["table_share_of_fp32"], int8["table_share_of_fp32"] <= 0.32],
+        "int8_auc_loss (<= 0.0005)": [int8["auc_loss"], int8["auc_loss"] <= 0.0005],
+        "int4_table_bytes_share (<= 0.19 at dim 16)": [acc["int4"]["table_share_of_fp32"], acc["int4"]["table_share_of_fp32"] <= 0.19],
+        "int4_auc_loss (<= 0.002)": [acc["int4"]["auc_loss"], acc["int4"]["auc_loss"] <= 0.002],
+        "auto_model_bytes_share (<= 0.25)": [auto["model_share_of_fp32"], auto["model_share_of_fp32"] <= 0.25],
+        "auto_test_ne_change (<= 0.001)": [auto["ne_change"], auto["ne_change"] <= 0.001],
+        "int8_model_speedup_batch_2048 (>= 1.5)": [spd["int8"]["speedup_vs_fp32"]["median"], spd["int8"]["speedup_vs_fp32"]["median"] >= 1.5],
+        "bf16_mlp_speedup_batch_2048 (>= 2 with bf16 units)": [spd["bf16_mlp"]["speedup_vs_fp32"]["median"], spd["bf16_mlp"]["speedup_vs_fp32"]["median"] >= 2.0],
+    }  # fmt: skip
+    return {
+        "trained": {
+            k: summary.get(k) for k in ("steps", "samples", "test_auc", "test_ne", "wall_s")
+        },
+        "fp32_test_auc": fp32["test_auc"],
+        "export_s": round(exported, 1),
+        "models": acc,
+        "speed": spd,
+        "load_during_timing": [load_before, load()],
+        "targets": targets,
+    }
+
+
+# --- raw-line prediction vs preprocessing ------------------------------------------------------------
+
+
+def bench_predict(work: Path, art: Path, lines: int, rounds: int, threads: int) -> dict:
+    spec = SyntheticSpec(seed=23)
+    raw = work / "predict_raw"
+    raw.mkdir(exist_ok=True)
+    test_txt, train_txt = raw / "test.txt", raw / "train.txt"
+    if not test_txt.is_file():
+        write_raw_file(test_txt, lines, spec, stream=7, with_label=False)
+    if not train_txt.is_file():
+        write_raw_file(train_txt, lines, spec, stream=7)
+    manifest = json.loads((art / "manifest.json").read_text())
+    mode = manifest["categorical"]
+    prep_flags = (["--max-ind-range", str(mode["max_ind_range"])] if mode["mode"] == "hash"
+                  else ["--frequency-threshold", str(mode["threshold"])])  # fmt: skip
+    times = {"predict_unlabelled": [], "predict_labelled": [], "preprocess_labelled": []}
+    for r in range(rounds):
+        for what in list(times) if r % 2 == 0 else list(reversed(times)):
+            out = work / "predict_out"
+            shutil.rmtree(out, ignore_errors=True)
+            out.mkdir()
+            t0 = time.perf_counter()
+            if what == "preprocess_labelled":
+                run_cli("data_pipeline", ["preprocess", "--dataset", "kaggle", "--raw", str(train_txt),
+                                          "--out", str(out / "p"), "--no-progress", *prep_flags])  # fmt: skip
+            else:
+                data = test_txt if what == "predict_unlabelled" else train_txt
+                run_cli("dlrm.predict", ["--model", str(art), "--data", str(data),
+                                         "--out", str(out / "preds.csv")], threads)  # fmt: skip
+            times[what].append(time.perf_counter() - t0)
+    shutil.rmtree(work / "predict_out", ignore_errors=True)
+    out = {"lines": lines, "bytes": train_txt.stat().st_size, "mapping": mode["mode"],
+           "artifact": art.name, "predict_threads": threads, "load": load()}  # fmt: skip
+    for what, ts in times.items():
+        out[what] = {"seconds": _stats(ts), "lines_per_s": lines / statistics.median(ts)}
+    ratio = out["predict_labelled"]["lines_per_s"] / out["preprocess_labelled"]["lines_per_s"]
+    out["target: predict not slower than preprocessing"] = [ratio, ratio >= 1.0]
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--work", default="/tmp/bench_inference")
+    p.add_argument("--lines-per-day", type=int, default=50_000, help="planted Kaggle file: 7 days")
+    p.add_argument("--synthetic-batches", type=int, default=400)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--timing-batches", type=int, default=4, help="batches of 2048 per round")
+    p.add_argument("--predict-lines", type=int, default=1_000_000)
+    p.add_argument("--predict-rounds", type=int, default=1)
+    p.add_argument("--only", default="kaggle,synthetic,predict")
+    p.add_argument("--threads", type=int, default=1,
+                   help="intra-op threads for timing and predict (a shared machine: 1; see docs)")  # fmt: skip
+    a = p.parse_args()
+    torch.set_num_threads(a.threads)
+    work = Path(a.work)
+    work.mkdir(parents=True, exist_ok=True)
+    only = set(a.only.split(","))
+    result = {"machine": machine(), "load_at_start": load(), "args": vars(a)}
+
+    def keep(section: str, value: dict) -> None:  # each section also on disk as it finishes
+        result[section] = value
+        (work / f"result_{section}.json").write_text(json.dumps(value, indent=1) + "\n")
+
+    if "kaggle" in only or "predict" in only:
+        run, proc = train_kaggle(work, a.lines_per_day)
+        from data_pipeline.criteo import CriteoBatchSource
+
+        if "kaggle" in only:
+            test = CriteoBatchSource(proc, "test", 2048)
+            keep(
+                "kaggle_planted", bench_model("kaggle", run, work, test, a.rounds, a.timing_batches)
+            )
+        if "predict" in only:
+            art = export_all(run, work / "artifacts_kaggle")["int8"]
+            keep("predict", bench_predict(work, art, a.predict_lines, a.predict_rounds, a.threads))
+    if "synthetic" in only:
+        run = train_synthetic(work, a.synthetic_batches)
+        from dlrm.inference_data import data_source, load_source
+
+        source = load_source(run)
+        test = data_source(source, None, "test", 2048)
+        keep(
+            "synthetic_default",
+            bench_model("synthetic", run, work, test, a.rounds, a.timing_batches),
+        )
+    result["load_at_end"] = load()
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

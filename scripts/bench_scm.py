@@ -1,0 +1,468 @@
+"""SSD tier benchmark (--placement tiered): the disk, training against all-in-memory, the row cache
+against a block cache, and a Terabyte-sized table set.
+
+    python scripts/bench_scm.py disk     --dir /tmp/scm-bench   # random 4 KiB reads, QD 1..64
+    python scripts/bench_scm.py kaggle   --dir /tmp/scm-bench   # tiered vs device, interleaved
+    python scripts/bench_scm.py caches   --dir /tmp/scm-bench   # row vs block cache, equal bytes
+    python scripts/bench_scm.py terabyte --dir /tmp/scm-bench   # 26 x 10M rows x dim 64
+
+Each prints one JSON object (load averages and the CPU's bf16/AMX flags included). The tier's
+files live in `--dir` and are deleted at the end (`--keep` keeps them). Reads bypass the page
+cache (O_DIRECT) unless `--scm-io buffered`.
+
+- `disk`: a file of `--file-gb` of random bytes; for each queue depth d, d threads issue random
+  aligned 4 KiB `os.preadv` calls with O_DIRECT (the tier's own read path) for `--seconds`:
+  reads/s and latency p50/p99.
+- `kaggle`: the full Kaggle tables (33.8M rows, dim 16, SGD: 2.2 GB of rows), Zipf 1.05, batch
+  2048; `--placement device --embedding-init hashed` (every row in memory) against `--placement
+  tiered` with `--hot-budget` + `--scm-cache` = `--dram` (default 256MB + 256MB = 512 MB of rows,
+  the tables 4.2x larger). Both trainers are built in this process, the profile is taken from
+  inputs neither trains on; then `--rounds` rounds of `--round-steps` steps of each, alternated
+  (medians and spreads of samples/s), then both evaluated on the same test set (same AUC: the
+  same computation). The tier's counters (hit rate, read amplification, I/O latency, queue
+  depth, exposed I/O per step) and the DRAM the tier's bookkeeping takes are reported.
+- `caches`: the cold rows of `--cache-steps` Kaggle mini-batches (the rows the tiered run's SSD
+  tier serves) through a row cache and an LRU 4 KiB block cache of the same bytes: hit rates and
+  read amplification (bytes read / bytes of rows used), with the ids as generated (row 0 the
+  hottest: popular rows share blocks) and scattered by a fixed permutation per table (as the
+  hashing of raw ids does).
+- `terabyte`: 26 tables of 10M rows at dim 64 (66.6 GB of fp32 rows) train `--tb-steps` steps with
+  `--tb-dram` of rows in DRAM; samples/s, bytes on disk (`du`) against the file's apparent size,
+  peak RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import json
+import logging
+import os
+import resource
+import shutil
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from bench_placement import _load, cpu_flags, make_profile  # noqa: E402
+
+from data_pipeline.synthetic import KAGGLE_TABLE_SIZES  # noqa: E402
+from dlrm import TrainConfig, Trainer  # noqa: E402
+from embeddings.placement import parse_bytes  # noqa: E402
+from embeddings.profile import AccessProfile  # noqa: E402
+from embeddings.scm_cache import BlockCache, RowCache  # noqa: E402
+from embeddings.scm_file import BLOCK, PAYLOAD, aligned_blocks  # noqa: E402
+from embeddings.tiered import profile_priority  # noqa: E402
+
+
+def _rss_gb() -> float:
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)
+
+
+def _setup() -> dict:
+    return {"cpus": os.cpu_count(), "cpu_flags": cpu_flags(), "load_before": _load()}
+
+
+# --- 1. the disk ----------------------------------------------------------------------------------
+
+
+def _reader(fd: int, blocks: int, seed: int, stop: float, lat: list[float]) -> None:
+    """Random aligned 4 KiB reads until `stop`, one at a time; latencies into `lat`."""
+    rng = np.random.default_rng(seed)
+    view = memoryview(aligned_blocks(1).reshape(-1))
+    offsets = (rng.integers(0, blocks, 1 << 16) * BLOCK).tolist()
+    k = 0
+    while time.perf_counter() < stop:
+        t = time.perf_counter()
+        os.preadv(fd, [view], offsets[k % len(offsets)])
+        lat.append(time.perf_counter() - t)
+        k += 1
+
+
+def bench_disk(args) -> dict:
+    path = Path(args.dir) / "disk-probe.dat"
+    size = int(args.file_gb * 2**30) // BLOCK * BLOCK
+    t0 = time.perf_counter()
+    chunk = np.random.default_rng(0).integers(0, 255, 64 * 2**20, dtype=np.uint8).tobytes()
+    with open(path, "wb") as f:
+        for _ in range(size // len(chunk)):
+            f.write(chunk)
+        f.flush()
+        os.fsync(f.fileno())
+    os.posix_fadvise(os.open(path, os.O_RDONLY), 0, 0, os.POSIX_FADV_DONTNEED)
+    write_s = time.perf_counter() - t0
+    blocks = size // BLOCK
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    out = {"file_gb": round(size / 2**30, 2), "write_s": round(write_s, 1), "depths": {}}
+    try:
+        for depth in [int(x) for x in args.depths.split(",")]:
+            lat: list[list[float]] = [[] for _ in range(depth)]
+            stop = time.perf_counter() + args.seconds
+
+            threads = [
+                threading.Thread(target=_reader, args=(fd, blocks, i + 17 * depth, stop, lat[i]))
+                for i in range(depth)
+            ]
+            t1 = time.perf_counter()
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            wall = time.perf_counter() - t1
+            all_lat = np.concatenate([np.array(x) for x in lat])
+            p50, p99 = np.percentile(all_lat, [50, 99]) * 1e6
+            out["depths"][depth] = {
+                "reads_per_s": round(all_lat.size / wall),
+                "p50_us": round(float(p50), 1),
+                "p99_us": round(float(p99), 1),
+            }
+            print(f"disk QD {depth}: {json.dumps(out['depths'][depth])}", file=sys.stderr)
+    finally:
+        os.close(fd)
+        path.unlink()
+    return out
+
+
+# --- 2. Kaggle: tiered against all in memory -------------------------------------------------------
+
+
+def kaggle_base(args) -> TrainConfig:
+    return TrainConfig(
+        arch_embedding_size=tuple(KAGGLE_TABLE_SIZES), arch_sparse_feature_size=16,
+        arch_mlp_bot=args.mlp_bot, arch_mlp_top=args.mlp_top, synthetic_zipf=args.zipf,
+        data_size=args.train_samples, test_data_size=args.test_samples, mini_batch_size=2048,
+        optimizer="sgd", learning_rate=0.1, device="cpu", seed=123, print_freq=10**9,
+        progress=False, out_dir=str(Path(args.dir) / "runs" / "base"),
+    )  # fmt: skip
+
+
+def _profile(args, base: TrainConfig) -> Path:
+    path = Path(args.dir) / "profile.npz"
+    if not path.is_file():
+        info = make_profile(base, args.profile_samples, path)
+        print(f"profile: {json.dumps(info)}", file=sys.stderr)
+    return path
+
+
+def _tiered_cfg(args, base: TrainConfig, profile: Path, name: str = "tiered") -> TrainConfig:
+    dram = parse_bytes(args.dram, "--dram")
+    hot = parse_bytes(args.hot_budget, "--hot-budget")
+    run = Path(args.dir) / "runs" / name
+    return dataclasses.replace(
+        base, placement="tiered", hot_budget=str(hot), scm_cache=str(dram - hot),
+        scm_dir=str(run / "scm"), scm_io=args.scm_io, scm_io_threads=args.io_threads,
+        profile_file=str(profile), out_dir=str(run),
+    )  # fmt: skip
+
+
+def bench_kaggle(args) -> dict:
+    base = kaggle_base(args)
+    profile = _profile(args, base)
+    t0 = time.perf_counter()
+    device = Trainer(
+        dataclasses.replace(base, placement="device", embedding_init="hashed",
+                            out_dir=str(Path(args.dir) / "runs" / "device")),
+        checkpoints=False,
+    )  # fmt: skip
+    device_build_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    tiered = Trainer(_tiered_cfg(args, base, profile), checkpoints=False)
+    tiered_build_s = time.perf_counter() - t0
+    prepared = _long_run_state(args, tiered)
+    runs = {"device": device, "tiered": tiered}
+    streams = {k: t.data.train.batches(0, 0) for k, t in runs.items()}
+    rates: dict[str, list[float]] = {k: [] for k in runs}
+    steps = 0
+    batch = base.mini_batch_size
+    # warm-up: the tier's cache fills (its first misses are the cold start, reported apart)
+    warm = {}
+    for name, t in runs.items():
+        t1 = time.perf_counter()
+        for _ in range(args.warmup_steps):
+            t.pipeline.progress(streams[name])
+        warm[name] = round(args.warmup_steps * batch / (time.perf_counter() - t1), 1)
+    steps += args.warmup_steps
+    cold = dict(tiered.model.embeddings.counters())
+    for r in range(args.rounds):
+        for name, t in runs.items():
+            t1 = time.perf_counter()
+            for _ in range(args.round_steps):
+                t.pipeline.progress(streams[name])
+            rates[name].append(args.round_steps * batch / (time.perf_counter() - t1))
+        steps += args.round_steps
+        print(
+            f"round {r}: " + ", ".join(f"{k} {v[-1]:.0f} samples/s" for k, v in rates.items()),
+            file=sys.stderr,
+        )
+    evals = {}
+    for name, t in runs.items():
+        for stream in (streams[name],):
+            del stream
+        evals[name] = t.evaluate()
+    emb = tiered.model.embeddings
+    c, info = emb.counters(), emb.placement_info()
+    ratio = [b / a for a, b in zip(rates["device"], rates["tiered"])]
+    out = {
+        "setup": {
+            **_setup(), "rows": sum(KAGGLE_TABLE_SIZES), "dim": 16, "optimizer": "sgd",
+            "zipf": args.zipf, "batch": batch, "dram_for_rows": args.dram,
+            "hot_budget": args.hot_budget, "scm_io": args.scm_io, "io_threads": args.io_threads,
+            "profile_samples": args.profile_samples, "rounds": args.rounds,
+            "round_steps": args.round_steps, "warmup_steps": args.warmup_steps,
+        },
+        "build_s": {"device": round(device_build_s, 1), "tiered": round(tiered_build_s, 1)},
+        "tier_prepared_as_a_long_run": prepared,
+        "warmup_samples_per_s": warm,
+        "samples_per_s": {k: [round(x) for x in v] for k, v in rates.items()},
+        "samples_per_s_median": {k: round(float(np.median(v))) for k, v in rates.items()},
+        "tiered_over_device_per_round": [round(x, 3) for x in ratio],
+        "tiered_over_device_median": round(float(np.median(ratio)), 3),
+        "target_0_7x_met": bool(np.median(ratio) >= 0.7),
+        "test_auc": {k: round(v["auc"], 6) for k, v in evals.items()},
+        "same_auc_4_decimals": round(evals["device"]["auc"], 4) == round(evals["tiered"]["auc"], 4),
+        "tier": {k: v for k, v in c.items() if k.startswith("scm_")},
+        "tier_counters_after_warmup_only": {
+            k: c[k] - cold[k] for k in ("scm_cache_hits", "scm_cache_misses", "scm_rows_read",
+                                        "scm_bytes_read", "scm_writeback_bytes") if c[k] is not None
+        },
+        "hotline": {k: c.get(k) for k in ("popular_input_share", "cold_rows_per_batch",
+                                          "gather_s", "exposed_gather_s", "hidden_share")},
+        "dram": {
+            "hot_rows": info["hot_rows"], "device_tier_bytes": info["device_tier_bytes"],
+            "scm_cache_bytes": info["scm_cache_bytes"], "scm_bookkeeping_bytes":
+            info["scm_dram_bytes"] - info["scm_cache_bytes"],
+            "hot_remap_bytes": 4 * sum(KAGGLE_TABLE_SIZES),
+        },
+        "peak_rss_gb_both_trainers": _rss_gb(),
+        "load_after": _load(),
+    }  # fmt: skip
+    d = out["tier_counters_after_warmup_only"]
+    lookups = d["scm_cache_hits"] + d["scm_cache_misses"]
+    out["tier_hit_rate_after_warmup"] = round(d["scm_cache_hits"] / lookups, 4) if lookups else None
+    del runs, device, tiered
+    gc.collect()
+    return out
+
+
+def _stream(source, epoch: int):
+    """Mini-batches of `source` from `epoch` on, endlessly (every epoch is new data)."""
+    while True:
+        yield from source.batches(epoch)
+        epoch += 1
+
+
+def _long_run_state(args, trainer: Trainer) -> dict:
+    """The tier as a long run leaves it: every block written (`--fill`: each cache miss is a
+    real read) and the cache full of dirty rows (`--warm-steps` mini-batches of a later epoch,
+    which the run never trains on, read through the cache and written back unchanged)."""
+    coll = trainer.model.embeddings
+    tier, out = coll.host, {}
+    if args.fill:
+        t0 = time.perf_counter()
+        out["blocks_filled"] = tier.fill()
+        out["fill_s"] = round(time.perf_counter() - t0, 1)
+    t0 = time.perf_counter()
+    for i, batch in enumerate(_stream(trainer.data.train, 1)):
+        if i >= args.warm_steps:
+            break
+        gids = coll.global_ids(batch.sparse_features)
+        cold = torch.unique(gids[coll.remap[gids] < 0])
+        tier.write_rows(cold, *tier.read_rows(cold))  # values unchanged, rows dirty
+    out.update(warm_steps=args.warm_steps, warm_s=round(time.perf_counter() - t0, 1),
+               cache_rows=tier.cache.used, cache_capacity=tier.cache.capacity,
+               counters_before_training=tier.counters())  # fmt: skip
+    print(f"tier prepared: {json.dumps(out)}", file=sys.stderr)
+    return out
+
+
+# --- 3. row cache vs block cache ------------------------------------------------------------------
+
+
+def bench_caches(args) -> dict:
+    from dlrm.data import build_data
+    from embeddings.config import SparseOptimizer
+    from embeddings.placement import plan_placement
+
+    base = kaggle_base(args)
+    profile = AccessProfile.load(_profile(args, base))
+    opt = SparseOptimizer("sgd")
+    plan = plan_placement(profile, [16] * 26, opt, parse_bytes(args.hot_budget), one_home=True)
+    sizes = list(KAGGLE_TABLE_SIZES)
+    row_base = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    hot = np.concatenate([r >= 0 for r in plan.remaps])
+    cache_bytes = parse_bytes(args.dram) - parse_bytes(args.hot_budget)
+    row_bytes = 16 * 4
+    rpb = PAYLOAD // row_bytes
+    rng = np.random.default_rng(7)
+    perms = [rng.permutation(n).astype(np.int64) for n in sizes]
+    data = build_data(base)
+    prio = profile_priority(profile.counts, sizes)
+    out = {"setup": {**_setup(), "cache_bytes": cache_bytes, "row_bytes": row_bytes,
+                     "rows_per_block": rpb, "steps": args.cache_steps,
+                     "counted_after_steps": args.cache_warm_steps}}  # fmt: skip
+    for order in ("as_generated", "scattered"):
+        total = sum(sizes)
+        rows = RowCache(total, 0, cache_bytes // row_bytes, prio)
+        blocks = BlockCache(cache_bytes // BLOCK)
+        used = 0
+        for i, batch in enumerate(_stream(data.train, 0)):
+            if i >= args.cache_steps:
+                break
+            if i == args.cache_warm_steps:  # count the steady state only
+                rows.hits = rows.misses = blocks.row_hits = blocks.row_misses = 0
+                blocks.block_hits = blocks.block_misses = used = 0
+            kjt = batch.sparse_features
+            lengths = kjt.lengths().view(26, -1).sum(1).numpy()
+            vals = kjt.values().numpy().astype(np.int64)
+            gid = vals + np.repeat(row_base, lengths)
+            gid = np.unique(gid[~hot[gid]])  # the SSD tier's rows of this mini-batch
+            if order == "scattered":  # the same rows, their ids scattered within each table
+                t = np.searchsorted(row_base, gid, side="right") - 1
+                local = gid - row_base[t]
+                scat = np.empty_like(gid)
+                for tt in np.unique(t):
+                    sel = t == tt
+                    scat[sel] = perms[tt][local[sel]] + row_base[tt]
+                block_ids = np.unique(scat)
+            else:
+                block_ids = gid
+            g = torch.from_numpy(gid)
+            rows.next_access()
+            rows.admit(g[rows.lookup(g) < 0], dirty=False)
+            blocks.access(block_ids, rpb)
+            used += gid.size
+        row_hit = rows.hits / (rows.hits + rows.misses)
+        block_hit = blocks.row_hits / (blocks.row_hits + blocks.row_misses)
+        out[order] = {
+            "rows_served": used,
+            "row_cache": {"hit_rate": round(row_hit, 4), "bytes_read": rows.misses * BLOCK,
+                          "read_amplification": round(BLOCK / row_bytes, 1)},
+            "block_cache": {"hit_rate": round(block_hit, 4),
+                            "bytes_read": blocks.block_misses * BLOCK,
+                            "read_amplification": round(blocks.block_misses * BLOCK / max(1, blocks.row_misses * row_bytes), 2)},
+            "row_cache_hits_more": row_hit > block_hit,
+        }  # fmt: skip
+        out[order]["bytes_read_row_over_block"] = round(
+            rows.misses * BLOCK / max(1, blocks.block_misses * BLOCK), 3
+        )
+        print(f"caches {order}: {json.dumps(out[order])}", file=sys.stderr)
+    out["load_after"] = _load()
+    return out
+
+
+# --- 4. Terabyte-sized tables ---------------------------------------------------------------------
+
+
+def bench_terabyte(args) -> dict:
+    sizes = (10_000_000,) * 26
+    run = Path(args.dir) / "runs" / "terabyte"
+    dram = parse_bytes(args.tb_dram, "--tb-dram")
+    hot = dram // 2
+    cfg = TrainConfig(
+        arch_embedding_size=sizes, arch_sparse_feature_size=64, arch_mlp_bot=(13, 512, 256, 64),
+        arch_mlp_top=(512, 512, 256, 1), synthetic_zipf=args.zipf,
+        data_size=2048 * args.tb_steps, test_data_size=2048 * 8, mini_batch_size=2048,
+        optimizer="sgd", learning_rate=0.1, device="cpu", seed=123, print_freq=10**9,
+        progress=False, placement="tiered", hot_budget=str(hot), scm_cache=str(dram - hot),
+        scm_dir=str(run / "scm"), scm_io=args.scm_io, scm_io_threads=args.io_threads,
+        profile_sample_rate=args.tb_profile_rate, out_dir=str(run),
+    )  # fmt: skip
+    t0 = time.perf_counter()
+    trainer = Trainer(cfg, checkpoints=False)
+    build_s = time.perf_counter() - t0
+    rss_built = _rss_gb()
+    stream = trainer.data.train.batches(0, 0)
+    times = []
+    for i in range(args.tb_steps):
+        t1 = time.perf_counter()
+        trainer.pipeline.progress(stream)
+        times.append(time.perf_counter() - t1)
+        if i % 100 == 0:
+            print(
+                f"terabyte step {i}: {times[-1] * 1e3:.0f} ms, rss {_rss_gb()} GB", file=sys.stderr
+            )
+    emb = trainer.model.embeddings
+    c, info = emb.counters(), emb.placement_info()
+    rows_file = Path(info["scm_dir"]) / "rows.dat"
+    st = os.stat(rows_file)
+    half = len(times) // 2
+    dense = sum(p.numel() for p in trainer.model.dense_parameters()) * 4
+    out = {
+        "setup": {**_setup(), "tables": 26, "rows": sum(sizes), "dim": 64, "optimizer": "sgd",
+                  "logical_row_bytes": sum(sizes) * 64 * 4, "dram_for_rows": dram,
+                  "hot_budget": hot, "scm_cache": dram - hot, "steps": args.tb_steps,
+                  "scm_io": args.scm_io, "zipf": args.zipf},
+        "build_s": round(build_s, 1),
+        "samples_per_s_all": round(len(times) * 2048 / sum(times)),
+        "samples_per_s_second_half": round(half * 2048 / sum(times[-half:])) if half else None,
+        "file_apparent_bytes": st.st_size,
+        "file_disk_bytes_du": st.st_blocks * 512,
+        "peak_rss_gb": _rss_gb(),
+        "rss_after_build_gb": rss_built,
+        "dense_params_bytes": dense,
+        "scm_bookkeeping_bytes": info["scm_dram_bytes"] - info["scm_cache_bytes"],
+        "hot_remap_bytes": 4 * sum(sizes),
+        "tier": {k: v for k, v in c.items() if k.startswith("scm_")},
+        "hotline": {k: c.get(k) for k in ("popular_input_share", "cold_rows_per_batch",
+                                          "hidden_share")},
+        "load_after": _load(),
+    }  # fmt: skip
+    del trainer
+    gc.collect()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("what", nargs="+", choices=["disk", "kaggle", "caches", "terabyte"])
+    p.add_argument("--dir", default="/tmp/scm-bench", help="the tier's files (deleted at the end)")
+    p.add_argument("--keep", action="store_true", help="keep --dir")
+    p.add_argument("--file-gb", type=float, default=2.0)
+    p.add_argument("--depths", default="1,2,4,8,16,32,64")
+    p.add_argument("--seconds", type=float, default=3.0)
+    p.add_argument("--zipf", type=float, default=1.05)
+    p.add_argument("--dram", default="512MB", help="kaggle: DRAM for rows, hot + cache")
+    p.add_argument("--hot-budget", default="256MB")
+    p.add_argument("--scm-io", default="direct", choices=["direct", "buffered"])
+    p.add_argument("--io-threads", type=int, default=16)
+    p.add_argument("--train-samples", type=int, default=2048 * 400)
+    p.add_argument("--test-samples", type=int, default=1 << 16)
+    p.add_argument("--profile-samples", type=int, default=2_292_031)
+    p.add_argument("--mlp-bot", default="13-512-256-64-16")
+    p.add_argument("--mlp-top", default="512-256-1")
+    p.add_argument("--warmup-steps", type=int, default=40)
+    p.add_argument("--fill", type=int, default=1, help="kaggle: write every block first (1/0)")
+    p.add_argument("--warm-steps", type=int, default=3000, help="kaggle: fill the cache first")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--round-steps", type=int, default=40)
+    p.add_argument("--cache-steps", type=int, default=5000)
+    p.add_argument("--cache-warm-steps", type=int, default=3000)
+    p.add_argument("--tb-steps", type=int, default=2000)
+    p.add_argument("--tb-dram", default="3GB")
+    p.add_argument("--tb-profile-rate", type=float, default=0.05)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
+    Path(args.dir).mkdir(parents=True, exist_ok=True)
+    report = {}
+    try:
+        for what in args.what:
+            report[what] = {"disk": bench_disk, "kaggle": bench_kaggle, "caches": bench_caches,
+                            "terabyte": bench_terabyte}[what](args)  # fmt: skip
+            print(json.dumps({what: report[what]}), file=sys.stderr)
+    finally:
+        if not args.keep:
+            shutil.rmtree(args.dir, ignore_errors=True)
+    print(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,197 @@
+"""The SSD tier's row store: round trips through the row cache and the file, initial values,
+sparse files, checksums, the undo journal, and the caches' policies."""
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from embeddings.config import SparseOptimizer, TableSpec
+from embeddings.errors import ScmError
+from embeddings.fused import FusedEmbeddingBagCollection
+from embeddings.row_init import hashed_init_, hashed_rows, hashed_table
+from embeddings.scm_cache import BlockCache, RowCache
+from embeddings.scm_file import BLOCK
+from embeddings.scm_journal import UndoJournal
+from embeddings.scm_tier import JOURNAL, ROWS, ScmTier
+
+TABLES = [TableSpec("t0", 300, 8, "f0"), TableSpec("t1", 2000, 8, "f1")]
+
+
+def tier(path, opt="adagrad", cache_rows=64, io="buffered", resume=False, tables=TABLES):
+    o = SparseOptimizer(opt, 0.1)
+    row_bytes = 4 * (8 + o.state_floats(8))
+    return ScmTier(path, tables, o, 5, cache_rows * row_bytes, io=io, io_threads=4, resume=resume)
+
+
+def random_rows(n, opt="adagrad", seed=0):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, 8, generator=g)
+    s = {"sgd": None, "adagrad": torch.rand(n, 8, generator=g), "rowwise_adagrad": torch.rand(n, generator=g)}[opt]  # fmt: skip
+    return w, s
+
+
+@pytest.mark.parametrize("opt", ["sgd", "adagrad", "rowwise_adagrad"])
+@pytest.mark.parametrize("io", ["direct", "buffered"])
+def test_rows_round_trip_through_a_cache_smaller_than_them(tmp_path, opt, io):
+    t = tier(tmp_path / "scm", opt, cache_rows=50, io=io)
+    ids = torch.randperm(2300, generator=torch.Generator().manual_seed(1))[:700]
+    w, s = random_rows(700, opt)
+    for a in range(0, 700, 100):  # in mini-batch-sized pieces: the cache evicts as it goes
+        t.read_rows(ids[a : a + 100])
+        t.write_rows(ids[a : a + 100], w[a : a + 100], None if s is None else s[a : a + 100])
+    got_w, got_s = t.read_rows(ids)
+    assert torch.equal(got_w, w)
+    assert (got_s is None) if s is None else torch.equal(got_s, s)
+    c = t.counters()
+    assert c["scm_cache_evictions"] > 0 and c["scm_rows_written"] > 0
+    assert c["scm_bytes_read"] == c["scm_read_amplification"] * c["scm_rows_read"] * t.row_bytes or (
+        abs(c["scm_bytes_read"] / (c["scm_rows_read"] * t.row_bytes) - c["scm_read_amplification"]) < 0.01
+    )  # fmt: skip
+    untouched = torch.tensor([i for i in range(2300) if i not in set(ids.tolist())][:20])
+    w0, s0 = t.read_rows(untouched)  # never written: initial values, zero state
+    assert torch.equal(w0[untouched < 300], hashed_rows(untouched[untouched < 300], 8, 0, 300, 5))
+    assert torch.equal(
+        w0[untouched >= 300], hashed_rows(untouched[untouched >= 300] - 300, 8, 1, 2000, 5)
+    )
+    assert s0 is None or not s0.any()
+
+
+def test_hashed_initialisation_is_a_pure_function_with_the_reference_bounds():
+    full = hashed_table(2000, 8, 1, 5)
+    rows = np.array([1999, 0, 77])
+    assert torch.equal(hashed_rows(rows, 8, 1, 2000, 5), full[rows])
+    bound = (1 / 2000) ** 0.5
+    assert full.abs().max() <= bound and full.min() < -0.9 * bound and full.max() > 0.9 * bound
+    assert abs(float(full.mean())) < 0.05 * bound
+    assert not torch.equal(hashed_rows(rows, 8, 1, 2000, 6), full[rows])  # the seed matters
+    assert not torch.equal(hashed_rows(rows, 8, 2, 2000, 5), full[rows])  # and the table
+    coll = FusedEmbeddingBagCollection(TABLES, SparseOptimizer("sgd"), "cpu", "torch", init=False)
+    hashed_init_(coll.table_weights(), 5)
+    assert torch.equal(coll.table_weights()[1], full)
+
+
+def test_a_table_larger_than_the_disk_stores_only_the_rows_written(tmp_path):
+    big = [TableSpec("huge", 50_000_000, 8, "f0")]  # 3.2 GB logical with Adagrad state
+    t = tier(tmp_path / "scm", tables=big, cache_rows=0)
+    ids = torch.tensor([3, 10_000_000, 49_999_999])
+    t.write_rows(ids, *random_rows(3))
+    size = os.path.getsize(tmp_path / "scm" / ROWS)
+    assert size == t.num_blocks * BLOCK > 3e9
+    assert t.counters()["scm_disk_bytes"] <= 3 * BLOCK * 4  # a few blocks (file-system rounding)
+    assert torch.equal(t.read_rows(ids)[0], random_rows(3)[0])
+
+
+def test_a_damaged_block_is_named_with_its_offset_and_expected_checksum(tmp_path):
+    t = tier(tmp_path / "scm", cache_rows=0)
+    t.write_rows(torch.tensor([400]), *random_rows(1))
+    block = 400 // t.rpb
+    with open(tmp_path / "scm" / ROWS, "r+b") as f:
+        f.seek(block * BLOCK + 100)
+        f.write(b"\x01")
+    with pytest.raises(ScmError, match=rf"rows.dat: block {block} at offset {block * BLOCK}: checksum [0-9a-f]{{8}}, expected [0-9a-f]{{8}}"):  # fmt: skip
+        t.read_rows(torch.tensor([400]))
+    with open(tmp_path / "scm" / ROWS, "r+b") as f:  # a written block zeroed
+        f.seek(block * BLOCK)
+        f.write(bytes(BLOCK))
+    with pytest.raises(ScmError, match=r"not a written block \(magic 0x00000000"):
+        t.read_rows(torch.tensor([400]))
+
+
+def test_a_truncated_tier_file_is_refused_when_opened(tmp_path):
+    t = tier(tmp_path / "scm")
+    t.write_rows(torch.tensor([1]), *random_rows(1))
+    g = t.prepare()
+    t.close()
+    os.truncate(tmp_path / "scm" / ROWS, BLOCK * 3)
+    with pytest.raises(
+        ScmError, match=r"rows.dat: truncated or resized tier file: 12288 bytes, expected \d+"
+    ):
+        tier(tmp_path / "scm", resume=True)
+    assert g == 1
+
+
+def test_the_journal_rolls_the_file_back_to_the_base_or_a_prepared_point(tmp_path):
+    t = tier(tmp_path / "scm", cache_rows=16)
+    ids = torch.arange(0, 2300, 7)
+    w1, s1 = random_rows(ids.numel(), seed=1)
+    t.write_rows(ids, w1, s1)
+    g1 = t.prepare()  # generation 1: w1; its checkpoint is "written"
+    t.commit(g1)
+    map1 = t.materialised.copy()
+    w2, s2 = random_rows(ids.numel(), seed=2)
+    t.write_rows(ids, w2, s2)
+    g2 = t.prepare()  # generation 2 prepared, its checkpoint never committed
+    map2 = t.materialised.copy()
+    t.write_rows(ids[:50], *random_rows(50, seed=3))  # a kill mid-interval: partly written
+    t.flush()
+    tier_id = t.tier_id
+    t.close()
+    for g, m, w, s in [(g2, map2, w2, s2), (g1, map1, w1, s1)]:
+        back = tier(tmp_path / "scm", resume=True)
+        back.restore(g, tier_id, m)
+        got_w, got_s = back.read_rows(ids)
+        assert torch.equal(got_w, w) and torch.equal(got_s, s), g
+        back.close()
+        if g == g2:  # restoring g2 made it the base: g1 is no longer reachable
+            back = tier(tmp_path / "scm", resume=True)
+            with pytest.raises(ScmError, match="can be rolled back to generation 2, not 1"):
+                back.restore(g1, tier_id, map1)
+            back.close()
+            return
+
+
+def test_a_torn_journal_tail_is_ignored_but_damage_inside_is_not(tmp_path):
+    j = UndoJournal(tmp_path / JOURNAL)
+    j.start(b"x" * 16, 3)
+    images = np.arange(3 * BLOCK, dtype=np.uint64).astype(np.uint8).reshape(3, BLOCK)
+    j.add_preimages(np.array([5, 9, 2]), images)
+    j.prepare(4)
+    j.add_preimages(np.array([7]), images[:1])
+    j.close()
+    blocks, got = j.rollback_images(3)
+    assert blocks.tolist() == [7, 2, 9, 5] and np.array_equal(got[3], images[0])
+    assert j.rollback_images(4)[0].tolist() == [7]
+    raw = (tmp_path / JOURNAL).read_bytes()
+    (tmp_path / JOURNAL).write_bytes(raw[:-100])  # the last record cut by a kill
+    assert j.rollback_images(3)[0].tolist() == [2, 9, 5]
+    damaged = bytearray(raw)
+    damaged[60 + BLOCK // 2] ^= 0xFF  # inside the first pre-image
+    (tmp_path / JOURNAL).write_bytes(bytes(damaged))
+    with pytest.raises(ScmError, match=r"journal.log: journal record at offset 36 is damaged"):
+        j.rollback_images(3)
+
+
+def test_the_row_cache_keeps_profiled_rows_and_evicts_the_least_recent_others():
+    counts = torch.zeros(1000, dtype=torch.int64)
+    counts[:10] = 100  # the profile's warm rows
+    cache = RowCache(1000, 0, 48, priority=lambda g: counts[g])
+    for step in range(40):
+        cache.next_access()
+        ids = torch.cat([torch.arange(10), torch.arange(100 + 8 * step, 108 + 8 * step)])
+        slots = cache.lookup(ids)
+        miss = ids[slots < 0]
+        cache.admit(miss, dirty=False)
+    assert (cache.slot_of[:10] >= 0).all()  # warm rows never left
+    recent = torch.arange(100 + 8 * 38, 100 + 8 * 40)
+    assert (cache.slot_of[recent] >= 0).all()
+    assert cache.evictions > 0 and cache.hits >= 39 * 10
+
+
+def test_the_row_cache_hits_more_than_a_block_cache_of_the_same_bytes():
+    rng = np.random.default_rng(0)
+    n, rpb, cache_bytes, row_bytes = 200_000, 32, 256 * 1024, 128
+    p = 1.0 / np.arange(1, n + 1) ** 1.05
+    perm = rng.permutation(n)  # popular rows scattered over the blocks, as hashed ids are
+    rows = RowCache(n, 0, cache_bytes // row_bytes)
+    blocks = BlockCache(cache_bytes // BLOCK)
+    for _ in range(60):
+        ids = np.unique(perm[rng.choice(n, 2000, p=p / p.sum())])
+        rows.next_access()
+        g = torch.from_numpy(ids)
+        rows.admit(g[rows.lookup(g) < 0], dirty=False)
+        blocks.access(ids, rpb)
+    row_rate = rows.hits / (rows.hits + rows.misses)
+    block_rate = blocks.row_hits / (blocks.row_hits + blocks.row_misses)
+    assert row_rate > block_rate + 0.1
