@@ -220,25 +220,84 @@ def failure_message(e: BaseException, rank: int) -> str:
 
 def sharded_embeddings(cfg: TrainConfig, tables, device: torch.device):
     """The collection of a multi-process run: every table sharded by torchrec's planner
-    (`--sharding`); the plan is logged, and written to the run directory by rank 0."""
+    (`--sharding`), or with `--placement fae|hotline` the hot rows replicated and the cold rows
+    sharded; the plan is logged, and written to the run directory by rank 0."""
     from dlrm.embedding_setup import PlacedEmbeddings
     from embeddings import SparseOptimizer
     from embeddings.sharded import ShardedEmbeddingBagCollection, ShardingError
 
-    if cfg.placement not in ("device", "auto"):
-        raise ConfigError(
-            f"--placement {cfg.placement}: with several processes the tables are sharded across "
-            "them; use --placement device (or auto)"
-        )
     opt = SparseOptimizer(cfg.optimizer, cfg.learning_rate)
+    min_columns = cfg.sharding_min_columns or None
     try:
-        coll = ShardedEmbeddingBagCollection(
-            tables, opt, device, cfg.sharding, seed=cfg.seed,
-            min_column_shard=cfg.sharding_min_columns or None,
-        )  # fmt: skip
+        if cfg.placement in ("fae", "hotline"):
+            from embeddings.hot_replicated import HotReplicatedCollection
+
+            hot = hot_rows(cfg, tables, opt)
+            coll = HotReplicatedCollection(tables, opt, hot, device, cfg.sharding, cfg.seed,
+                                           min_columns)  # fmt: skip
+        else:
+            coll = ShardedEmbeddingBagCollection(tables, opt, device, cfg.sharding, seed=cfg.seed,
+                                                 min_column_shard=min_columns)  # fmt: skip
     except ShardingError as e:
         raise ConfigError(str(e)) from None
     if dist.get_rank() == 0:
         log.info("sharding plan:\n%s", coll.plan_text())
         write_plan(cfg.run_dir, coll.plan_text(), coll.plan_table())
-    return PlacedEmbeddings(coll, "sharded")
+    return PlacedEmbeddings(coll, coll.placement_info()["kind"])
+
+
+def hot_rows(cfg: TrainConfig, tables, opt) -> list:
+    """Per table the hot rows (in slot order) of the placement plan one process would make: rank
+    0 makes it (from `--placement-plan`, the run directory on resume, or a profile of the whole
+    global batches under `--hot-budget`) and sends it to every rank."""
+    import numpy as np
+
+    from dlrm.data import build_data
+    from dlrm.embedding_setup import obtain_plan
+    from embeddings.errors import PlacementError, ProfileError
+
+    counts = torch.full((len(tables),), -1, dtype=torch.int64)
+    ids = torch.zeros(0, dtype=torch.int64)
+    failure: Exception | None = None
+    if dist.get_rank() == 0:
+        try:
+            whole = build_data(cfg, 0, 1).train  # every sample of the global batches
+            plan = obtain_plan(cfg, tables, opt, whole, one_home=cfg.placement == "hotline")
+            table_of, rows = plan.hot_ids()
+            counts = torch.as_tensor(np.bincount(table_of, minlength=len(tables)))
+            ids = torch.as_tensor(rows)
+        except (PlacementError, ProfileError, ConfigError) as e:
+            failure = e
+    dist.broadcast(counts, 0)  # -1: rank 0 could not make the plan (and says why)
+    if failure is not None:
+        raise ConfigError(str(failure)) from None
+    if bool((counts < 0).any()):
+        raise ConfigError(f"--placement {cfg.placement}: rank 0 could not make the placement plan")
+    if dist.get_rank() != 0:
+        ids = torch.empty(int(counts.sum()), dtype=torch.int64)
+    dist.broadcast(ids, 0)
+    return [part.numpy() for part in torch.split(ids, counts.tolist())]
+
+
+def check_supported(cfg: TrainConfig) -> None:
+    """What several processes cannot run yet: one line, before any work."""
+    if cfg.placement in ("host", "tiered"):
+        raise ConfigError(
+            f"--placement {cfg.placement}: not with several processes (the tables are sharded "
+            "across them); use device, fae or hotline (hot rows replicated, cold rows sharded)"
+        )
+    if cfg.placement == "hotline" and cfg.hotline_learn_batches:
+        raise ConfigError(
+            "--hotline-learn-batches: not with several processes (the hot rows replicated on "
+            "every rank are fixed before training); give a profile or let the run profile"
+        )
+    if cfg.slipstream:
+        raise ConfigError(
+            "--slipstream: single-process only for now (which rows are stale would have to be "
+            "agreed across ranks every interval)"
+        )
+    if cfg.compile:
+        raise ConfigError(
+            "--compile: single-process only for now (the compiled dense part under DDP is "
+            "untested); leave it at auto, which trains eagerly with several processes"
+        )

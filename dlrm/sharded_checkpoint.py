@@ -13,7 +13,8 @@ reader unpickles its `.metadata` file. `index.json` lists the files with their s
 tables' shapes, and carries a CRC-32 of its own body; a directory without it is an interrupted
 save and is never resumed from (`checkpoint.list_checkpoints` skips it).
 
-A shard is (table, first row, first column, weights, optimizer state). `assemble` reads every
+A shard is (table, first row, first column, weights, optimizer state), or with `rows` the row
+ids its rows are (the hot and cold parts of embeddings/hot_replicated.py). `assemble` reads every
 rank's file and puts each table back together, checking that the shards cover every element
 exactly once, and returns the dict a single-process checkpoint holds (full tables under the
 model's `<prefix><table>.weight` and `sparse_optimizer`). Resuming therefore works from any
@@ -88,6 +89,8 @@ def save(trainer) -> Path:
                  "weight": s.weight.detach()}  # fmt: skip
         if s.state is not None:
             entry["state"] = s.state.detach()
+        if s.rows is not None:
+            entry["rows"] = s.rows.detach().cpu()
         shards.append(entry)
     obj: dict = {"format": ckpt.FORMAT, "version": ckpt.VERSION, "shard_of": trainer.state.step,
                  "rank": rank, "world_size": world, "shards": shards}  # fmt: skip
@@ -181,17 +184,24 @@ def assemble(path: Path) -> dict:
             w = s["weight"]
             rows, cols = w.shape
             r0, c0 = s["row0"], s["col0"]
-            if r0 + rows > tables[name][0] or c0 + cols > tables[name][1]:
+            if "rows" in s:  # explicit row ids
+                at = s["rows"]
+                outside = tuple(at.shape) != (rows,) or (
+                    rows > 0 and (int(at.min()) < 0 or int(at.max()) >= tables[name][0])
+                )
+            else:
+                at, outside = slice(r0, r0 + rows), r0 + rows > tables[name][0]
+            if outside or c0 + cols > tables[name][1]:
                 raise CheckpointError(f"{file}: a shard of {name} lies outside the table")
-            weights[name][r0 : r0 + rows, c0 : c0 + cols] = w
-            covered[name][r0 : r0 + rows, c0 : c0 + cols] += 1
+            weights[name][at, c0 : c0 + cols] = w
+            covered[name][at, c0 : c0 + cols] += 1
             if name in states:
                 if "state" not in s:
                     raise CheckpointError(f"{file}: a shard of {name} lacks its optimizer state")
                 if kind == "rowwise_adagrad":
-                    states[name][r0 : r0 + rows] = s["state"]
+                    states[name][at] = s["state"]
                 else:
-                    states[name][r0 : r0 + rows, c0 : c0 + cols] = s["state"]
+                    states[name][at, c0 : c0 + cols] = s["state"]
     if common is None:
         raise CheckpointError(f"{path / shard_name(0, world)}: lacks the run's common state")
     for name, count in covered.items():

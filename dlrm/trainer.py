@@ -136,6 +136,8 @@ class Trainer:
         writes none (benchmarks). `step_hook` watches every step (perfmodel's recorder)."""
         self.cfg = cfg
         self.rank, self.world_size = rank, world_size
+        if world_size > 1:
+            distributed.check_supported(cfg)
         if cfg.perf_log and step_hook is None:
             raise ConfigError(
                 "perf_log: attach perfmodel's recorder as the step hook, "
@@ -204,6 +206,8 @@ class Trainer:
         """`--compile` (dlrm/compile.py); off while the performance model records its trace, whose
         kernel models are of the eager step's operators."""
         if not compile_.wanted(self.cfg.compile, self.cfg.precision):
+            return None
+        if self.world_size > 1:  # auto: eager (an explicit --compile was refused at the start)
             return None
         if self.cfg.perf_log:
             log.warning("--compile: off with --perf-log (the performance model traces eager steps)")

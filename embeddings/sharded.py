@@ -62,6 +62,7 @@ class LocalShard:
     weight: torch.Tensor
     state: torch.Tensor | None
     replicated: bool  # a data-parallel table: every rank holds the same whole table
+    rows: torch.Tensor | None = None  # the shard's row ids when not rows row0.. (hot/cold parts)
 
 
 def allowed_shardings(kind: str, backend: str, optimizer: str) -> list[str]:
@@ -397,7 +398,7 @@ class ShardedEmbeddingBagCollection(EmbeddingCollection):
         unexpected_keys.extend(k for k in state_dict if k.startswith(prefix) and k not in mine)
         if error_msgs or any(k in missing_keys for k in mine):
             return
-        self._copy_in({i: state_dict[k] for k, i in mine.items()}, "weight")
+        self.copy_in({i: state_dict[k] for k, i in mine.items()}, "weight")
 
     def load_sparse_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         if self.optimizer.kind == "sgd":
@@ -414,9 +415,10 @@ class ShardedEmbeddingBagCollection(EmbeddingCollection):
                 raise ValueError(
                     f"sparse optimizer state: {key} has shape {tuple(state[key].shape)}, expected {want}"
                 )
-        self._copy_in({i: state[k] for i, k in keys.items()}, "state")
+        self.copy_in({i: state[k] for i, k in keys.items()}, "state")
 
-    def _copy_in(self, full: dict[int, torch.Tensor], which: str) -> None:
+    def copy_in(self, full: dict[int, torch.Tensor], which: str) -> None:
+        """Each shard's part of the full tables `full[table]` into its weights or state."""
         with torch.no_grad():
             for s in self.local_shards():
                 dst = s.weight if which == "weight" else s.state

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from perfmodel.collectives import CollectiveCounter
 from tests.dlrm.conftest import tiny
 
 STEPS = 12
@@ -38,6 +39,11 @@ KINDS = {
     "data_parallel": dict(sharding="data_parallel", optimizer="rowwise_adagrad"),
 }
 RESUMED = dict(sharding="table_wise", optimizer="adagrad", test_freq=STEPS // 2)
+# --placement fae with 2 ranks: hot rows replicated, cold rows table-wise; trains what RESUMED's
+# one process trains (--placement device), as the batches are not regrouped
+HOT = dict(
+    RESUMED, placement="fae", hot_budget="3KB", profile_sample_rate=1.0
+)  # 96 rows: 4 floats + Adagrad state
 
 
 def config(out_dir: Path, **kw):
@@ -67,8 +73,11 @@ def _ranks(rank: int, init: str, root: str) -> None:
         jobs = {name: config(root_dir / f"two_{name}", **kw) for name, kw in KINDS.items()}
         jobs["resumed_1_to_2"] = config(root_dir / "one_to_two", **RESUMED, resume="auto")
         jobs["two_resumable"] = config(root_dir / "two_resumable", **RESUMED)
+        jobs["hot_replicated"] = config(root_dir / "two_hot", **HOT)
         for name, cfg in jobs.items():
-            out = result(cfg)
+            with CollectiveCounter() as counter:
+                out = result(cfg)
+            out["sent"] = json.dumps(counter.per_step(1))
             if rank == 0:
                 torch.save({**out, "losses": json.dumps(out["losses"])}, root_dir / f"{name}.pt")
     finally:
@@ -78,6 +87,7 @@ def _ranks(rank: int, init: str, root: str) -> None:
 def _load(path: Path) -> dict:
     got = torch.load(path, weights_only=True)
     got["losses"] = {int(k): v for k, v in json.loads(got["losses"]).items()}
+    got["sent"] = json.loads(got["sent"])  # collectives of the whole run, by kind
     return got
 
 
@@ -97,7 +107,8 @@ def runs(tmp_path_factory):
     one["resumable"] = result(config(root / "one_resumable", **RESUMED))
     _cut_at(root / "one_resumable", STEPS // 2, root / "one_to_two")
     mp.spawn(_ranks, args=(f"file://{root / 'rendezvous'}", str(root)), nprocs=2)
-    two = {name: _load(root / f"{name}.pt") for name in [*KINDS, "resumed_1_to_2", "two_resumable"]}
+    names = [*KINDS, "resumed_1_to_2", "two_resumable", "hot_replicated"]
+    two = {name: _load(root / f"{name}.pt") for name in names}
     return root, one, two
 
 
@@ -144,6 +155,36 @@ def test_a_one_process_checkpoint_resumes_in_two(runs):
     assert_same_run(one["resumable"], two["resumed_1_to_2"])
     events = (root / "one_to_two" / "metrics.jsonl").read_text()
     assert '"event": "resume"' in events
+
+
+def test_hot_rows_replicated_and_cold_rows_sharded_train_what_one_process_does(runs):
+    """--placement fae with 2 ranks against --placement device in 1: same losses, weights, AUC;
+    the hot rows' lookups stay on their rank and their gradients are all-reduced densely."""
+    from dlrm import sharded_checkpoint
+
+    root, one, two = runs
+    assert_same_run(one["resumable"], two["hot_replicated"])
+    plan = json.loads((root / "two_hot" / "sharding_plan.json").read_text())
+    hot = {t["table"].removesuffix("_hot"): t["rows"] for t in plan if t["part"] == "hot"}
+    cold = {t["table"].removesuffix("_cold"): t for t in plan if t["part"] == "cold"}
+    sizes = dict(zip(["t_cat_0", "t_cat_1", "t_cat_2", "t_cat_3"], (60, 40, 500, 7)))
+    assert sum(hot.values()) == 96 and all(
+        hot.get(n, 0) + cold[n]["rows"] == sizes[n] for n in cold
+    )
+    assert [n for n in sizes if n not in cold] == ["t_cat_3"]  # all hot: no cold part
+    assert {t["sharding"] for t in cold.values()} == {"table_wise"}
+    assert {t["sharding"] for t in plan if t["part"] == "hot"} == {"data_parallel"}
+    # what crossed ranks, against every table sharded table-wise on the same batches
+    sent, everything = two["hot_replicated"]["sent"], two["two_resumable"]["sent"]
+    hot_floats = sum(hot.values()) * 4
+    assert sent["all_reduce_replicated_tables"]["payload_bytes"] == STEPS * hot_floats * 4
+    assert "all_reduce_replicated_tables" not in everything
+    assert sent["ids_all_to_all"]["wire_bytes"] < everything["ids_all_to_all"]["wire_bytes"]
+    # its sharded checkpoint (hot rows from rank 0, cold shards by row ids) is the full tables
+    state = sharded_checkpoint.assemble(root / "two_hot" / "checkpoints" / f"step_{STEPS:09d}")
+    for key, w in two["hot_replicated"]["state"].items():
+        if ".t_cat_" in key:
+            assert torch.equal(state["model"][key], w), key
 
 
 def test_a_damaged_shard_is_named(runs, tmp_path):
