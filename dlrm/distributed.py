@@ -24,6 +24,7 @@ does across ranks:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -69,11 +70,46 @@ def init_from_env(cfg: TrainConfig) -> tuple[int, int]:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if backend == "nccl":
         torch.cuda.set_device(local_rank)  # "cuda" is then this rank's own device
-    dist.init_process_group(backend, timeout=timedelta(seconds=cfg.dist_timeout_s))
+    timeout = timedelta(seconds=cfg.dist_timeout_s)
+    store = _attempt_store(timeout)
+    if store is None:
+        dist.init_process_group(backend, timeout=timeout)
+    else:
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
     rank, world = dist.get_rank(), dist.get_world_size()
     Heartbeat.start(rank, world)
     log.info("rank %d of %d (%s)", rank, world, backend)
     return rank, world
+
+
+def _attempt_store(timeout: timedelta):
+    """Under torchrun's elastic agent, the rendezvous store of this attempt: the agent's store
+    (or rank 0's) under a prefix naming the attempt. Without it, the workers restarted after a
+    failure (`--max-restarts`) read the dead workers' gloo addresses from the same store and
+    never connect ("Connection refused", measured with torch 2.13's static and c10d
+    rendezvous). None outside torchrun's agent (plain env:// then)."""
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if attempt is None or "MASTER_ADDR" not in os.environ:
+        return None
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+        is_master=not agent and rank == 0, timeout=timeout, multi_tenant=not agent,
+    )  # fmt: skip
+    return dist.PrefixStore(f"hybrid-dlrm/attempt_{attempt}", store)
+
+
+def first_attempt_resume(cfg: TrainConfig) -> TrainConfig:
+    """`torchrun --max-restarts K ... --resume`: every attempt is launched with `--resume`, so the
+    first one, which finds no run in `--out-dir` yet, starts it (elsewhere `--resume` of an
+    empty directory is an error)."""
+    restarts = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if restarts is None or cfg.resume != "auto" or (cfg.run_dir / "config.json").is_file():
+        return cfg
+    log.info("--resume: nothing in %s yet (attempt %s); starting the run", cfg.run_dir, restarts)
+    return dataclasses.replace(cfg, resume=None)
 
 
 def shutdown() -> None:

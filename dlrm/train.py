@@ -244,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
 
         if distributed.launched_by_torchrun():
             rank, world = distributed.init_from_env(cfg)
+            cfg = distributed.first_attempt_resume(cfg)
         summary = Trainer(cfg, rank, world, step_hook=_perf_recorder(cfg)).fit()
     except (ConfigError, DataError, CheckpointError, ScmError) as e:
         sys.stderr.write(f"python -m dlrm.train: error: {_ranked(e, rank, world)}\n")

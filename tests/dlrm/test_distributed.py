@@ -253,3 +253,23 @@ def test_a_killed_rank_ends_the_job_with_a_message_naming_it(tmp_path):
     assert last.startswith("python -m dlrm.train: error: rank 0: lost contact with the other ranks")
     assert "stopped: rank 1 (no heartbeat for" in last, last
     assert took < 30, took
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (dict(slipstream=True), "--slipstream: single-process only"),
+        (dict(compile=True), "--compile: single-process only"),
+        (dict(placement="tiered"), "--placement tiered: not with several processes"),
+        (dict(placement="host"), "--placement host: not with several processes"),
+        (dict(placement="hotline", hotline_learn_batches=5), "--hotline-learn-batches: not with"),
+    ],
+)
+def test_what_several_processes_cannot_run_is_refused_before_any_work(tmp_path, flags, message):
+    from dlrm.errors import ConfigError
+    from dlrm.trainer import Trainer
+
+    cfg = tiny(tmp_path, **flags)
+    with pytest.raises(ConfigError, match=message):
+        Trainer(cfg, rank=0, world_size=2)  # refused before the process group is even used
+    assert not (tmp_path / "run").exists()
