@@ -315,8 +315,14 @@ def hot_rows(cfg: TrainConfig, tables, opt) -> list:
     return [part.numpy() for part in torch.split(ids, counts.tolist())]
 
 
-def check_supported(cfg: TrainConfig) -> None:
-    """What several processes cannot run yet: one line, before any work."""
+def check_supported(cfg: TrainConfig, world: int) -> None:
+    """What several processes cannot run (yet): one line, before any work."""
+    for flag, batch in (("--mini-batch-size", cfg.mini_batch_size),
+                        ("--test-mini-batch-size", cfg.eval_batch_size)):  # fmt: skip
+        if batch % world:
+            raise ConfigError(
+                f"{flag} {batch}: the global batch must split evenly over the {world} processes"
+            )
     if cfg.placement in ("host", "tiered"):
         raise ConfigError(
             f"--placement {cfg.placement}: not with several processes (the tables are sharded "

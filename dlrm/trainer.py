@@ -137,7 +137,7 @@ class Trainer:
         self.cfg = cfg
         self.rank, self.world_size = rank, world_size
         if world_size > 1:
-            distributed.check_supported(cfg)
+            distributed.check_supported(cfg, world_size)
         if cfg.perf_log and step_hook is None:
             raise ConfigError(
                 "perf_log: attach perfmodel's recorder as the step hook, "

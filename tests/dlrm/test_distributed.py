@@ -263,6 +263,7 @@ def test_a_killed_rank_ends_the_job_with_a_message_naming_it(tmp_path):
         (dict(placement="tiered"), "--placement tiered: not with several processes"),
         (dict(placement="host"), "--placement host: not with several processes"),
         (dict(placement="hotline", hotline_learn_batches=5), "--hotline-learn-batches: not with"),
+        (dict(mini_batch_size=63), "--mini-batch-size 63: the global batch must split evenly"),
     ],
 )
 def test_what_several_processes_cannot_run_is_refused_before_any_work(tmp_path, flags, message):
