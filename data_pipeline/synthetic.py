@@ -210,12 +210,18 @@ class PlantedWorld:
         rows = np.empty((len(self.n_rows), CHUNK), dtype=np.int64)
         dense = np.empty((CHUNK, self.cfg.num_dense), dtype=np.float32)
         labels = np.empty(CHUNK, dtype=np.float32)
+        threads = torch.get_num_threads()
+        numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
         _chunk_kernel(
             self.chunk_key(split, index, shard), CHUNK, self.quantiles, self.n_rows,
             self.strength, self.salt, self.pair_a, self.pair_b, self.pair_salt,
             self.dense_mu, self.dense_sigma, self.dense_w, self.dense_w2,
             self.cfg.bias, self.pair_scale, self.cfg.dense_effect, rows, dense, labels,
         )  # fmt: skip
+        # numba's OpenMP threading layer sets the process's OpenMP thread count to its own (all
+        # cores) when it runs: two torchrun workers of one thread each then ran two threads each
+        # on two cores, ~10x slower steps under load (docs/distributed.md)
+        torch.set_num_threads(threads)
         return torch.from_numpy(rows), torch.from_numpy(dense), torch.from_numpy(labels)
 
     def make_batch(self, rows: torch.Tensor, dense: torch.Tensor, labels: torch.Tensor) -> Batch:

@@ -9,7 +9,8 @@ fae` with several ranks: each table's hot rows replicated on every rank, its col
 that way; embeddings/hot_replicated.py). The same model trains the same samples (same seed, same
 global batch) in one process (`--placement device`, both cores: what every kind computes) and
 in two (`Trainer(cfg, rank, 2)` under a gloo process group, as torchrun runs it, one thread
-each), in `--rounds` interleaved rounds; samples/s are medians over rounds of the trainer's own
+each), in `--rounds` interleaved rounds; the one process runs with one thread and with two
+(on a shared, loaded machine two OpenMP threads can be slower than one); samples/s are medians over rounds of the trainer's own
 training time (startup, evaluation and checkpoints excluded), after one untimed warm-up run per
 process. On a 2-core machine the two processes share the cores one process had, so the
 2-process figure measures overhead, not scaling.
@@ -159,17 +160,18 @@ def main() -> None:
     args.kinds = [k for k in args.kinds.split(",") if k]
     _quiet()
     load = [os.getloadavg()]
-    one: list[float] = []
+    one: dict[int, list[float]] = {1: [], 2: []}
     two: dict[str, list] = {k: [] for k in args.kinds}
     auc: dict[str, dict] = {}
     last: dict = {}
     with tempfile.TemporaryDirectory(prefix="bench_distributed-") as root:
-        torch.set_num_threads(2)  # one process, both cores
         train_rate(args, "table_wise", Path(root), 0, 1, steps=4)  # warm-up, untimed
         for r in range(args.rounds):
-            got = train_rate(args, "table_wise", Path(root), 0, 1)
-            one.append(got["samples_per_s"])
-            auc["one_process"] = got["auc"]
+            for threads in (1, 2):  # one process
+                torch.set_num_threads(threads)
+                got = train_rate(args, "table_wise", Path(root), 0, 1)
+                one[threads].append(got["samples_per_s"])
+                auc["one_process"] = got["auc"]
             result = Path(root) / f"round{r}.json"
             count = r == args.rounds - 1
             mp.spawn(_worker, args=(f"file://{root}/rdv{r}", args, root, str(result), count),
@@ -184,7 +186,8 @@ def main() -> None:
         per_kind[kind] = {
             "two_processes_total": stats(two[kind]),
             "two_processes_per_process": stats([x / 2 for x in two[kind]]),
-            "two_vs_one": statistics.median(two[kind]) / statistics.median(one),
+            "two_vs_one_thread": statistics.median(two[kind]) / statistics.median(one[1]),
+            "two_vs_two_threads": statistics.median(two[kind]) / statistics.median(one[2]),
         }
     comm = last.get("comm", {})
     for kind in args.kinds:  # a hot-replicated placement against sharding everything the same way
@@ -200,7 +203,11 @@ def main() -> None:
             "torch": torch.__version__,
         },  # fmt: skip
         "settings": vars(args),
-        "samples_per_s": {"one_process": stats(one), **per_kind},
+        "samples_per_s": {
+            "one_process_one_thread": stats(one[1]),
+            "one_process_two_threads": stats(one[2]),
+            **per_kind,
+        },
         "test_auc": auc,
         "communication_per_step": comm,
         "communication_model": last.get("communication_model"),
