@@ -1,9 +1,11 @@
 """Criteo-shaped synthetic batches with a planted model, generated on demand at millions/s.
 
 A `PlantedWorld` is a fixed, seeded "true" click model. Each split is an endless stream of samples
-made in chunks of CHUNK; chunk k is a pure function of (seed, split, k, shard), and batch i is
-samples [i*B, (i+1)*B) of the stream. So data order is reproducible, resumable from any step and
-shardable across ranks for free, and nothing is stored but the planted parameters.
+made in chunks of CHUNK; chunk k is a pure function of (seed, split, k), and batch i is samples
+[i*B, (i+1)*B) of the stream. So data order is reproducible, resumable from any step and
+shardable across ranks for free (rank r of W reads the r-th contiguous B/W of each global batch,
+so W processes train on exactly the samples one process would), and nothing is stored but the
+planted parameters.
 
 Sparse ids: per table a Zipf(alpha) draw over ranks 1..n (inverse CDF of the continuous bounded
 power law, floored); id = rank - 1, so row 0 is the hottest, as in a dataset whose ids were
@@ -208,12 +210,18 @@ class PlantedWorld:
         rows = np.empty((len(self.n_rows), CHUNK), dtype=np.int64)
         dense = np.empty((CHUNK, self.cfg.num_dense), dtype=np.float32)
         labels = np.empty(CHUNK, dtype=np.float32)
+        threads = torch.get_num_threads()
+        numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
         _chunk_kernel(
             self.chunk_key(split, index, shard), CHUNK, self.quantiles, self.n_rows,
             self.strength, self.salt, self.pair_a, self.pair_b, self.pair_salt,
             self.dense_mu, self.dense_sigma, self.dense_w, self.dense_w2,
             self.cfg.bias, self.pair_scale, self.cfg.dense_effect, rows, dense, labels,
         )  # fmt: skip
+        # numba's OpenMP threading layer sets the process's OpenMP thread count to its own (all
+        # cores) when it runs: two torchrun workers of one thread each then ran two threads each
+        # on two cores, ~10x slower steps under load (docs/distributed.md)
+        torch.set_num_threads(threads)
         return torch.from_numpy(rows), torch.from_numpy(dense), torch.from_numpy(labels)
 
     def make_batch(self, rows: torch.Tensor, dense: torch.Tensor, labels: torch.Tensor) -> Batch:
@@ -240,7 +248,7 @@ class SyntheticBatchSource:
     """A `BatchSource` over one split of a planted world: `num_batches` batches per epoch.
 
     Every epoch sees new samples (the world is infinite); `rank`/`world_size` split each global
-    batch of `batch_size` into equal shards.
+    batch of `batch_size` into equal contiguous shards (rank r: samples [r*B/W, (r+1)*B/W) of it).
     """
 
     def __init__(
@@ -285,12 +293,13 @@ class SyntheticBatchSource:
             raise IndexError(f"batch {index} of {self.num_batches}")
         index += epoch * self.num_batches
         local = self.batch_size // self.world_size
-        lo, hi = index * local, (index + 1) * local
+        lo = index * self.batch_size + self.rank * local
+        hi = lo + local
         parts = []
         while lo < hi:
             k = lo // CHUNK
             if self._cached_index != k:
-                self._cached = self.world.chunk(self.split, k, shard=self.rank)
+                self._cached = self.world.chunk(self.split, k)
                 self._cached_index = k
             a, b = lo - k * CHUNK, min(hi - k * CHUNK, CHUNK)
             rows, dense, labels = self._cached

@@ -50,11 +50,15 @@ def table_sizes(cfg: TrainConfig, data: DataSplits) -> list[int]:
 
 
 def build_placed_embeddings(
-    cfg: TrainConfig, data: DataSplits, device: torch.device
+    cfg: TrainConfig, data: DataSplits, device: torch.device, world_size: int = 1
 ) -> PlacedEmbeddings:
     tables = tables_for_features(
         table_sizes(cfg, data), cfg.arch_sparse_feature_size, data.feature_names
     )
+    if world_size > 1:  # tables sharded across the process group (torchrec)
+        from dlrm.distributed import sharded_embeddings
+
+        return sharded_embeddings(cfg, tables, device)
     return build_embeddings(cfg, tables, data.train, device)  # --placement
 
 

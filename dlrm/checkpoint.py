@@ -47,6 +47,7 @@ FORMAT = "hybrid-dlrm-checkpoint"
 VERSION = 2
 CHECKSUMS = "checksums"
 _NAME = re.compile(r"^step_(\d{9})\.pt$")
+_SHARDED = re.compile(r"^step_(\d{9})$")  # a directory of per-rank shards (sharded_checkpoint.py)
 _TEMPORARY = re.compile(r"^\.(.+)\.tmp-(\d+)$")
 _ALGORITHM = "crc32/16MiB"
 _CHUNK = 16 * 2**20
@@ -242,6 +243,10 @@ def _read_error(e: Exception) -> str:
 def load(path: Path) -> dict:
     """A checkpoint or model file, verified against its checksums; CheckpointError naming the
     file (and the tensor, where one is to blame) otherwise."""
+    if path.is_dir() and _SHARDED.match(path.name):
+        from dlrm.sharded_checkpoint import assemble
+
+        return assemble(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
     try:
@@ -309,16 +314,24 @@ def checkpoint_path(directory: Path, step: int) -> Path:
 
 
 def list_checkpoints(directory: Path) -> list[Path]:
-    """Complete checkpoints in a directory, oldest first (not yet verified)."""
+    """Complete checkpoints in a directory, oldest first (not yet verified): files, and sharded
+    checkpoints' directories once their index is written."""
     if not directory.is_dir():
         return []
-    return sorted(p for p in directory.iterdir() if _NAME.match(p.name))
+    return sorted(
+        (p for p in directory.iterdir()
+         if _NAME.match(p.name) or (_SHARDED.match(p.name) and (p / "index.json").is_file())),
+        key=lambda p: p.name.removesuffix(".pt"),
+    )  # fmt: skip
 
 
 def prune(directory: Path, keep: int) -> None:
     """Keep the newest `keep` checkpoints; drop the temporaries of interrupted writes."""
     for old in list_checkpoints(directory)[:-keep]:
-        old.unlink()
+        if old.is_dir():
+            shutil.rmtree(old)
+        else:
+            old.unlink()
     remove_temporaries(directory)
 
 
@@ -331,7 +344,7 @@ def resume_target(resume: str, run_dir: Path) -> tuple[Path, dict] | None:
     started from the beginning (nothing was saved that could be continued, and refusing would
     leave the user no way but deleting the run directory by hand)."""
     target = run_dir if resume == "auto" else Path(resume)
-    if target.is_file():
+    if target.is_file() or (_SHARDED.match(target.name) and (target / "index.json").is_file()):
         return target, load(target)
     directory = target / "checkpoints"
     if not list_checkpoints(directory) and list_checkpoints(target):
@@ -397,9 +410,13 @@ def is_model_file(data: dict) -> bool:
     return "train_state" not in data
 
 
-def save_model_file(path: Path, model: torch.nn.Module, arch: dict) -> None:
-    """Weights only (no optimizer state), with the architecture they were trained for."""
-    obj = {"format": FORMAT, "version": VERSION, "arch": arch, "model": model.state_dict()}
+def save_model_file(
+    path: Path, model: torch.nn.Module, arch: dict, state: dict | None = None
+) -> None:
+    """Weights only (no optimizer state), with the architecture they were trained for (`state`:
+    the model's state dict when taken already)."""
+    state = model.state_dict() if state is None else state
+    obj = {"format": FORMAT, "version": VERSION, "arch": arch, "model": state}
     save(obj, path, what="model file")
 
 

@@ -171,6 +171,12 @@ class TrainConfig:
     scm_io_threads: int = 16  # file reads in flight at once
     embedding_init: str = "auto"  # auto (hashed for tiered, else uniform) | uniform | hashed
 
+    # multi-process training (dlrm/distributed.py, embeddings/sharded.py): under torchrun
+    dist_backend: str = "auto"  # auto (nccl with CUDA, else gloo) | gloo | nccl
+    sharding: str = "auto"  # auto | table_wise | column_wise | row_wise | data_parallel
+    sharding_min_columns: int = 0  # narrowest column-wise shard (0: torchrec's default, 32)
+    dist_timeout_s: float = 300.0  # a collective waiting longer ends the run (a hung rank)
+
     def __post_init__(self) -> None:
         self.reference_defaults = self._fill_reference_defaults()
         self.arch_mlp_bot = parse_widths(self.arch_mlp_bot, "--arch-mlp-bot")
@@ -313,6 +319,17 @@ class TrainConfig:
             raise ConfigError("--synthetic-table-scale: expected a positive number")
         self._validate_slipstream()
         self._validate_scm()
+        choice("--dist-backend", self.dist_backend, ("auto", "gloo", "nccl"))
+        choice("--sharding", self.sharding,
+               ("auto", "table_wise", "column_wise", "row_wise", "data_parallel"))  # fmt: skip
+        if self.sharding_min_columns < 0:
+            raise ConfigError(
+                f"--sharding-min-columns: expected an integer >= 0, got {self.sharding_min_columns}"
+            )
+        if not (math.isfinite(self.dist_timeout_s) and self.dist_timeout_s > 0):
+            raise ConfigError(
+                f"--dist-timeout: expected a positive number of seconds, got {self.dist_timeout_s}"
+            )
         if self.data_set in ("kaggle", "terabyte", "taobao") and not (
             self.raw_data_file or self.processed_data_file
         ):

@@ -32,6 +32,9 @@ FREE = frozenset({
     "perf_log", "hotline_prefetch",  # Hotline computes the same whatever it stages ahead
     "quantize_emb_with_bit", "quantize_mlp_with_bit",  # evaluation only (--inference-only)
     "scm_cache", "scm_io", "scm_io_threads",  # the SSD tier returns the same rows however it caches
+    # how the tables are split over processes: the same steps, to float rounding (the
+    # equivalence tests of docs/distributed.md), so a run resumes with another world size
+    "dist_backend", "sharding", "sharding_min_columns", "dist_timeout_s",
 })  # fmt: skip
 ALIASES = {"lr": "learning_rate", "numpy_rand_seed": "seed"}
 

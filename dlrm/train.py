@@ -188,6 +188,17 @@ def build_parser() -> argparse.ArgumentParser:
         help_="auto (default), uniform or hashed (rows a pure function of seed, table, row)",
     )
 
+    # multi-process training: `torchrun --nproc_per_node N -m dlrm.train ...` (docs/distributed.md)
+    opt("--dist-backend", help_="under torchrun: auto (nccl with CUDA, else gloo), gloo or nccl")
+    opt(
+        "--sharding",
+        help_="under torchrun: how tables are split, auto, table_wise, column_wise, row_wise "
+        "(nccl) or data_parallel",
+    )
+    opt("--sharding-min-columns", int, help_="narrowest column-wise shard (default torchrec's, 32)")
+    opt("--dist-timeout", float, dest="dist_timeout_s",
+        help_="seconds a collective may wait for a rank before the run stops (default 300)")  # fmt: skip
+
     opt("--print-freq", int)
     opt("--test-freq", int, help_="steps between evaluations (0: at the end of each epoch)")
     opt("--mlperf-auc-threshold", float, help_="stop once the test AUC reaches this")
@@ -228,21 +239,39 @@ def main(argv: list[str] | None = None) -> int:
     # torchrec's KeyedJaggedTensor trips a torch.fx deprecation notice on first use; it is not
     # ours to fix and would be the first line a user sees.
     logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
+    rank, world = 0, 1
     try:
         cfg = config_from_args(argv)
         if cfg.reference_defaults:
             print(cfg.describe_reference_defaults(), flush=True)
+        from dlrm import distributed
         from dlrm.trainer import Trainer  # after parsing: --help and flag errors stay fast
 
-        summary = Trainer(cfg, step_hook=_perf_recorder(cfg)).fit()
+        if distributed.launched_by_torchrun():
+            rank, world = distributed.init_from_env(cfg)
+            cfg = distributed.first_attempt_resume(cfg)
+        summary = Trainer(cfg, rank, world, step_hook=_perf_recorder(cfg)).fit()
     except (ConfigError, DataError, CheckpointError, ScmError) as e:
-        sys.stderr.write(f"python -m dlrm.train: error: {e}\n")
+        sys.stderr.write(f"python -m dlrm.train: error: {_ranked(e, rank, world)}\n")
         return EXIT_USAGE
     except TrainingDiverged as e:
-        sys.stderr.write(f"python -m dlrm.train: training stopped: {e}\n")
+        sys.stderr.write(f"python -m dlrm.train: training stopped: {_ranked(e, rank, world)}\n")
         return 1
-    _print_summary(cfg, summary)
+    except Exception as e:
+        if world == 1 or not distributed.is_communication_failure(e):
+            raise
+        sys.stderr.write(f"python -m dlrm.train: error: {distributed.failure_message(e, rank)}\n")
+        return 1
+    finally:
+        if world > 1:
+            distributed.shutdown()
+    if rank == 0:
+        _print_summary(cfg, summary)
     return 0
+
+
+def _ranked(e: Exception, rank: int, world: int) -> str:
+    return f"rank {rank}: {e}" if world > 1 and not str(e).startswith("rank ") else str(e)
 
 
 def _perf_recorder(cfg: TrainConfig):

@@ -97,8 +97,11 @@ class PlainTrainPipeline(TrainPipeline):
         precision: str = "fp32",
         loss_function: str = "bce",
         hook: StepHook | None = None,
+        forward: torch.nn.Module | None = None,
     ) -> None:
+        """`forward`: the module a step calls instead of `model` (the model under DDP)."""
         self.model = model
+        self.forward = forward if forward is not None else model
         self.dense_optimizer = dense_optimizer
         self.device = device
         self.bf16 = precision == "bf16"
@@ -121,7 +124,7 @@ class PlainTrainPipeline(TrainPipeline):
             hook.phase("forward"),
             torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16),
         ):
-            logits = self.model(batch.dense_features, batch.sparse_features)
+            logits = self.forward(batch.dense_features, batch.sparse_features)
         loss = loss_of(logits, batch.labels, self.loss_function)
         value = loss.item()
         if not math.isfinite(value):

@@ -31,7 +31,7 @@ from tqdm import tqdm
 
 from dlrm import checkpoint as ckpt
 from dlrm import compile as compile_
-from dlrm import run_checks
+from dlrm import distributed, run_checks, sharded_checkpoint
 from dlrm.build import build_model, build_placed_embeddings, resolve_device
 from dlrm.config import TrainConfig
 from dlrm.data import DataSplits, build_data
@@ -136,6 +136,8 @@ class Trainer:
         writes none (benchmarks). `step_hook` watches every step (perfmodel's recorder)."""
         self.cfg = cfg
         self.rank, self.world_size = rank, world_size
+        if world_size > 1:
+            distributed.check_supported(cfg, world_size)
         if cfg.perf_log and step_hook is None:
             raise ConfigError(
                 "perf_log: attach perfmodel's recorder as the step hook, "
@@ -162,7 +164,7 @@ class Trainer:
         self.data = data if data is not None else build_data(cfg, rank, world_size)
         self.placement: PlacedEmbeddings | None = None
         if model is None:
-            self.placement = build_placed_embeddings(cfg, self.data, self.device)
+            self.placement = build_placed_embeddings(cfg, self.data, self.device, world_size)
             model = build_model(cfg, self.data, self.device, self.placement.collection)
             self.data = schedule_training_data(
                 cfg, self.data, self.placement, self.steps_per_epoch()
@@ -205,6 +207,8 @@ class Trainer:
         kernel models are of the eager step's operators."""
         if not compile_.wanted(self.cfg.compile, self.cfg.precision):
             return None
+        if self.world_size > 1:  # auto: eager (an explicit --compile was refused at the start)
+            return None
         if self.cfg.perf_log:
             log.warning("--compile: off with --perf-log (the performance model traces eager steps)")
             return None
@@ -231,6 +235,8 @@ class Trainer:
                 learn_batches=cfg.hotline_learn_batches,
                 make_plan=lambda coll: learned_plan(cfg, coll),
             )
+        if self.world_size > 1:  # the dense part under DDP (dlrm/distributed.py)
+            return PlainTrainPipeline(*args, forward=distributed.data_parallel(self.model))
         return PlainTrainPipeline(*args)
 
     def _slipstream(self, inner: TrainPipeline) -> TrainPipeline:
@@ -255,6 +261,8 @@ class Trainer:
     # --- run directory ------------------------------------------------------------------------
 
     def _open_run_dir(self) -> None:
+        if self.rank != 0:  # rank 0 writes the run directory
+            return
         self.run_dir.mkdir(parents=True, exist_ok=True)
         config_path = self.run_dir / "config.json"
         kept = self.cfg.resume and run_checks.read_run_settings(self.run_dir, warn=False)
@@ -379,8 +387,9 @@ class Trainer:
             self.timer.add(f"{out.kind}_s", out.compute_s)
         st.step += 1
         st.batch_in_epoch += out.source_batches
-        st.samples += out.samples
-        st.loss_sum += out.loss.item()
+        # global steps: every rank trains an equal slice of the global batch (dlrm/distributed.py)
+        st.samples += out.samples * self.world_size
+        st.loss_sum += distributed.mean_across_ranks(out.loss)
         st.loss_count += 1
 
     def _lap(self, since: float) -> float:
@@ -483,6 +492,14 @@ class Trainer:
     def save_checkpoint(self) -> Path | None:
         if not self.write_checkpoints:
             return None
+        if self.world_size > 1:  # every rank writes its shards (dlrm/sharded_checkpoint.py)
+            t0 = time.perf_counter()
+            path = sharded_checkpoint.save(self)
+            if self.rank == 0:
+                self._event("checkpoint", path=str(path))
+            self._good_checkpoint = path
+            self.timer.add("checkpoint_s", time.perf_counter() - t0)
+            return path
         if self.rank != 0:
             # Rank 0 writes the whole run: every rank's collection is a replica of the others'
             # (`_check_processes`), so no rank holds rows rank 0 lacks.
@@ -546,7 +563,9 @@ class Trainer:
 
     def save_model_file(self, path: Path) -> None:
         """Weights only (no optimizer), for --load-model and inference."""
-        ckpt.save_model_file(path, self.model, self.cfg.arch_signature())
+        state = self.model.state_dict()  # with sharded tables: a collective, on every rank
+        if self.rank == 0:
+            ckpt.save_model_file(path, self.model, self.cfg.arch_signature(), state)
 
 
 def _check_processes(embeddings, rank: int) -> None:

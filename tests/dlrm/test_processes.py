@@ -1,6 +1,7 @@
 """What the trainer guarantees once a process group exists (2 CPU processes over gloo): metrics
 over ranks holding different numbers of samples equal the single-process metrics, and an
-embedding collection whose per-process copies would drift apart is refused."""
+embedding collection whose per-process copies would drift apart (a single-process collection
+given to the trainer) is refused. Training itself: tests/dlrm/test_distributed.py."""
 
 from pathlib import Path
 
@@ -44,13 +45,17 @@ def test_uneven_ranks_gather_every_sample_in_rank_order(tmp_path):
 
 
 def _trainer_rank(rank: int, init: str, out_dir: str, result: str) -> None:
+    from dlrm.build import build_model
+    from dlrm.data import build_data
     from dlrm.errors import ConfigError
     from dlrm.trainer import Trainer
     from tests.dlrm.conftest import tiny
 
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
     try:
-        Trainer(tiny(Path(out_dir) / str(rank)), rank=rank, world_size=2)
+        cfg = tiny(Path(out_dir) / str(rank))
+        single = build_model(cfg, build_data(cfg, rank, 2), torch.device("cpu"))  # not sharded
+        Trainer(cfg, rank=rank, world_size=2, model=single)
         message = "accepted"
     except ConfigError as e:
         message = str(e)

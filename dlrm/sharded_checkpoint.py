@@ -1,0 +1,227 @@
+"""Sharded checkpoints: every rank writes the table shards it holds; any world size resumes.
+
+    checkpoints/step_000000100/
+        rank_00000-of-00002.pt   rank 0's shards, plus everything not sharded (dense weights and
+                                 optimizer, train state, RNG, config)
+        rank_00001-of-00002.pt   rank 1's shards
+        index.json               written last, by rank 0, once every rank's file is complete
+
+Each rank file is a checkpoint in the project's own format (dlrm/checkpoint.py: `torch.save` of
+tensors and plain values, read with `weights_only=True`, a CRC-32 manifest verified on load),
+so nothing here unpickles anything: torch.distributed.checkpoint was not used because its
+reader unpickles its `.metadata` file. `index.json` lists the files with their sizes and the
+tables' shapes, and carries a CRC-32 of its own body; a directory without it is an interrupted
+save and is never resumed from (`checkpoint.list_checkpoints` skips it).
+
+A shard is (table, first row, first column, weights, optimizer state), or with `rows` the row
+ids its rows are (the hot and cold parts of embeddings/hot_replicated.py). `assemble` reads every
+rank's file and puts each table back together, checking that the shards cover every element
+exactly once, and returns the dict a single-process checkpoint holds (full tables under the
+model's `<prefix><table>.weight` and `sparse_optimizer`). Resuming therefore works from any
+world size to any other: one process loads the full tables, a sharded collection copies the
+part each rank holds (embeddings/sharded.py). Every rank reads every file, which is fine for
+the tables this runs on; at terabyte scale each rank would read only the shards overlapping
+its own (docs/distributed.md: limits).
+
+A shared file system is assumed between nodes (every rank writes into the same directory).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from data_pipeline.checksum import crc32
+from dlrm import checkpoint as ckpt
+from dlrm.errors import CheckpointError
+
+INDEX = "index.json"
+FORMAT = "hybrid-dlrm-sharded-checkpoint"
+VERSION = 1
+
+
+def shard_name(rank: int, world: int) -> str:
+    return f"rank_{rank:05d}-of-{world:05d}.pt"
+
+
+def directory(ckpt_dir: Path, step: int) -> Path:
+    return ckpt_dir / f"step_{step:09d}"
+
+
+def _table_prefix(model: torch.nn.Module) -> str:
+    for name, module in model.named_modules():
+        if module is model.embeddings:
+            return f"{name}."
+    raise CheckpointError("the model holds no embedding collection")
+
+
+def _dense_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's state dict without the tables (which would be gathered whole)."""
+    prefix = _table_prefix(model)
+    out: dict[str, torch.Tensor] = {}
+    for name, child in model.named_children():
+        if child is model.embeddings:
+            continue
+        for key, value in child.state_dict().items():
+            out[f"{name}.{key}"] = value
+    if any(k.startswith(prefix) for k in out) or any(
+        True for _ in model.named_parameters(recurse=False)
+    ):
+        raise CheckpointError("the model's layout is not children around one embedding collection")
+    return out
+
+
+def save(trainer) -> Path:
+    """Every rank: write this rank's file; rank 0 then writes the index. Returns the directory."""
+    rank, world = trainer.rank, trainer.world_size
+    emb = trainer.model.embeddings
+    out = directory(trainer.ckpt_dir, trainer.state.step)
+    out.mkdir(parents=True, exist_ok=True)
+    shards = []
+    for s in emb.local_shards():
+        if s.replicated and rank != 0:  # a data-parallel table: rank 0's copy is everyone's
+            continue
+        entry = {"table": emb.tables[s.table].name, "row0": s.row0, "col0": s.col0,
+                 "weight": s.weight.detach()}  # fmt: skip
+        if s.state is not None:
+            entry["state"] = s.state.detach()
+        if s.rows is not None:
+            entry["rows"] = s.rows.detach().cpu()
+        shards.append(entry)
+    obj: dict = {"format": ckpt.FORMAT, "version": ckpt.VERSION, "shard_of": trainer.state.step,
+                 "rank": rank, "world_size": world, "shards": shards}  # fmt: skip
+    if rank == 0:
+        trainer.state.time_breakdown_s = dict(trainer.timer.totals)
+        obj["common"] = {
+            "arch": trainer.cfg.arch_signature(),
+            "config": trainer.cfg.to_json(),
+            "table_prefix": _table_prefix(trainer.model),
+            "dense_model": _dense_state(trainer.model),
+            "embedding_extra": emb.extra_state(),
+            "dense_optimizer": trainer.dense_optimizer.state_dict(),
+            "train_state": trainer.state.to_checkpoint(),
+            "rng": ckpt.rng_state(),
+        }
+    path = out / shard_name(rank, world)
+    ckpt.save(obj, path, what=f"checkpoint shard of rank {rank}")
+    dist.barrier()  # every rank's file is complete before the index says so
+    if rank == 0:
+        _write_index(out, trainer, world)
+        ckpt.prune(trainer.ckpt_dir, trainer.cfg.keep_checkpoints)
+    return out
+
+
+def _write_index(out: Path, trainer, world: int) -> None:
+    files = []
+    for r in range(world):
+        p = out / shard_name(r, world)
+        files.append({"name": p.name, "bytes": p.stat().st_size})
+    body = {
+        "format": FORMAT, "version": VERSION, "step": trainer.state.step, "world_size": world,
+        "optimizer": trainer.cfg.optimizer, "files": files,
+        "tables": {t.name: [t.num_embeddings, t.embedding_dim] for t in trainer.model.embeddings.tables},
+    }  # fmt: skip
+    text = json.dumps(body, sort_keys=True)
+    record = {"body": body, "crc32": f"{crc32(text.encode()):08x}"}
+    tmp = out / f".{INDEX}.tmp-{os.getpid()}"
+    tmp.write_text(json.dumps(record, indent=1) + "\n")
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, out / INDEX)
+
+
+def read_index(path: Path) -> dict:
+    index = path / INDEX
+    try:
+        record = json.loads(index.read_text())
+        body = record["body"]
+        ok = record["crc32"] == f"{crc32(json.dumps(body, sort_keys=True).encode()):08x}"
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(
+            f"{index}: not a readable index of a sharded checkpoint ({e})"
+        ) from None
+    if not ok:
+        raise CheckpointError(f"{index}: corrupt: its contents do not match their checksum")
+    if body.get("format") != FORMAT or body.get("version") != VERSION:
+        raise CheckpointError(f"{index}: not a version {VERSION} sharded checkpoint index")
+    return body
+
+
+def assemble(path: Path) -> dict:
+    """The sharded checkpoint at `path` as one single-process checkpoint dict (full tables),
+    every file verified; CheckpointError naming the file otherwise."""
+    body = read_index(path)
+    world = body["world_size"]
+    tables = {name: tuple(shape) for name, shape in body["tables"].items()}
+    weights = {name: torch.zeros(shape) for name, shape in tables.items()}
+    kind = body["optimizer"]
+    states: dict[str, torch.Tensor] = {}
+    if kind == "adagrad":
+        states = {name: torch.zeros(shape) for name, shape in tables.items()}
+    elif kind == "rowwise_adagrad":
+        states = {name: torch.zeros(shape[0]) for name, shape in tables.items()}
+    covered = {name: torch.zeros(shape, dtype=torch.int32) for name, shape in tables.items()}
+    common = None
+    for r, entry in enumerate(body["files"]):
+        file = path / entry["name"]
+        if entry["name"] != shard_name(r, world):
+            raise CheckpointError(f"{path / INDEX}: file {r} is {entry['name']!r}")
+        if not file.is_file() or file.stat().st_size != entry["bytes"]:
+            raise CheckpointError(f"{file}: missing or not the size its index records")
+        data = ckpt.load(file)
+        if data.get("rank") != r or data.get("world_size") != world:
+            raise CheckpointError(f"{file}: holds the shards of another rank or run")
+        if r == 0:
+            common = data.get("common")
+        for s in data["shards"]:
+            name = s["table"]
+            if name not in tables:
+                raise CheckpointError(f"{file}: a shard of unknown table {name!r}")
+            w = s["weight"]
+            rows, cols = w.shape
+            r0, c0 = s["row0"], s["col0"]
+            if "rows" in s:  # explicit row ids
+                at = s["rows"]
+                outside = tuple(at.shape) != (rows,) or (
+                    rows > 0 and (int(at.min()) < 0 or int(at.max()) >= tables[name][0])
+                )
+            else:
+                at, outside = slice(r0, r0 + rows), r0 + rows > tables[name][0]
+            if outside or c0 + cols > tables[name][1]:
+                raise CheckpointError(f"{file}: a shard of {name} lies outside the table")
+            weights[name][at, c0 : c0 + cols] = w
+            covered[name][at, c0 : c0 + cols] += 1
+            if name in states:
+                if "state" not in s:
+                    raise CheckpointError(f"{file}: a shard of {name} lacks its optimizer state")
+                if kind == "rowwise_adagrad":
+                    states[name][at] = s["state"]
+                else:
+                    states[name][at, c0 : c0 + cols] = s["state"]
+    if common is None:
+        raise CheckpointError(f"{path / shard_name(0, world)}: lacks the run's common state")
+    for name, count in covered.items():
+        if not bool((count == 1).all()):
+            raise CheckpointError(
+                f"{path}: the shards of table {name} do not cover it exactly once "
+                f"({int((count == 0).sum())} elements missing, {int((count > 1).sum())} repeated)"
+            )
+    prefix = common["table_prefix"]
+    model = dict(common["dense_model"])
+    model.update({f"{prefix}{name}.weight": w for name, w in weights.items()})
+    return {
+        "format": ckpt.FORMAT,
+        "version": ckpt.VERSION,
+        "arch": common["arch"],
+        "config": common["config"],
+        "model": model,
+        "sparse_optimizer": {f"{name}.{kind}_state": s for name, s in states.items()},
+        "embedding_extra": common["embedding_extra"],
+        "dense_optimizer": common["dense_optimizer"],
+        "train_state": common["train_state"],
+        "rng": common["rng"],
+    }

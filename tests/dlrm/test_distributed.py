@@ -1,0 +1,276 @@
+"""Multi-process training (2 CPU processes over gloo) against one process at the same global
+batch: for each sharding kind gloo runs, per-step losses within 1e-5 relative, final weights
+within 1e-5, test AUC equal to 4 decimals; sharded checkpoints resume across world sizes (2 -> 1
+and 1 -> 2); a killed rank ends the job with a message naming it.
+
+One pair of processes (`_ranks`) runs every 2-process job in turn, so torchrec is imported once."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from perfmodel.collectives import CollectiveCounter
+from tests.dlrm.conftest import tiny
+
+STEPS = 12
+# (name, settings): one per sharding kind gloo runs, each with another fused optimizer
+KINDS = {
+    "table_wise": dict(sharding="table_wise", optimizer="sgd"),
+    "column_wise": dict(
+        sharding="column_wise",
+        optimizer="adagrad",
+        sharding_min_columns=4,
+        arch_sparse_feature_size=8,
+        arch_mlp_bot=(13, 16, 8),
+    ),  # fmt: skip
+    "data_parallel": dict(sharding="data_parallel", optimizer="rowwise_adagrad"),
+}
+RESUMED = dict(sharding="table_wise", optimizer="adagrad", test_freq=STEPS // 2)
+# --placement fae with 2 ranks: hot rows replicated, cold rows table-wise; trains what RESUMED's
+# one process trains (--placement device), as the batches are not regrouped
+HOT = dict(
+    RESUMED, placement="fae", hot_budget="3KB", profile_sample_rate=1.0
+)  # 96 rows: 4 floats + Adagrad state
+
+
+def config(out_dir: Path, **kw):
+    return tiny(
+        out_dir.parent, out_dir=str(out_dir), num_batches=STEPS, print_freq=1, learning_rate=0.05,
+        test_data_size=1024, keep_checkpoints=3, **kw,
+    )  # fmt: skip
+
+
+def result(cfg) -> dict:
+    """What a run is compared by: per-step losses, final weights (every table whole), test AUC."""
+    from dlrm.trainer import Trainer
+
+    trainer = Trainer(cfg, dist.get_rank() if dist.is_initialized() else 0,
+                      dist.get_world_size() if dist.is_initialized() else 1)  # fmt: skip
+    summary = trainer.fit()
+    state = {k: v.clone() for k, v in trainer.model.state_dict().items()}  # collective
+    events = [json.loads(x) for x in (cfg.run_dir / "metrics.jsonl").read_text().splitlines()]
+    losses = {e["step"]: e["loss"] for e in events if e["event"] == "train"}
+    return {"state": state, "losses": losses, "auc": summary["test_auc"]}
+
+
+def _ranks(rank: int, init: str, root: str) -> None:
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    try:
+        root_dir = Path(root)
+        jobs = {name: config(root_dir / f"two_{name}", **kw) for name, kw in KINDS.items()}
+        jobs["resumed_1_to_2"] = config(root_dir / "one_to_two", **RESUMED, resume="auto")
+        jobs["two_resumable"] = config(root_dir / "two_resumable", **RESUMED)
+        jobs["hot_replicated"] = config(root_dir / "two_hot", **HOT)
+        for name, cfg in jobs.items():
+            with CollectiveCounter() as counter:
+                out = result(cfg)
+            out["sent"] = json.dumps(counter.per_step(1))
+            if rank == 0:
+                torch.save({**out, "losses": json.dumps(out["losses"])}, root_dir / f"{name}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def _load(path: Path) -> dict:
+    got = torch.load(path, weights_only=True)
+    got["losses"] = {int(k): v for k, v in json.loads(got["losses"]).items()}
+    got["sent"] = json.loads(got["sent"])  # collectives of the whole run, by kind
+    return got
+
+
+def _cut_at(run: Path, step: int, to: Path) -> None:
+    """A copy of `run` as if it had been stopped right after its checkpoint at `step`."""
+    shutil.copytree(run, to)
+    for p in (to / "checkpoints").iterdir():
+        if int(p.name.split("_")[1].removesuffix(".pt")) > step:
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+    (to / "summary.json").unlink()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dist")
+    one = {name: result(config(root / f"one_{name}", **kw)) for name, kw in KINDS.items()}
+    one["resumable"] = result(config(root / "one_resumable", **RESUMED))
+    _cut_at(root / "one_resumable", STEPS // 2, root / "one_to_two")
+    mp.spawn(_ranks, args=(f"file://{root / 'rendezvous'}", str(root)), nprocs=2)
+    names = [*KINDS, "resumed_1_to_2", "two_resumable", "hot_replicated"]
+    two = {name: _load(root / f"{name}.pt") for name in names}
+    return root, one, two
+
+
+def assert_same_run(one: dict, two: dict, first_step: int = 1) -> None:
+    steps = [s for s in one["losses"] if s >= first_step]
+    assert sorted(two["losses"]) == sorted(one["losses"]) and len(steps) >= STEPS // 2
+    for s in steps:
+        a, b = one["losses"][s], two["losses"][s]
+        assert abs(a - b) <= 1e-5 * abs(a), (s, a, b)
+    assert one["state"].keys() == two["state"].keys()
+    for key, w in one["state"].items():
+        torch.testing.assert_close(two["state"][key], w, rtol=0, atol=1e-5, msg=key)
+    assert round(one["auc"], 4) == round(two["auc"], 4)
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_two_processes_train_what_one_does(runs, kind):
+    root, one, two = runs
+    assert_same_run(one[kind], two[kind])
+    plan = json.loads((root / f"two_{kind}" / "sharding_plan.json").read_text())
+    assert {t["sharding"] for t in plan} == {kind}
+    if kind == "column_wise":  # really split: two 4-column shards of each table, one per rank
+        assert all([(s["rank"], s["sizes"][1]) for s in t["shards"]] == [(0, 4), (1, 4)]
+                   for t in plan), plan  # fmt: skip
+    # the weights moved (a run that trained nothing would also compare equal)
+    start = tiny(root / "x")
+    assert start.learning_rate > 0 and one[kind]["losses"][1] != one[kind]["losses"][STEPS]
+
+
+def test_a_two_process_checkpoint_resumes_in_one_process(runs, tmp_path):
+    root, one, two = runs
+    written = root / "two_resumable" / "checkpoints" / f"step_{STEPS // 2:09d}"
+    assert sorted(p.name for p in written.iterdir()) == [
+        "index.json", "rank_00000-of-00002.pt", "rank_00001-of-00002.pt"
+    ]  # fmt: skip
+    assert_same_run(one["resumable"], two["two_resumable"])
+    _cut_at(root / "two_resumable", STEPS // 2, tmp_path / "two_to_one")
+    resumed = result(config(tmp_path / "two_to_one", **RESUMED, resume="auto"))
+    assert_same_run(one["resumable"], resumed)
+
+
+def test_a_one_process_checkpoint_resumes_in_two(runs):
+    root, one, two = runs
+    assert_same_run(one["resumable"], two["resumed_1_to_2"])
+    events = (root / "one_to_two" / "metrics.jsonl").read_text()
+    assert '"event": "resume"' in events
+
+
+def test_hot_rows_replicated_and_cold_rows_sharded_train_what_one_process_does(runs):
+    """--placement fae with 2 ranks against --placement device in 1: same losses, weights, AUC;
+    the hot rows' lookups stay on their rank and their gradients are all-reduced densely."""
+    from dlrm import sharded_checkpoint
+
+    root, one, two = runs
+    assert_same_run(one["resumable"], two["hot_replicated"])
+    plan = json.loads((root / "two_hot" / "sharding_plan.json").read_text())
+    hot = {t["table"].removesuffix("_hot"): t["rows"] for t in plan if t["part"] == "hot"}
+    cold = {t["table"].removesuffix("_cold"): t for t in plan if t["part"] == "cold"}
+    sizes = dict(zip(["t_cat_0", "t_cat_1", "t_cat_2", "t_cat_3"], (60, 40, 500, 7)))
+    assert sum(hot.values()) == 96 and all(
+        hot.get(n, 0) + cold[n]["rows"] == sizes[n] for n in cold
+    )
+    assert [n for n in sizes if n not in cold] == ["t_cat_3"]  # all hot: no cold part
+    assert {t["sharding"] for t in cold.values()} == {"table_wise"}
+    assert {t["sharding"] for t in plan if t["part"] == "hot"} == {"data_parallel"}
+    # what crossed ranks, against every table sharded table-wise on the same batches
+    sent, everything = two["hot_replicated"]["sent"], two["two_resumable"]["sent"]
+    hot_floats = sum(hot.values()) * 4
+    assert sent["all_reduce_replicated_tables"]["payload_bytes"] == STEPS * hot_floats * 4
+    assert "all_reduce_replicated_tables" not in everything
+    assert sent["ids_all_to_all"]["wire_bytes"] < everything["ids_all_to_all"]["wire_bytes"]
+    # its sharded checkpoint (hot rows from rank 0, cold shards by row ids) is the full tables
+    state = sharded_checkpoint.assemble(root / "two_hot" / "checkpoints" / f"step_{STEPS:09d}")
+    for key, w in two["hot_replicated"]["state"].items():
+        if ".t_cat_" in key:
+            assert torch.equal(state["model"][key], w), key
+
+
+def test_a_damaged_shard_is_named(runs, tmp_path):
+    from dlrm import checkpoint as ckpt
+    from dlrm.errors import CheckpointError
+
+    root, _, _ = runs
+    step = root / "two_resumable" / "checkpoints" / f"step_{STEPS:09d}"
+    copy = tmp_path / step.name
+    shutil.copytree(step, copy)
+    shard = copy / "rank_00001-of-00002.pt"
+    weight = torch.load(shard, weights_only=True)["shards"][0]["weight"]
+    data = bytearray(shard.read_bytes())
+    data[data.find(weight.numpy().tobytes()) + 5] ^= 0x10  # one bit of a table's weights
+    shard.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="rank_00001-of-00002.pt"):
+        ckpt.load(copy)
+    index = copy / "index.json"
+    index.write_text(index.read_text().replace('"step": 12', '"step": 13'))
+    with pytest.raises(CheckpointError, match="index.json: corrupt"):
+        ckpt.load(copy)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_killed_rank_ends_the_job_with_a_message_naming_it(tmp_path):
+    """Two ranks launched as torchrun would (its environment variables), rank 1 killed while
+    training: rank 0 stops within seconds, naming rank 1, instead of hanging."""
+    port = _free_port()
+    args = [
+        sys.executable, "-m", "dlrm.train", "--arch-embedding-size", "60-40-500-7",
+        "--arch-sparse-feature-size", "4", "--arch-mlp-bot", "13-16-4", "--arch-mlp-top", "16-1",
+        "--mini-batch-size", "64", "--data-size", str(64 * 100000), "--print-freq", "5",
+        "--out-dir", str(tmp_path / "run"), "--dist-timeout", "60",
+    ]  # fmt: skip
+    procs = []
+    for rank in (0, 1):
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2",
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))  # fmt: skip
+        procs.append(
+            subprocess.Popen(
+                args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+        )
+    try:
+        metrics = tmp_path / "run" / "metrics.jsonl"
+        deadline = time.time() + 120
+        while not (metrics.is_file() and '"train"' in metrics.read_text()):
+            assert time.time() < deadline and procs[0].poll() is None, procs[0].communicate()
+            time.sleep(0.2)
+        procs[1].send_signal(signal.SIGKILL)
+        killed = time.time()
+        _, err = procs[0].communicate(timeout=60)
+        took = time.time() - killed
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    last = err.strip().splitlines()[-1]
+    assert procs[0].returncode == 1, err
+    assert last.startswith("python -m dlrm.train: error: rank 0: lost contact with the other ranks")
+    assert "stopped: rank 1 (no heartbeat for" in last, last
+    assert took < 30, took
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (dict(slipstream=True), "--slipstream: single-process only"),
+        (dict(compile=True), "--compile: single-process only"),
+        (dict(placement="tiered"), "--placement tiered: not with several processes"),
+        (dict(placement="host"), "--placement host: not with several processes"),
+        (dict(placement="hotline", hotline_learn_batches=5), "--hotline-learn-batches: not with"),
+        (dict(mini_batch_size=63), "--mini-batch-size 63: the global batch must split evenly"),
+    ],
+)
+def test_what_several_processes_cannot_run_is_refused_before_any_work(tmp_path, flags, message):
+    from dlrm.errors import ConfigError
+    from dlrm.trainer import Trainer
+
+    cfg = tiny(tmp_path, **flags)
+    with pytest.raises(ConfigError, match=message):
+        Trainer(cfg, rank=0, world_size=2)  # refused before the process group is even used
+    assert not (tmp_path / "run").exists()
