@@ -147,16 +147,11 @@ class _Output:
 
 def _score(predictor, dense: np.ndarray, sparse: np.ndarray, batch_size: int) -> np.ndarray:
     """Probabilities of rows given as dense [n, 13] and ids [n, 26] (feature order)."""
-    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
-
     out = np.empty(len(dense), dtype=np.float64)
-    names = predictor.feature_names
     for lo in range(0, len(dense), batch_size):
         d = torch.from_numpy(np.array(dense[lo : lo + batch_size]))  # a worker's read-only buffer
-        ids = torch.from_numpy(np.ascontiguousarray(sparse[lo : lo + batch_size].T).reshape(-1))
-        kjt = KeyedJaggedTensor(keys=names, values=ids,
-                                lengths=torch.ones(ids.numel(), dtype=torch.int32))  # fmt: skip
-        out[lo : lo + len(d)] = predictor.predict((d, kjt)).double().numpy()
+        ids = torch.from_numpy(np.array(sparse[lo : lo + batch_size]))
+        out[lo : lo + len(d)] = predictor.predict_rows(d, ids).double().numpy()
     return out
 
 
