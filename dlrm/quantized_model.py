@@ -11,8 +11,10 @@ and the dense tensors. The dense part at each precision:
   model's `NarrowInputLinear` layers (the 13-wide first bottom layer) in fp32: here every
   `nn.Linear` instance is swapped by module path, whatever its class;
 - bf16: every linear layer keeps bf16 weights and computes in bf16 (oneDNN uses the CPU's bf16
-  units where there are some); the last layer of each MLP hands float32 on, so the interaction
-  and everything after an MLP see float32 as in training.
+  units where there are some). The bottom MLP hands bf16 to the interaction, which then runs in
+  bf16 (the pooled embeddings cast to it) as under training's bf16 autocast: in float32 it cost
+  this model a tenth of its bf16 speed (docs/inference.md). The last layer of every other MLP
+  hands float32 on (the logit; TBSM's attention and LSTM read float32).
 
 Inside `nn.MultiheadAttention` (TBSM `mha`) the projections are read as raw weights, not called
 as modules, so they stay fp32, as do the LSTM (TBSM `rnn`) and TSL's attention matrices: the
@@ -38,7 +40,8 @@ MLP_PRECISIONS = ("fp32", "bf16", "int8")
 
 
 class Bf16Linear(nn.Module):
-    """y = x W^T + b in bf16; `float_out`: the result as float32 (the last layer of an MLP)."""
+    """y = x W^T + b in bf16; `float_out`: the result as float32 (the last layer of an MLP that
+    does not feed the interaction)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor, float_out: bool) -> None:
         super().__init__()
@@ -99,6 +102,12 @@ def _ends_an_mlp(path: str, model: nn.Module) -> bool:
     return not any(isinstance(parent.get_submodule(n), (nn.Linear, Bf16Linear)) for n in later)
 
 
+def _feeds_the_interaction(path: str) -> bool:
+    """A layer of a bottom MLP (DLRM's, or the step model's in TBSM): its output meets the pooled
+    embeddings in the interaction, which computes in its dtype."""
+    return path.rpartition(".")[0].rpartition(".")[2] == "bottom_mlp"
+
+
 def _set(model: nn.Module, path: str, module: nn.Module) -> None:
     parent_path, _, name = path.rpartition(".")
     parent = model.get_submodule(parent_path) if parent_path else model
@@ -116,7 +125,8 @@ def convert_dense(model: nn.Module, precision: str) -> dict[str, str]:
         if precision == "int8":
             _set(model, path, _int8_linear(lin.weight, lin.bias))
         elif precision == "bf16":
-            _set(model, path, Bf16Linear(lin.weight, lin.bias, _ends_an_mlp(path, model)))
+            float_out = _ends_an_mlp(path, model) and not _feeds_the_interaction(path)
+            _set(model, path, Bf16Linear(lin.weight, lin.bias, float_out))
         layers[path] = precision
     for path, m in model.named_modules():  # what keeps float32 weights
         if isinstance(m, (nn.MultiheadAttention, nn.LSTM)):
