@@ -59,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=None,
                    help="parse processes (default: one per core but one; 0: inline)")  # fmt: skip
     p.add_argument("--block-mb", type=float, default=2.0, help="raw bytes per parse task")
+    p.add_argument("--threads", type=int, default=None,
+                   help="scoring threads (default: the cores the parse workers leave, at least 1)")  # fmt: skip
     p.add_argument("--embedding-backend", default="auto", help="auto, fbgemm or torch")
     return p
 
@@ -175,7 +177,7 @@ def _has_label(path: Path) -> bool:
 
 
 def predict_raw(predictor, path: Path, out: Path, on_bad_line: str, batch_size: int,
-                workers: int | None, block_bytes: int) -> dict:  # fmt: skip
+                workers: int, block_bytes: int) -> dict:  # fmt: skip
     from data_pipeline.block_pipeline import BadLineLog, BlockPipeline
     from data_pipeline.preprocess_worker import TaskResult, TaskSpec
     from data_pipeline.raw_files import RawPart
@@ -194,10 +196,9 @@ def predict_raw(predictor, path: Path, out: Path, on_bad_line: str, batch_size: 
         kind="encode", has_label=labelled, sub_sample_rate=0.0, sub_sample_key=0,
         max_ind_range=mapping.get("max_ind_range", 0) if mapping["mode"] == "hash" else 0,
         vocab_dir=str(predictor.artifact.mapping_dir) if mapping["mode"] == "frequency" else None,
-        index_dtype="int64",
+        # int32 where every table fits: half the bytes through the workers' pipes and the copies
+        index_dtype="int32" if max(t.num_embeddings for t in predictor.artifact.tables) < 2**31 else "int64",
     )  # fmt: skip
-    if workers is None:
-        workers = max(1, len(os.sched_getaffinity(0)) - 1)
     writer = _Output(out, "line,label,predicted" if labelled else "Id,Predicted")
     bad = BadLineLog(part, on_bad_line)
     lines_before = 0
@@ -280,8 +281,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if a.on_bad_line not in ("error", "skip"):
             raise ConfigError(f"--on-bad-line: expected error or skip, got {a.on_bad_line!r}")
-        if a.batch_size < 1 or (a.workers is not None and a.workers < 0) or a.block_mb <= 0:
-            raise ConfigError("--batch-size, --workers, --block-mb: expected positive numbers")
+        if (a.batch_size < 1 or (a.workers is not None and a.workers < 0) or a.block_mb <= 0
+                or (a.threads is not None and a.threads < 1)):  # fmt: skip
+            raise ConfigError(
+                "--batch-size, --workers, --block-mb, --threads: expected positive numbers"
+            )
         out = Path(a.out)
         if out.is_dir():
             raise ConfigError(f"--out: {out} is a directory; expected a CSV file name")
@@ -292,9 +296,16 @@ def main(argv: list[str] | None = None) -> int:
         predictor = Predictor.load(a.model, backend=a.embedding_backend)
         data = Path(a.data)
         if (data / "meta.json").is_file():
+            if a.threads:
+                torch.set_num_threads(a.threads)
             stats = predict_dataset(predictor, data, a.split, out, a.batch_size)
         else:
-            stats = predict_raw(predictor, data, out, a.on_bad_line, a.batch_size, a.workers,
+            cores = len(os.sched_getaffinity(0))
+            workers = max(1, cores - 1) if a.workers is None else a.workers
+            # more scoring threads than free cores wait on each other: with the 2 cores here
+            # shared, two threads beside a parse worker scored 3-10x slower than one
+            torch.set_num_threads(a.threads or max(1, cores - workers))
+            stats = predict_raw(predictor, data, out, a.on_bad_line, a.batch_size, workers,
                                 int(a.block_mb * 2**20))  # fmt: skip
     except (ConfigError, DataError, ArtifactError) as e:
         sys.stderr.write(f"{PROG}: error: {e}\n")
