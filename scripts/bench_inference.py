@@ -175,7 +175,8 @@ class GemmOnly:
     """The matrix products of one inference forward and nothing else, in the layouts the model
     runs them: per linear layer its forward addmm (fp32: `perfmodel.sweeps.linear_gemms`'s, as
     `NarrowInputLinear` and `PaddedInputLinear` run it; bf16: `Bf16Linear`'s F.linear, input
-    unpadded), and the dot interaction's bmm (`_DotInteractionFn`). No model running these
+    unpadded; int8: the dynamic int8 Linear, activation quantization included), and the dot
+    interaction's bmm (`_DotInteractionFn`; fp32 for int8). No model running these
     products with these kernels is faster, so fp32 model / bf16 GEMM-only bounds what the
     bf16-MLP model can gain over fp32 (scripts/bench_train.py's GemmOnlyStep is the training
     analogue)."""
@@ -189,6 +190,14 @@ class GemmOnly:
             for fi, fo in zip(widths[:-1], widths[1:]):
                 if precision == "fp32":
                     self.calls.append(linear_gemms(batch, fi, fo, dtype)[0][2])
+                elif precision == "int8":  # torch's dynamic int8 Linear, as the int8 model's
+                    from dlrm.quantized_model import _int8_linear
+
+                    q, x = (
+                        _int8_linear(torch.randn(fo, fi), torch.randn(fo)),
+                        torch.randn(batch, fi),
+                    )
+                    self.calls.append(lambda q=q, x=x: q(x))
                 else:
                     x, w, b = (torch.randn(*s).to(dtype) for s in ((batch, fi), (fo, fi), (fo,)))
                     self.calls.append(lambda x=x, w=w, b=b: torch.addmm(b, x, w.t()))
@@ -363,13 +372,64 @@ def bench_predict(work: Path, art: Path, lines: int, rounds: int) -> dict:
         out[what] = {"wall_s": _stats(wall[what]), "cpu_s": _stats(cpu[what]),
                      "lines_per_s": lines / statistics.median(wall[what]),
                      "lines_per_cpu_s": lines / statistics.median(cpu[what])}  # fmt: skip
+    out["predict_cpu_floor"] = predict_cpu_floor(art, train_txt, lines)
     base = wall["preprocess_labelled"]
     for what in PREDICT_VARIANTS[:-1]:
         # per round (adjacent runs), then the median: preprocessing's wall time / predict's
         out[what]["speed_vs_preprocessing"] = _stats([b / a for a, b in zip(wall[what], base)])
     ratio = out["predict_labelled"]["speed_vs_preprocessing"]["median"]
     out["target: predict not slower than preprocessing"] = [ratio, ratio >= 1.0]
+    floor = out["predict_cpu_floor"]["total_cpu_s"]
+    out["predict_cpu_floor"]["vs_preprocessing_cpu_s"] = floor / statistics.median(
+        cpu["preprocess_labelled"]
+    )
     return out
+
+
+_PARSE_PASS = """
+import sys
+from pathlib import Path
+from data_pipeline.block_pipeline import BadLineLog
+from data_pipeline.preprocess_worker import TaskSpec, init_worker, run_task
+from data_pipeline.raw_files import RawPart, iter_blocks
+init_worker()  # as in the workers
+spec = TaskSpec("encode", True, 0.0, 0, int(sys.argv[2]), sys.argv[3] or None, "int32")
+part = RawPart("floor", Path(sys.argv[1]), has_label=True)
+bad = BadLineLog(part, "error")
+for block in iter_blocks(part, 2 << 20):
+    bad.take(run_task(spec, block.lines(), block.offset))
+"""
+
+
+def predict_cpu_floor(art: Path, raw: Path, lines: int) -> dict:
+    """CPU seconds no `python -m dlrm.predict` of these lines can go below with these kernels and
+    this parser: its start (interpreter, imports, loading and verifying the artifact), one
+    parse-and-map pass over the lines (the preprocessing workers' `run_task`, inline; each in a
+    child process), and the int8 model's GEMM-only work for every line (`GemmOnly`, 16 batches
+    of 2048 timed and scaled). Preprocessing makes two parse passes (counting, then encoding)."""
+    from dlrm import Predictor
+
+    def child_cpu(args: list[str]) -> float:
+        c0 = _child_cpu_s()
+        subprocess.run([sys.executable, *args], cwd=ROOT, check=True,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"))  # fmt: skip
+        return _child_cpu_s() - c0
+
+    start = child_cpu(
+        ["-c", f"import dlrm.predict; from dlrm import Predictor; Predictor.load({str(art)!r})"]
+    )
+    mapping = json.loads((art / "manifest.json").read_text())["categorical"]
+    hashed = mapping["mode"] == "hash"
+    parse = child_cpu(["-c", _PARSE_PASS, str(raw), str(mapping["max_ind_range"] if hashed else 0),
+                       "" if hashed else str(art / mapping["dir"])])  # fmt: skip
+    gemm = GemmOnly(Predictor.load(art).model.arch, 2048, "int8")
+    gemm.logits(None)
+    c0 = time.process_time()
+    for _ in range(16):
+        gemm.logits(None)
+    gemms = (time.process_time() - c0) / (16 * 2048) * lines
+    return {"start_cpu_s": start, "parse_and_map_pass_cpu_s": parse, "int8_gemm_only_cpu_s": gemms,
+            "total_cpu_s": start + parse + gemms}  # fmt: skip
 
 
 def main() -> None:
