@@ -7,6 +7,8 @@ go through the preprocessing's own parser and categorical mapping (data_pipeline
 the hash or the frequency dictionaries, run by its worker processes while this process scores),
 with what the artifact carries: the hashing modulus, or the dictionaries as sorted value/id
 arrays. A value never seen in training gets the out-of-vocabulary id, as in preprocessing.
+Rows are scored by `Predictor.predict_rows` (ids as arrays, no KeyedJaggedTensor): this command
+never imports torchrec, whose import costs seconds.
 
 Output (CSV, written to a temporary file and renamed at the end, so an earlier file of that name
 survives a failed run):
@@ -302,8 +304,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             cores = len(os.sched_getaffinity(0))
             workers = max(1, cores - 1) if a.workers is None else a.workers
-            # more scoring threads than free cores wait on each other: with the 2 cores here
-            # shared, two threads beside a parse worker scored 3-10x slower than one
+            # more scoring threads than free cores wait on each other: on the shared 2-core
+            # machine, 1M lines took 3.4x the wall time and 3.7x the CPU with two threads
+            # beside the parse worker than with one (docs/inference.md)
             torch.set_num_threads(a.threads or max(1, cores - workers))
             stats = predict_raw(predictor, data, out, a.on_bad_line, a.batch_size, workers,
                                 int(a.block_mb * 2**20))  # fmt: skip
