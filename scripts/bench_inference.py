@@ -174,14 +174,15 @@ def _stats(xs: list[float]) -> dict:
 class GemmOnly:
     """The matrix products of one inference forward and nothing else, in the layouts the model
     runs them: per linear layer its forward addmm (fp32: `perfmodel.sweeps.linear_gemms`'s, as
-    `NarrowInputLinear` and `PaddedInputLinear` run it; bf16: `Bf16Linear`'s F.linear, input
-    unpadded; int8: the dynamic int8 Linear, activation quantization included), and the dot
+    `NarrowInputLinear` and `PaddedInputLinear` run it; bf16: `Bf16Linear`'s oneDNN linear,
+    input unpadded; int8: the dynamic int8 Linear, activation quantization included), and the dot
     interaction's bmm (`_DotInteractionFn`; fp32 for int8). No model running these
     products with these kernels is faster, so fp32 model / bf16 GEMM-only bounds what the
     bf16-MLP model can gain over fp32 (scripts/bench_train.py's GemmOnlyStep is the training
     analogue)."""
 
     def __init__(self, arch, batch: int, precision: str) -> None:
+        from dlrm.quantized_model import Bf16Linear
         from perfmodel.sweeps import linear_gemms
 
         dtype = torch.bfloat16 if precision == "bf16" else torch.float32
@@ -198,9 +199,12 @@ class GemmOnly:
                         torch.randn(batch, fi),
                     )
                     self.calls.append(lambda q=q, x=x: q(x))
-                else:
-                    x, w, b = (torch.randn(*s).to(dtype) for s in ((batch, fi), (fo, fi), (fo,)))
-                    self.calls.append(lambda x=x, w=w, b=b: torch.addmm(b, x, w.t()))
+                else:  # Bf16Linear's kernel, without its fused ReLU
+                    m, x = (
+                        Bf16Linear(torch.randn(fo, fi), torch.randn(fo), False),
+                        torch.randn(batch, fi),
+                    )
+                    self.calls.append(lambda m=m, x=x.to(dtype): m(x))
         n = arch.num_sparse + 1
         t_t = torch.randn(batch, arch.embedding_dim, n).to(dtype)
         self.calls.append(lambda: torch.bmm(t_t.transpose(1, 2), t_t))
