@@ -12,10 +12,12 @@ Two trained models:
 Per model, artifacts at fp32, fp16, int8, int4, int2 tables (fp32 MLPs), int8 tables + int8
 MLPs ("int8"), fp32 tables + bf16 MLPs ("bf16_mlp") and `auto` (default budget, fp32 MLPs):
 table and model bytes (counted), test AUC and NE (the whole test split), then CPU samples/s at
-batch 2048 and latency p50/p99 at batch 1 and 64, the models timed in interleaved rounds in this
-process (the order rotates each round). Finally `python -m dlrm.predict` on a 1M-line raw file,
-lines/s end to end, against preprocessing the same lines (`python -m data_pipeline`'s work, in
-the artifact's mapping mode), alternated in rounds.
+batch 2048 (wall and CPU time) and latency p50/p99 at batch 1 and 64, the models and their
+GEMM-only bounds (`GemmOnly`) timed in interleaved rounds in this process (the order rotates
+each round). Finally `python -m dlrm.predict` on a 1M-line raw file, lines/s end to end (wall
+and CPU seconds), against preprocessing the same lines (`python -m data_pipeline`'s work, in
+the artifact's mapping mode), alternated in rounds, and prediction's CPU floor
+(`predict_cpu_floor`).
 
     python scripts/bench_inference.py --work /tmp/bench_inference [--rounds 5]
 
