@@ -305,8 +305,8 @@ def main(argv: list[str] | None = None) -> int:
             cores = len(os.sched_getaffinity(0))
             workers = max(1, cores - 1) if a.workers is None else a.workers
             # more scoring threads than free cores wait on each other: on the shared 2-core
-            # machine, 1M lines took 3.4x the wall time and 3.7x the CPU with two threads
-            # beside the parse worker than with one (docs/inference.md)
+            # machine, 1M lines took 3.4-3.8x the wall time and 3.7-4.7x the CPU with two
+            # threads beside the parse worker than with one (docs/inference.md)
             torch.set_num_threads(a.threads or max(1, cores - workers))
             stats = predict_raw(predictor, data, out, a.on_bad_line, a.batch_size, workers,
                                 int(a.block_mb * 2**20))  # fmt: skip

@@ -15,7 +15,7 @@ and the dense tensors. The dense part at each precision:
   bf16 (the pooled embeddings cast to it) as under training's bf16 autocast: in float32 it cost
   this model a tenth of its bf16 speed (docs/inference.md). The last layer of every other MLP
   hands float32 on (the logit; TBSM's attention and LSTM read float32). On CPU each layer is
-  oneDNN's linear with the ReLU after it fused (see `Bf16Linear`);
+  oneDNN's linear with the ReLU after it fused (see `Bf16Linear`).
 
 Inside `nn.MultiheadAttention` (TBSM `mha`) the projections are read as raw weights, not called
 as modules, so they stay fp32, as do the LSTM (TBSM `rnn`) and TSL's attention matrices: the
