@@ -4,7 +4,8 @@ outputs on the calibration batches:
 
     SQNR (dB) = 10 log10( sum(ref^2) / sum((ref - quantized)^2) )
 
-Tables: each table's pooled embeddings. Layers: each linear layer's output, both models run on
+Tables: each table's pooled embeddings. Layers: each linear layer's output (after its ReLU where
+the quantized layer fuses it, as bf16 layers do), both models run on
 the same batch end to end, so a layer's figure includes what earlier layers lost (what the
 served model sees). The model's logits come last. Largest losses (lowest SQNR) first.
 """
@@ -74,7 +75,10 @@ def sqnr_report(reference: nn.Module, quantized: nn.Module, batches) -> list[dic
             lq = quantized(b.dense_features, b.sparse_features)
             sums[("model", "logits")].add(lr, lq.float())
             for p in paths:
-                sums[("layer", p)].add(ref_out[p], q_out[p])
+                ref = ref_out[p]
+                if getattr(quantized.get_submodule(p), "relu", False):  # its ReLU fused (bf16)
+                    ref = ref.clamp_min(0)
+                sums[("layer", p)].add(ref, q_out[p])
     finally:
         for h in hooks:
             h.remove()

@@ -12,13 +12,17 @@ by `python -m dlrm.predict`, which maps them as training did with what the artif
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from torchrec.datasets.utils import Batch
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dlrm import artifact as art
+from dlrm.models.dlrm import DLRM
 from dlrm.quantized_model import arch_from_json, build_model, convert_dense, load_dense_tensors
+
+if TYPE_CHECKING:  # torchrec costs seconds to import; scoring raw lines (predict_rows) needs none
+    from torchrec.datasets.utils import Batch
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 
 class Predictor:
@@ -64,12 +68,25 @@ class Predictor:
 
     @torch.no_grad()
     def logits(self, batch: Batch | tuple[torch.Tensor, KeyedJaggedTensor]) -> torch.Tensor:
-        if isinstance(batch, Batch):
-            dense, sparse = batch.dense_features, batch.sparse_features
-        else:
+        if isinstance(batch, tuple):
             dense, sparse = batch
+        else:
+            dense, sparse = batch.dense_features, batch.sparse_features
         return self.model(dense.to(self.device), sparse.to(self.device)).float()
 
     def predict(self, batch: Batch | tuple[torch.Tensor, KeyedJaggedTensor]) -> torch.Tensor:
         """Click probabilities [B] (TBSM: one per sample, for its candidate)."""
         return torch.sigmoid(self.logits(batch))
+
+    @torch.no_grad()
+    def predict_rows(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """Click probabilities [B] of rows with one id per feature, as raw Criteo lines have:
+        dense features [B, num_dense] and ids [B, num_sparse] in feature order. The same numbers
+        as `predict` on the equivalent KeyedJaggedTensor, without building one (DLRM only)."""
+        if not isinstance(self.model, DLRM):
+            raise TypeError("predict_rows scores DLRM rows; a TBSM sample is a sequence (predict)")
+        batch, tables = ids.shape
+        values = ids.to(self.device).t().reshape(-1)  # feature-major, as a KJT holds them
+        offsets = torch.arange(batch * tables + 1, dtype=values.dtype, device=self.device)
+        pooled = self.model.embeddings.pooled(values, offsets, batch)
+        return torch.sigmoid(self.model.dense_forward(dense.to(self.device), pooled).float())

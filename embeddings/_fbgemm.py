@@ -62,3 +62,17 @@ def fbgemm_available() -> bool:
         if not _AVAILABLE:
             log.info("fbgemm-gpu is not installed: embeddings use the pure-PyTorch path")
     return _AVAILABLE
+
+
+def fbgemm_has_kernels_for(device: torch.device) -> bool:
+    """True when fbgemm's table-batched embedding ops run on `device` here."""
+    if not fbgemm_available():
+        return False
+    if device.type == "cpu":
+        return True
+    # The CPU build of fbgemm registers no CUDA kernels for table-batched embeddings.
+    try:
+        md.version("fbgemm-gpu")
+        return device.type == "cuda"
+    except md.PackageNotFoundError:
+        return False

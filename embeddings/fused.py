@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
-from embeddings._fbgemm import fbgemm_available
+from embeddings._fbgemm import fbgemm_has_kernels_for as _fbgemm_has_kernels_for
 from embeddings.collection import EmbeddingCollection
 from embeddings.config import SparseOptimizer, TableSpec
 from embeddings.kjt_ops import in_feature_order
@@ -28,21 +28,6 @@ from embeddings.transfer_stats import no_transfer_counters
 log = logging.getLogger(__name__)
 
 BACKENDS = ("auto", "fbgemm", "torch")
-
-
-def _fbgemm_has_kernels_for(device: torch.device) -> bool:
-    if not fbgemm_available():
-        return False
-    if device.type == "cpu":
-        return True
-    # The CPU build of fbgemm registers no CUDA kernels for table-batched embeddings.
-    import importlib.metadata as md
-
-    try:
-        md.version("fbgemm-gpu")
-        return device.type == "cuda"
-    except md.PackageNotFoundError:
-        return False
 
 
 def _make_fbgemm(tables: list[TableSpec], opt: SparseOptimizer, device: torch.device) -> nn.Module:

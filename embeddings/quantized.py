@@ -22,15 +22,19 @@ of the sums), tested against each other.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
+from embeddings._fbgemm import fbgemm_has_kernels_for as _fbgemm_has_kernels_for
 from embeddings.collection import EmbeddingCollection
 from embeddings.config import SparseOptimizer, TableSpec
 from embeddings.kjt_ops import in_feature_order
 from embeddings.transfer_stats import no_transfer_counters
+
+if TYPE_CHECKING:  # torchrec costs seconds to import; `python -m dlrm.predict` needs none of it
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 log = logging.getLogger(__name__)
 
@@ -135,12 +139,6 @@ def dequantize_rows(rows: torch.Tensor, precision: str, dim: int) -> torch.Tenso
 # --- the collection -----------------------------------------------------------------------------
 
 
-def _fbgemm_has_kernels_for(device: torch.device) -> bool:
-    from embeddings.fused import _fbgemm_has_kernels_for as has
-
-    return has(device)
-
-
 class QuantizedEmbeddingBagCollection(EmbeddingCollection):
     """Sum-pooled lookups in tables stored at per-table precisions; inference only."""
 
@@ -191,15 +189,21 @@ class QuantizedEmbeddingBagCollection(EmbeddingCollection):
     # --- lookups ----------------------------------------------------------------------------
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
+        from torchrec.sparse.jagged_tensor import KeyedTensor
+
         features = in_feature_order(features, self.feature_names)
-        values, offsets = features.values(), features.offsets()
+        pooled = self.pooled(features.values(), features.offsets(), features.stride())
+        return KeyedTensor(keys=self.feature_names, length_per_key=self.dims, values=pooled)
+
+    def pooled(self, values: torch.Tensor, offsets: torch.Tensor, batch: int) -> torch.Tensor:
+        """The pooled embeddings [batch, sum of dims] of `batch` bags per table, tables in
+        feature order (`offsets`: tables * batch + 1 bag boundaries into `values`): `forward`
+        without a KeyedJaggedTensor."""
         if values.dtype != offsets.dtype:
             values, offsets = values.long(), offsets.long()
         if self.backend == "fbgemm":
-            pooled = self._impl(values, offsets)
-        else:
-            pooled = self._torch_pooled(values, offsets, features.stride())
-        return KeyedTensor(keys=self.feature_names, length_per_key=self.dims, values=pooled)
+            return self._impl(values, offsets)
+        return self._torch_pooled(values, offsets, batch)
 
     def _torch_pooled(
         self, values: torch.Tensor, offsets: torch.Tensor, batch: int

@@ -12,10 +12,12 @@ Two trained models:
 Per model, artifacts at fp32, fp16, int8, int4, int2 tables (fp32 MLPs), int8 tables + int8
 MLPs ("int8"), fp32 tables + bf16 MLPs ("bf16_mlp") and `auto` (default budget, fp32 MLPs):
 table and model bytes (counted), test AUC and NE (the whole test split), then CPU samples/s at
-batch 2048 and latency p50/p99 at batch 1 and 64, the models timed in interleaved rounds in this
-process (the order rotates each round). Finally `python -m dlrm.predict` on a 1M-line raw file,
-lines/s end to end, against preprocessing the same lines (`python -m data_pipeline`'s work, in
-the artifact's mapping mode), alternated in rounds.
+batch 2048 (wall and CPU time) and latency p50/p99 at batch 1 and 64, the models and their
+GEMM-only bounds (`GemmOnly`) timed in interleaved rounds in this process (the order rotates
+each round). Finally `python -m dlrm.predict` on a 1M-line raw file, lines/s end to end (wall
+and CPU seconds), against preprocessing the same lines (`python -m data_pipeline`'s work, in
+the artifact's mapping mode), alternated in rounds, and prediction's CPU floor
+(`predict_cpu_floor`).
 
     python scripts/bench_inference.py --work /tmp/bench_inference [--rounds 5]
 
@@ -28,6 +30,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shutil
 import statistics
 import subprocess
@@ -118,9 +121,10 @@ def train_synthetic(work: Path, batches: int) -> Path:
     return run
 
 
-def export_all(run: Path, out: Path) -> dict[str, Path]:
+def export_all(run: Path, out: Path, names=tuple(VARIANTS)) -> dict[str, Path]:
     arts = {}
-    for name, flags in VARIANTS.items():
+    for name in names:
+        flags = VARIANTS[name]
         art = out / name
         if not (art / "manifest.json").is_file():
             shutil.rmtree(art, ignore_errors=True)
@@ -169,32 +173,84 @@ def _stats(xs: list[float]) -> dict:
     return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
 
 
+class GemmOnly:
+    """The matrix products of one inference forward and nothing else, in the layouts the model
+    runs them: per linear layer its forward addmm (fp32: `perfmodel.sweeps.linear_gemms`'s, as
+    `NarrowInputLinear` and `PaddedInputLinear` run it; bf16: `Bf16Linear`'s oneDNN linear,
+    input unpadded; int8: the dynamic int8 Linear, activation quantization included), and the dot
+    interaction's bmm (`_DotInteractionFn`; fp32 for int8). No model running these
+    products with these kernels is faster, so fp32 model / bf16 GEMM-only bounds what the
+    bf16-MLP model can gain over fp32 (scripts/bench_train.py's GemmOnlyStep is the training
+    analogue)."""
+
+    def __init__(self, arch, batch: int, precision: str) -> None:
+        from dlrm.quantized_model import Bf16Linear
+        from perfmodel.sweeps import linear_gemms
+
+        dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+        self.calls = []
+        for widths in (arch.bottom, (arch.top_input, *arch.top)):
+            for fi, fo in zip(widths[:-1], widths[1:]):
+                if precision == "fp32":
+                    self.calls.append(linear_gemms(batch, fi, fo, dtype)[0][2])
+                elif precision == "int8":  # torch's dynamic int8 Linear, as the int8 model's
+                    from dlrm.quantized_model import _int8_linear
+
+                    q, x = (
+                        _int8_linear(torch.randn(fo, fi), torch.randn(fo)),
+                        torch.randn(batch, fi),
+                    )
+                    self.calls.append(lambda q=q, x=x: q(x))
+                else:  # Bf16Linear's kernel, without its fused ReLU
+                    m, x = (
+                        Bf16Linear(torch.randn(fo, fi), torch.randn(fo), False),
+                        torch.randn(batch, fi),
+                    )
+                    self.calls.append(lambda m=m, x=x.to(dtype): m(x))
+        n = arch.num_sparse + 1
+        t_t = torch.randn(batch, arch.embedding_dim, n).to(dtype)
+        self.calls.append(lambda: torch.bmm(t_t.transpose(1, 2), t_t))
+
+    def logits(self, _batch) -> None:
+        for call in self.calls:
+            call()
+
+
 def speed(arts: dict[str, Path], batch2048, rounds: int) -> dict:
-    """Interleaved rounds; each round times every model once, in a rotating order."""
+    """Interleaved rounds; each round times every model (and the GEMM-only bounds) once, in a
+    rotating order. Wall time, and the process's CPU time (one thread: on this shared machine a
+    round's wall time includes other processes' time slices; CPU time does not)."""
     from dlrm import Predictor
     from embeddings.kjt_ops import select_inputs
 
     predictors = {n: Predictor.load(arts[n]) for n in TIMED}
+    arch = predictors["fp32"].model.arch
+    bounds = {f"gemm_only_{p}": GemmOnly(arch, 2048, p) for p in ("fp32", "bf16")}
     small = {}
     for k in (1, 64):
         idx = np.arange(k)
         small[k] = [(b.dense_features[:k].contiguous(), select_inputs(b.sparse_features, idx))
                     for b in batch2048]  # fmt: skip
     big = [(b.dense_features, b.sparse_features) for b in batch2048]
-    rates = {n: [] for n in TIMED}
+    names = list(TIMED) + list(bounds)
+    runners = {**predictors, **bounds}
+    rates = {n: [] for n in names}
+    cpu_rates = {n: [] for n in names}
     lat = {n: {1: [], 64: []} for n in TIMED}
-    names = list(TIMED)
-    for p in predictors.values():  # warm-up: oneDNN kernels, first-call allocations
+    for p in runners.values():  # warm-up: oneDNN kernels, first-call allocations
         for x in big[:2] + small[1][:2] + small[64][:2]:
             p.logits(x)
     for r in range(rounds):
         order = names[r % len(names) :] + names[: r % len(names)]
         for n in order:
-            p = predictors[n]
-            t0 = time.perf_counter()
+            p = runners[n]
+            t0, c0 = time.perf_counter(), time.process_time()
             for x in big:
                 p.logits(x)
             rates[n].append(len(big) * 2048 / (time.perf_counter() - t0))
+            cpu_rates[n].append(len(big) * 2048 / (time.process_time() - c0))
+            if n in bounds:
+                continue
             for k, reps in ((1, 200), (64, 50)):
                 for i in range(reps):
                     x = small[k][i % len(small[k])]
@@ -202,18 +258,26 @@ def speed(arts: dict[str, Path], batch2048, rounds: int) -> dict:
                     p.logits(x)
                     lat[n][k].append((time.perf_counter() - t) * 1e3)
     out = {}
-    for n in TIMED:
-        out[n] = {"samples_per_s_batch_2048": _stats(rates[n])}
+    for n in names:
+        out[n] = {"samples_per_s_batch_2048": _stats(rates[n]),
+                  "samples_per_cpu_s_batch_2048": _stats(cpu_rates[n])}  # fmt: skip
+        if n in bounds:
+            continue
         for k in (1, 64):
             a = np.array(lat[n][k])
             out[n][f"batch_{k}_ms"] = {"p50": float(np.percentile(a, 50)),
                                        "p99": float(np.percentile(a, 99)), "n": len(a)}  # fmt: skip
     base = statistics.median(rates["fp32"])
-    for n in TIMED:
+    for n in names:
         # ratio per round (same round, adjacent in time), then the median of the ratios
-        ratios = [a / b for a, b in zip(rates[n], rates["fp32"])]
-        out[n]["speedup_vs_fp32"] = _stats(ratios)
+        out[n]["speedup_vs_fp32"] = _stats([a / b for a, b in zip(rates[n], rates["fp32"])])
+        out[n]["cpu_speedup_vs_fp32"] = _stats(
+            [a / b for a, b in zip(cpu_rates[n], cpu_rates["fp32"])]
+        )
         out[n]["median_speedup"] = statistics.median(rates[n]) / base
+    # the most any model running these products could gain over the fp32 model
+    out["bf16_ceiling"] = {"speedup_vs_fp32": out["gemm_only_bf16"]["speedup_vs_fp32"],
+                           "cpu_speedup_vs_fp32": out["gemm_only_bf16"]["cpu_speedup_vs_fp32"]}  # fmt: skip
     return out
 
 
@@ -240,6 +304,8 @@ def bench_model(
         "auto_test_ne_change (<= 0.001)": [auto["ne_change"], auto["ne_change"] <= 0.001],
         "int8_model_speedup_batch_2048 (>= 1.5)": [spd["int8"]["speedup_vs_fp32"]["median"], spd["int8"]["speedup_vs_fp32"]["median"] >= 1.5],
         "bf16_mlp_speedup_batch_2048 (>= 2 with bf16 units)": [spd["bf16_mlp"]["speedup_vs_fp32"]["median"], spd["bf16_mlp"]["speedup_vs_fp32"]["median"] >= 2.0],
+        "bf16_mlp_cpu_speedup_batch_2048 (>= 2 with bf16 units)": [spd["bf16_mlp"]["cpu_speedup_vs_fp32"]["median"], spd["bf16_mlp"]["cpu_speedup_vs_fp32"]["median"] >= 2.0],
+        "bf16_ceiling: fp32 model / bf16 GEMM-only": [spd["bf16_ceiling"]["speedup_vs_fp32"]["median"], spd["bf16_ceiling"]["cpu_speedup_vs_fp32"]["median"]],
     }  # fmt: skip
     return {
         "trained": {
@@ -257,7 +323,22 @@ def bench_model(
 # --- raw-line prediction vs preprocessing ------------------------------------------------------------
 
 
-def bench_predict(work: Path, art: Path, lines: int, rounds: int, threads: int) -> dict:
+def _child_cpu_s() -> float:
+    """CPU seconds (user + system) of every finished child process and its own children."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+PREDICT_VARIANTS = ("predict_labelled", "predict_labelled_2_threads", "predict_unlabelled",
+                    "preprocess_labelled")  # fmt: skip
+
+
+def bench_predict(work: Path, art: Path, lines: int, rounds: int) -> dict:
+    """`python -m dlrm.predict` end to end (process start, verification, parse, map, score,
+    write) against `python -m data_pipeline preprocess` of the same lines in the artifact's
+    mapping mode (count pass, encode pass, writing the columns), alternated in rounds with the
+    order reversed every other round. Wall seconds, and CPU seconds of each process tree (what
+    a loaded machine cannot inflate the way it does wall time)."""
     spec = SyntheticSpec(seed=23)
     raw = work / "predict_raw"
     raw.mkdir(exist_ok=True)
@@ -270,29 +351,93 @@ def bench_predict(work: Path, art: Path, lines: int, rounds: int, threads: int) 
     mode = manifest["categorical"]
     prep_flags = (["--max-ind-range", str(mode["max_ind_range"])] if mode["mode"] == "hash"
                   else ["--frequency-threshold", str(mode["threshold"])])  # fmt: skip
-    times = {"predict_unlabelled": [], "predict_labelled": [], "preprocess_labelled": []}
+    wall: dict[str, list[float]] = {w: [] for w in PREDICT_VARIANTS}
+    cpu: dict[str, list[float]] = {w: [] for w in PREDICT_VARIANTS}
+    loads = [load()]
     for r in range(rounds):
-        for what in list(times) if r % 2 == 0 else list(reversed(times)):
+        for what in PREDICT_VARIANTS if r % 2 == 0 else reversed(PREDICT_VARIANTS):
+            if what.endswith("2_threads") and r > 0:  # once: 3-4x slower here (docs/inference.md)
+                continue
             out = work / "predict_out"
             shutil.rmtree(out, ignore_errors=True)
             out.mkdir()
-            t0 = time.perf_counter()
+            c0, t0 = _child_cpu_s(), time.perf_counter()
             if what == "preprocess_labelled":
                 run_cli("data_pipeline", ["preprocess", "--dataset", "kaggle", "--raw", str(train_txt),
                                           "--out", str(out / "p"), "--no-progress", *prep_flags])  # fmt: skip
             else:
                 data = test_txt if what == "predict_unlabelled" else train_txt
-                run_cli("dlrm.predict", ["--model", str(art), "--data", str(data),
-                                         "--out", str(out / "preds.csv")], threads)  # fmt: skip
-            times[what].append(time.perf_counter() - t0)
+                threads = "2" if what.endswith("2_threads") else "1"
+                run_cli("dlrm.predict", ["--model", str(art), "--data", str(data), "--threads",
+                                         threads, "--out", str(out / "preds.csv")])  # fmt: skip
+            wall[what].append(time.perf_counter() - t0)
+            cpu[what].append(_child_cpu_s() - c0)
+        loads.append(load())
     shutil.rmtree(work / "predict_out", ignore_errors=True)
     out = {"lines": lines, "bytes": train_txt.stat().st_size, "mapping": mode["mode"],
-           "artifact": art.name, "predict_threads": threads, "load": load()}  # fmt: skip
-    for what, ts in times.items():
-        out[what] = {"seconds": _stats(ts), "lines_per_s": lines / statistics.median(ts)}
-    ratio = out["predict_labelled"]["lines_per_s"] / out["preprocess_labelled"]["lines_per_s"]
+           "artifact": art.name, "rounds": rounds, "load_per_round": loads}  # fmt: skip
+    for what in PREDICT_VARIANTS:
+        out[what] = {"wall_s": _stats(wall[what]), "cpu_s": _stats(cpu[what]),
+                     "lines_per_s": lines / statistics.median(wall[what]),
+                     "lines_per_cpu_s": lines / statistics.median(cpu[what])}  # fmt: skip
+    out["predict_cpu_floor"] = predict_cpu_floor(art, train_txt, lines)
+    base = wall["preprocess_labelled"]
+    for what in PREDICT_VARIANTS[:-1]:
+        # per round (adjacent runs), then the median: preprocessing's wall time / predict's
+        out[what]["speed_vs_preprocessing"] = _stats([b / a for a, b in zip(wall[what], base)])
+    ratio = out["predict_labelled"]["speed_vs_preprocessing"]["median"]
     out["target: predict not slower than preprocessing"] = [ratio, ratio >= 1.0]
+    floor = out["predict_cpu_floor"]["total_cpu_s"]
+    out["predict_cpu_floor"]["vs_preprocessing_cpu_s"] = floor / statistics.median(
+        cpu["preprocess_labelled"]
+    )
     return out
+
+
+_PARSE_PASS = """
+import sys
+from pathlib import Path
+from data_pipeline.block_pipeline import BadLineLog
+from data_pipeline.preprocess_worker import TaskSpec, init_worker, run_task
+from data_pipeline.raw_files import RawPart, iter_blocks
+init_worker()  # as in the workers
+spec = TaskSpec("encode", True, 0.0, 0, int(sys.argv[2]), sys.argv[3] or None, "int32")
+part = RawPart("floor", Path(sys.argv[1]), has_label=True)
+bad = BadLineLog(part, "error")
+for block in iter_blocks(part, 2 << 20):
+    bad.take(run_task(spec, block.lines(), block.offset))
+"""
+
+
+def predict_cpu_floor(art: Path, raw: Path, lines: int) -> dict:
+    """CPU seconds no `python -m dlrm.predict` of these lines can go below with these kernels and
+    this parser: its start (interpreter, imports, loading and verifying the artifact), one
+    parse-and-map pass over the lines (the preprocessing workers' `run_task`, inline; each in a
+    child process), and the int8 model's GEMM-only work for every line (`GemmOnly`, 16 batches
+    of 2048 timed and scaled). Preprocessing makes two parse passes (counting, then encoding)."""
+    from dlrm import Predictor
+
+    def child_cpu(args: list[str]) -> float:
+        c0 = _child_cpu_s()
+        subprocess.run([sys.executable, *args], cwd=ROOT, check=True,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"))  # fmt: skip
+        return _child_cpu_s() - c0
+
+    start = child_cpu(
+        ["-c", f"import dlrm.predict; from dlrm import Predictor; Predictor.load({str(art)!r})"]
+    )
+    mapping = json.loads((art / "manifest.json").read_text())["categorical"]
+    hashed = mapping["mode"] == "hash"
+    parse = child_cpu(["-c", _PARSE_PASS, str(raw), str(mapping["max_ind_range"] if hashed else 0),
+                       "" if hashed else str(art / mapping["dir"])])  # fmt: skip
+    gemm = GemmOnly(Predictor.load(art).model.arch, 2048, "int8")
+    gemm.logits(None)
+    c0 = time.process_time()
+    for _ in range(16):
+        gemm.logits(None)
+    gemms = (time.process_time() - c0) / (16 * 2048) * lines
+    return {"start_cpu_s": start, "parse_and_map_pass_cpu_s": parse, "int8_gemm_only_cpu_s": gemms,
+            "total_cpu_s": start + parse + gemms}  # fmt: skip
 
 
 def main() -> None:
@@ -303,7 +448,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--timing-batches", type=int, default=4, help="batches of 2048 per round")
     p.add_argument("--predict-lines", type=int, default=1_000_000)
-    p.add_argument("--predict-rounds", type=int, default=1)
+    p.add_argument("--predict-rounds", type=int, default=5)
     p.add_argument("--only", default="kaggle,synthetic,predict")
     p.add_argument("--threads", type=int, default=1,
                    help="intra-op threads for timing and predict (a shared machine: 1; see docs)")  # fmt: skip
@@ -328,8 +473,8 @@ def main() -> None:
                 "kaggle_planted", bench_model("kaggle", run, work, test, a.rounds, a.timing_batches)
             )
         if "predict" in only:
-            art = export_all(run, work / "artifacts_kaggle")["int8"]
-            keep("predict", bench_predict(work, art, a.predict_lines, a.predict_rounds, a.threads))
+            art = export_all(run, work / "artifacts_kaggle", ["int8"])["int8"]
+            keep("predict", bench_predict(work, art, a.predict_lines, a.predict_rounds))
     if "synthetic" in only:
         run = train_synthetic(work, a.synthetic_batches)
         from dlrm.inference_data import data_source, load_source

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dlrm.errors import ArchError
+
+if TYPE_CHECKING:  # torchrec costs seconds to import: serving raw lines needs no KJT
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 INTERACTIONS = ("dot", "cat")
 

@@ -27,14 +27,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dlrm.errors import ArchError
 from dlrm.models.dlrm import INTERACTIONS, Interaction, check_bottom_mlp, make_mlp
+
+if TYPE_CHECKING:  # torchrec costs seconds to import: serving raw lines needs no KJT
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 MODEL_TYPES = ("tsl", "mha", "rnn")
 TSL_INNER = ("dot", "ind", "def")

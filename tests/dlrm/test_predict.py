@@ -146,3 +146,51 @@ def test_format_csv_writes_what_it_is_given():
         "0,,0.000000", "7,,1.000000", "10,,0.500000", "60000123,,0.000000", "999,,0.123457",
     ]  # fmt: skip
     assert format_csv([ids], p).decode().splitlines()[3] == "60000123,0.000000"
+
+
+@pytest.mark.parametrize("backend", ["auto", "torch"])
+def test_predict_rows_scores_as_predict_on_the_same_batch(kaggle, backend):
+    from data_pipeline.criteo import CriteoBatchSource
+
+    d, runs = kaggle
+    proc, art = runs["freq"]
+    batch = CriteoBatchSource(proc, "test", 64).batch(0, 0)
+    p = Predictor.load(art, backend=backend)
+    kjt = batch.sparse_features  # feature-major, one id per bag, in feature order
+    assert kjt.keys() == p.feature_names and torch.all(kjt.lengths() == 1)
+    ids = kjt.values().view(len(kjt.keys()), -1).t()
+    assert torch.equal(p.predict_rows(batch.dense_features, ids), p.predict(batch))
+
+
+def test_scoring_raw_lines_imports_no_torchrec(kaggle, tmp_path):
+    # torchrec takes seconds to import (its distributed stack): raw lines are scored without it
+    import subprocess
+    import sys
+
+    d, runs = kaggle
+    _, art = runs["hash"]
+    code = (
+        "import sys; from dlrm.predict import main; "
+        f"rc = main(['--model', {str(art)!r}, '--data', {str(d / 'raw' / 'test.txt')!r}, "
+        f"'--out', {str(tmp_path / 'p.csv')!r}]); "
+        "sys.exit(rc or 3 * any(m.startswith('torchrec') for m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert len((tmp_path / "p.csv").read_text().splitlines()) == 51
+
+
+def test_bad_thread_count_is_named(kaggle, tmp_path, capsys):
+    d, runs = kaggle
+    _, art = runs["hash"]
+    args = [
+        "--model",
+        str(art),
+        "--data",
+        str(d / "raw" / "test.txt"),
+        "--out",
+        str(tmp_path / "o"),
+    ]
+    assert predict([*args, "--threads", "0"]) == 2
+    assert "--threads: expected positive numbers" in capsys.readouterr().err
+    assert predict([*args, "--threads", "1", "--workers", "0"]) == 0

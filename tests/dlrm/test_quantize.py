@@ -65,7 +65,7 @@ def test_every_linear_layer_is_quantized_narrow_ones_included():
     assert not any(isinstance(m, nn.Linear) for m in model.modules())
 
 
-def test_bf16_layers_hand_float32_on_at_the_end_of_each_mlp():
+def test_bf16_layers_hand_float32_on_at_the_end_of_each_mlp_but_the_bottom_one():
     tables = tables_for_features([10, 20], 4)
     arch = TBSMArch(1, 4, 2, (1, 4), (6, 6), ts_length=3, tsl_num_heads=2)
     model = TBSM(arch, FusedEmbeddingBagCollection(tables))
@@ -79,7 +79,15 @@ def test_bf16_layers_hand_float32_on_at_the_end_of_each_mlp():
         has_next = (
             isinstance(model.get_submodule(nxt), Bf16Linear) if _exists(model, nxt) else False
         )
-        assert m.float_out == (not has_next)
+        # the bottom MLP hands bf16 to the interaction (bf16 as under autocast in training)
+        assert m.float_out == (not has_next and not p.startswith("step.bottom_mlp."))
+        # a ReLU that followed the layer is fused into it
+        after = p.rpartition(".")[0] + "." + str(int(p.rpartition(".")[2]) + 1)
+        assert m.relu == (
+            _exists(model, after) and isinstance(model.get_submodule(after), nn.Identity)
+        )
+    assert not any(isinstance(m, nn.ReLU) for m in model.modules())
+    assert any(p.startswith("step.bottom_mlp.") for p in paths)
     assert layers["heads.0.A"] == "fp32 (not a linear layer)"
 
 
@@ -316,3 +324,17 @@ def test_a_full_disk_leaves_no_partial_artifact(run, tmpfs, capsys):
     err = capsys.readouterr().err
     assert f"no space left on the file system mounted at {disk}" in err and err.count("\n") == 1
     assert list(disk.iterdir()) == []
+
+
+@pytest.mark.parametrize("relu", [False, True])
+@pytest.mark.parametrize("shape", [(1, 13), (64, 13), (300, 367), (4, 5, 24)])
+def test_bf16_linear_gives_the_bits_of_f_linear_then_relu(relu, shape):
+    g = torch.Generator().manual_seed(len(shape) * 7 + shape[-1])
+    w, b = torch.randn(32, shape[-1], generator=g), torch.randn(32, generator=g)
+    x = torch.randn(*shape, generator=g)
+    lin = Bf16Linear(w, b, float_out=True, relu=relu)
+    expected = torch.nn.functional.linear(x.bfloat16(), w.bfloat16(), b.bfloat16())
+    if relu:
+        expected = torch.relu(expected)
+    got = lin(x)
+    assert got.dtype == torch.float32 and torch.equal(got, expected.float())
