@@ -94,6 +94,7 @@ class TieredEmbeddingBagCollection(HotlineEmbeddingBagCollection):
         self.step_io_s = (
             0.0  # time the step's own thread spent in the tier (write-backs, refreshes)
         )
+        self.step_io_cpu_s = 0.0  # the CPU time of it (the rest: waiting for the lock or the disk)
 
     # --- tiers ------------------------------------------------------------------------------------
 
@@ -138,14 +139,16 @@ class TieredEmbeddingBagCollection(HotlineEmbeddingBagCollection):
     # --- the step's own time in the tier ----------------------------------------------------------
 
     def _write_back(self) -> None:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         super()._write_back()
         self.step_io_s += time.perf_counter() - t0
+        self.step_io_cpu_s += time.thread_time() - c0
 
     def _refresh(self, staged, prev) -> int:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         out = super()._refresh(staged, prev)
         self.step_io_s += time.perf_counter() - t0
+        self.step_io_cpu_s += time.thread_time() - c0
         return out
 
     # --- full tables, from the device tier and the SSD tier ---------------------------------------
@@ -293,6 +296,7 @@ class TieredEmbeddingBagCollection(HotlineEmbeddingBagCollection):
         steps = max(1, out.get("hotline_batches") or 0)
         exposed = (out.get("exposed_gather_s") or 0.0) + self.step_io_s
         out["scm_step_io_s"] = round(self.step_io_s, 4)
+        out["scm_step_io_cpu_s"] = round(self.step_io_cpu_s, 4)
         out["scm_exposed_io_s_per_step"] = round(exposed / steps, 6)
         return out
 

@@ -3,6 +3,7 @@ against a block cache, and a Terabyte-sized table set.
 
     python scripts/bench_scm.py disk     --dir /tmp/scm-bench   # random 4 KiB reads, QD 1..64
     python scripts/bench_scm.py kaggle   --dir /tmp/scm-bench   # tiered vs device, interleaved
+    python scripts/bench_scm.py contention --dir /tmp/scm-bench # the step's wait on the tier
     python scripts/bench_scm.py caches   --dir /tmp/scm-bench   # row vs block cache, equal bytes
     python scripts/bench_scm.py terabyte --dir /tmp/scm-bench   # 26 x 10M rows x dim 64
 
@@ -357,6 +358,75 @@ def bench_caches(args) -> dict:
     return out
 
 
+# --- 2b. the step's wait on the tier: write-backs queued or waiting for the lock ------------------
+
+
+def bench_contention(args) -> dict:
+    """Tables of `--ct-rows` rows each (26, dim 16, SGD), every block written and a small cache,
+    so each staging reads, evicts and writes back: rounds of `--round-steps` steps alternate
+    between write-backs that wait for the tier's lock (the first round's behaviour) and
+    write-backs queued when the tier is busy. Counted per step: the step thread's time in the
+    tier (wall and CPU), the time callers waited for the lock, the time steps waited for
+    stagings, and the step thread's CPU time."""
+    sizes = (args.ct_rows,) * 26
+    d = Path(args.dir) / "contention"
+    base = dataclasses.replace(
+        kaggle_base(args), arch_embedding_size=sizes, out_dir=str(d / "base"),
+        data_size=2048 * (args.warmup_steps + 2 * args.rounds * args.round_steps + 8),
+    )  # fmt: skip
+    profile = d / "profile.npz"
+    d.mkdir(parents=True, exist_ok=True)
+    make_profile(base, args.ct_profile_samples, profile)
+    cfg = dataclasses.replace(
+        base, placement="tiered", hot_budget=args.ct_hot, scm_cache=args.ct_cache,
+        scm_dir=str(d / "scm"), scm_io=args.scm_io, scm_io_threads=args.io_threads,
+        profile_file=str(profile), out_dir=str(d / "tiered"),
+    )  # fmt: skip
+    trainer = Trainer(cfg, checkpoints=False)
+    coll = trainer.model.embeddings
+    tier = coll.host
+    t0 = time.perf_counter()
+    filled = tier.fill()
+    fill_s = time.perf_counter() - t0
+    stream = trainer.data.train.batches(0, 0)
+    for _ in range(args.warmup_steps):
+        trainer.pipeline.progress(stream)
+    keys = ("scm_step_io_s", "scm_step_io_cpu_s", "scm_lock_wait_s", "exposed_gather_s",
+            "gather_s", "scm_writes_deferred", "scm_cache_evictions", "scm_rows_read")  # fmt: skip
+    per_round: dict[str, list[dict]] = {"lock": [], "queue": []}
+    for r in range(args.rounds):
+        for mode in ("lock", "queue"):
+            tier.queue_writes = mode == "queue"
+            c0, cpu0, t1 = coll.counters(), time.thread_time(), time.perf_counter()
+            for _ in range(args.round_steps):
+                trainer.pipeline.progress(stream)
+            wall, cpu = time.perf_counter() - t1, time.thread_time() - cpu0
+            c = coll.counters()
+            n = args.round_steps
+            row = {k: round((c[k] - c0[k]) / n, 5) for k in keys}
+            row.update(step_s=round(wall / n, 4), step_thread_cpu_s=round(cpu / n, 4))
+            per_round[mode].append(row)
+            print(f"contention round {r} {mode}: {json.dumps(row)}", file=sys.stderr)
+    tier.queue_writes = True
+
+    def median(mode: str, k: str) -> float:
+        return round(float(np.median([x[k] for x in per_round[mode]])), 5)
+
+    fields = (*keys, "step_s", "step_thread_cpu_s")
+    out = {
+        "setup": {**_setup(), "tables": 26, "rows_per_table": args.ct_rows, "dim": 16,
+                  "optimizer": "sgd", "hot_budget": args.ct_hot, "scm_cache": args.ct_cache,
+                  "blocks_filled": filled, "fill_s": round(fill_s, 1), "rounds": args.rounds,
+                  "round_steps": args.round_steps, "scm_io": args.scm_io},
+        "per_step_median": {m: {k: median(m, k) for k in fields} for m in per_round},
+        "per_round": per_round,
+        "load_after": _load(),
+    }  # fmt: skip
+    del trainer, coll, tier
+    gc.collect()
+    return out
+
+
 # --- 4. Terabyte-sized tables ---------------------------------------------------------------------
 
 
@@ -421,7 +491,9 @@ def bench_terabyte(args) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("what", nargs="+", choices=["disk", "kaggle", "caches", "terabyte"])
+    p.add_argument(
+        "what", nargs="+", choices=["disk", "kaggle", "contention", "caches", "terabyte"]
+    )
     p.add_argument("--dir", default="/tmp/scm-bench", help="the tier's files (deleted at the end)")
     p.add_argument("--keep", action="store_true", help="keep --dir")
     p.add_argument("--file-gb", type=float, default=2.0)
@@ -444,6 +516,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--round-steps", type=int, default=40)
     p.add_argument("--cache-steps", type=int, default=5000)
     p.add_argument("--cache-warm-steps", type=int, default=3000)
+    p.add_argument("--ct-rows", type=int, default=500_000, help="contention: rows per table")
+    p.add_argument("--ct-hot", default="16MB", help="contention: hot budget")
+    p.add_argument("--ct-cache", default="16MB", help="contention: row cache")
+    p.add_argument("--ct-profile-samples", type=int, default=200_000)
     p.add_argument("--tb-steps", type=int, default=2000)
     p.add_argument("--tb-dram", default="3GB")
     p.add_argument("--tb-profile-rate", type=float, default=0.05)
@@ -455,6 +531,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for what in args.what:
             report[what] = {"disk": bench_disk, "kaggle": bench_kaggle, "caches": bench_caches,
+                            "contention": bench_contention,
                             "terabyte": bench_terabyte}[what](args)  # fmt: skip
             print(json.dumps({what: report[what]}), file=sys.stderr)
     finally:
