@@ -60,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="parse processes (default: one per core but one; 0: inline)")  # fmt: skip
     p.add_argument("--block-mb", type=float, default=2.0, help="raw bytes per parse task")
     p.add_argument("--embedding-backend", default="auto", help="auto, fbgemm or torch")
+    # the SSD tier (docs/scm.md): tables larger than memory, read through a DRAM row cache
+    p.add_argument("--scm-dir", help="serve the tables from the SSD tier in this directory")
+    p.add_argument("--scm-cache", default="256MB", help="--scm-dir: DRAM for the row cache")
+    p.add_argument("--scm-io", default="direct", help="--scm-dir: direct (O_DIRECT) or buffered")
     return p
 
 
@@ -280,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     from dlrm.artifact import ArtifactError
     from dlrm.errors import ConfigError
+    from embeddings.errors import ScmError
 
     t0 = time.perf_counter()
     try:
@@ -294,14 +299,17 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"--out: {out.parent} does not exist")
         from dlrm.predictor import Predictor
 
-        predictor = Predictor.load(a.model, backend=a.embedding_backend)
+        predictor = Predictor.load(
+            a.model, backend=a.embedding_backend, scm_dir=a.scm_dir, scm_cache=a.scm_cache,
+            scm_io=a.scm_io,
+        )  # fmt: skip
         data = Path(a.data)
         if (data / "meta.json").is_file():
             stats = predict_dataset(predictor, data, a.split, out, a.batch_size)
         else:
             stats = predict_raw(predictor, data, out, a.on_bad_line, a.batch_size, a.workers,
                                 int(a.block_mb * 2**20))  # fmt: skip
-    except (ConfigError, DataError, ArtifactError) as e:
+    except (ConfigError, DataError, ArtifactError, ScmError) as e:
         sys.stderr.write(f"{PROG}: error: {e}\n")
         return EXIT_USAGE
     seconds = time.perf_counter() - t0

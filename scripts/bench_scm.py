@@ -392,7 +392,7 @@ def bench_contention(args) -> dict:
     for _ in range(args.warmup_steps):
         trainer.pipeline.progress(stream)
     keys = ("scm_step_io_s", "scm_step_io_cpu_s", "scm_lock_wait_s", "exposed_gather_s",
-            "gather_s", "scm_writes_deferred", "scm_cache_evictions", "scm_rows_read")  # fmt: skip
+            "gather_s", "scm_rows_from_recent_writes", "scm_cache_evictions", "scm_rows_read")  # fmt: skip
     per_round: dict[str, list[dict]] = {"lock": [], "queue": []}
     for r in range(args.rounds):
         for mode in ("lock", "queue"):
