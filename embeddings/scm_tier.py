@@ -358,9 +358,7 @@ class ScmTier:
         with self._locked():
             self._ready()
             out = torch.empty(ids.numel(), self.row_floats)
-            slots = (
-                self.cache.slot_of[ids].long() if self.cache.capacity else torch.full_like(ids, -1)
-            )
+            slots = self.cache.slots(ids) if self.cache.capacity else torch.full_like(ids, -1)
             hit = slots >= 0
             if hit.any():
                 out[hit] = self.cache.data[slots[hit]]
@@ -400,7 +398,7 @@ class ScmTier:
         if not self.cache.capacity:
             self._write_file(ids, rows)
             return
-        slots = self.cache.slot_of[ids].long()
+        slots = self.cache.slots(ids)
         hit = slots >= 0
         self.cache.data[slots[hit]] = rows[hit]
         self.cache.dirty[slots[hit]] = True

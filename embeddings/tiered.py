@@ -53,15 +53,20 @@ def profile_priority(counts: list[np.ndarray], sizes: list[int]):
     """`priority(gids)` for the row cache: each row's count in the access profile (0 when
     unseen), kept as the seen rows only (sorted global ids and their counts)."""
     base = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-    ids = [np.flatnonzero(c) + b for c, b in zip(counts, base)]
-    gids = torch.from_numpy(np.concatenate(ids).astype(np.int64))
-    vals = torch.from_numpy(np.concatenate([c[c > 0] for c in counts]).astype(np.int64))
+    small = int(sum(sizes)) < 2**31  # global ids as int32 (Terabyte's 260M rows: half the bytes)
+    ids = [
+        (np.flatnonzero(c) + b).astype(np.int32 if small else np.int64)
+        for c, b in zip(counts, base)
+    ]
+    gids = torch.from_numpy(np.concatenate(ids))
+    vals = torch.from_numpy(np.concatenate([c[c > 0] for c in counts]).astype(np.int32))
     if not gids.numel():
         return None
 
     def priority(g: torch.Tensor) -> torch.Tensor:
-        at = torch.searchsorted(gids, g).clamp(max=gids.numel() - 1)
-        return torch.where(gids[at] == g, vals[at], torch.zeros_like(g))
+        key = g.to(gids.dtype)
+        at = torch.searchsorted(gids, key).clamp(max=gids.numel() - 1)
+        return torch.where(gids[at] == key, vals[at].long(), torch.zeros_like(g))
 
     return priority
 

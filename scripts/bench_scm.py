@@ -5,6 +5,7 @@ against a block cache, and a Terabyte-sized table set.
     python scripts/bench_scm.py kaggle   --dir /tmp/scm-bench   # tiered vs device, interleaved
     python scripts/bench_scm.py contention --dir /tmp/scm-bench # the step's wait on the tier
     python scripts/bench_scm.py caches   --dir /tmp/scm-bench   # row vs block cache, equal bytes
+    python scripts/bench_scm.py serve    --dir /tmp/scm-bench   # predictor latency from the tier
     python scripts/bench_scm.py terabyte --dir /tmp/scm-bench   # 26 x 10M rows x dim 64
 
 Each prints one JSON object (load averages and the CPU's bf16/AMX flags included). The tier's
@@ -427,6 +428,90 @@ def bench_contention(args) -> dict:
     return out
 
 
+# --- 5. inference from the tier ------------------------------------------------------------------
+
+
+def _percentiles_ms(seconds: list[float]) -> dict:
+    p50, p99 = np.percentile(np.array(seconds) * 1e3, [50, 99])
+    return {"p50_ms": round(float(p50), 3), "p99_ms": round(float(p99), 3)}
+
+
+def bench_serve(args) -> dict:
+    """An int8 artifact of the Kaggle tables (33.8M rows, dim 16: 676 MB of rows) scored by the
+    in-memory predictor and by one opened with `--scm-dir` and `--serve-cache` of row cache
+    (O_DIRECT), requests alternated one by one: cold (a new predictor, the cache empty: its first
+    `--serve-requests` requests) and warm (after `--serve-warm` requests of other inputs)."""
+    from dlrm import Predictor
+    from dlrm.data import build_data
+    from dlrm.quantize import main as quantize
+
+    d = Path(args.dir) / "serve"
+    d.mkdir(parents=True, exist_ok=True)
+    base = dataclasses.replace(
+        kaggle_base(args), placement="device", embedding_init="hashed", data_size=2048 * 20,
+        test_data_size=2048, out_dir=str(d / "run"), save_model=str(d / "model.pt"),
+    )  # fmt: skip
+    t0 = time.perf_counter()
+    trainer = Trainer(base, checkpoints=False)
+    trainer.fit()
+    del trainer
+    gc.collect()
+    art = d / "artifact"
+    if quantize([str(d / "model.pt"), "--out", str(art), "--emb-precision", "int8"]) != 0:
+        raise SystemExit("bench_scm serve: quantize failed")
+    (d / "model.pt").unlink()
+    made_s = time.perf_counter() - t0
+    out = {"setup": {**_setup(), "rows": sum(KAGGLE_TABLE_SIZES), "dim": 16, "precision": "int8",
+                     "table_bytes": sum(KAGGLE_TABLE_SIZES) * 20, "cache": args.serve_cache,
+                     "requests": args.serve_requests, "warm_requests": args.serve_warm,
+                     "scm_io": args.scm_io, "artifact_made_s": round(made_s, 1)}}  # fmt: skip
+    memory = Predictor.load(art)
+    for batch in (1, 64):
+        data = build_data(dataclasses.replace(
+            base, mini_batch_size=batch,
+            data_size=batch * (args.serve_warm + 2 * args.serve_requests + 1),
+        ))  # fmt: skip
+        stream = _stream(data.train, 0)
+        t1 = time.perf_counter()
+        tiered = Predictor.load(
+            art, scm_dir=d / "scm", scm_cache=args.serve_cache, scm_io=args.scm_io
+        )
+        open_s = time.perf_counter() - t1
+        emb = tiered.model.embeddings
+        row: dict = {"open_s": round(open_s, 1), "copied_blocks": emb.tier.copied_blocks}
+        for phase in ("cold", "warm"):
+            if phase == "warm":
+                for _ in range(args.serve_warm):
+                    tiered.predict(next(stream))
+            c0 = emb.counters()
+            lat: dict[str, list[float]] = {"memory": [], "tiered": []}
+            for _ in range(args.serve_requests):
+                b = next(stream)
+                for name, p in (("memory", memory), ("tiered", tiered)):
+                    t1 = time.perf_counter()
+                    scores = p.predict(b)
+                    lat[name].append(time.perf_counter() - t1)
+                    if name == "memory":
+                        expected = scores
+                if not torch.allclose(scores, expected, rtol=0, atol=1e-6):
+                    raise SystemExit("bench_scm serve: the tier scored differently")
+            c = emb.counters()
+            hits, misses = (c[k] - c0[k] for k in ("scm_cache_hits", "scm_cache_misses"))
+            row[phase] = {
+                **{k: _percentiles_ms(v) for k, v in lat.items()},
+                "hit_rate": round(hits / max(1, hits + misses), 4),
+                "rows_read_per_request": round((c["scm_rows_read"] - c0["scm_rows_read"])
+                                               / args.serve_requests, 1),
+                "io_p50_us": c["scm_io_p50_us"], "io_p99_us": c["scm_io_p99_us"],
+            }  # fmt: skip
+            print(f"serve batch {batch} {phase}: {json.dumps(row[phase])}", file=sys.stderr)
+        out[f"batch_{batch}"] = row
+        emb.tier.close()
+        del tiered, emb
+    out["load_after"] = _load()
+    return out
+
+
 # --- 4. Terabyte-sized tables ---------------------------------------------------------------------
 
 
@@ -492,7 +577,9 @@ def bench_terabyte(args) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument(
-        "what", nargs="+", choices=["disk", "kaggle", "contention", "caches", "terabyte"]
+        "what",
+        nargs="+",
+        choices=["disk", "kaggle", "contention", "caches", "terabyte", "serve"],
     )
     p.add_argument("--dir", default="/tmp/scm-bench", help="the tier's files (deleted at the end)")
     p.add_argument("--keep", action="store_true", help="keep --dir")
@@ -520,6 +607,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ct-hot", default="16MB", help="contention: hot budget")
     p.add_argument("--ct-cache", default="16MB", help="contention: row cache")
     p.add_argument("--ct-profile-samples", type=int, default=200_000)
+    p.add_argument("--serve-cache", default="64MB", help="serve: the tier's row cache")
+    p.add_argument("--serve-requests", type=int, default=300, help="serve: timed per phase")
+    p.add_argument("--serve-warm", type=int, default=3000, help="serve: requests before warm")
     p.add_argument("--tb-steps", type=int, default=2000)
     p.add_argument("--tb-dram", default="3GB")
     p.add_argument("--tb-profile-rate", type=float, default=0.05)
@@ -531,7 +621,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for what in args.what:
             report[what] = {"disk": bench_disk, "kaggle": bench_kaggle, "caches": bench_caches,
-                            "contention": bench_contention,
+                            "contention": bench_contention, "serve": bench_serve,
                             "terabyte": bench_terabyte}[what](args)  # fmt: skip
             print(json.dumps({what: report[what]}), file=sys.stderr)
     finally:

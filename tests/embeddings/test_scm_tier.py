@@ -13,7 +13,7 @@ from embeddings.config import SparseOptimizer, TableSpec
 from embeddings.errors import ScmError
 from embeddings.fused import FusedEmbeddingBagCollection
 from embeddings.row_init import hashed_init_, hashed_rows, hashed_table
-from embeddings.scm_cache import BlockCache, RowCache
+from embeddings.scm_cache import BlockCache, RowCache, SlotMap
 from embeddings.scm_file import BLOCK, SWITCH_INTERVAL_S
 from embeddings.scm_journal import UndoJournal
 from embeddings.scm_tier import JOURNAL, RECENT, ROWS, ScmTier
@@ -179,9 +179,9 @@ def test_the_row_cache_keeps_profiled_rows_and_evicts_the_least_recent_others():
         slots = cache.lookup(ids)
         miss = ids[slots < 0]
         cache.admit(miss, dirty=False)
-    assert (cache.slot_of[:10] >= 0).all()  # warm rows never left
+    assert (cache.slots(torch.arange(10)) >= 0).all()  # warm rows never left
     recent = torch.arange(100 + 8 * 38, 100 + 8 * 40)
-    assert (cache.slot_of[recent] >= 0).all()
+    assert (cache.slots(recent) >= 0).all()
     assert cache.evictions > 0 and cache.hits >= 39 * 10
 
 
@@ -251,3 +251,22 @@ def test_the_switch_interval_is_lowered_only_while_io_threads_read(tmp_path, mon
     assert sys.getswitchinterval() == before
     t.close()
     assert sys.getswitchinterval() == before
+
+
+def test_the_slot_map_agrees_with_a_dictionary_through_adds_and_removes():
+    rng = np.random.default_rng(3)
+    m, ref = SlotMap(), {}
+    for _ in range(30):
+        new = np.setdiff1d(rng.integers(0, 10**9, 50), list(ref))
+        new = rng.permutation(np.unique(new))  # unordered, as admissions come
+        slots = rng.integers(0, 10**6, new.size)
+        m.add(torch.from_numpy(new), torch.from_numpy(slots))
+        ref.update(zip(new.tolist(), slots.tolist()))
+        gone = rng.choice(list(ref), 20, replace=False)
+        m.remove(torch.from_numpy(gone))
+        for g in gone.tolist():
+            del ref[g]
+        probe = np.concatenate([rng.choice(list(ref), 30), gone, rng.integers(0, 10**9, 5)])
+        got = m.get(torch.from_numpy(probe)).tolist()
+        assert got == [ref.get(g, -1) for g in probe.tolist()]
+    assert m.keys.numel() == len(ref) and bool((m.keys[1:] > m.keys[:-1]).all())
