@@ -15,10 +15,10 @@ Reads: cached rows are copied from DRAM; the others are read from their blocks (
 per block, on the I/O threads) or made from their initial value, and admitted to the cache.
 Writes go to the cache (dirty); rows the cache evicts, and rows it has no room for, are written
 to their blocks (read, patched, checksummed, written; a block's pre-image journaled first).
-A write that finds the tier busy (a prefetch's reads and the evictions its admissions cause, on
-the Hotline worker) does not wait: its rows are queued and stored by the thread holding the tier
-before it lets go, and every operation stores the queued rows before anything else, so every read
-sees every write made before it began.
+A write never waits for the tier (held by a prefetch's reads and the evictions its admissions
+cause, on the Hotline worker): it is queued, and the tier's next holder stores the queued writes
+before anything else, so every read sees every write made before it began; a read of rows all in
+the last few writes is served from them (embeddings/scm_writes.py).
 `flush` writes every dirty row; `prepare(generation)` flushes, fsyncs and marks the point in the
 journal; `commit(generation)` makes it the journal's base once the checkpoint is written;
 `restore(generation, materialised)` rolls the file back to a checkpoint's point.
@@ -31,7 +31,6 @@ import os
 import threading
 import time
 import uuid
-from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -45,13 +44,12 @@ from embeddings.row_init import hashed_rows
 from embeddings.scm_cache import RowCache
 from embeddings.scm_file import BLOCK, PAYLOAD, BlockFile, aligned_blocks
 from embeddings.scm_journal import UndoJournal
+from embeddings.scm_writes import WriteQueue
 from embeddings.tiers import table_row_base
 
 FORMAT, VERSION = "hybrid-dlrm/scm-tier", 1
 MANIFEST, ROWS, JOURNAL = "tier.json", "rows.dat", "journal.log"
 _WRITE_CHUNK = 1 << 16  # rows per flush chunk
-MAX_QUEUED = 8  # writes queued for the tier's next holder; one more waits for it
-RECENT = 4  # writes remembered for reads that need only them (a staging's refresh)
 
 
 def _layout(tables: list[TableSpec], optimizer: SparseOptimizer, seed: int) -> dict:
@@ -112,9 +110,7 @@ class ScmTier:
         self.cache = RowCache(self.total_rows, self.row_floats, capacity, priority)
         self._lock = threading.RLock()
         self._depth = 0  # nesting of `_locked` in the thread holding the lock
-        self._queued: list[tuple[torch.Tensor, torch.Tensor]] = []  # writes not stored yet
-        self._queue_lock = threading.Lock()
-        self._recent: deque[tuple[torch.Tensor, torch.Tensor]] = deque(maxlen=RECENT)
+        self.writes = WriteQueue(self.row_floats)  # not stored yet, and the last few
         self.queue_writes = True  # False: a write waits for the tier (the first round's way)
         self.lock_wait_s = 0.0  # time callers waited for the tier's lock
         self.journal = UndoJournal(self.dir / JOURNAL)
@@ -151,40 +147,9 @@ class ScmTier:
             self._lock.release()
 
     def _store_queued(self) -> None:
-        while True:
-            with self._queue_lock:
-                if not self._queued:
-                    return
-                queued, self._queued = self._queued, []
+        while queued := self.writes.take():
             for ids, rows in queued:
                 self._store(ids, rows)
-
-    def _remember(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
-        """Keep the last RECENT writes (ids sorted) for `_from_recent`."""
-        if ids.numel() > 1 and not bool((ids[1:] > ids[:-1]).all()):
-            order = torch.argsort(ids)
-            ids, rows = ids[order], rows[order]
-        self._recent.append((ids, rows))
-
-    def _from_recent(self, ids: torch.Tensor) -> torch.Tensor | None:
-        """Rows `ids` if every one is in the last RECENT writes (their newest values), else None.
-        A row's value in the tier is its last write, so these are exact, and found without
-        waiting for the tier (a prefetch may hold it): what a staged row's refresh reads."""
-        with self._queue_lock:
-            recent = list(self._recent)
-        if not recent or not ids.numel():
-            return None
-        out = torch.empty(ids.numel(), self.row_floats)
-        found = torch.zeros(ids.numel(), dtype=torch.bool)
-        for gids, rows in reversed(recent):  # newest first
-            at = torch.searchsorted(gids, ids).clamp(max=gids.numel() - 1)
-            hit = (gids[at] == ids) & ~found
-            out[hit] = rows[at[hit]]
-            found |= hit
-            if bool(found.all()):
-                self.counts["rows_recent"] += ids.numel()
-                return out
-        return None
 
     # --- files --------------------------------------------------------------------------------------
 
@@ -202,7 +167,7 @@ class ScmTier:
         self.materialised = np.zeros(self.num_blocks, dtype=bool)
         self.generation = 0
         self._journaled[:] = False
-        self._recent.clear()
+        self.writes.forget()
         self.journal.start(self.tier_id, 0)
         self._pending = False
 
@@ -271,8 +236,7 @@ class ScmTier:
             self.cache = RowCache(
                 self.total_rows, self.row_floats, self.cache.capacity, self.cache.priority
             )
-            with self._queue_lock:
-                self._recent.clear()
+            self.writes.forget()
             self._pending = False
 
     def prepare(self) -> int:
@@ -327,8 +291,9 @@ class ScmTier:
     @torch.no_grad()
     def read_rows(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Rows `ids` (unique int64 global ids) and their state; admitted to the cache."""
-        recent = self._from_recent(ids) if self.queue_writes else None
+        recent = self.writes.recent(ids) if self.queue_writes else None
         if recent is not None:
+            self.counts["rows_recent"] += ids.numel()
             return self._split(recent)
         with self._locked():
             self._ready()
@@ -376,20 +341,13 @@ class ScmTier:
         if state is not None:
             rows = torch.cat([rows, state.reshape(ids.numel(), -1)], dim=1)
         self._check(ids)
-        ids, rows = (
-            ids.clone(),
-            rows if state is not None else rows.clone(),
-        )  # the caller's may change
+        ids = ids.clone()  # the caller may reuse its tensors (`cat` made `rows` a new one)
+        rows = rows if state is not None else rows.clone()
         if not self.queue_writes:
             with self._locked():
                 self._store(ids, rows)
-        with self._queue_lock:
-            self._remember(ids, rows)
-            if self.queue_writes:
-                self._queued.append((ids, rows))
-            full = len(self._queued) > MAX_QUEUED
-        if full:
-            with self._locked():
+        if self.writes.put(ids, rows, queue=self.queue_writes):
+            with self._locked():  # the queue is full: store it now
                 pass
 
     def _store(self, ids: torch.Tensor, rows: torch.Tensor) -> None:

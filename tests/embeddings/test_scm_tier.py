@@ -16,7 +16,8 @@ from embeddings.row_init import hashed_init_, hashed_rows, hashed_table
 from embeddings.scm_cache import BlockCache, RowCache, SlotMap
 from embeddings.scm_file import BLOCK, SWITCH_INTERVAL_S
 from embeddings.scm_journal import UndoJournal
-from embeddings.scm_tier import JOURNAL, RECENT, ROWS, ScmTier
+from embeddings.scm_tier import JOURNAL, ROWS, ScmTier
+from embeddings.scm_writes import RECENT
 
 TABLES = [TableSpec("t0", 300, 8, "f0"), TableSpec("t1", 2000, 8, "f1")]
 
