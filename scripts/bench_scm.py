@@ -4,6 +4,7 @@ against a block cache, and a Terabyte-sized table set.
     python scripts/bench_scm.py disk     --dir /tmp/scm-bench   # random 4 KiB reads, QD 1..64
     python scripts/bench_scm.py kaggle   --dir /tmp/scm-bench   # tiered vs device, interleaved
     python scripts/bench_scm.py contention --dir /tmp/scm-bench # the step's wait on the tier
+    python scripts/bench_scm.py switch   --dir /tmp/scm-bench   # GIL switch interval, 5 vs 0.2 ms
     python scripts/bench_scm.py caches   --dir /tmp/scm-bench   # row vs block cache, equal bytes
     python scripts/bench_scm.py serve    --dir /tmp/scm-bench   # predictor latency from the tier
     python scripts/bench_scm.py terabyte --dir /tmp/scm-bench   # 26 x 10M rows x dim 64
@@ -428,6 +429,49 @@ def bench_contention(args) -> dict:
     return out
 
 
+# --- 2c. the GIL switch interval outside the tier's I/O --------------------------------------------
+
+
+def bench_switch(args) -> dict:
+    """A small tiered run (the tests' size: 4 tables of <= 500 rows, dim 4, Adagrad, a 2 KB cache,
+    so every step evicts and reads back), rounds of `--round-steps` steps alternating the
+    process's switch interval outside the tier's I/O: Python's default 5 ms (what the tier leaves
+    now) against 0.2 ms (what the first round set for the whole process). Per step: wall time and
+    the step thread's CPU time."""
+    from dlrm.config import TrainConfig as Cfg
+
+    steps = args.rounds * 2 * args.round_steps + args.warmup_steps + 4
+    cfg = Cfg(
+        arch_embedding_size=(60, 40, 500, 7), arch_sparse_feature_size=4, arch_mlp_bot=(13, 16, 4),
+        arch_mlp_top=(16, 1), mini_batch_size=64, data_size=64 * steps, test_data_size=512,
+        learning_rate=0.1, optimizer="adagrad", print_freq=10**9, progress=False,
+        placement="tiered", hot_budget="2KB", profile_sample_rate=0.2, scm_cache="2KB",
+        scm_io="buffered", device="cpu", out_dir=str(Path(args.dir) / "switch"),
+    )  # fmt: skip
+    torch.set_num_threads(1)
+    trainer = Trainer(cfg, checkpoints=False)
+    stream = trainer.data.train.batches(0, 0)
+    for _ in range(args.warmup_steps):
+        trainer.pipeline.progress(stream)
+    before = sys.getswitchinterval()
+    rows: dict[str, list[dict]] = {"5ms": [], "0.2ms": []}
+    try:
+        for _ in range(args.rounds):
+            for name, interval in (("5ms", 5e-3), ("0.2ms", 2e-4)):
+                sys.setswitchinterval(interval)
+                t0, c0 = time.perf_counter(), time.thread_time()
+                for _ in range(args.round_steps):
+                    trainer.pipeline.progress(stream)
+                n = args.round_steps
+                rows[name].append({"step_ms": round(1e3 * (time.perf_counter() - t0) / n, 2),
+                                   "step_thread_cpu_ms": round(1e3 * (time.thread_time() - c0) / n, 2)})  # fmt: skip
+    finally:
+        sys.setswitchinterval(before)
+    med = {k: {f: float(np.median([r[f] for r in v])) for f in v[0]} for k, v in rows.items()}
+    return {"setup": {**_setup(), "rounds": args.rounds, "round_steps": args.round_steps},
+            "per_step_median": med, "per_round": rows, "load_after": _load()}  # fmt: skip
+
+
 # --- 5. inference from the tier ------------------------------------------------------------------
 
 
@@ -581,7 +625,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "what",
         nargs="+",
-        choices=["disk", "kaggle", "contention", "caches", "terabyte", "serve"],
+        choices=["disk", "kaggle", "contention", "switch", "caches", "terabyte", "serve"],
     )
     p.add_argument("--dir", default="/tmp/scm-bench", help="the tier's files (deleted at the end)")
     p.add_argument("--keep", action="store_true", help="keep --dir")
@@ -624,6 +668,7 @@ def main(argv: list[str] | None = None) -> int:
         for what in args.what:
             report[what] = {"disk": bench_disk, "kaggle": bench_kaggle, "caches": bench_caches,
                             "contention": bench_contention, "serve": bench_serve,
+                            "switch": bench_switch,
                             "terabyte": bench_terabyte}[what](args)  # fmt: skip
             print(json.dumps({what: report[what]}), file=sys.stderr)
     finally:
