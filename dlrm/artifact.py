@@ -236,10 +236,10 @@ def verify_files(path: Path, manifest: dict) -> None:
             raise ArtifactError(f"{path / rel}: corrupt: its SHA-256 does not match the manifest")
 
 
-def _load_tensor(path: Path, rel: str, rec: dict) -> torch.Tensor:
+def _load_tensor(path: Path, rel: str, rec: dict, mmap: bool = False) -> torch.Tensor:
     p = path / rel
-    try:
-        a = np.load(p, allow_pickle=False)
+    try:  # mmap: pages read when touched (copy-on-write: writable, the file never changed)
+        a = np.load(p, allow_pickle=False, mmap_mode="c" if mmap else None)
     except (OSError, ValueError) as e:
         raise ArtifactError(f"{p}: not a readable .npy file ({e})") from None
     expected = "uint16" if rec["dtype"] == "bfloat16" else rec["dtype"]
@@ -250,8 +250,9 @@ def _load_tensor(path: Path, rel: str, rec: dict) -> torch.Tensor:
     return _from_numpy(a, rec["dtype"])
 
 
-def load(path: str | Path) -> Artifact:
-    """Read and verify an artifact (see the module docstring)."""
+def load(path: str | Path, map_tables: bool = False) -> Artifact:
+    """Read and verify an artifact (see the module docstring). `map_tables`: the tables'
+    tensors are memory-mapped, not read (tables larger than memory, served from the SSD tier)."""
     path = Path(path)
     manifest = read_manifest(path)
     verify_files(path, manifest)
@@ -261,7 +262,7 @@ def load(path: str | Path) -> Artifact:
         for rec in manifest["tables"]:
             spec = TableSpec(rec["name"], int(rec["rows"]), int(rec["dim"]), rec["feature"])
             check_precision(rec["precision"], spec.embedding_dim, spec.name)
-            t = _load_tensor(path, rec["file"], files[rec["file"]])
+            t = _load_tensor(path, rec["file"], files[rec["file"]], map_tables)
             expected = (spec.num_embeddings, row_bytes(spec.embedding_dim, rec["precision"]))
             if tuple(t.shape) != expected or t.dtype != torch.uint8:
                 raise ArtifactError(

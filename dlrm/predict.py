@@ -64,6 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None,
                    help="scoring threads (default: the cores the parse workers leave, at least 1)")  # fmt: skip
     p.add_argument("--embedding-backend", default="auto", help="auto, fbgemm or torch")
+    # the SSD tier (docs/scm.md): tables larger than memory, read through a DRAM row cache
+    p.add_argument("--scm-dir", help="serve the tables from the SSD tier in this directory")
+    p.add_argument("--scm-cache", default="256MB", help="--scm-dir: DRAM for the row cache")
+    p.add_argument("--scm-io", default="direct", help="--scm-dir: direct (O_DIRECT) or buffered")
     return p
 
 
@@ -278,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     from dlrm.artifact import ArtifactError
     from dlrm.errors import ConfigError
+    from embeddings.errors import ScmError
 
     t0 = time.perf_counter()
     try:
@@ -295,7 +300,10 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"--out: {out.parent} does not exist")
         from dlrm.predictor import Predictor
 
-        predictor = Predictor.load(a.model, backend=a.embedding_backend)
+        predictor = Predictor.load(
+            a.model, backend=a.embedding_backend, scm_dir=a.scm_dir, scm_cache=a.scm_cache,
+            scm_io=a.scm_io,
+        )  # fmt: skip
         data = Path(a.data)
         if (data / "meta.json").is_file():
             if a.threads:
@@ -310,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
             torch.set_num_threads(a.threads or max(1, cores - workers))
             stats = predict_raw(predictor, data, out, a.on_bad_line, a.batch_size, workers,
                                 int(a.block_mb * 2**20))  # fmt: skip
-    except (ConfigError, DataError, ArtifactError) as e:
+    except (ConfigError, DataError, ArtifactError, ScmError) as e:
         sys.stderr.write(f"{PROG}: error: {e}\n")
         return EXIT_USAGE
     seconds = time.perf_counter() - t0

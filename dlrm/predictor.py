@@ -7,6 +7,12 @@
 DLRM and TBSM artifacts alike (a TBSM batch holds every step of each sample, see DESIGN.md).
 Loading verifies every file of the artifact first (dlrm/artifact.py); raw Criteo lines are scored
 by `python -m dlrm.predict`, which maps them as training did with what the artifact carries.
+
+    predictor = Predictor.load("artifacts/terabyte-int8", scm_dir="/ssd/serve", scm_cache="1GB")
+
+serves tables larger than memory: their rows are copied into the SSD tier in `scm_dir` (once:
+a later load of the same artifact finds them there) and read through a DRAM row cache of
+`scm_cache` bytes (embeddings/scm_serving.py); the scores equal the in-memory predictor's.
 """
 
 from __future__ import annotations
@@ -33,12 +39,24 @@ class Predictor:
 
     @classmethod
     def load(
-        cls, path: str | Path, device: str | torch.device = "cpu", backend: str = "auto"
+        cls,
+        path: str | Path,
+        device: str | torch.device = "cpu",
+        backend: str = "auto",
+        scm_dir: str | Path | None = None,
+        scm_cache: str | int = "256MB",
+        scm_io: str = "direct",
+        scm_io_threads: int = 16,
     ) -> Predictor:
         """Read and verify the artifact at `path` and build its model on `device` (`backend`:
-        auto, fbgemm or torch for the tables). ArtifactError names any file that is wrong."""
-        a = art.load(path)
+        auto, fbgemm or torch for the tables; `scm_dir`: the tables served from the SSD tier
+        there, through a row cache of `scm_cache` bytes). ArtifactError names any file that is
+        wrong."""
+        a = art.load(path, map_tables=scm_dir is not None)
         device = torch.device(device)
+        embeddings = None
+        if scm_dir is not None:
+            embeddings = _serve_from_tier(a, device, scm_dir, scm_cache, scm_io, scm_io_threads)
         precision = a.manifest["dense"].get("precision")
         if precision == "int8" and device.type != "cpu":
             raise art.ArtifactError(
@@ -47,7 +65,7 @@ class Predictor:
             )
         try:
             arch = arch_from_json(a.manifest["model"])
-            model = build_model(arch, a.tables, a.precisions, a.rows, device, backend)
+            model = build_model(arch, a.tables, a.precisions, a.rows, device, backend, embeddings)
             convert_dense(model, precision)
             load_dense_tensors(model, a.dense)
         except (KeyError, TypeError, ValueError) as e:
@@ -90,3 +108,19 @@ class Predictor:
         offsets = torch.arange(batch * tables + 1, dtype=values.dtype, device=self.device)
         pooled = self.model.embeddings.pooled(values, offsets, batch)
         return torch.sigmoid(self.model.dense_forward(dense.to(self.device), pooled).float())
+
+
+def _serve_from_tier(a: art.Artifact, device, scm_dir, scm_cache, scm_io, scm_io_threads):
+    from embeddings.errors import ScmError
+    from embeddings.placement import parse_bytes
+    from embeddings.scm_serving import ScmQuantizedEmbeddingBagCollection, ServingTier
+
+    files = a.manifest["files"]
+    sources = [(a.path / t["file"], files[t["file"]]["sha256"]) for t in a.manifest["tables"]]
+    try:
+        cache = parse_bytes(scm_cache, "--scm-cache")
+        tier = ServingTier(scm_dir, a.tables, a.precisions, sources, cache, scm_io, scm_io_threads)
+    except (ScmError, ValueError) as e:
+        raise art.ArtifactError(str(e)) from None
+    a.rows = []  # the memory-mapped tables are not needed: the tier serves them
+    return ScmQuantizedEmbeddingBagCollection(tier, device)

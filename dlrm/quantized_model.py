@@ -34,6 +34,7 @@ from torch import nn
 
 from dlrm.models.dlrm import DLRM, DLRMArch
 from dlrm.models.tbsm import TBSM, TBSMArch
+from embeddings.collection import EmbeddingCollection
 from embeddings.config import TableSpec
 from embeddings.quantized import QuantizedEmbeddingBagCollection, quantize_rows
 
@@ -209,9 +210,11 @@ def build_model(
     rows: list[torch.Tensor],
     device: torch.device | str = "cpu",
     backend: str = "auto",
+    embeddings: EmbeddingCollection | None = None,
 ) -> DLRM | TBSM:
-    """The model around quantized tables; its dense weights are still to be loaded."""
-    emb = QuantizedEmbeddingBagCollection(tables, precisions, rows, device, backend)
+    """The model around quantized tables (`embeddings`: a collection serving them already, e.g.
+    from the SSD tier); its dense weights are still to be loaded."""
+    emb = embeddings or QuantizedEmbeddingBagCollection(tables, precisions, rows, device, backend)
     model_class = TBSM if isinstance(arch, TBSMArch) else DLRM
     with torch.no_grad():
         model = model_class(arch, emb, seed=0)

@@ -54,6 +54,7 @@ def build_tiered(
         counts = _profile_counts(cfg)
         sizes = [t.num_embeddings for t in tables]
         priority = profile_priority(counts, sizes) if counts is not None else None
+        del counts  # dense per-row counts (1 GB at Terabyte scale): the priority keeps seen rows
         coll = TieredEmbeddingBagCollection(
             tables, opt, plan, scm_settings(cfg), torch.device(device), cfg.embedding_backend,
             cfg.seed, priority,

@@ -39,13 +39,19 @@ log = logging.getLogger(__name__)
 FORMAT = "hybrid-dlrm/access-profile"
 VERSION = 1
 DEFAULT_KEEP_INPUTS = 65536
+_INT32_MAX = 2**31 - 1
+
+
+def _count_array(c: np.ndarray) -> np.ndarray:
+    """Counts as stored when int32 or int64 (older profiles: int64), other integers as int64."""
+    return c if c.dtype in (np.int32, np.int64) else c.astype(np.int64)
 
 
 @dataclass
 class AccessProfile:
     feature_names: list[str]
     table_sizes: list[int]
-    counts: list[np.ndarray]  # per table, int64 [rows]: lookups of each row in the sample
+    counts: list[np.ndarray]  # per table, int32 [rows] (int64 past 2**31 - 1 lookups): each row's
     inputs: int  # inputs (samples) counted
     sample_rate: float = 0.0  # the share of the data the sample was (informational)
     sample_lengths: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.int32))  # [T, n]
@@ -159,7 +165,7 @@ class AccessProfile:
         if lengths.dtype.kind not in "iu" or values.dtype.kind not in "iu":
             raise ProfileError(f"{path}: the kept sample must hold integers")
         return cls(
-            list(meta["feature_names"]), sizes, [c.astype(np.int64) for c in counts], int(meta["inputs"]),
+            list(meta["feature_names"]), sizes, [_count_array(c) for c in counts], int(meta["inputs"]),
             float(meta.get("sample_rate", 0.0)), lengths.astype(np.int32), values.astype(np.int64),
         )  # fmt: skip
 
@@ -219,7 +225,10 @@ class AccessProfiler:
             raise ProfileError(
                 f"{len(self.table_sizes)} table sizes for {len(self.feature_names)} features"
             )
-        self.counts = [np.zeros(n, dtype=np.int64) for n in self.table_sizes]
+        # int32 counts: half the memory of int64 at Terabyte scale (260M rows: 1 GB, not 2);
+        # a table past 2**31 - 1 lookups is promoted to int64 before it could overflow
+        self.counts = [np.zeros(n, dtype=np.int32) for n in self.table_sizes]
+        self._lookups = [0] * len(self.table_sizes)
         self.inputs = 0
         self.keep_inputs = int(keep_inputs)
         self._kept_lengths: list[np.ndarray] = []  # [T, b] blocks
@@ -240,8 +249,11 @@ class AccessProfiler:
             raise ProfileError(
                 f"feature {self.feature_names[t]}: id {bad} outside the table's {n} rows"
             )
+        self._lookups[t] += ids.size
+        if self._lookups[t] > _INT32_MAX and self.counts[t].dtype == np.int32:
+            self.counts[t] = self.counts[t].astype(np.int64)
         if ids.size * 16 >= n:
-            self.counts[t] += np.bincount(ids, minlength=n).astype(np.int64, copy=False)
+            self.counts[t] += np.bincount(ids, minlength=n).astype(self.counts[t].dtype, copy=False)
         else:  # a big table and a small batch: do not sweep every row of the table
             rows, c = np.unique(ids, return_counts=True)
             self.counts[t][rows] += c
@@ -291,6 +303,8 @@ class AccessProfiler:
             self._kept += take
 
     def finish(self, sample_rate: float = 0.0) -> AccessProfile:
+        """The profile; its counts are the profiler's own arrays (not copied: at Terabyte scale a
+        copy is another GB), so the profiler is done."""
         T = len(self.table_sizes)
         if self._kept_lengths:
             lengths = np.concatenate(self._kept_lengths, axis=1).astype(np.int32)
@@ -300,7 +314,7 @@ class AccessProfiler:
         else:
             lengths, values = np.zeros((T, 0), np.int32), np.zeros(0, np.int64)
         return AccessProfile(
-            self.feature_names, self.table_sizes, [c.copy() for c in self.counts], self.inputs,
+            self.feature_names, self.table_sizes, self.counts, self.inputs,  # handed over, no copy
             float(sample_rate), lengths, values,
         )  # fmt: skip
 

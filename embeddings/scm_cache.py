@@ -2,7 +2,9 @@
 same byte budget (what the page cache does: the comparison point).
 
 `RowCache` keeps copies of single rows (weights and optimizer state) in one preallocated
-[capacity, row floats] tensor, found through a dense global-id -> slot map. Which rows stay:
+[capacity, row floats] tensor, found through a sorted map of the cached rows' global ids
+(`SlotMap`: 12 bytes per cached row; a dense id -> slot array would take 4 bytes for every row of
+every table, 1 GB for Terabyte's 260M rows whatever the cache's size). Which rows stay:
 - every row carries a priority: its count in the access profile (rows the profile saw often are
   the warm rows that should stay) plus the hits it has had while cached;
 - when slots run out, the cache evicts in bulk (1/64 of its slots at a time, so the cost of
@@ -29,6 +31,49 @@ PROTECT = 4  # accesses whose rows are never evicted
 _NEVER = torch.iinfo(torch.int64).max
 
 
+class SlotMap:
+    """global id -> slot for the cached rows: their ids sorted, with their slots. Lookups are one
+    binary search per id; adding or removing rows merges in one pass over the map (vectorised),
+    which admissions and bulk evictions amortise over thousands of rows."""
+
+    def __init__(self) -> None:
+        self.keys = torch.zeros(0, dtype=torch.int64)
+        self.vals = torch.zeros(0, dtype=torch.int32)
+
+    def get(self, gids: torch.Tensor) -> torch.Tensor:
+        """int64 slots of `gids`, -1 where not cached."""
+        if not self.keys.numel():
+            return torch.full(gids.shape, -1, dtype=torch.int64)
+        at = torch.searchsorted(self.keys, gids).clamp(max=self.keys.numel() - 1)
+        return torch.where(self.keys[at] == gids, self.vals[at].long(), -1)
+
+    def add(self, gids: torch.Tensor, slots: torch.Tensor) -> None:
+        """Map `gids` (unique, not in the map) to `slots`."""
+        if not gids.numel():
+            return
+        g, order = torch.sort(gids)
+        n, k = self.keys.numel(), g.numel()
+        at = torch.searchsorted(self.keys, g) + torch.arange(k)  # their places in the merge
+        old = torch.ones(n + k, dtype=torch.bool)
+        old[at] = False
+        keys = torch.empty(n + k, dtype=torch.int64)
+        vals = torch.empty(n + k, dtype=torch.int32)
+        keys[old], vals[old] = self.keys, self.vals
+        keys[at], vals[at] = g, slots[order].to(torch.int32)
+        self.keys, self.vals = keys, vals
+
+    def remove(self, gids: torch.Tensor) -> None:
+        """Unmap `gids` (all in the map)."""
+        if not gids.numel():
+            return
+        keep = torch.ones(self.keys.numel(), dtype=torch.bool)
+        keep[torch.searchsorted(self.keys, gids)] = False
+        self.keys, self.vals = self.keys[keep], self.vals[keep]
+
+    def nbytes(self, capacity: int) -> int:
+        return capacity * (8 + 4)
+
+
 class RowCache:
     def __init__(
         self,
@@ -41,7 +86,8 @@ class RowCache:
         simulations); `priority(gids)` -> int64 profile counts (None: recency alone)."""
         self.capacity = capacity
         self.data = torch.zeros(capacity, row_floats) if row_floats else None
-        self.slot_of = torch.full((total_rows if capacity else 0,), -1, dtype=torch.int32)
+        self.total_rows = total_rows
+        self.map = SlotMap()
         self.gid = torch.full((capacity,), -1, dtype=torch.int64)
         self.dirty = torch.zeros(capacity, dtype=torch.bool)
         self.prio = torch.zeros(capacity, dtype=torch.int64)
@@ -59,15 +105,19 @@ class RowCache:
     def bookkeeping_bytes(self) -> int:
         """DRAM besides the rows themselves: the id map and the per-slot arrays."""
         per_slot = 8 + 1 + 8 + 8 + 8  # gid, dirty, prio, last, free stack
-        return self.slot_of.numel() * 4 + self.capacity * per_slot
+        return self.map.nbytes(self.capacity) + self.capacity * per_slot
 
     def next_access(self) -> None:
         """Start of a new access (a mini-batch's rows): recency is counted in accesses."""
         self.tick += 1
 
+    def slots(self, gids: torch.Tensor) -> torch.Tensor:
+        """Slots of `gids` (-1: not cached), nothing counted or touched."""
+        return self.map.get(gids)
+
     def lookup(self, gids: torch.Tensor) -> torch.Tensor:
         """Slots of `gids` (-1: not cached); counts hits and misses and touches the hits."""
-        slots = self.slot_of[gids].long()
+        slots = self.map.get(gids)
         hit = slots >= 0
         found = slots[hit]
         self.last[found] = self.tick
@@ -89,7 +139,7 @@ class RowCache:
         slots = self._free[self.n_free - k : self.n_free].clone()
         self.n_free -= k
         mine = gids[:k]
-        self.slot_of[mine] = slots.to(torch.int32)
+        self.map.add(mine, slots)
         self.gid[slots] = mine
         self.dirty[slots] = dirty
         self.prio[slots] = self.priority(mine) if self.priority is not None else 0
@@ -108,7 +158,7 @@ class RowCache:
             return torch.zeros(0, dtype=torch.int64)
         victims = torch.topk(score, k, largest=False, sorted=False).indices
         self.evictions += k
-        self.slot_of[self.gid[victims]] = -1
+        self.map.remove(self.gid[victims])
         dirty = victims[self.dirty[victims]]
         self._evicted_gids = self.gid[dirty].clone()
         self.gid[victims] = -1

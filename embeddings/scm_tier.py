@@ -15,6 +15,10 @@ Reads: cached rows are copied from DRAM; the others are read from their blocks (
 per block, on the I/O threads) or made from their initial value, and admitted to the cache.
 Writes go to the cache (dirty); rows the cache evicts, and rows it has no room for, are written
 to their blocks (read, patched, checksummed, written; a block's pre-image journaled first).
+A write never waits for the tier (held by a prefetch's reads and the evictions its admissions
+cause, on the Hotline worker): it is queued, and the tier's next holder stores the queued writes
+before anything else, so every read sees every write made before it began; a read of rows all in
+the last few writes is served from them (embeddings/scm_writes.py).
 `flush` writes every dirty row; `prepare(generation)` flushes, fsyncs and marks the point in the
 journal; `commit(generation)` makes it the journal's base once the checkpoint is written;
 `restore(generation, materialised)` rolls the file back to a checkpoint's point.
@@ -27,7 +31,8 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +44,7 @@ from embeddings.row_init import hashed_rows
 from embeddings.scm_cache import RowCache
 from embeddings.scm_file import BLOCK, PAYLOAD, BlockFile, aligned_blocks
 from embeddings.scm_journal import UndoJournal
+from embeddings.scm_writes import WriteQueue
 from embeddings.tiers import table_row_base
 
 FORMAT, VERSION = "hybrid-dlrm/scm-tier", 1
@@ -103,12 +109,16 @@ class ScmTier:
         capacity = max(0, int(cache_bytes) // self.row_bytes)
         self.cache = RowCache(self.total_rows, self.row_floats, capacity, priority)
         self._lock = threading.RLock()
+        self._depth = 0  # nesting of `_locked` in the thread holding the lock
+        self.writes = WriteQueue(self.row_floats)  # not stored yet, and the last few
+        self.queue_writes = True  # False: a write waits for the tier (the first round's way)
+        self.lock_wait_s = 0.0  # time callers waited for the tier's lock
         self.journal = UndoJournal(self.dir / JOURNAL)
         self.generation = 0
         self._journaled = np.zeros(self.num_blocks, dtype=bool)
         self.counts = dict.fromkeys(
             ("rows_requested", "rows_read", "rows_initial", "blocks_read", "blocks_rmw", "rows_written",
-             "blocks_written", "rows_direct_writes", "preimage_blocks"), 0
+             "blocks_written", "rows_direct_writes", "preimage_blocks", "rows_recent"), 0
         )  # fmt: skip
         self.io_s = 0.0  # time in file reads and writes (on whichever thread)
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -117,6 +127,29 @@ class ScmTier:
             self._open_existing()
         else:
             self._create()
+
+    # --- the lock and the queue of writes -------------------------------------------------------
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Hold the tier, the queued writes stored first (the outermost holder stores them)."""
+        if not self._lock.acquire(blocking=False):
+            t0 = time.perf_counter()
+            self._lock.acquire()
+            self.lock_wait_s += time.perf_counter() - t0
+        self._depth += 1
+        try:
+            if self._depth == 1:
+                self._store_queued()
+            yield
+        finally:
+            self._depth -= 1
+            self._lock.release()
+
+    def _store_queued(self) -> None:
+        while queued := self.writes.take():
+            for ids, rows in queued:
+                self._store(ids, rows)
 
     # --- files --------------------------------------------------------------------------------------
 
@@ -134,6 +167,7 @@ class ScmTier:
         self.materialised = np.zeros(self.num_blocks, dtype=bool)
         self.generation = 0
         self._journaled[:] = False
+        self.writes.forget()
         self.journal.start(self.tier_id, 0)
         self._pending = False
 
@@ -175,7 +209,7 @@ class ScmTier:
 
     def restore(self, generation: int, tier_id: bytes, materialised: np.ndarray) -> None:
         """Roll the files back to a checkpoint's point (its generation and written-block map)."""
-        with self._lock:
+        with self._locked():
             if not self._pending and generation == self.generation and tier_id == self.tier_id:
                 self.materialised = materialised.copy()  # loading the state we are at
                 return
@@ -202,11 +236,12 @@ class ScmTier:
             self.cache = RowCache(
                 self.total_rows, self.row_floats, self.cache.capacity, self.cache.priority
             )
+            self.writes.forget()
             self._pending = False
 
     def prepare(self) -> int:
         """Flush every dirty row, fsync, and mark the next generation in the journal."""
-        with self._lock:
+        with self._locked():
             self._ready()
             self.flush()
             self.file.fsync()
@@ -217,7 +252,7 @@ class ScmTier:
 
     def commit(self, generation: int) -> None:
         """The checkpoint of `generation` is written: the journal restarts from it."""
-        with self._lock:
+        with self._locked():
             self.journal.start(self.tier_id, generation)
 
     def close(self) -> None:
@@ -256,7 +291,11 @@ class ScmTier:
     @torch.no_grad()
     def read_rows(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Rows `ids` (unique int64 global ids) and their state; admitted to the cache."""
-        with self._lock:
+        recent = self.writes.recent(ids) if self.queue_writes else None
+        if recent is not None:
+            self.counts["rows_recent"] += ids.numel()
+            return self._split(recent)
+        with self._locked():
             self._ready()
             self._check(ids)
             self.cache.next_access()
@@ -281,12 +320,10 @@ class ScmTier:
     @torch.no_grad()
     def peek_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """[n, row floats] of `ids` without touching the cache's order or admitting (exports)."""
-        with self._lock:
+        with self._locked():
             self._ready()
             out = torch.empty(ids.numel(), self.row_floats)
-            slots = (
-                self.cache.slot_of[ids].long() if self.cache.capacity else torch.full_like(ids, -1)
-            )
+            slots = self.cache.slots(ids) if self.cache.capacity else torch.full_like(ids, -1)
             hit = slots >= 0
             if hit.any():
                 out[hit] = self.cache.data[slots[hit]]
@@ -303,19 +340,29 @@ class ScmTier:
         rows = weights.reshape(-1, self.dim)
         if state is not None:
             rows = torch.cat([rows, state.reshape(ids.numel(), -1)], dim=1)
-        with self._lock:
-            self._ready()
-            self._check(ids)
-            if not self.cache.capacity:
-                self._write_file(ids, rows)
-                return
-            slots = self.cache.slot_of[ids].long()
-            hit = slots >= 0
-            self.cache.data[slots[hit]] = rows[hit]
-            self.cache.dirty[slots[hit]] = True
-            miss = torch.nonzero(~hit).squeeze(1)
-            if miss.numel():
-                self._admit(ids[miss], rows[miss], dirty=True)
+        self._check(ids)
+        ids = ids.clone()  # the caller may reuse its tensors (`cat` made `rows` a new one)
+        rows = rows if state is not None else rows.clone()
+        if not self.queue_writes:
+            with self._locked():
+                self._store(ids, rows)
+        if self.writes.put(ids, rows, queue=self.queue_writes):
+            with self._locked():  # the queue is full: store it now
+                pass
+
+    def _store(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
+        """`write_rows` with the tier held."""
+        self._ready()
+        if not self.cache.capacity:
+            self._write_file(ids, rows)
+            return
+        slots = self.cache.slots(ids)
+        hit = slots >= 0
+        self.cache.data[slots[hit]] = rows[hit]
+        self.cache.dirty[slots[hit]] = True
+        miss = torch.nonzero(~hit).squeeze(1)
+        if miss.numel():
+            self._admit(ids[miss], rows[miss], dirty=True)
 
     def _admit(self, gids: torch.Tensor, rows: torch.Tensor, dirty: bool) -> None:
         slots, evicted = self.cache.admit(gids, dirty)
@@ -329,7 +376,7 @@ class ScmTier:
 
     def flush(self) -> None:
         """Every dirty cached row into the file (the cache keeps them, clean)."""
-        with self._lock:
+        with self._locked():
             if not self.cache.capacity:
                 return
             slots = torch.nonzero(self.cache.dirty).squeeze(1)
@@ -346,7 +393,7 @@ class ScmTier:
     def fill(self, chunk_blocks: int = 8192) -> int:
         """Write every block not yet written with its initial rows (sequential writes), as a
         long run's tier looks: then every cache miss is a real read. Returns blocks written."""
-        with self._lock:
+        with self._locked():
             self._ready()
             todo = np.flatnonzero(~self.materialised)
             for a in range(0, todo.size, chunk_blocks):
@@ -462,6 +509,8 @@ class ScmTier:
                 round(self.file.blocks_read / self.file.wall_s) if self.file.wall_s else None
             ),
             "scm_io_s": round(self.io_s, 4),
+            "scm_lock_wait_s": round(self.lock_wait_s, 4),
+            "scm_rows_from_recent_writes": c["rows_recent"],
             "scm_disk_bytes": self.file.disk_bytes(),
             "scm_logical_bytes": self.num_blocks * BLOCK,
         }

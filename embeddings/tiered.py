@@ -53,15 +53,20 @@ def profile_priority(counts: list[np.ndarray], sizes: list[int]):
     """`priority(gids)` for the row cache: each row's count in the access profile (0 when
     unseen), kept as the seen rows only (sorted global ids and their counts)."""
     base = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-    ids = [np.flatnonzero(c) + b for c, b in zip(counts, base)]
-    gids = torch.from_numpy(np.concatenate(ids).astype(np.int64))
-    vals = torch.from_numpy(np.concatenate([c[c > 0] for c in counts]).astype(np.int64))
+    small = int(sum(sizes)) < 2**31  # global ids as int32 (Terabyte's 260M rows: half the bytes)
+    ids = [
+        (np.flatnonzero(c) + b).astype(np.int32 if small else np.int64)
+        for c, b in zip(counts, base)
+    ]
+    gids = torch.from_numpy(np.concatenate(ids))
+    vals = torch.from_numpy(np.concatenate([c[c > 0] for c in counts]).astype(np.int32))
     if not gids.numel():
         return None
 
     def priority(g: torch.Tensor) -> torch.Tensor:
-        at = torch.searchsorted(gids, g).clamp(max=gids.numel() - 1)
-        return torch.where(gids[at] == g, vals[at], torch.zeros_like(g))
+        key = g.to(gids.dtype)
+        at = torch.searchsorted(gids, key).clamp(max=gids.numel() - 1)
+        return torch.where(gids[at] == key, vals[at].long(), torch.zeros_like(g))
 
     return priority
 
@@ -94,6 +99,7 @@ class TieredEmbeddingBagCollection(HotlineEmbeddingBagCollection):
         self.step_io_s = (
             0.0  # time the step's own thread spent in the tier (write-backs, refreshes)
         )
+        self.step_io_cpu_s = 0.0  # the CPU time of it (the rest: waiting for the lock or the disk)
 
     # --- tiers ------------------------------------------------------------------------------------
 
@@ -138,14 +144,16 @@ class TieredEmbeddingBagCollection(HotlineEmbeddingBagCollection):
     # --- the step's own time in the tier ----------------------------------------------------------
 
     def _write_back(self) -> None:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         super()._write_back()
         self.step_io_s += time.perf_counter() - t0
+        self.step_io_cpu_s += time.thread_time() - c0
 
     def _refresh(self, staged, prev) -> int:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         out = super()._refresh(staged, prev)
         self.step_io_s += time.perf_counter() - t0
+        self.step_io_cpu_s += time.thread_time() - c0
         return out
 
     # --- full tables, from the device tier and the SSD tier ---------------------------------------
@@ -293,6 +301,7 @@ class TieredEmbeddingBagCollection(HotlineEmbeddingBagCollection):
         steps = max(1, out.get("hotline_batches") or 0)
         exposed = (out.get("exposed_gather_s") or 0.0) + self.step_io_s
         out["scm_step_io_s"] = round(self.step_io_s, 4)
+        out["scm_step_io_cpu_s"] = round(self.step_io_cpu_s, 4)
         out["scm_exposed_io_s_per_step"] = round(exposed / steps, 6)
         return out
 

@@ -3,7 +3,10 @@ against a block cache, and a Terabyte-sized table set.
 
     python scripts/bench_scm.py disk     --dir /tmp/scm-bench   # random 4 KiB reads, QD 1..64
     python scripts/bench_scm.py kaggle   --dir /tmp/scm-bench   # tiered vs device, interleaved
+    python scripts/bench_scm.py contention --dir /tmp/scm-bench # the step's wait on the tier
+    python scripts/bench_scm.py switch   --dir /tmp/scm-bench   # GIL switch interval, 5 vs 0.2 ms
     python scripts/bench_scm.py caches   --dir /tmp/scm-bench   # row vs block cache, equal bytes
+    python scripts/bench_scm.py serve    --dir /tmp/scm-bench   # predictor latency from the tier
     python scripts/bench_scm.py terabyte --dir /tmp/scm-bench   # 26 x 10M rows x dim 64
 
 Each prints one JSON object (load averages and the CPU's bf16/AMX flags included). The tier's
@@ -357,6 +360,204 @@ def bench_caches(args) -> dict:
     return out
 
 
+# --- 2b. the step's wait on the tier: write-backs queued or waiting for the lock ------------------
+
+
+def bench_contention(args) -> dict:
+    """Tables of `--ct-rows` rows each (26, dim 16, SGD), every block written and a small cache,
+    so each staging reads, evicts and writes back: rounds of `--round-steps` steps alternate
+    between write-backs that wait for the tier's lock (the first round's behaviour) and
+    write-backs queued when the tier is busy. Counted per step: the step thread's time in the
+    tier (wall and CPU), the time callers waited for the lock, the time steps waited for
+    stagings, and the step thread's CPU time."""
+    sizes = (args.ct_rows,) * 26
+    d = Path(args.dir) / "contention"
+    base = dataclasses.replace(
+        kaggle_base(args), arch_embedding_size=sizes, out_dir=str(d / "base"),
+        data_size=2048 * (args.warmup_steps + 2 * args.rounds * args.round_steps + 8),
+    )  # fmt: skip
+    profile = d / "profile.npz"
+    d.mkdir(parents=True, exist_ok=True)
+    make_profile(base, args.ct_profile_samples, profile)
+    cfg = dataclasses.replace(
+        base, placement="tiered", hot_budget=args.ct_hot, scm_cache=args.ct_cache,
+        scm_dir=str(d / "scm"), scm_io=args.scm_io, scm_io_threads=args.io_threads,
+        profile_file=str(profile), out_dir=str(d / "tiered"),
+    )  # fmt: skip
+    trainer = Trainer(cfg, checkpoints=False)
+    coll = trainer.model.embeddings
+    tier = coll.host
+    t0 = time.perf_counter()
+    filled = tier.fill()
+    fill_s = time.perf_counter() - t0
+    stream = trainer.data.train.batches(0, 0)
+    for _ in range(args.warmup_steps):
+        trainer.pipeline.progress(stream)
+    keys = ("scm_step_io_s", "scm_step_io_cpu_s", "scm_lock_wait_s", "exposed_gather_s",
+            "gather_s", "scm_rows_from_recent_writes", "scm_cache_evictions", "scm_rows_read")  # fmt: skip
+    per_round: dict[str, list[dict]] = {"lock": [], "queue": []}
+    for r in range(args.rounds):
+        for mode in ("lock", "queue"):
+            tier.queue_writes = mode == "queue"
+            c0, cpu0, t1 = coll.counters(), time.thread_time(), time.perf_counter()
+            for _ in range(args.round_steps):
+                trainer.pipeline.progress(stream)
+            wall, cpu = time.perf_counter() - t1, time.thread_time() - cpu0
+            c = coll.counters()
+            n = args.round_steps
+            row = {k: round((c[k] - c0[k]) / n, 5) for k in keys}
+            row.update(step_s=round(wall / n, 4), step_thread_cpu_s=round(cpu / n, 4))
+            per_round[mode].append(row)
+            print(f"contention round {r} {mode}: {json.dumps(row)}", file=sys.stderr)
+    tier.queue_writes = True
+
+    def median(mode: str, k: str) -> float:
+        return round(float(np.median([x[k] for x in per_round[mode]])), 5)
+
+    fields = (*keys, "step_s", "step_thread_cpu_s")
+    out = {
+        "setup": {**_setup(), "tables": 26, "rows_per_table": args.ct_rows, "dim": 16,
+                  "optimizer": "sgd", "hot_budget": args.ct_hot, "scm_cache": args.ct_cache,
+                  "blocks_filled": filled, "fill_s": round(fill_s, 1), "rounds": args.rounds,
+                  "round_steps": args.round_steps, "scm_io": args.scm_io},
+        "per_step_median": {m: {k: median(m, k) for k in fields} for m in per_round},
+        "per_round": per_round,
+        "load_after": _load(),
+    }  # fmt: skip
+    del trainer, coll, tier
+    gc.collect()
+    return out
+
+
+# --- 2c. the GIL switch interval outside the tier's I/O --------------------------------------------
+
+
+def bench_switch(args) -> dict:
+    """A small tiered run (the tests' size: 4 tables of <= 500 rows, dim 4, Adagrad, a 2 KB cache,
+    so every step evicts and reads back), rounds of `--round-steps` steps alternating the
+    process's switch interval outside the tier's I/O: Python's default 5 ms (what the tier leaves
+    now) against 0.2 ms (what the first round set for the whole process). Per step: wall time and
+    the step thread's CPU time."""
+    from dlrm.config import TrainConfig as Cfg
+
+    steps = args.rounds * 2 * args.round_steps + args.warmup_steps + 4
+    cfg = Cfg(
+        arch_embedding_size=(60, 40, 500, 7), arch_sparse_feature_size=4, arch_mlp_bot=(13, 16, 4),
+        arch_mlp_top=(16, 1), mini_batch_size=64, data_size=64 * steps, test_data_size=512,
+        learning_rate=0.1, optimizer="adagrad", print_freq=10**9, progress=False,
+        placement="tiered", hot_budget="2KB", profile_sample_rate=0.2, scm_cache="2KB",
+        scm_io="buffered", device="cpu", out_dir=str(Path(args.dir) / "switch"),
+    )  # fmt: skip
+    torch.set_num_threads(1)
+    trainer = Trainer(cfg, checkpoints=False)
+    stream = trainer.data.train.batches(0, 0)
+    for _ in range(args.warmup_steps):
+        trainer.pipeline.progress(stream)
+    before = sys.getswitchinterval()
+    rows: dict[str, list[dict]] = {"5ms": [], "0.2ms": []}
+    try:
+        for _ in range(args.rounds):
+            for name, interval in (("5ms", 5e-3), ("0.2ms", 2e-4)):
+                sys.setswitchinterval(interval)
+                t0, c0 = time.perf_counter(), time.thread_time()
+                for _ in range(args.round_steps):
+                    trainer.pipeline.progress(stream)
+                n = args.round_steps
+                rows[name].append({"step_ms": round(1e3 * (time.perf_counter() - t0) / n, 2),
+                                   "step_thread_cpu_ms": round(1e3 * (time.thread_time() - c0) / n, 2)})  # fmt: skip
+    finally:
+        sys.setswitchinterval(before)
+    med = {k: {f: float(np.median([r[f] for r in v])) for f in v[0]} for k, v in rows.items()}
+    return {"setup": {**_setup(), "rounds": args.rounds, "round_steps": args.round_steps},
+            "per_step_median": med, "per_round": rows, "load_after": _load()}  # fmt: skip
+
+
+# --- 5. inference from the tier ------------------------------------------------------------------
+
+
+def _percentiles_ms(seconds: list[float]) -> dict:
+    p50, p99 = np.percentile(np.array(seconds) * 1e3, [50, 99])
+    return {"p50_ms": round(float(p50), 3), "p99_ms": round(float(p99), 3)}
+
+
+def bench_serve(args) -> dict:
+    """An int8 artifact of the Kaggle tables (33.8M rows, dim 16: 676 MB of rows) scored by the
+    in-memory predictor and by one opened with `--scm-dir` and `--serve-cache` of row cache
+    (O_DIRECT), requests alternated one by one: cold (a new predictor, the cache empty: its first
+    `--serve-requests` requests) and warm (after `--serve-warm` requests of other inputs)."""
+    from dlrm import Predictor
+    from dlrm.data import build_data
+    from dlrm.quantize import main as quantize
+
+    d = Path(args.dir) / "serve"
+    d.mkdir(parents=True, exist_ok=True)
+    base = dataclasses.replace(
+        kaggle_base(args), placement="device", embedding_init="hashed", data_size=2048 * 20,
+        test_data_size=2048, out_dir=str(d / "run"), save_model=str(d / "model.pt"),
+    )  # fmt: skip
+    t0 = time.perf_counter()
+    art = d / "artifact"
+    if not (art / "manifest.json").is_file():  # made once (kept with --keep)
+        trainer = Trainer(base, checkpoints=False)
+        trainer.fit()
+        del trainer
+        gc.collect()
+        if quantize([str(d / "model.pt"), "--out", str(art), "--emb-precision", "int8"]) != 0:
+            raise SystemExit("bench_scm serve: quantize failed")
+        (d / "model.pt").unlink()
+    made_s = time.perf_counter() - t0
+    out = {"setup": {**_setup(), "rows": sum(KAGGLE_TABLE_SIZES), "dim": 16, "precision": "int8",
+                     "table_bytes": sum(KAGGLE_TABLE_SIZES) * 20, "cache": args.serve_cache,
+                     "requests": args.serve_requests, "warm_requests": args.serve_warm,
+                     "scm_io": args.scm_io, "artifact_made_s": round(made_s, 1)}}  # fmt: skip
+    memory = Predictor.load(art)
+    for batch in (1, 64):
+        data = build_data(dataclasses.replace(
+            base, mini_batch_size=batch,
+            data_size=batch * (args.serve_warm + 2 * args.serve_requests + 1),
+        ))  # fmt: skip
+        stream = _stream(data.train, 0)
+        t1 = time.perf_counter()
+        tiered = Predictor.load(
+            art, scm_dir=d / "scm", scm_cache=args.serve_cache, scm_io=args.scm_io,
+            scm_io_threads=args.io_threads,
+        )  # fmt: skip
+        open_s = time.perf_counter() - t1
+        emb = tiered.model.embeddings
+        row: dict = {"open_s": round(open_s, 1), "copied_blocks": emb.tier.copied_blocks}
+        for phase in ("cold", "warm"):
+            if phase == "warm":
+                for _ in range(args.serve_warm):
+                    tiered.predict(next(stream))
+            c0 = emb.counters()
+            lat: dict[str, list[float]] = {"memory": [], "tiered": []}
+            for _ in range(args.serve_requests):
+                b = next(stream)
+                for name, p in (("memory", memory), ("tiered", tiered)):
+                    t1 = time.perf_counter()
+                    scores = p.predict(b)
+                    lat[name].append(time.perf_counter() - t1)
+                    if name == "memory":
+                        expected = scores
+                if not torch.allclose(scores, expected, rtol=0, atol=1e-6):
+                    raise SystemExit("bench_scm serve: the tier scored differently")
+            c = emb.counters()
+            hits, misses = (c[k] - c0[k] for k in ("scm_cache_hits", "scm_cache_misses"))
+            row[phase] = {
+                **{k: _percentiles_ms(v) for k, v in lat.items()},
+                "hit_rate": round(hits / max(1, hits + misses), 4),
+                "rows_read_per_request": round((c["scm_rows_read"] - c0["scm_rows_read"])
+                                               / args.serve_requests, 1),
+                "io_p50_us": c["scm_io_p50_us"], "io_p99_us": c["scm_io_p99_us"],
+            }  # fmt: skip
+            print(f"serve batch {batch} {phase}: {json.dumps(row[phase])}", file=sys.stderr)
+        out[f"batch_{batch}"] = row
+        emb.tier.close()
+        del tiered, emb
+    out["load_after"] = _load()
+    return out
+
+
 # --- 4. Terabyte-sized tables ---------------------------------------------------------------------
 
 
@@ -421,7 +622,11 @@ def bench_terabyte(args) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("what", nargs="+", choices=["disk", "kaggle", "caches", "terabyte"])
+    p.add_argument(
+        "what",
+        nargs="+",
+        choices=["disk", "kaggle", "contention", "switch", "caches", "terabyte", "serve"],
+    )
     p.add_argument("--dir", default="/tmp/scm-bench", help="the tier's files (deleted at the end)")
     p.add_argument("--keep", action="store_true", help="keep --dir")
     p.add_argument("--file-gb", type=float, default=2.0)
@@ -444,6 +649,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--round-steps", type=int, default=40)
     p.add_argument("--cache-steps", type=int, default=5000)
     p.add_argument("--cache-warm-steps", type=int, default=3000)
+    p.add_argument("--ct-rows", type=int, default=500_000, help="contention: rows per table")
+    p.add_argument("--ct-hot", default="16MB", help="contention: hot budget")
+    p.add_argument("--ct-cache", default="16MB", help="contention: row cache")
+    p.add_argument("--ct-profile-samples", type=int, default=200_000)
+    p.add_argument("--serve-cache", default="64MB", help="serve: the tier's row cache")
+    p.add_argument("--serve-requests", type=int, default=300, help="serve: timed per phase")
+    p.add_argument("--serve-warm", type=int, default=3000, help="serve: requests before warm")
     p.add_argument("--tb-steps", type=int, default=2000)
     p.add_argument("--tb-dram", default="3GB")
     p.add_argument("--tb-profile-rate", type=float, default=0.05)
@@ -455,6 +667,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for what in args.what:
             report[what] = {"disk": bench_disk, "kaggle": bench_kaggle, "caches": bench_caches,
+                            "contention": bench_contention, "serve": bench_serve,
+                            "switch": bench_switch,
                             "terabyte": bench_terabyte}[what](args)  # fmt: skip
             print(json.dumps({what: report[what]}), file=sys.stderr)
     finally:

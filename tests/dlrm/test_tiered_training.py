@@ -29,6 +29,15 @@ TIERED = dict(
 DEVICE = dict(placement="device", embedding_init="hashed", device="cpu")
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    # tiny batches: on a shared 2-core machine intra-op threads cost more than they save
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def same_tables(a: Trainer, b: Trainer) -> None:
     """Every weight (dense and embedding) and optimizer state bit-identical."""
     ea, eb = a.model.embeddings, b.model.embeddings
@@ -184,7 +193,7 @@ def _cli_args(out_dir: Path) -> list[str]:
 
 def test_kill_9_during_training_then_resume_ends_as_the_uninterrupted_run(tmp_path, uninterrupted):
     out = tmp_path / "run"
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]), OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "dlrm.train", *_cli_args(out)]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     metrics = out / "metrics.jsonl"

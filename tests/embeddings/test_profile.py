@@ -34,9 +34,20 @@ def test_counts_match_a_reference_count_and_keys_are_matched_by_name():
             np.add.at(ref[t], v, 1)
     p = prof.finish(0.5)
     for c, r in zip(p.counts, ref):
-        assert c.dtype == np.int64 and np.array_equal(c, r)
+        assert c.dtype == np.int32 and np.array_equal(c, r)  # int32: half the bytes of int64
     assert p.inputs == 40 and p.kept_inputs == 10 and p.sample_lengths.shape == (3, 10)
     assert p.sample_values.size == int(p.sample_lengths.sum())
+
+
+def test_counts_become_int64_before_a_table_could_pass_int32():
+    prof = AccessProfiler([10, 10], ["a", "b"])
+    prof.add_indices(0, np.array([3, 3, 4]))
+    prof._lookups[0] = 2**31 - 2  # as after two billion lookups
+    prof.add_indices(0, np.array([3, 9]))
+    prof.add_indices(1, np.array([1]))
+    p = prof.finish()
+    assert p.counts[0].dtype == np.int64 and p.counts[0][[3, 4, 9]].tolist() == [3, 1, 1]
+    assert p.counts[1].dtype == np.int32
 
 
 def test_save_load_round_trip_is_exact_and_pickle_free(tmp_path):

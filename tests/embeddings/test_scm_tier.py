@@ -2,6 +2,8 @@
 sparse files, checksums, the undo journal, and the caches' policies."""
 
 import os
+import sys
+import threading
 
 import numpy as np
 import pytest
@@ -11,10 +13,11 @@ from embeddings.config import SparseOptimizer, TableSpec
 from embeddings.errors import ScmError
 from embeddings.fused import FusedEmbeddingBagCollection
 from embeddings.row_init import hashed_init_, hashed_rows, hashed_table
-from embeddings.scm_cache import BlockCache, RowCache
-from embeddings.scm_file import BLOCK
+from embeddings.scm_cache import BlockCache, RowCache, SlotMap
+from embeddings.scm_file import BLOCK, SWITCH_INTERVAL_S
 from embeddings.scm_journal import UndoJournal
 from embeddings.scm_tier import JOURNAL, ROWS, ScmTier
+from embeddings.scm_writes import RECENT
 
 TABLES = [TableSpec("t0", 300, 8, "f0"), TableSpec("t1", 2000, 8, "f1")]
 
@@ -77,6 +80,7 @@ def test_a_table_larger_than_the_disk_stores_only_the_rows_written(tmp_path):
     t = tier(tmp_path / "scm", tables=big, cache_rows=0)
     ids = torch.tensor([3, 10_000_000, 49_999_999])
     t.write_rows(ids, *random_rows(3))
+    t.flush()  # the queued write stored
     size = os.path.getsize(tmp_path / "scm" / ROWS)
     assert size == t.num_blocks * BLOCK > 3e9
     assert t.counters()["scm_disk_bytes"] <= 3 * BLOCK * 4  # a few blocks (file-system rounding)
@@ -86,6 +90,9 @@ def test_a_table_larger_than_the_disk_stores_only_the_rows_written(tmp_path):
 def test_a_damaged_block_is_named_with_its_offset_and_expected_checksum(tmp_path):
     t = tier(tmp_path / "scm", cache_rows=0)
     t.write_rows(torch.tensor([400]), *random_rows(1))
+    for i in range(RECENT):  # writes of other rows: row 400 is read from the file again
+        t.write_rows(torch.tensor([1000 + 100 * i]), *random_rows(1))
+    t.flush()  # writes are queued for the tier's next holder
     block = 400 // t.rpb
     with open(tmp_path / "scm" / ROWS, "r+b") as f:
         f.seek(block * BLOCK + 100)
@@ -173,9 +180,9 @@ def test_the_row_cache_keeps_profiled_rows_and_evicts_the_least_recent_others():
         slots = cache.lookup(ids)
         miss = ids[slots < 0]
         cache.admit(miss, dirty=False)
-    assert (cache.slot_of[:10] >= 0).all()  # warm rows never left
+    assert (cache.slots(torch.arange(10)) >= 0).all()  # warm rows never left
     recent = torch.arange(100 + 8 * 38, 100 + 8 * 40)
-    assert (cache.slot_of[recent] >= 0).all()
+    assert (cache.slots(recent) >= 0).all()
     assert cache.evictions > 0 and cache.hits >= 39 * 10
 
 
@@ -195,3 +202,72 @@ def test_the_row_cache_hits_more_than_a_block_cache_of_the_same_bytes():
     row_rate = rows.hits / (rows.hits + rows.misses)
     block_rate = blocks.row_hits / (blocks.row_hits + blocks.row_misses)
     assert row_rate > block_rate + 0.1
+
+
+def test_a_write_finding_the_tier_busy_returns_at_once_and_every_later_read_sees_it(tmp_path):
+    t = tier(tmp_path / "scm", cache_rows=8)
+    held, release, waited = threading.Event(), threading.Event(), []
+
+    def prefetch():  # stands for a staging's reads and evictions on the Hotline worker
+        with t._locked():
+            held.set()
+            waited.append(not release.wait(10))
+
+    worker = threading.Thread(target=prefetch)
+    worker.start()
+    held.wait(10)
+    ids = torch.arange(0, 2000, 100)
+    w, s = random_rows(ids.numel())
+    t.write_rows(ids, w, s)  # queued: it does not wait for the worker
+    got_w, got_s = t.read_rows(ids[:3])  # the last writes, read without the tier
+    release.set()
+    worker.join()
+    assert waited == [False]
+    assert torch.equal(got_w, w[:3]) and torch.equal(got_s, s[:3])
+    for i in range(RECENT):  # other rows written: `ids` come from the cache and the file again
+        t.write_rows(torch.tensor([2001 + i]), *random_rows(1))
+    got_w, got_s = t.read_rows(ids)
+    assert torch.equal(got_w, w) and torch.equal(got_s, s)
+    c = t.counters()
+    assert c["scm_rows_from_recent_writes"] == 3 and c["scm_rows_written"] > 0  # 20 rows, 8 slots
+
+
+def test_the_switch_interval_is_lowered_only_while_io_threads_read(tmp_path, monkeypatch):
+    before = sys.getswitchinterval()
+    t = tier(tmp_path / "scm", cache_rows=0)
+    t.write_rows(torch.arange(0, 2300, 9), *random_rows(256))
+    t.flush()
+    seen, real = [], os.preadv
+
+    def preadv(*args):
+        if threading.current_thread().name.startswith("scm-io"):
+            seen.append(sys.getswitchinterval())
+        return real(*args)
+
+    monkeypatch.setattr(os, "preadv", preadv)
+    for i in range(RECENT):
+        t.write_rows(torch.tensor([1 + 9 * i]), *random_rows(1))
+    t.read_rows(torch.arange(0, 2300, 9))  # blocks on several I/O threads
+    assert seen and max(abs(x - min(before, SWITCH_INTERVAL_S)) for x in seen) < 1e-9
+    assert sys.getswitchinterval() == before
+    t.close()
+    assert sys.getswitchinterval() == before
+
+
+def test_the_slot_map_agrees_with_a_dictionary_through_adds_and_removes():
+    rng = np.random.default_rng(3)
+    m, ref = SlotMap(), {}
+    for _ in range(30):
+        new = np.setdiff1d(rng.integers(0, 10**9, 50), list(ref))
+        new = rng.permutation(np.unique(new))  # unordered, as admissions come
+        slots = rng.integers(0, 10**6, new.size)
+        m.add(torch.from_numpy(new), torch.from_numpy(slots))
+        ref.update(zip(new.tolist(), slots.tolist()))
+        gone = rng.choice(list(ref), 20, replace=False)
+        m.remove(torch.from_numpy(gone))
+        for g in gone.tolist():
+            del ref[g]
+        probe = np.concatenate([rng.choice(list(ref), 30), gone, rng.integers(0, 10**9, 5)])
+        got = m.get(torch.from_numpy(probe)).tolist()
+        assert got == [ref.get(g, -1) for g in probe.tolist()]
+    assert m.keys.numel() == len(ref) and bool((m.keys[1:] > m.keys[:-1]).all())
