@@ -44,6 +44,7 @@ RESUMED = dict(sharding="table_wise", optimizer="adagrad", test_freq=STEPS // 2)
 HOT = dict(
     RESUMED, placement="fae", hot_budget="3KB", profile_sample_rate=1.0
 )  # 96 rows: 4 floats + Adagrad state
+HOT_HOTLINE = dict(HOT, placement="hotline")  # the same split across ranks
 
 
 def config(out_dir: Path, **kw):
@@ -74,6 +75,7 @@ def _ranks(rank: int, init: str, root: str) -> None:
         jobs["resumed_1_to_2"] = config(root_dir / "one_to_two", **RESUMED, resume="auto")
         jobs["two_resumable"] = config(root_dir / "two_resumable", **RESUMED)
         jobs["hot_replicated"] = config(root_dir / "two_hot", **HOT)
+        jobs["hot_replicated_hotline"] = config(root_dir / "two_hotline", **HOT_HOTLINE)
         for name, cfg in jobs.items():
             with CollectiveCounter() as counter:
                 out = result(cfg)
@@ -107,7 +109,7 @@ def runs(tmp_path_factory):
     one["resumable"] = result(config(root / "one_resumable", **RESUMED))
     _cut_at(root / "one_resumable", STEPS // 2, root / "one_to_two")
     mp.spawn(_ranks, args=(f"file://{root / 'rendezvous'}", str(root)), nprocs=2)
-    names = [*KINDS, "resumed_1_to_2", "two_resumable", "hot_replicated"]
+    names = [*KINDS, "resumed_1_to_2", "two_resumable", "hot_replicated", "hot_replicated_hotline"]
     two = {name: _load(root / f"{name}.pt") for name in names}
     return root, one, two
 
@@ -185,6 +187,19 @@ def test_hot_rows_replicated_and_cold_rows_sharded_train_what_one_process_does(r
     for key, w in two["hot_replicated"]["state"].items():
         if ".t_cat_" in key:
             assert torch.equal(state["model"][key], w), key
+
+
+def test_hotline_across_ranks_replicates_the_same_hot_rows_and_trains_the_same_run(runs):
+    root, one, two = runs
+    assert_same_run(one["resumable"], two["hot_replicated_hotline"])
+    plans = [json.loads((root / d / "sharding_plan.json").read_text())
+             for d in ("two_hot", "two_hotline")]  # fmt: skip
+    assert plans[0] == plans[1]
+    sent = two["hot_replicated_hotline"]["sent"]
+    assert (
+        sent["all_reduce_replicated_tables"]
+        == two["hot_replicated"]["sent"]["all_reduce_replicated_tables"]
+    )
 
 
 def test_a_damaged_shard_is_named(runs, tmp_path):
