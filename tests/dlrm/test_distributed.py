@@ -289,3 +289,18 @@ def test_what_several_processes_cannot_run_is_refused_before_any_work(tmp_path, 
     with pytest.raises(ConfigError, match=message):
         Trainer(cfg, rank=0, world_size=2)  # refused before the process group is even used
     assert not (tmp_path / "run").exists()
+
+
+def test_sharding_kinds_the_backend_cannot_run_are_named():
+    from embeddings.sharded import ShardingError, allowed_shardings
+
+    assert allowed_shardings("auto", "gloo", "sgd") == ["table_wise", "column_wise",
+                                                        "data_parallel"]  # fmt: skip
+    assert "row_wise" in allowed_shardings("auto", "nccl", "sgd")
+    assert "column_wise" not in allowed_shardings("auto", "nccl", "rowwise_adagrad")
+    with pytest.raises(ShardingError, match="--sharding row_wise: needs the nccl backend"):
+        allowed_shardings("row_wise", "gloo", "adagrad")
+    with pytest.raises(ShardingError, match="--sharding column_wise: not with --optimizer rowwise"):
+        allowed_shardings("column_wise", "gloo", "rowwise_adagrad")
+    with pytest.raises(ShardingError, match="--sharding: expected one of"):
+        allowed_shardings("rows", "gloo", "sgd")
