@@ -338,3 +338,13 @@ def test_bf16_linear_gives_the_bits_of_f_linear_then_relu(relu, shape):
         expected = torch.relu(expected)
     got = lin(x)
     assert got.dtype == torch.float32 and torch.equal(got, expected.float())
+
+
+def test_bf16_linear_follows_a_weight_loaded_after_its_first_call():
+    g = torch.Generator().manual_seed(5)
+    w, b, x = torch.randn(16, 24, generator=g), torch.randn(16, generator=g), torch.randn(8, 24)
+    lin = Bf16Linear(w, b, float_out=True, relu=False)
+    first = lin(x)
+    lin.load_state_dict({"weight": (2 * w).bfloat16(), "bias": b.bfloat16()})
+    expected = torch.nn.functional.linear(x.bfloat16(), (2 * w).bfloat16(), b.bfloat16()).float()
+    assert torch.equal(lin(x), expected) and not torch.equal(lin(x), first)
