@@ -65,6 +65,8 @@ class WriteQueue:
         out = torch.empty(ids.numel(), self.row_floats)
         found = torch.zeros(ids.numel(), dtype=torch.bool)
         for gids, rows in reversed(recent):  # newest first
+            if not gids.numel():  # a write of no rows (a step without cold rows) tells nothing
+                continue
             at = torch.searchsorted(gids, ids).clamp(max=gids.numel() - 1)
             hit = (gids[at] == ids) & ~found
             out[hit] = rows[at[hit]]

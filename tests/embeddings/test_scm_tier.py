@@ -271,3 +271,13 @@ def test_the_slot_map_agrees_with_a_dictionary_through_adds_and_removes():
         got = m.get(torch.from_numpy(probe)).tolist()
         assert got == [ref.get(g, -1) for g in probe.tolist()]
     assert m.keys.numel() == len(ref) and bool((m.keys[1:] > m.keys[:-1]).all())
+
+
+def test_recent_writes_skip_a_write_of_no_rows():
+    from embeddings.scm_writes import WriteQueue
+
+    q = WriteQueue(row_floats=2)
+    q.put(torch.tensor([3, 7]), torch.tensor([[1.0, 2.0], [3.0, 4.0]]))
+    q.put(torch.empty(0, dtype=torch.long), torch.empty(0, 2))  # a step without cold rows
+    assert torch.equal(q.recent(torch.tensor([7, 3])), torch.tensor([[3.0, 4.0], [1.0, 2.0]]))
+    assert q.recent(torch.tensor([5])) is None
