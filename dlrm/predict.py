@@ -37,21 +37,15 @@ import numpy as np
 import torch
 
 from data_pipeline.errors import DataError
+from dlrm.train import EXIT_USAGE, OneLineParser
 
-EXIT_USAGE = 2
 PROG = "python -m dlrm.predict"
 KAGGLE_FIRST_ID = 60_000_000
 _DEL = 0xFF
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:
-        sys.stderr.write(f"{self.prog}: error: {message}\n")
-        sys.exit(EXIT_USAGE)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=PROG, description=__doc__.splitlines()[0])
+    p = OneLineParser(prog=PROG, description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="inference artifact (python -m dlrm.quantize)")
     p.add_argument("--data", required=True, help="raw Criteo file, or preprocessed data set")
     p.add_argument("--out", required=True, help="CSV file to write")

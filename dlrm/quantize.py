@@ -49,22 +49,16 @@ from dlrm.quantized_model import (
     from_float_state,
     model_bytes,
 )
+from dlrm.train import EXIT_USAGE, OneLineParser
 from embeddings.quantized import TABLE_PRECISIONS, check_precision
 
-EXIT_USAGE = 2
 PROG = "python -m dlrm.quantize"
 EMB_CHOICES = (*TABLE_PRECISIONS, "auto")
 MOVED = 0.01  # a prediction "moved" when its probability changed by more than this
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:
-        sys.stderr.write(f"{self.prog}: error: {message}\n")
-        sys.exit(EXIT_USAGE)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=PROG, description=__doc__.splitlines()[0])
+    p = OneLineParser(prog=PROG, description=__doc__.splitlines()[0])
     p.add_argument("source", nargs="?", help="run directory, checkpoint or --save-model file")
     p.add_argument("--out", help="the artifact directory to write (must not exist)")
     p.add_argument("--emb-precision", default="int8", help=f"one of {', '.join(EMB_CHOICES)}")

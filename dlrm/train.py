@@ -36,7 +36,9 @@ def _bool_or_auto(text: str) -> bool | None:
     return None if text.strip().lower() == "auto" else _bool(text)
 
 
-class _Parser(argparse.ArgumentParser):
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with a flag mistake as one line and exit code 2 (the dlrm CLIs' parser)."""
+
     def error(self, message: str) -> None:  # one line, not the usage block
         sys.stderr.write(f"{self.prog}: error: {message}\n")
         sys.exit(EXIT_USAGE)
@@ -44,7 +46,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     d = TrainConfig.__dataclass_fields__
-    p = _Parser(prog="python -m dlrm.train", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="python -m dlrm.train", description=__doc__.splitlines()[0])
 
     def opt(flag: str, type_=str, dest: str | None = None, help_: str = "", **kw) -> None:
         dest = dest or flag.lstrip("-").replace("-", "_")

@@ -34,11 +34,11 @@ from embeddings.collection import EmbeddingCollection
 from embeddings.config import SparseOptimizer, TableSpec
 from embeddings.fused import uniform_table
 from embeddings.kjt_ops import in_feature_order
-from embeddings.sharded import LocalShard, ShardedEmbeddingBagCollection
+from embeddings.sharded import FullTableLoads, LocalShard, ShardedEmbeddingBagCollection
 from embeddings.transfer_stats import no_transfer_counters
 
 
-class HotReplicatedCollection(EmbeddingCollection):
+class HotReplicatedCollection(FullTableLoads, EmbeddingCollection):
     """Per table a replicated hot part and a sharded cold part (see the module docstring)."""
 
     def __init__(
@@ -116,9 +116,9 @@ class HotReplicatedCollection(EmbeddingCollection):
             i: uniform_table(t.num_embeddings, t.embedding_dim, i, seed)
             for i, t in enumerate(self.tables)
         }
-        self._copy_in(full, "weight")
+        self.copy_in(full, "weight")
 
-    def _copy_in(self, full: dict[int, torch.Tensor], which: str) -> None:
+    def copy_in(self, full: dict[int, torch.Tensor], which: str) -> None:
         for part, indices, ids in self._parts():
             part.copy_in({j: full[i][ids[i]] for j, i in enumerate(indices)}, which)
 
@@ -184,46 +184,6 @@ class HotReplicatedCollection(EmbeddingCollection):
 
     def optimizer_states(self) -> list[torch.Tensor | None]:
         return self._gathered("state")
-
-    def _load_from_state_dict(
-        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
-    ):
-        """Full tables in (`<table>.weight`), each part taking its rows."""
-        mine = {f"{prefix}{t.name}.weight": i for i, t in enumerate(self.tables)}
-        for key, i in mine.items():
-            t = self.tables[i]
-            if key not in state_dict:
-                missing_keys.append(key)
-            elif tuple(state_dict[key].shape) != (t.num_embeddings, t.embedding_dim):
-                error_msgs.append(
-                    f"{key}: shape {tuple(state_dict[key].shape)} in the checkpoint, "
-                    f"{(t.num_embeddings, t.embedding_dim)} in the model"
-                )
-        unexpected_keys.extend(k for k in state_dict if k.startswith(prefix) and k not in mine)
-        if not error_msgs and not any(k in missing_keys for k in mine):
-            with torch.no_grad():
-                self._copy_in({i: state_dict[k] for k, i in mine.items()}, "weight")
-
-    def load_sparse_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        if self.optimizer.kind == "sgd":
-            return
-        keys = {i: self._state_key(t) for i, t in enumerate(self.tables)}
-        missing = sorted(k for k in keys.values() if k not in state)
-        if missing:
-            raise KeyError(f"sparse optimizer state: missing {', '.join(missing[:3])}")
-        for i, key in keys.items():
-            t = self.tables[i]
-            want = (t.num_embeddings,) if self.optimizer.kind == "rowwise_adagrad" else (
-                t.num_embeddings, t.embedding_dim)  # fmt: skip
-            if tuple(state[key].shape) != want:
-                raise ValueError(
-                    f"sparse optimizer state: {key} has shape {tuple(state[key].shape)}, "
-                    f"expected {want}"
-                )
-        with torch.no_grad():
-            self._copy_in({i: state[k] for i, k in keys.items()}, "state")
-
-    # --- sharded checkpoints ------------------------------------------------------------------
 
     def local_shards(self) -> list[LocalShard]:
         """This rank's shards in full-table coordinates: `rows` names each shard row's row."""

@@ -27,7 +27,6 @@ import json
 import os
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -36,15 +35,11 @@ import torch.nn.functional as F
 from embeddings.collection import EmbeddingCollection
 from embeddings.config import SparseOptimizer, TableSpec
 from embeddings.errors import ScmError
-from embeddings.kjt_ops import in_feature_order
-from embeddings.quantized import dequantize_rows, row_bytes
+from embeddings.quantized import QuantizedEmbeddingBagCollection, dequantize_rows, row_bytes
 from embeddings.scm_cache import RowCache
 from embeddings.scm_file import BLOCK, PAYLOAD, BlockFile, aligned_blocks
 from embeddings.tiers import table_row_base
 from embeddings.transfer_stats import no_transfer_counters
-
-if TYPE_CHECKING:  # torchrec costs seconds to import; `python -m dlrm.predict` needs none of it
-    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 FORMAT, VERSION = "hybrid-dlrm/scm-serving", 1
 MANIFEST, ROWS = "serving.json", "rows.dat"
@@ -219,12 +214,8 @@ class ScmQuantizedEmbeddingBagCollection(EmbeddingCollection):
         self.device = torch.device(device or "cpu")
         self.backend = f"ssd({tier.file.io})"
 
-    def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
-        from torchrec.sparse.jagged_tensor import KeyedTensor
-
-        features = in_feature_order(features, self.feature_names)
-        pooled = self.pooled(features.values(), features.offsets(), features.stride())
-        return KeyedTensor(keys=self.feature_names, length_per_key=self.dims, values=pooled)
+    # the KeyedJaggedTensor in, the KeyedTensor out: the in-memory collection's, over `pooled`
+    forward = QuantizedEmbeddingBagCollection.forward
 
     def pooled(self, values: torch.Tensor, offsets: torch.Tensor, batch: int) -> torch.Tensor:
         """The pooled embeddings [batch, sum of dims] of `batch` bags per table, tables in

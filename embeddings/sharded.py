@@ -119,7 +119,56 @@ def apply_rule(
         weight.addcdiv_(grad, state.sqrt().add_(opt.eps).unsqueeze(1), value=-lr)
 
 
-class ShardedEmbeddingBagCollection(EmbeddingCollection):
+class FullTableLoads:
+    """Loading full tables (`<table>.weight` and one optimizer state per table, as every
+    collection saves them) into a collection that holds its tables in pieces: each table is
+    checked whole, then `copy_in(full, "weight" | "state")` places the pieces this rank holds."""
+
+    tables: list[TableSpec]
+    optimizer: SparseOptimizer
+
+    def copy_in(self, full: dict[int, torch.Tensor], which: str) -> None:
+        raise NotImplementedError
+
+    def _load_from_state_dict(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+    ):
+        mine = {f"{prefix}{t.name}.weight": i for i, t in enumerate(self.tables)}
+        for key, i in mine.items():
+            if key not in state_dict:
+                missing_keys.append(key)
+                continue
+            t = self.tables[i]
+            src = state_dict[key]
+            if tuple(src.shape) != (t.num_embeddings, t.embedding_dim):
+                error_msgs.append(
+                    f"{key}: shape {tuple(src.shape)} in the checkpoint, "
+                    f"{(t.num_embeddings, t.embedding_dim)} in the model"
+                )
+        unexpected_keys.extend(k for k in state_dict if k.startswith(prefix) and k not in mine)
+        if error_msgs or any(k in missing_keys for k in mine):
+            return
+        self.copy_in({i: state_dict[k] for k, i in mine.items()}, "weight")
+
+    def load_sparse_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        if self.optimizer.kind == "sgd":
+            return
+        keys = {i: self._state_key(t) for i, t in enumerate(self.tables)}
+        missing = sorted(k for k in keys.values() if k not in state)
+        if missing:
+            raise KeyError(f"sparse optimizer state: missing {', '.join(missing[:3])}")
+        for i, key in keys.items():
+            t = self.tables[i]
+            want = (t.num_embeddings,) if self.optimizer.kind == "rowwise_adagrad" else (
+                t.num_embeddings, t.embedding_dim)  # fmt: skip
+            if tuple(state[key].shape) != want:
+                raise ValueError(
+                    f"sparse optimizer state: {key} has shape {tuple(state[key].shape)}, expected {want}"
+                )
+        self.copy_in({i: state[k] for i, k in keys.items()}, "state")
+
+
+class ShardedEmbeddingBagCollection(FullTableLoads, EmbeddingCollection):
     """Every table sharded across the process group by torchrec's planner."""
 
     def __init__(
@@ -378,44 +427,6 @@ class ShardedEmbeddingBagCollection(EmbeddingCollection):
     def optimizer_states(self) -> list[torch.Tensor | None]:
         """Every table's optimizer state whole (a collective, as `table_weights`)."""
         return self._gathered("state")
-
-    def _load_from_state_dict(
-        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
-    ):
-        """Full tables in (`<table>.weight`), each rank copying its shards' part."""
-        mine = {f"{prefix}{t.name}.weight": i for i, t in enumerate(self.tables)}
-        for key, i in mine.items():
-            if key not in state_dict:
-                missing_keys.append(key)
-                continue
-            t = self.tables[i]
-            src = state_dict[key]
-            if tuple(src.shape) != (t.num_embeddings, t.embedding_dim):
-                error_msgs.append(
-                    f"{key}: shape {tuple(src.shape)} in the checkpoint, "
-                    f"{(t.num_embeddings, t.embedding_dim)} in the model"
-                )
-        unexpected_keys.extend(k for k in state_dict if k.startswith(prefix) and k not in mine)
-        if error_msgs or any(k in missing_keys for k in mine):
-            return
-        self.copy_in({i: state_dict[k] for k, i in mine.items()}, "weight")
-
-    def load_sparse_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        if self.optimizer.kind == "sgd":
-            return
-        keys = {i: self._state_key(t) for i, t in enumerate(self.tables)}
-        missing = sorted(k for k in keys.values() if k not in state)
-        if missing:
-            raise KeyError(f"sparse optimizer state: missing {', '.join(missing[:3])}")
-        for i, key in keys.items():
-            t = self.tables[i]
-            want = (t.num_embeddings,) if self.optimizer.kind == "rowwise_adagrad" else (
-                t.num_embeddings, t.embedding_dim)  # fmt: skip
-            if tuple(state[key].shape) != want:
-                raise ValueError(
-                    f"sparse optimizer state: {key} has shape {tuple(state[key].shape)}, expected {want}"
-                )
-        self.copy_in({i: state[k] for i, k in keys.items()}, "state")
 
     def copy_in(self, full: dict[int, torch.Tensor], which: str) -> None:
         """Each shard's part of the full tables `full[table]` into its weights or state."""
