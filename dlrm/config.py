@@ -168,7 +168,9 @@ class TrainConfig:
     scm_dir: str | None = None  # the tier's files (None: <out_dir>/scm)
     scm_cache: str = "256MB"  # DRAM row cache in front of the tier's files
     scm_io: str = "direct"  # direct (O_DIRECT: the page cache bypassed) | buffered
-    scm_io_threads: int = 16  # file reads in flight at once
+    scm_io_threads: int = 16  # the thread engine's threads (file reads in flight at once)
+    scm_io_engine: str = "auto"  # auto (aio for direct I/O where the kernel has it) | aio | threads
+    scm_io_depth: int = 64  # the aio engine's requests in flight at once
     embedding_init: str = "auto"  # auto (hashed for tiered, else uniform) | uniform | hashed
 
     # multi-process training (dlrm/distributed.py, embeddings/sharded.py): under torchrun
@@ -398,6 +400,7 @@ class TrainConfig:
         """The SSD tier's flags (--placement tiered)."""
         for flag, value, options in [
             ("--scm-io", self.scm_io, ("direct", "buffered")),
+            ("--scm-io-engine", self.scm_io_engine, ("auto", "aio", "threads")),
             ("--embedding-init", self.embedding_init, ("auto", "uniform", "hashed")),
         ]:
             if value not in options:
@@ -409,6 +412,14 @@ class TrainConfig:
         if not 1 <= self.scm_io_threads <= 256:
             raise ConfigError(
                 f"--scm-io-threads: expected an integer from 1 to 256, got {self.scm_io_threads}"
+            )
+        if not 1 <= self.scm_io_depth <= 1024:
+            raise ConfigError(
+                f"--scm-io-depth: expected an integer from 1 to 1024, got {self.scm_io_depth}"
+            )
+        if self.scm_io_engine == "aio" and self.scm_io != "direct":
+            raise ConfigError(
+                "--scm-io-engine aio: needs --scm-io direct (AIO blocks on buffered files)"
             )
         if self.embedding_init == "hashed" and self.placement not in ("device", "tiered"):
             raise ConfigError(

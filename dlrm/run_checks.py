@@ -31,7 +31,7 @@ FREE = frozenset({
     "load_model", "inference_only", "resume", "allow_changed", "keep_checkpoints", "progress",
     "perf_log", "hotline_prefetch",  # Hotline computes the same whatever it stages ahead
     "quantize_emb_with_bit", "quantize_mlp_with_bit",  # evaluation only (--inference-only)
-    "scm_cache", "scm_io", "scm_io_threads",  # the SSD tier returns the same rows however it caches
+    "scm_cache", "scm_io", "scm_io_threads", "scm_io_engine", "scm_io_depth",  # the SSD tier returns the same rows however it caches
     # how the tables are split over processes: the same steps, to float rounding (the
     # equivalence tests of docs/distributed.md), so a run resumes with another world size
     "dist_backend", "sharding", "sharding_min_columns", "dist_timeout_s",

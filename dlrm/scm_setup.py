@@ -33,6 +33,8 @@ def scm_settings(cfg: TrainConfig) -> ScmSettings:
         cache_bytes=parse_bytes(cfg.scm_cache, "--scm-cache"),
         io=cfg.scm_io,
         io_threads=cfg.scm_io_threads,
+        io_engine=cfg.scm_io_engine,
+        io_depth=cfg.scm_io_depth,
         resume=bool(cfg.resume),
         owner=str(cfg.run_dir),
     )

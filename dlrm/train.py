@@ -184,7 +184,12 @@ def build_parser() -> argparse.ArgumentParser:
     opt("--scm-dir", help_="tiered: directory of the SSD tier's files (default: OUT_DIR/scm)")
     opt("--scm-cache", help_="tiered: DRAM row cache for the SSD tier's rows (e.g. 256MB)")
     opt("--scm-io", help_="tiered: direct (O_DIRECT, default) or buffered (through the page cache)")
-    opt("--scm-io-threads", int, help_="tiered: file reads in flight at once (default 16)")
+    opt("--scm-io-threads", int, help_="tiered: I/O threads of the thread engine (default 16)")
+    opt(
+        "--scm-io-engine",
+        help_="tiered: auto (Linux AIO with direct I/O where available), aio or threads",
+    )
+    opt("--scm-io-depth", int, help_="tiered: AIO requests in flight at once (default 64)")
     opt(
         "--embedding-init",
         help_="auto (default), uniform or hashed (rows a pure function of seed, table, row)",

@@ -10,11 +10,16 @@ size (`ftruncate`): a block never written takes no disk space, and the tier know
 so reading them costs no I/O. A materialised block whose trailer or checksum does not match is
 an ScmError naming the file, the block, its offset and what was expected: never numbers.
 
-`os.preadv`/`os.pwritev` release the GIL, so `threads` reads are in flight at once (the queue
-depth the device sees); runs of consecutive blocks go in one call. While they are in flight the
-interpreter's switch interval is lowered (`_fast_switching`) and restored afterwards. Latencies of every call are
-kept in a ring for p50/p99, and `queue_depth` is the mean number in flight over the reads
-(Little's law: the sum of latencies over the wall time).
+Two engines move the blocks; runs of consecutive blocks go in one request either way.
+- `aio` (with O_DIRECT, where the kernel has it: embeddings/scm_aio.py): one thread keeps up to
+  `depth` requests in flight through Linux native AIO; about half the CPU per read of the pool
+  below and no thread hand-offs.
+- `threads`: `os.preadv`/`os.pwritev` release the GIL, so `threads` reads are in flight at once
+  on a pool. While they are in flight the interpreter's switch interval is lowered
+  (`_fast_switching`) and restored afterwards. Used for `buffered` files (AIO would block there)
+  and where AIO is missing.
+Latencies of every request are kept in a ring for p50/p99, and `queue_depth` is the mean number
+in flight over the reads (Little's law: the sum of latencies over the wall time).
 """
 
 from __future__ import annotations
@@ -24,14 +29,15 @@ import os
 import sys
 import threading
 import time
-import zlib
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
+from data_pipeline.checksum import crc32
 from embeddings.errors import ScmError
+from embeddings.scm_aio import PREAD, PWRITE, Aio
 
 BLOCK = 4096
 TRAILER = 16
@@ -39,6 +45,7 @@ PAYLOAD = BLOCK - TRAILER
 MAGIC = 0x314D4353  # "SCM1"
 MAX_RUN = 32  # consecutive blocks per call: larger runs would leave threads idle
 IO_MODES = ("direct", "buffered")
+IO_ENGINES = ("auto", "aio", "threads")
 _LATENCY_RING = 1 << 16
 SWITCH_INTERVAL_S = 2e-4
 _switching = {"users": 0, "saved": 0.0}
@@ -88,13 +95,24 @@ def _runs(blocks: np.ndarray) -> list[tuple[int, int, int]]:
 
 
 class BlockFile:
-    """A file of `num_blocks` checksummed blocks. `create=True` starts it empty (sparse)."""
+    """A file of `num_blocks` checksummed blocks. `create=True` starts it empty (sparse).
+    `engine`: `auto` (AIO for direct files where the kernel has it, else threads), `aio` or
+    `threads`; `depth`: AIO requests in flight; `threads`: the pool's size."""
 
     def __init__(
-        self, path: Path, num_blocks: int, io: str = "direct", threads: int = 16, create=False
-    ) -> None:
+        self, path: Path, num_blocks: int, io: str = "direct", threads: int = 16, create=False,
+        engine: str = "auto", depth: int = 64,
+    ) -> None:  # fmt: skip
         if io not in IO_MODES:
             raise ScmError(f"--scm-io: expected one of {', '.join(IO_MODES)}, got {io!r}")
+        if engine not in IO_ENGINES:
+            raise ScmError(
+                f"--scm-io-engine: expected one of {', '.join(IO_ENGINES)}, got {engine!r}"
+            )
+        if engine == "aio" and io != "direct":
+            raise ScmError(
+                "--scm-io-engine aio needs --scm-io direct (AIO blocks on buffered files)"
+            )
         self.path, self.num_blocks, self.io, self.threads = Path(path), num_blocks, io, threads
         size = num_blocks * BLOCK
         flags = os.O_RDWR | (os.O_CREAT | os.O_TRUNC if create else 0)
@@ -118,7 +136,15 @@ class BlockFile:
                 f"{self.path}: truncated or resized tier file: {actual} bytes, expected {size} "
                 f"({num_blocks} blocks of {BLOCK})"
             )
-        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="scm-io")
+        self.aio = Aio.open(depth) if io == "direct" and engine != "threads" else None
+        if engine == "aio" and self.aio is None:
+            os.close(self.fd)
+            raise ScmError(
+                f"{self.path}: Linux AIO is not available here (--scm-io-engine aio); "
+                "use --scm-io-engine threads or auto"
+            )
+        self.engine = "aio" if self.aio is not None else "threads"
+        self.pool = None if self.aio else ThreadPoolExecutor(threads, thread_name_prefix="scm-io")
         self._lock = threading.Lock()
         self.latency_s = np.zeros(_LATENCY_RING)
         self.calls = 0
@@ -128,18 +154,21 @@ class BlockFile:
 
     def close(self) -> None:
         if self.fd >= 0:
-            self.pool.shutdown(wait=True)
+            if self.pool is not None:
+                self.pool.shutdown(wait=True)
+            if self.aio is not None:
+                self.aio.close()
             os.close(self.fd)
             self.fd = -1
 
     # --- I/O ---------------------------------------------------------------------------------------
 
-    def _record(self, seconds: list[float]) -> None:
+    def _record(self, seconds) -> None:
         with self._lock:
             for s in seconds:
                 self.latency_s[self.calls % _LATENCY_RING] = s
                 self.calls += 1
-            self.busy_s += sum(seconds)
+            self.busy_s += float(np.sum(seconds))
 
     def _parallel(self, fn, runs: list[tuple[int, int, int]]) -> None:
         """`fn(list of runs)` on up to `threads` threads, runs dealt round-robin."""
@@ -152,39 +181,75 @@ class BlockFile:
             for f in futures:
                 f.result()
 
+    def _aio(self, opcode: int, buf: np.ndarray, runs: list[tuple[int, int, int]]) -> list[str]:
+        """`runs` through AIO; returns error lines (empty: all done), latencies recorded."""
+        if not runs:
+            return []
+        r = np.asarray(runs, dtype=np.int64).reshape(-1, 3)
+        base = np.uint64(buf.ctypes.data)
+        with self.aio.lock:
+            res, lat = self.aio.run(
+                self.fd, opcode, base + (r[:, 0] * BLOCK).astype(np.uint64), r[:, 1] * BLOCK,
+                (r[:, 2] * BLOCK).astype(np.uint64),
+            )  # fmt: skip
+        what = "read" if opcode == PREAD else "write"
+        for (_, first, count), n in zip(runs, res.tolist()):
+            if n < 0:
+                return [f"{self.path}: {what} of block {first} failed ({os.strerror(-n)})"]
+            if n != count * BLOCK:
+                end = " (a truncated tier file)" if opcode == PREAD else ""
+                return [
+                    f"{self.path}: short {what} at offset {first * BLOCK}: {n} bytes, "
+                    f"expected {count * BLOCK}{end}"
+                ]
+        if opcode == PREAD:
+            self._record(lat)
+        return []
+
+    def _verify(self, buf: np.ndarray, blocks: np.ndarray, pos: int, count: int) -> str | None:
+        """The first of blocks pos .. pos+count-1 whose checksum does not match, described."""
+        for i in range(pos, pos + count):
+            crc = crc32(buf[i, : BLOCK - 4])
+            if crc != int(buf[i, BLOCK - 4 :].view(np.uint32)[0]):
+                return self._describe(int(blocks[i]), buf[i], crc)
+        return None
+
     def read(self, blocks: np.ndarray) -> np.ndarray:
         """Blocks `blocks` (sorted, unique, materialised) as [n, BLOCK] uint8, verified."""
         blocks = np.asarray(blocks, dtype=np.int64)
         buf = aligned_blocks(blocks.size)
-        bad: list[str] = []
-
-        def work(runs):
-            lat = []
-            for pos, first, count in runs:
-                view = memoryview(buf[pos : pos + count].reshape(-1))
-                t0 = time.perf_counter()
-                try:
-                    n = os.preadv(self.fd, [view], first * BLOCK)
-                except OSError as e:
-                    bad.append(f"{self.path}: read of block {first} failed ({e.strerror})")
-                    return
-                lat.append(time.perf_counter() - t0)
-                if n != count * BLOCK:
-                    bad.append(
-                        f"{self.path}: short read at offset {first * BLOCK}: {n} bytes, "
-                        f"expected {count * BLOCK} (a truncated tier file)"
-                    )
-                    return
-                for i in range(pos, pos + count):
-                    crc = zlib.crc32(buf[i, : BLOCK - 4])
-                    stored = int(buf[i, BLOCK - 4 :].view(np.uint32)[0])
-                    if crc != stored:
-                        bad.append(self._describe(int(blocks[i]), buf[i], crc))
-                        return
-            self._record(lat)
-
+        runs = _runs(blocks)
         t0 = time.perf_counter()
-        self._parallel(work, _runs(blocks))
+        if self.aio is not None:
+            bad = self._aio(PREAD, buf, runs)
+            if not bad and (err := self._verify(buf, blocks, 0, blocks.size)):
+                bad.append(err)
+        else:
+            bad: list[str] = []
+
+            def work(runs):
+                lat = []
+                for pos, first, count in runs:
+                    view = memoryview(buf[pos : pos + count].reshape(-1))
+                    t0 = time.perf_counter()
+                    try:
+                        n = os.preadv(self.fd, [view], first * BLOCK)
+                    except OSError as e:
+                        bad.append(f"{self.path}: read of block {first} failed ({e.strerror})")
+                        return
+                    lat.append(time.perf_counter() - t0)
+                    if n != count * BLOCK:
+                        bad.append(
+                            f"{self.path}: short read at offset {first * BLOCK}: {n} bytes, "
+                            f"expected {count * BLOCK} (a truncated tier file)"
+                        )
+                        return
+                    if err := self._verify(buf, blocks, pos, count):
+                        bad.append(err)
+                        return
+                self._record(lat)
+
+            self._parallel(work, runs)
         wall = time.perf_counter() - t0
         if bad:
             raise ScmError(bad[0])
@@ -218,23 +283,29 @@ class BlockFile:
         blocks = np.asarray(blocks, dtype=np.int64)
         buf[:, PAYLOAD : PAYLOAD + 8].view(np.uint64)[:, 0] = blocks.astype(np.uint64)
         buf[:, PAYLOAD + 8 : PAYLOAD + 12].view(np.uint32)[:, 0] = MAGIC
-        errors: list[str] = []
+        runs = _runs(blocks)
+        if self.aio is not None:
+            for i in range(blocks.size):
+                buf[i, BLOCK - 4 :].view(np.uint32)[0] = crc32(buf[i, : BLOCK - 4])
+            errors = self._aio(PWRITE, buf, runs)
+        else:
+            errors: list[str] = []
 
-        def work(runs):
-            for pos, first, count in runs:
-                for i in range(pos, pos + count):
-                    buf[i, BLOCK - 4 :].view(np.uint32)[0] = zlib.crc32(buf[i, : BLOCK - 4])
-                view = memoryview(buf[pos : pos + count].reshape(-1))
-                try:
-                    n = os.pwritev(self.fd, [view], first * BLOCK)
-                except OSError as e:
-                    errors.append(f"{self.path}: write of block {first} failed ({e.strerror})")
-                    return
-                if n != count * BLOCK:
-                    errors.append(f"{self.path}: short write at offset {first * BLOCK}")
-                    return
+            def work(runs):
+                for pos, first, count in runs:
+                    for i in range(pos, pos + count):
+                        buf[i, BLOCK - 4 :].view(np.uint32)[0] = crc32(buf[i, : BLOCK - 4])
+                    view = memoryview(buf[pos : pos + count].reshape(-1))
+                    try:
+                        n = os.pwritev(self.fd, [view], first * BLOCK)
+                    except OSError as e:
+                        errors.append(f"{self.path}: write of block {first} failed ({e.strerror})")
+                        return
+                    if n != count * BLOCK:
+                        errors.append(f"{self.path}: short write at offset {first * BLOCK}")
+                        return
 
-        self._parallel(work, _runs(blocks))
+            self._parallel(work, runs)
         if errors:
             raise ScmError(errors[0])
         with self._lock:

@@ -90,6 +90,8 @@ class ScmTier:
         priority=None,
         resume: bool = False,
         owner: str = "",
+        io_engine: str = "auto",
+        io_depth: int = 64,
     ) -> None:
         """`held(ids)`: bool per id, whether this tier is its home (None: every row's);
         `priority(gids)`: profile counts for the cache. `resume`: keep the files for a
@@ -104,6 +106,7 @@ class ScmTier:
         self.total_rows = sum(self.sizes)
         self.held = held
         self.io, self.io_threads, self.owner = io, io_threads, owner
+        self.io_engine, self.io_depth = io_engine, io_depth
         self.backend = f"ssd({io})"
         self.row_bytes = 4 * self.row_floats
         capacity = max(0, int(cache_bytes) // self.row_bytes)
@@ -163,7 +166,15 @@ class ScmTier:
         tmp = self.dir / (MANIFEST + ".tmp")
         tmp.write_text(json.dumps(manifest, indent=1) + "\n")
         os.replace(tmp, self.dir / MANIFEST)
-        self.file = BlockFile(self.dir / ROWS, self.num_blocks, self.io, self.io_threads, True)
+        self.file = BlockFile(
+            self.dir / ROWS,
+            self.num_blocks,
+            self.io,
+            self.io_threads,
+            True,
+            self.io_engine,
+            self.io_depth,
+        )
         self.materialised = np.zeros(self.num_blocks, dtype=bool)
         self.generation = 0
         self._journaled[:] = False
@@ -200,7 +211,15 @@ class ScmTier:
                 f"{path}: the tier was made for other tables or settings ({', '.join(diff)} differ)"
             )
         self.tier_id = bytes.fromhex(manifest["tier_id"])
-        self.file = BlockFile(self.dir / ROWS, self.num_blocks, self.io, self.io_threads)
+        self.file = BlockFile(
+            self.dir / ROWS,
+            self.num_blocks,
+            self.io,
+            self.io_threads,
+            False,
+            self.io_engine,
+            self.io_depth,
+        )
         self.materialised = np.zeros(self.num_blocks, dtype=bool)
 
     def _ready(self) -> None:

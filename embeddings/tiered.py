@@ -45,6 +45,8 @@ class ScmSettings:
     cache_bytes: int
     io: str = "direct"
     io_threads: int = 16
+    io_engine: str = "auto"  # aio | threads | auto (embeddings/scm_file.py)
+    io_depth: int = 64
     resume: bool = False  # keep the files for a checkpoint's restore
     owner: str = ""  # the run directory (a tier directory serves one run)
 
@@ -92,7 +94,7 @@ class TieredEmbeddingBagCollection(HotlineEmbeddingBagCollection):
         object.__setattr__(self, "_scm", scm)
         object.__setattr__(self, "_priority", priority)
         super().__init__(tables, optimizer, plan, device, backend, seed)
-        self.backend = f"tiered(ssd={scm.io}, device={self.fast.backend})"
+        self.backend = f"tiered(ssd={scm.io}/{self.host.file.engine}, device={self.fast.backend})"
         self.host.held = lambda ids: self.remap[ids] < 0  # the hot rows' home is the device
         self._checkpoint_generation: int | None = None
         self._restored = False
@@ -108,7 +110,7 @@ class TieredEmbeddingBagCollection(HotlineEmbeddingBagCollection):
         return ScmTier(
             s.directory, self.tables, self.optimizer, self.seed, s.cache_bytes,
             held=None, io=s.io, io_threads=s.io_threads, priority=self._priority,
-            resume=s.resume, owner=s.owner,
+            resume=s.resume, owner=s.owner, io_engine=s.io_engine, io_depth=s.io_depth,
         )  # fmt: skip
 
     def _one_home(self, plan: PlacementPlan) -> PlacementPlan:

@@ -246,6 +246,12 @@ def test_bad_tier_flags_are_one_line_each(make_config, tmp_path):
         make_config(**TIERED, embedding_init="uniform")
     with pytest.raises(ConfigError, match="--scm-cache: expected a size"):
         make_config(**dict(TIERED, scm_cache="lots"))
+    with pytest.raises(ConfigError, match="--scm-io-engine: expected one of auto, aio, threads"):
+        make_config(**dict(TIERED, scm_io_engine="uring"))
+    with pytest.raises(ConfigError, match="--scm-io-engine aio: needs --scm-io direct"):
+        make_config(**dict(TIERED, scm_io="buffered", scm_io_engine="aio"))
+    with pytest.raises(ConfigError, match="--scm-io-depth: expected an integer from 1 to 1024"):
+        make_config(**dict(TIERED, scm_io_depth=0))
     first = make_config(**TIERED, out_dir=str(tmp_path / "a"), scm_dir=str(tmp_path / "scm"))
     Trainer(first)
     with pytest.raises(ConfigError, match=r"--scm-dir .*scm: holds the tier of the run in .*a;"):
