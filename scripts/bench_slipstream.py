@@ -475,6 +475,8 @@ def main() -> int:
                 "threshold": t, "skipped_input_share": round(share, 4),
                 "auc_change": round(r["test_auc"] - b0, 5), "wall_s": r["wall_s"], "steps": r["steps"],
                 "stale_row_share_by_snapshot": [round(h[2], 4) for h in r["history"]]})  # fmt: skip
+        if not curves[f"{name}, fixed thresholds"]:  # no curve run: no empty line in the plot
+            del curves[f"{name}, fixed thresholds"]
         result["data"][name] = d
     if args.interleave_steps and "synthetic" in data:
         result["step_interleaved"] = {}
