@@ -13,7 +13,10 @@ interleaved so the machine's drift hits every variant alike:
   one-epoch figures are the same runs at the end of their first epoch (nothing in a run depends
   on how many epochs follow: the learning rate is constant).
 Then a curve of skip share vs AUC change over a few target skip shares (`--curve`, first seed),
-and Slipstream on top of Hotline (`--hotline-seeds`, synthetic data).
+and Slipstream on top of Hotline (`--hotline-seeds`, synthetic data). `--normalize 1` adds two
+variants to every round: Slipstream with `--slipstream-normalize`, and the same with nothing
+skipped (threshold 0), so that what normalisation wins back is told apart from what it changes
+in the model; `--control 0` leaves the random control out.
 
 Reported per variant: final test AUC, training time (evaluation excluded), steps, samples
 trained and skipped, the time to reach the baseline's final AUC minus 0.001 (from evaluations
@@ -232,40 +235,58 @@ def spread(xs: list[float]) -> dict:
     }  # fmt: skip
 
 
+# every variant a round may hold, in the order they are trained
+VARIANTS = ("baseline", "slipstream", "random", "normalized", "baseline_normalized")
+
+
 def compare(rounds: list[dict]) -> dict:
-    """Per seed: {baseline, slipstream, random} -> the figures the targets are judged on."""
+    """Per seed: {baseline, slipstream[, random][, normalized, baseline_normalized]} -> the
+    figures the targets are judged on (and what normalisation changes)."""
     out: dict = {"per_seed": []}
+    names = [k for k in VARIANTS if k in rounds[0]]
     for r in rounds:
         b, s = r["baseline"], r["slipstream"]
         target = b["test_auc"] - AUC_MARGIN
         clock = "cpu_s" if "cpu_s" in b else "wall_s"  # made-up runs in tests have wall only
         out["per_seed"].append({
-            "auc": {k: round(r[k]["test_auc"], 5) for k in ("baseline", "slipstream", "random")},
-            "time_s": {k: round(r[k][clock], 2) for k in ("baseline", "slipstream", "random")},
-            "wall_s": {k: round(r[k]["wall_s"], 2) for k in ("baseline", "slipstream", "random")},
-            "steps": {k: r[k]["steps"] for k in ("baseline", "slipstream", "random")},
+            "auc": {k: round(r[k]["test_auc"], 5) for k in names},
+            "time_s": {k: round(r[k][clock], 2) for k in names},
+            "wall_s": {k: round(r[k]["wall_s"], 2) for k in names},
+            "steps": {k: r[k]["steps"] for k in names},
             "time_ratio": round(b[clock] / s[clock], 3),
             "wall_ratio": round(b["wall_s"] / s["wall_s"], 3),
             "step_ratio": round(b["steps"] / s["steps"], 3),
-            "time_to_baseline_auc_minus_0.001_s": {
-                k: time_to(r[k], target) for k in ("baseline", "slipstream", "random")},
-            "skipped_input_share": {k: skipped(r[k]) for k in ("slipstream", "random")},
+            "time_to_baseline_auc_minus_0.001_s": {k: time_to(r[k], target) for k in names},
+            "skipped_input_share": {k: skipped(r[k]) for k in names if k != "baseline"},
         })  # fmt: skip
     ps = out["per_seed"]
-    d_slip = [p["auc"]["slipstream"] - p["auc"]["baseline"] for p in ps]
-    d_rand = [p["auc"]["random"] - p["auc"]["baseline"] for p in ps]
+
+    def change(a: str, b: str = "baseline") -> list[float]:
+        return [p["auc"][a] - p["auc"][b] for p in ps]
+
     out["time_ratio"] = spread([p["time_ratio"] for p in ps])
     out["wall_ratio"] = spread([p["wall_ratio"] for p in ps])
     out["step_ratio"] = spread([p["step_ratio"] for p in ps])
-    out["auc_change_slipstream"] = spread(d_slip)
-    out["auc_change_random"] = spread(d_rand)
-    out["slipstream_minus_random_auc"] = spread([a - b for a, b in zip(d_slip, d_rand)])
+    out["auc_change_slipstream"] = spread(change("slipstream"))
     out["targets"] = {
         "time_1.2x_less": out["time_ratio"]["median"] >= 1.2,
         "auc_within_0.001": abs(out["auc_change_slipstream"]["mean"]) <= AUC_MARGIN
         or out["auc_change_slipstream"]["mean"] > 0,
-        "random_loses_more_auc": out["slipstream_minus_random_auc"]["mean"] > 0,
     }  # fmt: skip
+    if "random" in names:
+        out["auc_change_random"] = spread(change("random"))
+        out["slipstream_minus_random_auc"] = spread(change("slipstream", "random"))
+        out["targets"]["random_loses_more_auc"] = out["slipstream_minus_random_auc"]["mean"] > 0
+    if "normalized" in names:  # does normalisation win back what skipping lost?
+        out["normalization"] = {
+            # Slipstream with it, and without skipping, against the plain baseline
+            "auc_change_normalized": spread(change("normalized")),
+            "auc_change_baseline_normalized": spread(change("baseline_normalized")),
+            # > 0: AUC won back against Slipstream without it
+            "normalized_minus_slipstream_auc": spread(change("normalized", "slipstream")),
+            # skipping's own loss with normalisation (against auc_change_slipstream without)
+            "skip_loss_normalized": spread(change("normalized", "baseline_normalized")),
+        }  # fmt: skip
     return out
 
 
@@ -281,6 +302,11 @@ def variants(base: dict, args, seed: int, share: float | None = None) -> dict[st
             "slipstream_control": "random",
             "slipstream_target_skip": share,
         }
+    if getattr(args, "normalize", 0):
+        # every feature's pooled embedding a unit vector: with Slipstream's skipping, and
+        # without it (threshold 0: nothing is ever stale, so nothing is skipped)
+        out["normalized"] = {**base, **slip, "slipstream_normalize": True}
+        out["baseline_normalized"] = {**out["normalized"], "slipstream_threshold": 0.0}
     return out
 
 
@@ -289,6 +315,8 @@ def one_round(base: dict, args, seed: int, work: Path, tag: str) -> dict:
     for name, kw in variants(base, args, seed).items():
         res[name] = run(TrainConfig(**kw, seed=seed, out_dir=str(work / f"{tag}-{name}-{seed}")))
         log(tag, seed, name, res[name])
+    if not args.control:
+        return res
     share = round(res["slipstream"]["skip_share_after_warmup"], 4)
     if share == 0:  # dropping nothing is the baseline, bit for bit (tested)
         res["random"] = dict(res["baseline"], note="Slipstream dropped nothing: the baseline")
@@ -362,7 +390,11 @@ def main() -> int:
                    help="steps of baseline and Slipstream alternated in one process (synthetic)")  # fmt: skip
     p.add_argument("--interleave-archs", default="small,reference",
                    help="the MLPs the interleaved step cost is measured with")  # fmt: skip
-    p.add_argument("--normalize", type=int, default=0, help="also Slipstream with normalization")
+    p.add_argument("--normalize", type=int, default=0,
+                   help="1: every round also trains Slipstream with --slipstream-normalize, and "
+                   "with it but nothing skipped")  # fmt: skip
+    p.add_argument("--control", type=int, default=1,
+                   help="0: no random control (rounds that answer another question)")  # fmt: skip
     p.add_argument("--work", default="", help="scratch directory (default: a new one in /tmp)")
     p.add_argument("--out", default="", help="write bench_slipstream.json and .png here")
     args = p.parse_args()
@@ -419,11 +451,9 @@ def main() -> int:
         d = {"compare": compare(rs), "runs": rs,
              "all_tracked_input_share": rs[0]["slipstream"]["all_tracked_input_share"]}  # fmt: skip
         if name == "criteo":
-            firsts = [
-                {k: at_epoch(r[k], 1) for k in ("baseline", "slipstream", "random")} for r in rs
-            ]
+            firsts = [{k: at_epoch(r[k], 1) for k in VARIANTS if k in r} for r in rs]
             for f, r in zip(firsts, rs):
-                for k in ("slipstream", "random"):
+                for k in f:
                     f[k]["skipped_input_share"] = skipped(r[k])
             d["compare_1_epoch"] = compare(firsts)
         histories[f"{name}, target skip {args.target_skip}"] = rs[0]["slipstream"]["history"]
@@ -431,8 +461,9 @@ def main() -> int:
         curves[f"{name}, fixed thresholds"] = []
         curves[f"{name}, target skip"] = [(skipped(rs[0]["slipstream"]),
                          rs[0]["slipstream"]["test_auc"] - b0)]  # fmt: skip
-        curves[f"{name} random"] = [(skipped(rs[0]["random"]),
-                                     rs[0]["random"]["test_auc"] - b0)]  # fmt: skip
+        for k in ("random", "normalized"):
+            if k in rs[0]:
+                curves[f"{name} {k}"] = [(skipped(rs[0][k]), rs[0][k]["test_auc"] - b0)]
         for t in [float(x) for x in args.curve.split(",") if x and name in args.curve_data]:
             kw = {**variants(data[name], args, 0)["slipstream"], "slipstream_threshold": t}
             r = run(TrainConfig(**kw, seed=0, out_dir=str(work / f"{name}-curve-{t}")))
@@ -444,12 +475,8 @@ def main() -> int:
                 "threshold": t, "skipped_input_share": round(share, 4),
                 "auc_change": round(r["test_auc"] - b0, 5), "wall_s": r["wall_s"], "steps": r["steps"],
                 "stale_row_share_by_snapshot": [round(h[2], 4) for h in r["history"]]})  # fmt: skip
-        if args.normalize:
-            kw = {**variants(data[name], args, 0)["slipstream"], "slipstream_normalize": True}
-            r = run(TrainConfig(**kw, seed=0, out_dir=str(work / f"{name}-normalized")))
-            log(name, 0, "normalized", r)
-            d["normalized"] = {"test_auc": r["test_auc"], "auc_change": round(r["test_auc"] - b0, 5),
-                               "vs_slipstream": round(r["test_auc"] - rs[0]["slipstream"]["test_auc"], 5)}  # fmt: skip
+        if not curves[f"{name}, fixed thresholds"]:  # no curve run: no empty line in the plot
+            del curves[f"{name}, fixed thresholds"]
         result["data"][name] = d
     if args.interleave_steps and "synthetic" in data:
         result["step_interleaved"] = {}

@@ -151,6 +151,80 @@ def test_resume_reproduces_the_uninterrupted_run_exactly(make_config, tmp_path, 
             assert want[key] == got[key], (ckpt.name, key)
 
 
+# --- over the tiered SCM placement ------------------------------------------------------------
+
+
+class Crash(Exception):
+    """Stands for kill -9 before a step: nothing after it runs (files are left as they are)."""
+
+
+class CrashAt(Watch):
+    """Watch that crashes the run when it is about to train step `at` (0-based)."""
+
+    def __init__(self, at: int | None = None) -> None:
+        super().__init__()
+        self.at = at
+
+    def attach(self, trainer) -> None:
+        super().attach(trainer)
+        self.trainer = trainer
+
+    def step(self, batch, run):
+        if self.trainer.state.step == self.at:
+            raise Crash
+        return super().step(batch, run)
+
+
+def _logged(run_dir: Path) -> list[tuple]:
+    """metrics.jsonl's evaluations and Slipstream's counters in its train events."""
+    events = map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+    keep = ("test_auc", "samples_skipped", "stale_row_share", "snapshots", "lookups_frozen")
+    return [(e["event"], e["step"], e["epoch"], *(e.get(k) for k in keep)) for e in events
+            if e["event"] in ("eval", "train")]  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", ["drop", "freeze"])
+def test_tiered_skips_and_resumes_after_crashes_exactly(make_config, tmp_path, mode):
+    # The tier's rows live in an SSD file a crash leaves as it is (later writes than the
+    # checkpoint included), so a resume is tested as the tier's own tests do it: crash, resume
+    # in the same directory. Crashed after the end of the first epoch (drop ends it early) and
+    # between snapshots inside the second; checkpoints every 7 steps, snapshots every 6.
+    from .test_tiered_training import TIERED, same_tables
+
+    common = {**SLIP, **TIERED, "optimizer": "adagrad", "slipstream_mode": mode,
+              "slipstream_target_skip": 0.3, "test_freq": 7, "nepochs": 2,
+              "data_size": 64 * 20}  # fmt: skip
+    watch = CrashAt()
+    full = Trainer(make_config(**common, out_dir=str(tmp_path / "full")), step_hook=watch)
+    want = full.fit()
+    s = want["slipstream"]
+    assert want["placement"]["kind"] == "tiered" and want["placement"]["scm_rows_read"] > 0
+    assert s["snapshots"] >= 2 and 0 < s["stale_row_share"] <= 1
+    if mode == "drop":
+        assert s["samples_skipped"] > 0 and watch.stale_inputs_trained == 0
+        assert want["steps"] < 40
+    else:
+        assert s["lookups_frozen"] > 0 and want["steps"] == 40
+        assert watch.frozen_checked > 0 and watch.frozen_rows_changed == 0
+    logged = _logged(tmp_path / "full")
+    evals = [(step, epoch) for event, step, epoch, *_ in logged if event == "eval"]
+    first_end = next(step for step, epoch in evals if epoch == 1)
+    later = next(step for step, _ in evals if step > first_end + 1)
+    run = tmp_path / "run"
+    # one step trained (and written to the tier) after the checkpoint at first_end, two after
+    # the one at later; then the crash
+    for resume, at in (("", first_end + 1), ("auto", later + 2)):
+        cfg = make_config(**common, out_dir=str(run), resume=resume or None)
+        with pytest.raises(Crash):
+            Trainer(cfg, step_hook=CrashAt(at)).fit()
+    resumed = Trainer(make_config(**common, out_dir=str(run), resume="auto"))
+    got = resumed.fit()
+    same_tables(full, resumed)
+    for key in ["test_auc", "test_logloss", "steps", "samples", "epochs_completed", "slipstream"]:
+        assert want[key] == got[key], key
+    assert _logged(run) == logged
+
+
 def test_normalized_features_are_unit_vectors_in_evaluation(make_config, tmp_path):
     t = Trainer(make_config(**SLIP, slipstream_normalize=True, out_dir=str(tmp_path / "n")))
     t.model.eval()

@@ -52,3 +52,25 @@ def test_ratios_auc_changes_and_time_to_target():
     }
     rounds[0]["slipstream"]["test_auc"] = 0.690
     assert not bench.compare(rounds)["targets"]["auc_within_0.001"]
+
+
+def test_normalization_figures_and_rounds_without_the_control():
+    rounds = [
+        {"baseline": run(0.700, 10.0, 100, [(10, 0.700)]),
+         "slipstream": run(0.690, 8.0, 80, [(8, 0.690)], 0.2),
+         "normalized": run(0.698, 8.0, 80, [(8, 0.698)], 0.18),
+         "baseline_normalized": run(0.704, 10.0, 100, [(10, 0.704)], 0.0)},
+        {"baseline": run(0.710, 10.0, 100, [(10, 0.710)]),
+         "slipstream": run(0.706, 8.0, 80, [(8, 0.706)], 0.2),
+         "normalized": run(0.702, 8.0, 80, [(8, 0.702)], 0.2),
+         "baseline_normalized": run(0.708, 10.0, 100, [(10, 0.708)], 0.0)},
+    ]  # fmt: skip
+    c = bench.compare(rounds)
+    assert "random_loses_more_auc" not in c["targets"] and "auc_change_random" not in c
+    assert c["per_seed"][0]["skipped_input_share"]["normalized"] == 0.18
+    n = c["normalization"]
+    assert n["auc_change_normalized"]["mean"] == pytest.approx(-0.005)
+    assert n["auc_change_baseline_normalized"]["mean"] == pytest.approx(0.001)
+    assert n["normalized_minus_slipstream_auc"]["mean"] == pytest.approx(0.002)  # +8, -4 (1e-3)
+    assert n["normalized_minus_slipstream_auc"]["min"] == pytest.approx(-0.004)
+    assert n["skip_loss_normalized"]["mean"] == pytest.approx(-0.006)
