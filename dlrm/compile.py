@@ -25,6 +25,9 @@ import logging
 
 import torch
 
+from dlrm import dense_step
+from dlrm.dense_step import WrittenDenseStep
+
 log = logging.getLogger(__name__)
 
 
@@ -34,11 +37,16 @@ def wanted(setting: bool | None, precision: str) -> bool:
 
 
 class CompiledDenseForward:
-    """`model.dense_forward` compiled; eager from the first compile failure on (one log line)."""
+    """`model.dense_forward` compiled, and for a DLRM its written-out training step
+    (dlrm/dense_step.py) as one more graph; both eager from the first compile failure on (one log
+    line)."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, train_step: WrittenDenseStep | None = None) -> None:
         self.eager = model.dense_forward
         self.compiled = torch.compile(self.eager)
+        self.written = train_step
+        self.compiled_step = torch.compile(train_step.step) if train_step is not None else None
+        self._lr = torch.zeros((), dtype=torch.float64)
         self.fell_back = False
 
     def __call__(self, dense: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
@@ -46,23 +54,54 @@ class CompiledDenseForward:
             return self.eager(dense, pooled)
         torch._dynamo.maybe_mark_dynamic(dense, 0)
         torch._dynamo.maybe_mark_dynamic(pooled, 0)
+        return self._compiled_or_eager(self.compiled, self.eager, dense, pooled)
+
+    def train_step(self, dense, pooled, labels, optimizer: torch.optim.Optimizer):
+        """The written-out step (dlrm/dense_step.py): (loss, dL/dpooled, [(parameter, gradient)])
+        for `optimizer` to apply, or, where it is plain SGD, the update applied and no gradients.
+        None where there is no written-out step or compiling failed: the caller then runs the
+        autograd step."""
+        if self.compiled_step is None or self.fell_back:
+            return None
+        for t in (dense, pooled, labels):
+            torch._dynamo.maybe_mark_dynamic(t, 0)
+        it, w = self.written.model.interaction, self.written
+        lr = dense_step.plain_sgd_lr(optimizer, w.params)
+        if lr is not None:  # a tensor: a new learning rate must not recompile the step
+            self._lr.fill_(lr)
+        args = (dense, pooled, labels, w.params, it.tril_flat, it.grad_map, it.diagonal,
+                None if lr is None else self._lr)  # fmt: skip
+        with torch.no_grad():  # the step computes its own gradients
+            out = self._compiled_or_eager(self.compiled_step, lambda *a: None, *args)
+        if out is None:
+            return None
+        loss, grad_pooled, grads = out
+        return loss, grad_pooled, list(zip(w.params, grads))
+
+    def _compiled_or_eager(self, compiled, eager, *args):
         try:
-            return self.compiled(dense, pooled)
+            return compiled(*args)
         except torch._dynamo.exc.BackendCompilerFailed as e:
             reason = str(e).strip().splitlines()[0]
             log.warning("--compile: TorchInductor cannot compile the dense part (%s); it runs "
                         "eager", reason)  # fmt: skip
             self.fell_back = True
-            return self.eager(dense, pooled)
+            return eager(*args)
 
 
-def compile_dense_part(model: torch.nn.Module) -> CompiledDenseForward | None:
-    """From now on `model.dense_forward` (and so `model.forward`) runs compiled. A model without
-    a `dense_forward` (one a library user brought) runs eager, after one log line."""
+def compile_dense_part(
+    model: torch.nn.Module, precision: str = "fp32", loss_function: str = "bce"
+) -> CompiledDenseForward | None:
+    """From now on `model.dense_forward` (and so `model.forward`) runs compiled, and for a DLRM
+    `train_step` gives its written-out training step compiled. A model without a `dense_forward`
+    (one a library user brought) runs eager, after one log line."""
     if not callable(getattr(model, "dense_forward", None)):
         log.warning("--compile: %s has no dense_forward(dense, pooled) to compile; it runs eager",
                     type(model).__name__)  # fmt: skip
         return None
-    compiled = CompiledDenseForward(model)
+    written = None
+    if dense_step.supports(model):
+        written = dense_step.WrittenDenseStep(model, precision, loss_function)
+    compiled = CompiledDenseForward(model, written)
     model.dense_forward = compiled
     return compiled

@@ -107,6 +107,9 @@ class PlainTrainPipeline(TrainPipeline):
         self.bf16 = precision == "bf16"
         self.loss_function = loss_function
         self.hook = hook or StepHook()
+        # `--compile`'s written-out dense step (dlrm/compile.py's `train_step`), set by the trainer:
+        # (dense, pooled, labels, optimizer) -> (loss, dL/dpooled, [(parameter, gradient)]) or None
+        self.written_step: Callable | None = None
 
     def progress(self, batches: Iterator[Batch]) -> StepResult:
         t0 = time.perf_counter()
@@ -119,6 +122,10 @@ class PlainTrainPipeline(TrainPipeline):
 
     def step(self, batch: Batch) -> torch.Tensor:
         """One optimisation step on a batch already on the device; returns the detached loss."""
+        if self.written_step is not None:
+            loss = self._written_step(batch)
+            if loss is not None:
+                return loss
         hook = self.hook
         with (
             hook.phase("forward"),
@@ -135,3 +142,27 @@ class PlainTrainPipeline(TrainPipeline):
         with hook.phase("optimizer"):
             self.dense_optimizer.step()
         return loss.detach()
+
+    def _written_step(self, batch: Batch) -> torch.Tensor | None:
+        """The step with the dense part's forward and backward as one compiled call
+        (dlrm/dense_step.py); None where that call is not available (the autograd step runs)."""
+        hook = self.hook
+        with hook.phase("forward"):
+            pooled = self.model.embeddings(batch.sparse_features).values()
+            out = self.written_step(
+                batch.dense_features, pooled.detach(), batch.labels, self.dense_optimizer
+            )
+        if out is None:
+            return None
+        loss, grad_pooled, grads = out
+        value = loss.item()
+        if not math.isfinite(value):
+            raise NonFiniteLoss(value)
+        for p, g in grads:
+            p.grad = g
+        with hook.phase("backward"):
+            pooled.backward(grad_pooled)  # applies the fused sparse updates
+        if grads:  # else plain SGD, which the written-out step applied itself
+            with hook.phase("optimizer"):
+                self.dense_optimizer.step()
+        return loss

@@ -212,7 +212,13 @@ class Trainer:
         if self.cfg.perf_log:
             log.warning("--compile: off with --perf-log (the performance model traces eager steps)")
             return None
-        return compile_.compile_dense_part(self.model)
+        compiled = compile_.compile_dense_part(
+            self.model, self.cfg.precision, self.cfg.loss_function
+        )
+        step = getattr(self.pipeline, "inner", self.pipeline)  # Slipstream's wraps the plain one
+        if compiled is not None and isinstance(step, PlainTrainPipeline):
+            step.written_step = compiled.train_step
+        return compiled
 
     def _make_pipeline(self, hook: StepHook | None) -> TrainPipeline:
         """The plain step, or the variant the embedding collection needs (Hotline's split)."""
