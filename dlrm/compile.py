@@ -31,9 +31,27 @@ from dlrm.dense_step import WrittenDenseStep
 log = logging.getLogger(__name__)
 
 
-def wanted(setting: bool | None, precision: str) -> bool:
-    """`--compile` true/false as given; `auto` (None): bf16, where the step is not GEMM-bound."""
-    return precision == "bf16" if setting is None else setting
+# `auto` compiles fp32 too where the step's fixed costs, which compiling cuts, are a large share
+# of it and the run is long enough to pay for the compile (20-40 s once, less from Inductor's
+# cache): a DLRM's written-out step (dlrm/dense_step.py) at batch 128 took 6.7 -> 5.5 ms of CPU
+# time (about 25% faster), at batch 2048 about 5% (docs/speed.md).
+FP32_AUTO_MAX_BATCH = 512
+# TorchInductor; tests trace with "eager" (Dynamo only: seconds less per graph, eager numerics)
+BACKEND = "inductor"
+FP32_AUTO_MIN_STEPS = 20_000
+
+
+def wanted(
+    setting: bool | None, precision: str, batch_size: int = 0, steps: int = 0,
+    written: bool = False,
+) -> bool:  # fmt: skip
+    """`--compile` true/false as given; `auto` (None): bf16, where the step is not GEMM-bound, and
+    fp32 for a model with a written-out step (`written`) at small batches in long runs."""
+    if setting is not None:
+        return setting
+    if precision == "bf16":
+        return True
+    return written and batch_size <= FP32_AUTO_MAX_BATCH and steps >= FP32_AUTO_MIN_STEPS
 
 
 class CompiledDenseForward:
@@ -43,9 +61,11 @@ class CompiledDenseForward:
 
     def __init__(self, model: torch.nn.Module, train_step: WrittenDenseStep | None = None) -> None:
         self.eager = model.dense_forward
-        self.compiled = torch.compile(self.eager)
+        self.compiled = torch.compile(self.eager, backend=BACKEND)
         self.written = train_step
-        self.compiled_step = torch.compile(train_step.step) if train_step is not None else None
+        self.compiled_step = (
+            torch.compile(train_step.step, backend=BACKEND) if train_step is not None else None
+        )
         self._lr = torch.zeros((), dtype=torch.float64)
         self.fell_back = False
 

@@ -31,6 +31,7 @@ from tqdm import tqdm
 
 from dlrm import checkpoint as ckpt
 from dlrm import compile as compile_
+from dlrm import dense_step
 from dlrm import distributed, run_checks, sharded_checkpoint
 from dlrm.build import build_model, build_placed_embeddings, resolve_device
 from dlrm.config import TrainConfig
@@ -205,7 +206,10 @@ class Trainer:
     def _compile_dense_part(self) -> compile_.CompiledDenseForward | None:
         """`--compile` (dlrm/compile.py); off while the performance model records its trace, whose
         kernel models are of the eager step's operators."""
-        if not compile_.wanted(self.cfg.compile, self.cfg.precision):
+        cfg = self.cfg
+        steps = self.steps_per_epoch() * cfg.nepochs
+        written = dense_step.supports(self.model)
+        if not compile_.wanted(cfg.compile, cfg.precision, cfg.mini_batch_size, steps, written):
             return None
         if self.world_size > 1:  # auto: eager (an explicit --compile was refused at the start)
             return None
