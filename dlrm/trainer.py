@@ -31,8 +31,7 @@ from tqdm import tqdm
 
 from dlrm import checkpoint as ckpt
 from dlrm import compile as compile_
-from dlrm import dense_step
-from dlrm import distributed, run_checks, sharded_checkpoint
+from dlrm import dense_step, distributed, run_checks, sharded_checkpoint
 from dlrm.build import build_model, build_placed_embeddings, resolve_device
 from dlrm.config import TrainConfig
 from dlrm.data import DataSplits, build_data
