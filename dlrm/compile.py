@@ -54,6 +54,15 @@ def wanted(
     return written and batch_size <= FP32_AUTO_MAX_BATCH and steps >= FP32_AUTO_MIN_STEPS
 
 
+def _step_options(step: WrittenDenseStep) -> dict | None:
+    """Inductor's options for the written-out step. fp32: the graph's wrapper in C++ rather than
+    Python (`cpp_wrapper`), 7% less CPU per step at batch 128 (per-round ratio, 9 rounds), for
+    about 10 s more of compiling; bf16 measured no different, so it keeps the default."""
+    if BACKEND == "inductor" and step.dtype == torch.float32:
+        return {"cpp_wrapper": True}
+    return None
+
+
 class CompiledDenseForward:
     """`model.dense_forward` compiled, and for a DLRM its written-out training step
     (dlrm/dense_step.py) as one more graph; both eager from the first compile failure on (one log
@@ -64,7 +73,9 @@ class CompiledDenseForward:
         self.compiled = torch.compile(self.eager, backend=BACKEND)
         self.written = train_step
         self.compiled_step = (
-            torch.compile(train_step.step, backend=BACKEND) if train_step is not None else None
+            torch.compile(train_step.step, backend=BACKEND, options=_step_options(train_step))
+            if train_step is not None
+            else None
         )
         self._lr = torch.zeros((), dtype=torch.float64)
         self.fell_back = False

@@ -130,9 +130,10 @@ class DenseOnlyStep:
 
     def __init__(self, batch_size: int, precision: str, out_dir: str,
                  compile: bool | None = None) -> None:  # fmt: skip
-        # tables of 2 rows: the dense part does not depend on them
-        cfg = make_config([2] * len(KAGGLE_TABLE_SIZES), batch_size, 1, precision, out_dir,
-                          compile=compile)  # fmt: skip
+        # tables of 2 rows: the dense part does not depend on them; as many steps as OursStep's,
+        # so that `--compile=auto` decides alike
+        cfg = make_config([2] * len(KAGGLE_TABLE_SIZES), batch_size, 1_000_000, precision,
+                          out_dir, compile=compile)  # fmt: skip
         trainer = Trainer(cfg, checkpoints=False)
         self.model, self.optimizer = trainer.model, trainer.dense_optimizer
         self.written = trainer.pipeline.written_step  # --compile's written-out step, or None
