@@ -136,7 +136,8 @@ class DenseOnlyStep:
                           out_dir, compile=compile)  # fmt: skip
         trainer = Trainer(cfg, checkpoints=False)
         self.model, self.optimizer = trainer.model, trainer.dense_optimizer
-        self.written = trainer.pipeline.written_step  # --compile's written-out step, or None
+        # --compile's written-out step, or None (also in a checkout from before it existed)
+        self.written = getattr(trainer.pipeline, "written_step", None)
         self.bf16 = precision == "bf16"
         g = torch.Generator().manual_seed(0)
         width = len(KAGGLE_TABLE_SIZES) * DIM
