@@ -87,6 +87,10 @@ class CompiledDenseForward:
         torch._dynamo.maybe_mark_dynamic(pooled, 0)
         return self._compiled_or_eager(self.compiled, self.eager, dense, pooled)
 
+    def writes_steps(self) -> bool:
+        """Whether training steps run the written-out step (a DLRM that compiled so far)."""
+        return self.compiled_step is not None and not self.fell_back
+
     def train_step(self, dense, pooled, labels, optimizer: torch.optim.Optimizer):
         """The written-out step (dlrm/dense_step.py): (loss, dL/dpooled, [(parameter, gradient)])
         for `optimizer` to apply, or, where it is plain SGD, the update applied and no gradients.

@@ -220,7 +220,7 @@ class Trainer:
         )
         step = getattr(self.pipeline, "inner", self.pipeline)  # Slipstream's wraps the plain one
         if compiled is not None and isinstance(step, PlainTrainPipeline):
-            step.written_step = compiled.train_step
+            step.written = compiled
         return compiled
 
     def _make_pipeline(self, hook: StepHook | None) -> TrainPipeline:

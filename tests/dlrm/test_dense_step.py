@@ -123,14 +123,15 @@ def test_a_trainer_on_the_written_step_trains_as_the_autograd_step(
     kw = dict(optimizer=optimizer, data_size=64 * 6 + 20, test_data_size=256)  # a short last batch
     written = Trainer(tiny(tmp_path / "written", compile=True, **kw), checkpoints=False)
     calls = {"steps": 0}
-    real = written.pipeline.written_step
+    compiled = written.pipeline.written
+    real = compiled.train_step
 
     def counted(*args):
         out = real(*args)
         calls["steps"] += out is not None
         return out
 
-    written.pipeline.written_step = counted
+    monkeypatch.setattr(compiled, "train_step", counted)
     got = written.fit()
     autograd = Trainer(tiny(tmp_path / "autograd", compile=False, **kw), checkpoints=False)
     want = autograd.fit()
