@@ -138,7 +138,9 @@ class DenseOnlyStep:
         self.model, self.optimizer = trainer.model, trainer.dense_optimizer
         # --compile's written-out step, or None (also in a checkout from before it existed)
         written = getattr(trainer.pipeline, "written", None)
-        self.written = written.train_step if written is not None and written.writes_steps() else None
+        self.written = (
+            written.train_step if written is not None and written.writes_steps() else None
+        )
         self.bf16 = precision == "bf16"
         g = torch.Generator().manual_seed(0)
         width = len(KAGGLE_TABLE_SIZES) * DIM
