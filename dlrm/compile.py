@@ -6,8 +6,10 @@ lookup (DLRM: bottom MLP, interaction, top MLP; TBSM: the step encoder's MLPs an
 the time-series layer). The GEMMs stay oneDNN/cuBLAS calls; what compiling buys is the glue
 around them (casts under bf16 autocast, the interaction's gathers and concatenations, ReLU and its
 backward) as a few fused loops instead of dozens of eager ops. On a CPU with bf16 units that glue
-is about a third of a bf16 step; in fp32 the step is GEMM-bound and compiling gains nothing
-measurable, so `auto` compiles bf16 only (docs/speed.md has the figures).
+is about a third of a bf16 step. For a DLRM, training compiles its written-out step instead
+(dlrm/dense_step.py: forward, loss, backward and plain SGD as one graph, which also cuts the
+step's fixed costs); `dense_forward` then serves evaluation. `auto` compiles bf16, and fp32 where
+the written-out step pays for its compile (see `wanted`; docs/speed.md has the figures).
 
 The batch dimension is marked dynamic, so one graph serves the training batch, an epoch's short
 last batch and the evaluation batch size: training and evaluation (no autograd) are two graphs,
@@ -31,13 +33,14 @@ from dlrm.dense_step import WrittenDenseStep
 log = logging.getLogger(__name__)
 
 
-# `auto` compiles fp32 too where the step's fixed costs, which compiling cuts, are a large share
-# of it and the run is long enough to pay for the compile (20-40 s once, less from Inductor's
-# cache): a DLRM's written-out step (dlrm/dense_step.py) at batch 128 took 6.7 -> 5.5 ms of CPU
-# time (about 25% faster), at batch 2048 about 5% (docs/speed.md).
-FP32_AUTO_MAX_BATCH = 512
 # TorchInductor; tests trace with "eager" (Dynamo only: seconds less per graph, eager numerics)
 BACKEND = "inductor"
+
+# `auto` compiles fp32 too where the step's fixed costs, which compiling cuts, are a large share
+# of it and the run is long enough to pay for the compile (20-40 s cold, seconds from Inductor's
+# cache): with a DLRM's written-out step fp32 at batch 128 went from 1.31x to 1.50x the naive
+# step's CPU time (7.6 -> 6.9 ms), at batch 2048 about 5% (docs/speed.md).
+FP32_AUTO_MAX_BATCH = 512
 FP32_AUTO_MIN_STEPS = 20_000
 
 
