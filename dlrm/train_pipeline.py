@@ -107,6 +107,9 @@ class PlainTrainPipeline(TrainPipeline):
         self.bf16 = precision == "bf16"
         self.loss_function = loss_function
         self.hook = hook or StepHook()
+        # `--compile`'s written-out dense step, set by the trainer: dlrm/compile.py's
+        # CompiledDenseForward (`writes_steps()`, `train_step(...)`)
+        self.written = None
 
     def progress(self, batches: Iterator[Batch]) -> StepResult:
         t0 = time.perf_counter()
@@ -119,12 +122,21 @@ class PlainTrainPipeline(TrainPipeline):
 
     def step(self, batch: Batch) -> torch.Tensor:
         """One optimisation step on a batch already on the device; returns the detached loss."""
+        if self.written is not None and self.written.writes_steps():
+            return self._written_step(batch)
+        return self._autograd_step(batch)
+
+    def _autograd_step(self, batch: Batch, pooled: torch.Tensor | None = None) -> torch.Tensor:
+        """`pooled`: the batch's embedding lookup, already made (then only the dense part runs)."""
         hook = self.hook
         with (
             hook.phase("forward"),
             torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16),
         ):
-            logits = self.forward(batch.dense_features, batch.sparse_features)
+            if pooled is None:
+                logits = self.forward(batch.dense_features, batch.sparse_features)
+            else:
+                logits = self.model.dense_forward(batch.dense_features, pooled)
         loss = loss_of(logits, batch.labels, self.loss_function)
         value = loss.item()
         if not math.isfinite(value):
@@ -135,3 +147,27 @@ class PlainTrainPipeline(TrainPipeline):
         with hook.phase("optimizer"):
             self.dense_optimizer.step()
         return loss.detach()
+
+    def _written_step(self, batch: Batch) -> torch.Tensor:
+        """The step with the dense part's forward, loss and backward as one compiled call
+        (dlrm/dense_step.py) between the embedding lookup and its backward."""
+        hook = self.hook
+        with hook.phase("forward"):
+            pooled = self.model.embeddings(batch.sparse_features).values()
+            out = self.written.train_step(
+                batch.dense_features, pooled.detach(), batch.labels, self.dense_optimizer
+            )
+        if out is None:  # it could not compile: this step and the next ones through autograd
+            return self._autograd_step(batch, pooled)
+        loss, grad_pooled, grads = out
+        value = loss.item()
+        if not math.isfinite(value):
+            raise NonFiniteLoss(value)
+        for p, g in grads:
+            p.grad = g
+        with hook.phase("backward"):
+            pooled.backward(grad_pooled)  # applies the fused sparse updates
+        if grads:  # else plain SGD, which the written-out step applied itself
+            with hook.phase("optimizer"):
+                self.dense_optimizer.step()
+        return loss

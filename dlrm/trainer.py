@@ -31,7 +31,7 @@ from tqdm import tqdm
 
 from dlrm import checkpoint as ckpt
 from dlrm import compile as compile_
-from dlrm import distributed, run_checks, sharded_checkpoint
+from dlrm import dense_step, distributed, run_checks, sharded_checkpoint
 from dlrm.build import build_model, build_placed_embeddings, resolve_device
 from dlrm.config import TrainConfig
 from dlrm.data import DataSplits, build_data
@@ -205,14 +205,23 @@ class Trainer:
     def _compile_dense_part(self) -> compile_.CompiledDenseForward | None:
         """`--compile` (dlrm/compile.py); off while the performance model records its trace, whose
         kernel models are of the eager step's operators."""
-        if not compile_.wanted(self.cfg.compile, self.cfg.precision):
+        cfg = self.cfg
+        steps = self.steps_per_epoch() * cfg.nepochs
+        written = dense_step.supports(self.model)
+        if not compile_.wanted(cfg.compile, cfg.precision, cfg.mini_batch_size, steps, written):
             return None
         if self.world_size > 1:  # auto: eager (an explicit --compile was refused at the start)
             return None
         if self.cfg.perf_log:
             log.warning("--compile: off with --perf-log (the performance model traces eager steps)")
             return None
-        return compile_.compile_dense_part(self.model)
+        compiled = compile_.compile_dense_part(
+            self.model, self.cfg.precision, self.cfg.loss_function
+        )
+        step = getattr(self.pipeline, "inner", self.pipeline)  # Slipstream's wraps the plain one
+        if compiled is not None and isinstance(step, PlainTrainPipeline):
+            step.written = compiled
+        return compiled
 
     def _make_pipeline(self, hook: StepHook | None) -> TrainPipeline:
         """The plain step, or the variant the embedding collection needs (Hotline's split)."""

@@ -130,11 +130,17 @@ class DenseOnlyStep:
 
     def __init__(self, batch_size: int, precision: str, out_dir: str,
                  compile: bool | None = None) -> None:  # fmt: skip
-        # tables of 2 rows: the dense part does not depend on them
-        cfg = make_config([2] * len(KAGGLE_TABLE_SIZES), batch_size, 1, precision, out_dir,
-                          compile=compile)  # fmt: skip
+        # tables of 2 rows: the dense part does not depend on them; as many steps as OursStep's,
+        # so that `--compile=auto` decides alike
+        cfg = make_config([2] * len(KAGGLE_TABLE_SIZES), batch_size, 1_000_000, precision,
+                          out_dir, compile=compile)  # fmt: skip
         trainer = Trainer(cfg, checkpoints=False)
         self.model, self.optimizer = trainer.model, trainer.dense_optimizer
+        # --compile's written-out step, or None (also in a checkout from before it existed)
+        written = getattr(trainer.pipeline, "written", None)
+        self.written = (
+            written.train_step if written is not None and written.writes_steps() else None
+        )
         self.bf16 = precision == "bf16"
         g = torch.Generator().manual_seed(0)
         width = len(KAGGLE_TABLE_SIZES) * DIM
@@ -143,6 +149,8 @@ class DenseOnlyStep:
         self.labels = torch.randint(0, 2, (batch_size,), generator=g).float()
 
     def run(self, steps: int) -> None:
+        if self.written is not None:
+            return self._run_written(steps)
         for _ in range(steps):
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
                 logits = self.model.dense_forward(self.dense, self.pooled)
@@ -152,6 +160,17 @@ class DenseOnlyStep:
             self.pooled.grad = None
             loss.backward()
             self.optimizer.step()
+
+    def _run_written(self, steps: int) -> None:
+        """As the trainer's step runs the written-out dense step (dlrm/dense_step.py)."""
+        for _ in range(steps):
+            out = self.written(self.dense, self.pooled.detach(), self.labels, self.optimizer)
+            loss, self.pooled.grad, grads = out
+            loss.item()
+            for p, g in grads:
+                p.grad = g
+            if grads:  # else plain SGD, applied by the written-out step
+                self.optimizer.step()
 
 
 class GemmOnlyStep:
@@ -205,10 +224,14 @@ def weight_casts(batch_size: int, tmp: str, steps: int = 10) -> dict:
             "parameter_casts_ms": weight / steps / 1e3, "activation_casts_ms": other / steps / 1e3}  # fmt: skip
 
 
-def timed(step, steps: int, batch_size: int) -> float:
-    start = time.perf_counter()
+def timed(step, steps: int, batch_size: int) -> tuple[float, float]:
+    """Samples/s (wall) and this thread's CPU milliseconds per step: with one torch thread and
+    NUMBA_NUM_THREADS=1 the whole step runs on this thread, and its CPU time is what the step
+    costs whatever else the machine runs."""
+    start, cpu = time.perf_counter(), time.thread_time()
     step.run(steps)
-    return steps * batch_size / (time.perf_counter() - start)
+    cpu_ms = (time.thread_time() - cpu) * 1e3 / steps
+    return steps * batch_size / (time.perf_counter() - start), cpu_ms
 
 
 def generator_throughput(
@@ -273,25 +296,32 @@ def compare(sizes, bs: int, seconds: float, rounds: int, names: list[str], tmp: 
     per_step = 30_000 if bs <= 256 else 60_000  # rough samples/s, sets steps per round
     steps = max(5, int(seconds * per_step / bs / rounds))
     runs: dict[str, list[float]] = {}
+    cpu: dict[str, list[float]] = {}
     stepper = {}
     for name in names:
         stepper[name] = make_step(name, sizes, bs, steps * rounds, tmp)
         stepper[name].run(3)  # warm-up: first touch of tables, kernel caches, compilation
-        runs[name] = []
+        runs[name], cpu[name] = [], []
     for _ in range(rounds):
         for name in names:
-            runs[name].append(timed(stepper[name], steps, bs))
+            rate, cpu_ms = timed(stepper[name], steps, bs)
+            runs[name].append(rate)
+            cpu[name].append(cpu_ms)
     med = statistics.median
     row: dict = {"steps_per_round": steps, "rounds": rounds,
                  "generator_samples_per_s": generator_throughput(sizes, bs)}  # fmt: skip
     for name in names:
         row[f"{name}_samples_per_s"] = med(runs[name])
+        row[f"{name}_cpu_ms_per_step"] = med(cpu[name])
     for name in names:
         bases = ["naive"] if name.startswith(("dense_only", "gemm_only")) else BASES
         for base in bases:
             if base in runs and name != base:
                 row[f"{name}_vs_{base}"] = med([a / b for a, b in zip(runs[name], runs[base])])
+                # in CPU time: the speed-up is the base's CPU per step over this one's
+                row[f"{name}_cpu_vs_{base}"] = med([b / a for a, b in zip(cpu[name], cpu[base])])
     row["all_rounds_samples_per_s"] = runs
+    row["all_rounds_cpu_ms_per_step"] = cpu
     return row
 
 
@@ -302,12 +332,13 @@ def judge(result: dict, bf16_units: bool) -> list[dict]:
         row = result["batches"].get(str(bs), {})
         value = row.get(f"{what}_vs_{over}")
         status = "not measured" if value is None else ("met" if value >= least else "missed")
+        cpu_value = row.get(f"{what}_cpu_vs_{over}")
         if needs_bf16 and not bf16_units:
             status = "not measurable: no bf16 units on this CPU"
         # the most any step running our dense part's matrix products could reach
         ceiling = row.get(f"gemm_only_{what}_vs_naive") if over == "naive" else 1.0
         out.append({"target": f"{what} >= {least}x {over} at batch {bs}", "value": value,
-                    "ceiling": ceiling, "status": status})  # fmt: skip
+                    "cpu_time_value": cpu_value, "ceiling": ceiling, "status": status})  # fmt: skip
     return out
 
 
@@ -325,7 +356,12 @@ def main() -> None:
                    help="also profile what autocast's casts cost in an eager bf16 dense step")  # fmt: skip
     p.add_argument("--variants", default="naive,fp32,bf16,bf16_eager,dense_only_fp32,dense_only_bf16,gemm_only_fp32,gemm_only_bf16",
                    help="comma-separated, measured in this order in every round")  # fmt: skip
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch threads (0: torch's default); 1 with NUMBA_NUM_THREADS=1 makes the "
+                        "CPU-time figures the whole step's")  # fmt: skip
     args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     names = [x for x in args.variants.split(",") if x]
     unknown = sorted(set(names) - {"naive", *VARIANTS})
     if unknown:
@@ -336,7 +372,8 @@ def main() -> None:
     result: dict = {
         "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
                     "cpu": hardware.cpu_model(), "cpu_flags": hardware.cpu_flags(),
-                    "bf16_units": bf16_units, "load_avg": os.getloadavg()},
+                    "bf16_units": bf16_units, "load_avg": os.getloadavg(),
+                    "numba_threads": os.environ.get("NUMBA_NUM_THREADS")},
         "table_rows": sum(sizes), "embedding_dim": DIM, "batches": {},
     }  # fmt: skip
     if not bf16_units:

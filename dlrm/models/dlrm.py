@@ -161,9 +161,11 @@ class _PaddedLinearFn(torch.autograd.Function):
 class PaddedInputLinear(nn.Linear):
     """nn.Linear (same parameters, same state dict) computed by `_PaddedLinearFn`."""
 
+    def padded_width(self) -> int:
+        return -(-self.in_features // PAD_INPUT_TO) * PAD_INPUT_TO
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        width = -(-self.in_features // PAD_INPUT_TO) * PAD_INPUT_TO
-        return _apply_as_linear(_PaddedLinearFn, x, self.weight, self.bias, width)
+        return _apply_as_linear(_PaddedLinearFn, x, self.weight, self.bias, self.padded_width())
 
 
 class _DotInteractionFn(torch.autograd.Function):

@@ -103,7 +103,9 @@ def test_compile_flag_and_auto(tmp_path):
     assert config_from_args(out + ["--compile=false"]).compile is False
     assert config_from_args(out + ["--compile=auto"]).compile is None
     assert config_from_args(out).compile is None
-    assert compile_.wanted(None, "bf16") and not compile_.wanted(None, "fp32")
+    assert compile_.wanted(None, "bf16") and not compile_.wanted(
+        None, "fp32"
+    )  # see test_dense_step
     assert compile_.wanted(True, "fp32") and not compile_.wanted(False, "bf16")
 
 
