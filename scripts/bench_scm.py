@@ -205,6 +205,7 @@ def _tiered_cfg(args, base: TrainConfig, profile: Path, name: str = "tiered") ->
 
 
 def bench_kaggle(args) -> dict:
+    setup = _setup()  # the load before any work
     base = kaggle_base(args)
     profile = _profile(args, base)
     t0 = time.perf_counter()
@@ -222,6 +223,7 @@ def bench_kaggle(args) -> dict:
     streams = {k: t.data.train.batches(0, 0) for k, t in runs.items()}
     rates: dict[str, list[float]] = {k: [] for k in runs}
     cpu_ms: dict[str, list[float]] = {k: [] for k in runs}  # the process's CPU per step
+    loads: list[float] = []  # 1-minute load average after each round
     steps = 0
     batch = base.mini_batch_size
     # warm-up: the tier's cache fills (its first misses are the cold start, reported apart)
@@ -240,6 +242,7 @@ def bench_kaggle(args) -> dict:
                 t.pipeline.progress(streams[name])
             rates[name].append(args.round_steps * batch / (time.perf_counter() - t1))
             cpu_ms[name].append((time.process_time() - c1) / args.round_steps * 1e3)
+        loads.append(_load()[0])
         steps += args.round_steps
         print(
             f"round {r}: " + ", ".join(f"{k} {v[-1]:.0f} samples/s" for k, v in rates.items()),
@@ -255,7 +258,7 @@ def bench_kaggle(args) -> dict:
     ratio = [b / a for a, b in zip(rates["device"], rates["tiered"])]
     out = {
         "setup": {
-            **_setup(), "rows": sum(KAGGLE_TABLE_SIZES), "dim": 16, "optimizer": "sgd",
+            **setup, "rows": sum(KAGGLE_TABLE_SIZES), "dim": 16, "optimizer": "sgd",
             "zipf": args.zipf, "batch": batch, "dram_for_rows": args.dram,
             "hot_budget": args.hot_budget, "scm_io": args.scm_io, "io_threads": args.io_threads,
             "io_engine": tiered.model.embeddings.host.file.engine, "io_depth": args.io_depth,
@@ -268,6 +271,7 @@ def bench_kaggle(args) -> dict:
         "samples_per_s": {k: [round(x) for x in v] for k, v in rates.items()},
         "samples_per_s_median": {k: round(float(np.median(v))) for k, v in rates.items()},
         "process_cpu_ms_per_step": {k: [round(x, 1) for x in v] for k, v in cpu_ms.items()},
+        "load_after_each_round": loads,
         "tiered_over_device_per_round": [round(x, 3) for x in ratio],
         "tiered_over_device_median": round(float(np.median(ratio)), 3),
         "target_0_7x_met": bool(np.median(ratio) >= 0.7),
