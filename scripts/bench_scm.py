@@ -276,7 +276,7 @@ def _long_run_state(args, trainer: Trainer) -> dict:
         if i >= args.warm_steps:
             break
         gids = coll.global_ids(batch.sparse_features)
-        cold = torch.unique(gids[coll.remap[gids] < 0])
+        cold = torch.unique(gids[coll.hot_map.slots(gids) < 0])
         tier.write_rows(cold, *tier.read_rows(cold))  # values unchanged, rows dirty
     out.update(warm_steps=args.warm_steps, warm_s=round(time.perf_counter() - t0, 1),
                cache_rows=tier.cache.used, cache_capacity=tier.cache.capacity,
