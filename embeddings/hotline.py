@@ -92,9 +92,14 @@ class HotlineEmbeddingBagCollection(EmbeddingCollection):
         device: torch.device | str | None = None,
         backend: str = "auto",
         seed: int = 0,
+        staging_rows: int = 0,
     ) -> None:
+        """`staging_rows`: staging slots per table to make with the device tier (e.g. the
+        mini-batch size), so that the first mini-batches do not grow it: growing copies the
+        whole tier (its bytes twice, for a moment)."""
         super().__init__()
         self.tables = list(tables)
+        self._staging_rows = int(staging_rows)
         self.feature_names = [t.feature_name for t in tables]
         self.dims = [t.embedding_dim for t in tables]
         if len(set(self.dims)) != 1:
@@ -189,6 +194,10 @@ class HotlineEmbeddingBagCollection(EmbeddingCollection):
         `self.capacity` staging slots per table; the map global row -> slot in its table."""
         self.hot_map = HotRowMap(hot_gids, self.row_base, self.total_rows)
         self.n_hot, self.hot_gids = self.hot_map.n_hot, hot_gids
+        self.capacity = [
+            max(c, min(self._staging_rows, s - int(h)))
+            for c, s, h in zip(self.capacity, self.sizes, self.n_hot)
+        ]  # fmt: skip
         self._build_fast()
         if values is not None and hot_gids.numel():
             slots = self._hot_slots(hot_gids)

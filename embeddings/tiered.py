@@ -84,6 +84,7 @@ class TieredEmbeddingBagCollection(HotlineEmbeddingBagCollection):
         backend: str = "auto",
         seed: int = 0,
         priority=None,
+        staging_rows: int = 0,
     ) -> None:
         if plan is None:
             raise PlacementError(
@@ -91,7 +92,7 @@ class TieredEmbeddingBagCollection(HotlineEmbeddingBagCollection):
             )
         object.__setattr__(self, "_scm", scm)
         object.__setattr__(self, "_priority", priority)
-        super().__init__(tables, optimizer, plan, device, backend, seed)
+        super().__init__(tables, optimizer, plan, device, backend, seed, staging_rows)
         self.backend = f"tiered(ssd={scm.io}, device={self.fast.backend})"
         self.host.held = lambda ids: self.hot_map.slots(ids) < 0  # the hot rows' home: device
         self._checkpoint_generation: int | None = None
