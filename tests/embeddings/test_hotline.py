@@ -235,7 +235,7 @@ def test_staging_slots_made_with_the_device_tier_are_not_regrown(monkeypatch):
     assert hl.capacity == [min(16, n - h) for n, h in zip(SIZES, hl.n_hot.tolist())]
     fast = hl.fast
     rng, gen = np.random.default_rng(2), torch.Generator().manual_seed(2)
-    for step in range(6):
+    for _ in range(6):
         kjt = make_batch(rng, 8, False, hot_rows)  # at most 16 lookups per table
         grad = torch.randn(8, DIM * len(SIZES), generator=gen)
         (ref(kjt).values() * grad).sum().backward()
