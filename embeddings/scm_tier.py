@@ -50,6 +50,7 @@ from embeddings.tiers import table_row_base
 FORMAT, VERSION = "hybrid-dlrm/scm-tier", 1
 MANIFEST, ROWS, JOURNAL = "tier.json", "rows.dat", "journal.log"
 _WRITE_CHUNK = 1 << 16  # rows per flush chunk
+WRITE_BLOCKS = 8192  # blocks per piece of a file write (32 MB, and their initial rows)
 
 
 def _layout(tables: list[TableSpec], optimizer: SparseOptimizer, seed: int) -> dict:
@@ -449,6 +450,19 @@ class ScmTier:
         return out
 
     def _write_file(self, gids: torch.Tensor, rows: torch.Tensor) -> None:
+        """Rows into their blocks, `WRITE_BLOCKS` blocks at a time: a batch of evictions (183k
+        rows at Terabyte scale, each in a block of its own) took 4 KiB per row at once, and as
+        much again for the new blocks' initial rows: a 4.3 GB peak over 7 GB of RSS."""
+        blocks = gids // self.rpb
+        ub = torch.unique(blocks)
+        if ub.numel() <= WRITE_BLOCKS:
+            return self._write_blocks(gids, rows)
+        piece = torch.bucketize(blocks, ub[::WRITE_BLOCKS], right=True)  # a block's rows together
+        for p in torch.unique(piece).tolist():
+            sel = torch.nonzero(piece == p).squeeze(1)
+            self._write_blocks(gids[sel], rows[sel])
+
+    def _write_blocks(self, gids: torch.Tensor, rows: torch.Tensor) -> None:
         """Rows into their blocks: read-modify-write, a block's pre-image journaled first."""
         t0 = time.perf_counter()
         blocks = (gids // self.rpb).numpy()
