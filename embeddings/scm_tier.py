@@ -457,7 +457,9 @@ class ScmTier:
         ub = torch.unique(blocks)
         if ub.numel() <= WRITE_BLOCKS:
             return self._write_blocks(gids, rows)
-        piece = torch.bucketize(blocks, ub[::WRITE_BLOCKS], right=True)  # a block's rows together
+        piece = torch.bucketize(
+            blocks, ub[::WRITE_BLOCKS].contiguous(), right=True
+        )  # a block's rows together
         for p in torch.unique(piece).tolist():
             sel = torch.nonzero(piece == p).squeeze(1)
             self._write_blocks(gids[sel], rows[sel])
