@@ -450,9 +450,9 @@ class ScmTier:
         return out
 
     def _write_file(self, gids: torch.Tensor, rows: torch.Tensor) -> None:
-        """Rows into their blocks, `WRITE_BLOCKS` blocks at a time: a batch of evictions (183k
-        rows at Terabyte scale, each in a block of its own) took 4 KiB per row at once, and as
-        much again for the new blocks' initial rows: a 4.3 GB peak over 7 GB of RSS."""
+        """Rows into their blocks, `WRITE_BLOCKS` blocks at a time: in one piece a batch of
+        evictions (each row in a block of its own) takes 4 KiB per row at once, and more for the
+        new blocks' initial rows, outside any DRAM budget (docs/scm.md, Measured 5)."""
         blocks = gids // self.rpb
         ub = torch.unique(blocks)
         if ub.numel() <= WRITE_BLOCKS:
