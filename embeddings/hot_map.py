@@ -9,12 +9,11 @@ table's hot rows, so `hot_gids` alone answers the question. What the map adds is
 - **hashed**: an open-addressing table (linear probing, load <= 1/2) of int32 positions into
   `hot_gids`: 4 bytes per slot, 2-4 slots per hot row (128 MB for 16M hot rows).
 
-Measured (`python scripts/bench_hot_map.py`: one Terabyte mini-batch, 53k lookups, half of them
-hot, 15.5M hot rows of 260M, load 7): Hotline's whole mapping pass (`map_lookups`) 42 ms per
-mini-batch with the dense map, 49 ms hashed (medians of 15 alternated rounds); the bare lookups
-by binary search in `hot_gids` alone took 86 ms. The dense form stays where the tables are small
+Chosen by measured cost per mini-batch (`python scripts/bench_hot_map.py`, figures in
+docs/scm.md): the hashed map costs a few ms more than the dense one per Terabyte mini-batch,
+binary search in `hot_gids` about twice as much. The dense form stays where the tables are small
 (at most `DENSE_MAX_ROWS` rows: <= 256 MB) or the hot set is over 1/16 of the rows; above that
-the hashed form is used (docs/scm.md, Measured 5).
+the hashed form is used.
 """
 
 from __future__ import annotations
