@@ -59,7 +59,7 @@ def build_tiered(
         del counts  # dense per-row counts (1 GB at Terabyte scale): the priority keeps seen rows
         coll = TieredEmbeddingBagCollection(
             tables, opt, plan, scm_settings(cfg), torch.device(device), cfg.embedding_backend,
-            cfg.seed, priority,
+            cfg.seed, priority, staging_rows=max(cfg.mini_batch_size, cfg.test_mini_batch_size),
         )  # fmt: skip
     except (PlacementError, ProfileError, ScmError) as e:
         raise ConfigError(str(e)) from None

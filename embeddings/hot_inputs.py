@@ -69,23 +69,49 @@ def all_hot_given_cold(cold_at: torch.Tensor, lengths: torch.Tensor, batch: int)
 class AllHotClassifier:
     """`AllHotClassifier(plan)(kjt)` -> bool [batch] on the CPU: the inputs whose lookups are
     all in the plan's device tier; keys in any order. A plan without device rows has no hot
-    input (there is no device tier to train one on)."""
+    input (there is no device tier to train one on). A plan whose device tier is in the sparse
+    form is looked up by binary search in its sorted hot global ids (a hot row's slot is its
+    position there), so the dense remap (4 bytes for every row) is not made unless `remap` is
+    asked for."""
 
     def __init__(self, plan: PlacementPlan) -> None:
-        remap, base = plan.concatenated_remap()
+        self.plan = plan
         self.feature_names = list(plan.feature_names)
         self.num_hot = plan.num_hot
-        self.row_base = torch.from_numpy(base)
-        self._remaps = {torch.device("cpu"): torch.from_numpy(remap)}
+        base = torch.zeros(len(plan.table_sizes), dtype=torch.int64)
+        base[1:] = torch.cumsum(torch.tensor(plan.table_sizes[:-1], dtype=torch.int64), 0)
+        self.row_base = base
+        self._remaps: dict[torch.device, torch.Tensor] = {}
+        self._hot: dict[torch.device, torch.Tensor] = {}
+        self.sparse = plan.tier("device").remaps is None
+        if self.sparse:
+            t, r = plan.hot_ids()  # slot order = global id order in the sparse form
+            self._hot[torch.device("cpu")] = torch.from_numpy(r) + base[torch.from_numpy(t)]
+        else:
+            self._remaps[torch.device("cpu")] = torch.from_numpy(plan.concatenated_remap()[0])
 
     def remap(self, device: torch.device) -> torch.Tensor:
-        """The concatenated remap on `device` (copied there once)."""
+        """The concatenated remap on `device` (copied there once; made from a sparse plan)."""
+        cpu = torch.device("cpu")
+        if cpu not in self._remaps:
+            self._remaps[cpu] = torch.from_numpy(self.plan.concatenated_remap()[0])
         if device not in self._remaps:
-            self._remaps[device] = self._remaps[torch.device("cpu")].to(device)
+            self._remaps[device] = self._remaps[cpu].to(device)
         return self._remaps[device]
 
     def slots(self, values: torch.Tensor, lengths: torch.Tensor, batch: int) -> torch.Tensor:
-        return lookup_slots(self.remap(values.device), self.row_base, values, lengths, batch)
+        if not self.sparse:
+            return lookup_slots(self.remap(values.device), self.row_base, values, lengths, batch)
+        if values.device not in self._hot:
+            self._hot[values.device] = self._hot[torch.device("cpu")].to(values.device)
+        hot = self._hot[values.device]
+        per_table = lengths.view(self.row_base.numel(), batch).sum(1)
+        base = self.row_base.to(values.device)
+        gid = values.long() + base.repeat_interleave(per_table, output_size=values.numel())
+        if not hot.numel():
+            return torch.full_like(gid, -1)
+        at = torch.searchsorted(hot, gid).clamp(max=hot.numel() - 1)
+        return torch.where(hot[at] == gid, at, torch.full_like(at, -1))
 
     def mask(
         self,
@@ -99,9 +125,7 @@ class AllHotClassifier:
             return torch.zeros(batch, dtype=torch.bool, device=values.device)
         if slots is None:
             slots = self.slots(values, lengths, batch)
-        return all_hot_inputs(
-            self.remap(values.device), self.row_base, values, lengths, batch, slots
-        )
+        return all_hot_given_cold(torch.nonzero(slots < 0).squeeze(1), lengths, batch)
 
     def __call__(self, features: KeyedJaggedTensor) -> torch.Tensor:
         features = in_feature_order(features, self.feature_names)

@@ -39,6 +39,7 @@ from embeddings.collection import EmbeddingCollection
 from embeddings.config import SparseOptimizer, TableSpec
 from embeddings.errors import PlacementError, TierError
 from embeddings.fused import FusedEmbeddingBagCollection, uniform_table
+from embeddings.hot_map import HotRowMap
 from embeddings.kjt_ops import in_feature_order
 from embeddings.lookup_map import RowOutOfRange, map_lookups
 from embeddings.plan import PlacementPlan, row_bytes
@@ -91,9 +92,14 @@ class HotlineEmbeddingBagCollection(EmbeddingCollection):
         device: torch.device | str | None = None,
         backend: str = "auto",
         seed: int = 0,
+        staging_rows: int = 0,
     ) -> None:
+        """`staging_rows`: staging slots per table to make with the device tier (e.g. the
+        mini-batch size), so that the first mini-batches do not grow it: growing copies the
+        whole tier (its bytes twice, for a moment)."""
         super().__init__()
         self.tables = list(tables)
+        self._staging_rows = int(staging_rows)
         self.feature_names = [t.feature_name for t in tables]
         self.dims = [t.embedding_dim for t in tables]
         if len(set(self.dims)) != 1:
@@ -126,7 +132,8 @@ class HotlineEmbeddingBagCollection(EmbeddingCollection):
             plan = self._one_home(plan)
             self.host = self._cold_tier(plan)
             hot = self._hot_gids(plan)
-            self._set_device_tier(hot, self._initial_rows(hot))
+            self._set_device_tier(hot)
+            self._init_hot_rows(hot)
             self.plan = plan
         self.backend = f"hotline(host={self.host.backend}, device={self.fast.backend})"
 
@@ -169,22 +176,31 @@ class HotlineEmbeddingBagCollection(EmbeddingCollection):
         return out, None
 
     @torch.no_grad()
+    def _init_hot_rows(self, gids: torch.Tensor) -> None:
+        """Write the hot rows' initial values into the device tier."""
+        weight, _ = self._initial_rows(gids)
+        self._w.index_copy_(0, self._hot_slots(gids), weight.to(self.device))
+
+    def _hot_slots(self, gids: torch.Tensor) -> torch.Tensor:
+        """The device tier's flat rows of hot rows `gids`."""
+        table = torch.bucketize(gids, self.row_base, right=True) - 1
+        return (self.table_start[table] + self.hot_map.slots(gids)).to(self.device)
+
+    @torch.no_grad()
     def _set_device_tier(
         self, hot_gids: torch.Tensor, values: tuple[torch.Tensor, torch.Tensor | None] | None = None
     ) -> None:
         """A device tier holding rows `hot_gids` (sorted; `values`: their weights and state) and
-        `self.capacity` staging slots per table; the remap global row -> slot in its table."""
-        T = len(self.tables)
-        table = torch.bucketize(hot_gids, self.row_base, right=True) - 1
-        self.n_hot = torch.bincount(table, minlength=T)
-        first = torch.zeros(T + 1, dtype=torch.int64)
-        first[1:] = torch.cumsum(self.n_hot, 0)
-        remap = torch.full((self.total_rows,), -1, dtype=torch.int32)  # hot rows < 2**31
-        remap[hot_gids] = (torch.arange(hot_gids.numel()) - first[table]).to(torch.int32)
-        self.remap, self.hot_gids = remap, hot_gids
+        `self.capacity` staging slots per table; the map global row -> slot in its table."""
+        self.hot_map = HotRowMap(hot_gids, self.row_base, self.total_rows)
+        self.n_hot, self.hot_gids = self.hot_map.n_hot, hot_gids
+        self.capacity = [
+            max(c, min(self._staging_rows, s - int(h)))
+            for c, s, h in zip(self.capacity, self.sizes, self.n_hot)
+        ]  # fmt: skip
         self._build_fast()
         if values is not None and hot_gids.numel():
-            slots = (self.table_start[table] + remap[hot_gids].long()).to(self.device)
+            slots = self._hot_slots(hot_gids)
             self._w.index_copy_(0, slots, values[0].to(self.device))
             if values[1] is not None:
                 self._s.index_copy_(0, slots, values[1].to(self.device))
@@ -262,7 +278,7 @@ class HotlineEmbeddingBagCollection(EmbeddingCollection):
         try:
             m = map_lookups(
                 features.values().cpu().numpy(), lengths, features.stride(), self._np_sizes,
-                self._np_row_base, self.remap.numpy(), self.n_hot.numpy(),
+                self._np_row_base, self.hot_map,
             )  # fmt: skip
         except RowOutOfRange as e:
             t = self.tables[e.table]
@@ -478,6 +494,13 @@ class HotlineEmbeddingBagCollection(EmbeddingCollection):
             return host.optimizer_states(), fast.optimizer_states()
         return host.table_weights(), fast.table_weights()
 
+    def _hot_and_cold(self, t: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Table t's hot rows (in slot order) and cold rows, ascending row ids."""
+        hot = self.hot_map.table_hot(t)
+        cold = torch.ones(self.sizes[t], dtype=torch.bool)
+        cold[hot] = False
+        return hot, torch.nonzero(cold).squeeze(1)
+
     def _assemble(self, state: bool) -> list[torch.Tensor | None]:
         if state and self.optimizer.kind == "sgd":
             return [None] * len(self.tables)
@@ -485,30 +508,23 @@ class HotlineEmbeddingBagCollection(EmbeddingCollection):
         host_views, dev_views = self._tier_views(state)
         out = []
         for t, n in enumerate(self.sizes):
-            base = int(self.row_base[t])
-            slots = self.remap[base : base + n]
+            hot_rows, cold_rows = self._hot_and_cold(t)  # the host's slot order is row order
             shape = (n, self.dim) if (not state or self.optimizer.kind == "adagrad") else (n,)
             full = torch.empty(shape, dtype=torch.float32)
-            hot_rows = torch.nonzero(slots >= 0).squeeze(1)
-            cold_rows = torch.nonzero(slots < 0).squeeze(1)  # the host's slot order is row order
             full[cold_rows] = host_views[t][: cold_rows.numel()]
-            if hot_rows.numel():
-                full[hot_rows] = dev_views[t][slots[hot_rows].long().to(self.device)].cpu()
+            if hot_rows.numel():  # a hot row's slot is its rank among the table's hot rows
+                full[hot_rows] = dev_views[t][: hot_rows.numel()].cpu()
             out.append(full)
         return out
 
     @torch.no_grad()
     def _write_back_export(self, name: str, full: list[torch.Tensor]) -> None:
         host_views, dev_views = self._tier_views(name == "state")
-        for t, n in enumerate(self.sizes):
-            base = int(self.row_base[t])
-            slots = self.remap[base : base + n]
-            hot_rows = torch.nonzero(slots >= 0).squeeze(1)
-            cold_rows = torch.nonzero(slots < 0).squeeze(1)
+        for t in range(len(self.sizes)):
+            hot_rows, cold_rows = self._hot_and_cold(t)
             host_views[t][: cold_rows.numel()] = full[t][cold_rows]
             if hot_rows.numel():
-                on_dev = slots[hot_rows].long().to(self.device)
-                dev_views[t][on_dev] = full[t][hot_rows].to(self.device)
+                dev_views[t][: hot_rows.numel()] = full[t][hot_rows].to(self.device)
 
     def table_weights(self) -> list[torch.Tensor]:
         """Copies of the full tables (rows come from two tiers): after writing into them call
@@ -529,7 +545,7 @@ class HotlineEmbeddingBagCollection(EmbeddingCollection):
         """Hot rows from the device tier, the others from the host (not the whole tables)."""
         self.sync()
         gids = torch.as_tensor(rows).long() + self.row_base[torch.as_tensor(tables).long()]
-        slots = self.remap[gids].long()
+        slots = self.hot_map.slots(gids)
         hot = slots >= 0
         flat = (self.table_start[torch.as_tensor(tables).long()[hot]] + slots[hot]).to(self.device)
         weights = torch.empty(gids.numel(), self.dim)

@@ -1,7 +1,7 @@
 """Map a mini-batch's lookups onto a device tier with staging slots (Hotline's staging, in one pass).
 
 For table-major lookups (a KeyedJaggedTensor in feature order), `map_lookups` returns each
-lookup's row in its device-tier table: a hot row's slot (the tier's remap), or for a cold row a
+lookup's row in its device-tier table: a hot row's slot (embeddings/hot_map.py, dense or hashed), or for a cold row a
 staging slot (after the table's hot rows, one per unique cold row, in row order); the unique cold
 rows (global ids, sorted) and how many of them each table has; and which inputs are popular
 (every lookup hot). Rows outside their table are named, never mapped.
@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import numba
 import numpy as np
+
+from embeddings.hot_map import HotRowMap, hashed_position
 
 
 @dataclass
@@ -34,7 +36,7 @@ class RowOutOfRange(ValueError):
 
 
 @numba.njit(cache=True, nogil=True)  # the training step runs on beside it
-def _first_pass(values, lengths, stride, sizes, row_base, remap):
+def _first_pass(values, lengths, stride, sizes, row_base, dense, keys, table, shift, hot_first):
     n = values.size
     slots = np.empty(n, np.int64)
     popular = np.ones(stride, np.bool_)
@@ -50,7 +52,11 @@ def _first_pass(values, lengths, stride, sizes, row_base, remap):
                 v = values[pos]
                 if v < 0 or v >= size:
                     return slots, popular, cold_pos[:0], cold_gid[:0], cold_table[:0], pos
-                s = remap[base + v]
+                if dense.size:
+                    s = dense[base + v]
+                else:
+                    k = hashed_position(keys, table, shift, base + v)
+                    s = -1 if k < 0 else k - hot_first[t]
                 if s >= 0:
                     slots[pos] = s
                 else:
@@ -69,13 +75,13 @@ def map_lookups(
     stride: int,
     sizes: np.ndarray,
     row_base: np.ndarray,
-    remap: np.ndarray,
-    n_hot: np.ndarray,
+    hot: HotRowMap,
 ) -> LookupMap:
-    """`remap[global row]`: the slot of a hot row in its table, -1 for a cold one; `n_hot[t]`:
-    table t's hot rows (its staging slots follow them). Raises RowOutOfRange."""
+    """`hot`: the device tier's rows (a hot row's slot in its table; table t's staging slots
+    follow its `n_hot[t]` hot rows). Raises RowOutOfRange."""
+    dense, keys, table, shift, hot_first, _ = hot.numba_args()
     slots, popular, cold_pos, cold_gid, cold_table, bad = _first_pass(
-        values, lengths, stride, sizes, row_base, remap
+        values, lengths, stride, sizes, row_base, dense, keys, table, shift, hot_first
     )
     if bad >= 0:
         table = int(
@@ -85,5 +91,5 @@ def map_lookups(
     gids, inverse = np.unique(cold_gid, return_inverse=True)
     first = np.searchsorted(gids, row_base)  # where each table's cold rows start
     per_table = np.diff(first, append=gids.size)
-    slots[cold_pos] = n_hot[cold_table] + inverse - first[cold_table]
+    slots[cold_pos] = hot.n_hot.numpy()[cold_table] + inverse - first[cold_table]
     return LookupMap(slots, gids, per_table, popular)

@@ -25,6 +25,7 @@ import torch
 from embeddings.config import SparseOptimizer
 from embeddings.errors import PlacementError
 from embeddings.hot_inputs import AllHotClassifier
+from embeddings.hot_map import use_dense
 from embeddings.plan import (
     ALL,
     EXPLICIT,
@@ -65,9 +66,12 @@ def plan_placement(
     device_budget: int,
     host_budget: int | None = None,
     one_home: bool = False,
+    sparse: bool | None = None,
 ) -> PlacementPlan:
     """The hot rows that fit `device_budget` bytes (weights + optimizer state), hottest per byte
-    first, on the device; the host holds every row (FAE's replica), or with `one_home` the rest."""
+    first, on the device; the host holds every row (FAE's replica), or with `one_home` the rest.
+    `sparse`: the device tier in the plan's sparse form (sorted hot rows per table); None
+    decides as the device tier's own map does (`hot_map.use_dense`)."""
     T = profile.num_tables
     if len(dims) != T:
         raise PlacementError(f"{len(dims)} embedding widths for {T} tables")
@@ -95,19 +99,28 @@ def plan_placement(
     cum = np.cumsum(bpr[table[order]])
     take = order[: int(np.searchsorted(cum, device_budget, side="right"))]
     chosen_t, chosen_r = table[take], row[take]
-    remaps = []
+    del table, row, count, score, order, cum
     hot_rows = np.bincount(chosen_t, minlength=T)
-    dtype = remap_dtype(int(hot_rows.sum()))
-    offset = 0
-    for t, n in enumerate(profile.table_sizes):
-        r = np.full(n, -1, dtype=dtype)
-        mine = np.sort(chosen_r[chosen_t == t])
-        r[mine] = np.arange(offset, offset + mine.size, dtype=dtype)
-        offset += mine.size
-        remaps.append(r)
+    if sparse is None:
+        sparse = not use_dense(sum(profile.table_sizes), int(hot_rows.sum()))
+    # the slots: the tier's tables back to back, a table's hot rows in id order
+    held = [np.sort(chosen_r[chosen_t == t]) for t in range(T)]
+    remaps = None
+    if not sparse:
+        dtype = remap_dtype(int(hot_rows.sum()))
+        remaps, offset = [], 0
+        for mine, n in zip(held, profile.table_sizes):
+            r = np.full(n, -1, dtype=dtype)
+            r[mine] = np.arange(offset, offset + mine.size, dtype=dtype)
+            offset += mine.size
+            remaps.append(r)
+        held = None
+    else:
+        dtype = np.int32 if max(profile.table_sizes, default=0) < 2**31 else np.int64
+        held = [h.astype(dtype) for h in held]
     plan = PlacementPlan.device_and_host(
         profile.feature_names, profile.table_sizes, dims, optimizer.kind, remaps,
-        int(device_budget), host_budget, one_home=one_home,
+        int(device_budget), host_budget, one_home=one_home, held=held,
     )  # fmt: skip
     if one_home and host_budget is not None and plan.host_bytes() > host_budget:
         raise PlacementError(
@@ -123,13 +136,15 @@ def placement_report(plan: PlacementPlan, profile: AccessProfile) -> dict:
     and the share of inputs whose lookups are all hot (in-sample: optimistic for unseen data)."""
     per_table = []
     hot_lookups = total_lookups = 0
-    for t, (r, c) in enumerate(zip(plan.remaps, profile.counts)):
-        h = int(c[r >= 0].sum())
+    device = plan.tier("device")
+    for t, c in enumerate(profile.counts):
+        ids = device.held_ids(t)
+        h = int(c[ids].sum())
         n = int(c.sum())
         hot_lookups += h
         total_lookups += n
         per_table.append({
-            "feature": plan.feature_names[t], "rows": plan.table_sizes[t], "hot_rows": int((r >= 0).sum()),
+            "feature": plan.feature_names[t], "rows": plan.table_sizes[t], "hot_rows": int(ids.size),
             "hot_lookup_share": h / n if n else None,
         })  # fmt: skip
     inputs = profile.kept_inputs

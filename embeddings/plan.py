@@ -3,7 +3,13 @@
 A plan lists its tiers fastest first, each with a byte budget (weights AND optimizer state, or
 None) and its rows, given one of three ways:
 - `explicit`: per table an integer remap array, remap[row] = the row's slot in the tier, -1 = not
-  here; slots are the tier's tables back to back (table t's rows on offset_t ... offset_t + n_t - 1);
+  here; slots are the tier's tables back to back (table t's rows on offset_t ... offset_t + n_t - 1).
+  Or, in the *sparse form* (`TierPlan.held`), per table the sorted ids of the rows held, a row's
+  slot being offset_t + its rank: 4 bytes per held row instead of 4 for every row (the device
+  remaps of the Terabyte tables are 1.04 GB dense, 64 MB sparse for 16M hot rows). `plan_placement`
+  makes the sparse form where `hot_map.use_dense` says a dense map is not worth its bytes; `remaps`
+  and `tier_remaps` materialise the dense arrays for the callers that need them (FAE, Slipstream);
+  `hot_ids`, `held_rows`, the byte counts, files and validation use either form as it is;
 - `all`: every row (FAE's host tier, which keeps a replica of every device row);
 - `rest`: every row not held by a faster tier (one-home placements: Hotline, an SSD tier).
 `replicated` says whether a row may live in two tiers at once (FAE) or has exactly one home.
@@ -13,7 +19,8 @@ which lose row ids beyond 2**24 (a bug of the original FAE code).
 Files are `.npz` (no pickle) holding the remap arrays and the metadata as JSON, with a `.json`
 copy of the metadata for people; zip's CRC-32 of every member is checked when it is read, so a
 corrupt or truncated file is one PlacementError. Version 1 files (a device remap, the host holding
-every row) still load. `embeddings/placement.py` makes plans from access profiles.
+every row) still load; a plan with a sparse tier is written as version 3 (`<tier>_rows_<t>`
+arrays; a tier's `form` is "rows"), plans without one as version 2, as before. `embeddings/placement.py` makes plans from access profiles.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from embeddings.errors import PlacementError, npz_failure
 
 FORMAT = "hybrid-dlrm/placement-plan"
 VERSION = 2
+SPARSE_VERSION = 3  # files holding a tier in the sparse form (older code refuses them in one line)
 FLOAT_BYTES = 4
 TIER_ORDER = ("device", "host", "ssd")  # fastest first
 EXPLICIT, ALL, REST = "explicit", "all", "rest"
@@ -52,6 +60,20 @@ class TierPlan:
     rows: str = EXPLICIT  # EXPLICIT (remaps), ALL or REST
     remaps: list[np.ndarray] | None = None  # EXPLICIT: per table [rows] -> slot in the tier or -1
     budget: int | None = None  # bytes; None = as much as the machine has
+    held: list[np.ndarray] | None = None  # EXPLICIT, sparse form: per table sorted row ids held
+
+    @property
+    def explicit(self) -> bool:
+        return self.rows == EXPLICIT
+
+    def held_ids(self, t: int) -> np.ndarray:
+        """Table t's rows in this explicit tier, ascending."""
+        if self.held is not None:
+            return self.held[t]
+        return np.flatnonzero(self.remaps[t] >= 0)
+
+    def held_count(self, t: int) -> int:
+        return int(self.held[t].size) if self.held is not None else int((self.remaps[t] >= 0).sum())
 
 
 @dataclass
@@ -82,11 +104,14 @@ class PlacementPlan:
         host_budget: int | None = None,
         report: dict | None = None,
         one_home: bool = False,
+        held: list[np.ndarray] | None = None,
     ) -> PlacementPlan:
-        """Hot rows (`remaps`) on the device; the host holds every row (FAE's replica), or with
-        `one_home` only the rows the device does not."""
+        """Hot rows (`remaps`, or `held`: the sparse form, remaps None) on the device; the host
+        holds every row (FAE's replica), or with `one_home` only the rows the device does not."""
+        remaps = None if remaps is None else list(remaps)
+        held = None if held is None else list(held)
         tiers = [
-            TierPlan("device", EXPLICIT, list(remaps), int(device_budget)),
+            TierPlan("device", EXPLICIT, remaps, int(device_budget), held),
             TierPlan("host", REST if one_home else ALL, None, host_budget),
         ]
         return cls(
@@ -108,12 +133,25 @@ class PlacementPlan:
             f"placement plan: no {name} tier (it has {', '.join(self.tier_names)})"
         )
 
+    def _dense(self, tier: TierPlan) -> list[np.ndarray]:
+        """An explicit tier's remaps, materialised (and kept) from the sparse form if need be."""
+        if tier.remaps is None:
+            dtype = remap_dtype(sum(h.size for h in tier.held))
+            out, offset = [], 0
+            for h, n in zip(tier.held, self.table_sizes):
+                r = np.full(n, -1, dtype=dtype)
+                r[h] = np.arange(offset, offset + h.size, dtype=dtype)
+                offset += h.size
+                out.append(r)
+            tier.remaps = out
+        return tier.remaps
+
     def _held_masks(self, name: str) -> list[np.ndarray]:
         """Per table a bool mask of the rows tier `name` holds."""
         faster = [np.zeros(n, dtype=bool) for n in self.table_sizes]
         for tier in self.tiers:
             if tier.rows == EXPLICIT:
-                held = [r >= 0 for r in tier.remaps]
+                held = [r >= 0 for r in self._dense(tier)]
             elif tier.rows == ALL:
                 held = [np.ones(n, dtype=bool) for n in self.table_sizes]
             else:
@@ -129,16 +167,24 @@ class PlacementPlan:
         """Rows per table that tier `name` holds."""
         tier = self.tier(name)
         if tier.rows == EXPLICIT:
-            return [int((r >= 0).sum()) for r in tier.remaps]
+            return [tier.held_count(t) for t in range(len(self.table_sizes))]
         if tier.rows == ALL:
             return list(self.table_sizes)
-        return [int(m.sum()) for m in self._held_masks(name)]
+        faster = self.tiers[: self.tier_names.index(name)]
+        if any(f.rows == ALL for f in faster):
+            return [0] * len(self.table_sizes)
+        out = []  # REST: the rows no faster (explicit) tier holds
+        for t, n in enumerate(self.table_sizes):
+            ids = [f.held_ids(t) for f in faster]
+            taken = ids[0].size if len(ids) == 1 else np.unique(np.concatenate(ids or [[]])).size
+            out.append(n - int(taken))
+        return out
 
     def tier_remaps(self, name: str) -> list[np.ndarray]:
         """Tier `name`'s rows as explicit remaps (materialised for `all` and `rest` tiers)."""
         tier = self.tier(name)
         if tier.rows == EXPLICIT:
-            return tier.remaps
+            return self._dense(tier)
         held = self._held_masks(name)
         dtype = remap_dtype(sum(int(m.sum()) for m in held))
         out, offset = [], 0
@@ -157,8 +203,9 @@ class PlacementPlan:
 
     @property
     def remaps(self) -> list[np.ndarray]:
-        """Per table [rows]: the row's slot in the device tier (the hot table), -1 = cold."""
-        return self.tier("device").remaps
+        """Per table [rows]: the row's slot in the device tier (the hot table), -1 = cold
+        (materialised from the sparse form on first use: 4 bytes for every row)."""
+        return self._dense(self.tier("device"))
 
     @property
     def device_budget(self) -> int | None:
@@ -170,7 +217,7 @@ class PlacementPlan:
 
     @property
     def hot_rows(self) -> list[int]:
-        return [int((r >= 0).sum()) for r in self.remaps]
+        return self.held_rows("device")
 
     @property
     def hot_offsets(self) -> list[int]:
@@ -209,9 +256,11 @@ class PlacementPlan:
     def hot_ids(self) -> tuple[np.ndarray, np.ndarray]:
         """(table, row) of every hot-table entry, int64, in hot-table order."""
         tables, rows = [], []
-        for t, r in enumerate(self.remaps):
-            ids = np.flatnonzero(r >= 0)
-            ids = ids[np.argsort(r[ids], kind="stable")]
+        device = self.tier("device")
+        for t in range(len(self.table_sizes)):
+            ids = device.held_ids(t)  # the sparse form's slot order is row order
+            if device.held is None:
+                ids = ids[np.argsort(device.remaps[t][ids], kind="stable")]
             tables.append(np.full(ids.size, t, dtype=np.int64))
             rows.append(ids.astype(np.int64))
         return np.concatenate(tables), np.concatenate(rows)
@@ -265,11 +314,13 @@ class PlacementPlan:
         tiers = [
             {"name": t.name, "rows": t.rows, "budget": t.budget,
              "rows_per_table": self.held_rows(t.name), "bytes": self.tier_bytes(t.name)}
+            | ({"form": "rows"} if t.held is not None else {})
             for t in self.tiers
         ]  # fmt: skip
+        sparse = any(t.held is not None for t in self.tiers)
         return {
             "format": FORMAT,
-            "version": VERSION,
+            "version": SPARSE_VERSION if sparse else VERSION,
             "feature_names": self.feature_names,
             "table_sizes": self.table_sizes,
             "dims": self.dims,
@@ -288,13 +339,15 @@ class PlacementPlan:
         }
 
     def arrays(self) -> dict[str, np.ndarray]:
-        """The file's arrays: `<tier>_remap_<table>` of every explicit tier."""
-        return {
-            f"{tier.name}_remap_{t}": r
-            for tier in self.tiers
-            if tier.rows == EXPLICIT
-            for t, r in enumerate(tier.remaps)
-        }
+        """The file's arrays: `<tier>_remap_<table>` of every explicit tier (`<tier>_rows_<table>`
+        in the sparse form)."""
+        out = {}
+        for tier in self.tiers:
+            if tier.held is not None:
+                out.update({f"{tier.name}_rows_{t}": h for t, h in enumerate(tier.held)})
+            elif tier.rows == EXPLICIT:
+                out.update({f"{tier.name}_remap_{t}": r for t, r in enumerate(tier.remaps)})
+        return out
 
     def save(self, path: str | Path) -> Path:
         """`X.npz` (the remap arrays and the metadata) and `X.json` (the metadata, for people)."""
@@ -319,9 +372,10 @@ class PlacementPlan:
                     raise PlacementError(
                         f"{path}: not a placement plan (format {meta.get('format')!r})"
                     )
-                if meta.get("version") not in (1, VERSION):
+                if meta.get("version") not in (1, VERSION, SPARSE_VERSION):
                     raise PlacementError(
-                        f"{path}: plan version {meta.get('version')}, expected {VERSION} (or 1)"
+                        f"{path}: plan version {meta.get('version')}, expected {SPARSE_VERSION}, "
+                        f"{VERSION} or 1"
                     )
                 plan = cls._from_file(meta, z)
         except PlacementError:
@@ -350,10 +404,13 @@ class PlacementPlan:
         tiers = []
         for spec in meta["tiers"]:
             name, rows, budget = str(spec["name"]), str(spec["rows"]), spec.get("budget")
-            remaps = None
-            if rows == EXPLICIT:
+            remaps = held = None
+            if rows == EXPLICIT and spec.get("form") == "rows":
+                held = [np.asarray(z[f"{name}_rows_{t}"]) for t in range(len(sizes))]
+            elif rows == EXPLICIT:
                 remaps = [np.asarray(z[f"{name}_remap_{t}"]) for t in range(len(sizes))]
-            tiers.append(TierPlan(name, rows, remaps, None if budget is None else int(budget)))
+            budget = None if budget is None else int(budget)
+            tiers.append(TierPlan(name, rows, remaps, budget, held))
         return cls(*common, tiers, bool(meta["replicated"]), report)
 
     def validate(self, what: str = "placement plan") -> None:
@@ -376,7 +433,7 @@ class PlacementPlan:
             if not covered:
                 home = np.zeros(n, dtype=bool)
                 for tier in self.tiers:
-                    home |= tier.remaps[t] >= 0
+                    home[tier.held_ids(t)] = True
                 if not home.all():
                     row = int(np.flatnonzero(~home)[0])
                     raise PlacementError(f"{what}: row {row} of table {t} is in no tier")
@@ -400,12 +457,17 @@ class PlacementPlan:
             raise PlacementError(
                 f"{what}: {tier.name} tier rows {tier.rows!r}, expected explicit, all or rest"
             )
-        if (tier.remaps is not None) != (tier.rows == EXPLICIT):
+        given = tier.remaps is not None or tier.held is not None
+        if given != (tier.rows == EXPLICIT):
             raise PlacementError(
                 f"{what}: {tier.name} tier: remap arrays go with explicit rows only"
             )
         if tier.rows != EXPLICIT:
             return
+        if tier.held is not None:
+            self._validate_held(tier, what)
+            if tier.remaps is None:
+                return
         if len(tier.remaps) != len(self.table_sizes):
             raise PlacementError(
                 f"{what}: {len(tier.remaps)} {tier.name} remap arrays for {len(self.table_sizes)} tables"
@@ -430,3 +492,21 @@ class PlacementPlan:
                     f"{off}..{off + h - 1} exactly once (-1 = not in this tier)"
                 )
             off += h
+
+    def _validate_held(self, tier: TierPlan, what: str) -> None:
+        """The sparse form: per table integer row ids, ascending, unique, inside the table."""
+        if len(tier.held) != len(self.table_sizes):
+            raise PlacementError(
+                f"{what}: {len(tier.held)} {tier.name} row lists for {len(self.table_sizes)} tables"
+            )
+        for t, (h, n) in enumerate(zip(tier.held, self.table_sizes)):
+            if h.dtype.kind != "i" or h.ndim != 1:
+                raise PlacementError(
+                    f"{what}: {tier.name} rows of table {t} are {h.dtype} {list(h.shape)}, "
+                    "expected a list of signed integers"
+                )
+            if h.size and (h[0] < 0 or h[-1] >= n or (np.diff(h) <= 0).any()):
+                raise PlacementError(
+                    f"{what}: {tier.name} rows of table {t} must be ascending, unique row ids "
+                    f"in 0..{n - 1}"
+                )

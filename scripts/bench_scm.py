@@ -29,9 +29,12 @@ cache (O_DIRECT) unless `--scm-io buffered`.
   read amplification (bytes read / bytes of rows used), with the ids as generated (row 0 the
   hottest: popular rows share blocks) and scattered by a fixed permutation per table (as the
   hashing of raw ids does).
-- `terabyte`: 26 tables of 10M rows at dim 64 (66.6 GB of fp32 rows) train `--tb-steps` steps with
-  `--tb-dram` of rows in DRAM; samples/s, bytes on disk (`du`) against the file's apparent size,
-  peak RSS.
+- `terabyte`: 26 tables of 10M rows at dim 64 (66.6 GB of fp32 rows) train `--tb-steps` steps
+  (or until `--tb-seconds` / `--tb-max-disk-gb`) in a `--tb-dram` DRAM budget, `--tb-row-share`
+  of it for rows (half hot, half cache), the rest for bookkeeping, PyTorch and the pipeline; the
+  cache's pages are made resident first (`--tb-touch-cache`), so the peak is that of a full
+  cache. Samples/s, bytes on disk (`du`) against the file's apparent size, peak RSS against
+  the budget plus the dense part, and the large structures by name.
 """
 
 from __future__ import annotations
@@ -323,7 +326,7 @@ def _long_run_state(args, trainer: Trainer) -> dict:
         if i >= args.warm_steps:
             break
         gids = coll.global_ids(batch.sparse_features)
-        cold = torch.unique(gids[coll.remap[gids] < 0])
+        cold = torch.unique(gids[coll.hot_map.slots(gids) < 0])
         tier.write_rows(cold, *tier.read_rows(cold))  # values unchanged, rows dirty
     out.update(warm_steps=args.warm_steps, warm_s=round(time.perf_counter() - t0, 1),
                cache_rows=tier.cache.used, cache_capacity=tier.cache.capacity,
@@ -608,61 +611,123 @@ def bench_serve(args) -> dict:
 # --- 4. Terabyte-sized tables ---------------------------------------------------------------------
 
 
+def _rss_now_gb() -> float:
+    with open("/proc/self/statm") as f:
+        return round(int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**30, 2)
+
+
+def _dram_structures(emb, dense_bytes: int) -> dict:
+    """The process's large structures, by name, in bytes (what the peak RSS is made of)."""
+    tier, cache = emb.host, emb.host.cache
+    device = emb._w.numel() * 4 + (emb._s.numel() * 4 if emb._s is not None else 0)
+    held = emb.plan.tier("device").held
+    plan = (
+        sum(h.nbytes for h in held) if held is not None else sum(r.nbytes for r in emb.plan.remaps)
+    )
+    cells = [c.cell_contents for c in (getattr(cache.priority, "__closure__", None) or ())]
+    priority = sum(x.numel() * x.element_size() for x in cells if isinstance(x, torch.Tensor))
+    return {
+        "device_tier_rows": device,  # hot rows + staging slots, weights and optimizer state
+        "cache_rows": cache.capacity * tier.row_bytes,
+        "cache_bookkeeping": cache.bookkeeping_bytes(),  # sorted id -> slot map, per-slot arrays
+        "tier_block_maps": 2 * tier.num_blocks,  # written blocks and journaled blocks, a byte each
+        "hot_id_map": emb.hot_map.nbytes(),  # Hotline's id -> hot slot map (hashed or dense)
+        "hot_gids": emb.hot_gids.numel() * 8,
+        "plan_device_rows": plan,  # the plan's sorted hot rows (sparse) or remaps (dense)
+        "cache_priority": priority,  # the profile's seen rows and their counts
+        "dense_params": dense_bytes,
+    }
+
+
 def bench_terabyte(args) -> dict:
     sizes = (10_000_000,) * 26
     run = Path(args.dir) / "runs" / "terabyte"
     dram = parse_bytes(args.tb_dram, "--tb-dram")
-    hot = dram // 2
+    rows_dram = int(dram * args.tb_row_share)  # the rest: bookkeeping, PyTorch, the pipeline
+    hot = rows_dram // 2
     cfg = TrainConfig(
         arch_embedding_size=sizes, arch_sparse_feature_size=64, arch_mlp_bot=(13, 512, 256, 64),
         arch_mlp_top=(512, 512, 256, 1), synthetic_zipf=args.zipf,
         data_size=2048 * args.tb_steps, test_data_size=2048 * 8, mini_batch_size=2048,
         optimizer="sgd", learning_rate=0.1, device="cpu", seed=123, print_freq=10**9,
-        progress=False, placement="tiered", hot_budget=str(hot), scm_cache=str(dram - hot),
+        progress=False, placement="tiered", hot_budget=str(hot), scm_cache=str(rows_dram - hot),
         scm_dir=str(run / "scm"), scm_io=args.scm_io, scm_io_threads=args.io_threads,
         profile_sample_rate=args.tb_profile_rate, out_dir=str(run),
     )  # fmt: skip
+    rss_start = _rss_now_gb()  # Python, PyTorch, numba and the libraries, before anything big
     t0 = time.perf_counter()
     trainer = Trainer(cfg, checkpoints=False)
     build_s = time.perf_counter() - t0
-    rss_built = _rss_gb()
+    rss_built, peak_built = _rss_now_gb(), _rss_gb()
+    emb = trainer.model.embeddings
+    if args.tb_touch_cache:  # every page of the row cache resident now, as if it were full
+        emb.host.cache.data.zero_()
+    rss_touched = _rss_now_gb()
     stream = trainer.data.train.batches(0, 0)
-    times = []
+    times, samples = [], []
+    scm = Path(emb.placement_info()["scm_dir"])
+    stop = None
+    t_start = time.perf_counter()
     for i in range(args.tb_steps):
         t1 = time.perf_counter()
         trainer.pipeline.progress(stream)
         times.append(time.perf_counter() - t1)
-        if i % 100 == 0:
-            print(
-                f"terabyte step {i}: {times[-1] * 1e3:.0f} ms, rss {_rss_gb()} GB", file=sys.stderr
-            )
-    emb = trainer.model.embeddings
+        if i % 100 == 0 or i == args.tb_steps - 1:
+            disk = sum(f.stat().st_blocks * 512 for f in scm.iterdir() if f.is_file())
+            c = emb.counters()
+            samples.append({"step": i, "rss_gb": _rss_now_gb(), "peak_rss_gb": _rss_gb(),
+                            "disk_gb": round(disk / 2**30, 2), "load": os.getloadavg()[0],
+                            "hit_rate": c.get("scm_cache_hit_rate"),
+                            "cache_rows": c.get("scm_cache_rows"),
+                            "recent_samples_per_s": round(2048 * min(100, len(times))
+                                                          / sum(times[-100:]))})  # fmt: skip
+            print(f"terabyte {json.dumps(samples[-1])}", file=sys.stderr, flush=True)
+            if disk > args.tb_max_disk_gb * 2**30:
+                stop = f"the tier's files reached {args.tb_max_disk_gb} GB on disk"
+            elif time.perf_counter() - t_start > args.tb_seconds:
+                stop = f"the time limit of {args.tb_seconds} s"
+            if stop:
+                break
     c, info = emb.counters(), emb.placement_info()
-    rows_file = Path(info["scm_dir"]) / "rows.dat"
+    rows_file = scm / "rows.dat"
     st = os.stat(rows_file)
     half = len(times) // 2
     dense = sum(p.numel() for p in trainer.model.dense_parameters()) * 4
+    structures = _dram_structures(emb, dense)
+    peak = _rss_gb()
     out = {
         "setup": {**_setup(), "tables": 26, "rows": sum(sizes), "dim": 64, "optimizer": "sgd",
-                  "logical_row_bytes": sum(sizes) * 64 * 4, "dram_for_rows": dram,
-                  "hot_budget": hot, "scm_cache": dram - hot, "steps": args.tb_steps,
-                  "scm_io": args.scm_io, "zipf": args.zipf},
+                  "logical_row_bytes": sum(sizes) * 64 * 4, "dram_budget": dram,
+                  "dram_for_rows": rows_dram, "hot_budget": hot, "scm_cache": rows_dram - hot,
+                  "steps_asked": args.tb_steps, "profile_rate": args.tb_profile_rate,
+                  "scm_io": args.scm_io, "zipf": args.zipf, "cache_touched": args.tb_touch_cache},
+        "steps": len(times),
+        "stopped_early_by": stop,
         "build_s": round(build_s, 1),
+        "train_s": round(sum(times), 1),
         "samples_per_s_all": round(len(times) * 2048 / sum(times)),
         "samples_per_s_second_half": round(half * 2048 / sum(times[-half:])) if half else None,
         "file_apparent_bytes": st.st_size,
         "file_disk_bytes_du": st.st_blocks * 512,
-        "peak_rss_gb": _rss_gb(),
+        "scm_dir_disk_bytes_du": sum(f.stat().st_blocks * 512 for f in scm.iterdir()),
+        "peak_rss_gb": peak,
+        "bound_gb": round((dram + dense) / 2**30, 3),  # the issue's: budget + dense part
+        "peak_under_bound": peak * 2**30 <= dram + dense,
+        "rss_start_gb": rss_start,
         "rss_after_build_gb": rss_built,
-        "dense_params_bytes": dense,
-        "scm_bookkeeping_bytes": info["scm_dram_bytes"] - info["scm_cache_bytes"],
-        "hot_remap_bytes": 4 * sum(sizes),
+        "peak_rss_during_build_gb": peak_built,
+        "rss_after_touching_cache_gb": rss_touched,
+        "dram_structures_bytes": structures,
+        "dram_structures_gb": round(sum(structures.values()) / 2**30, 3),
+        "placement": {k: info.get(k) for k in ("hot_rows", "staging_slots", "scm_cache_rows")},
+        "hot_id_map_dense": emb.hot_map.dense,
         "tier": {k: v for k, v in c.items() if k.startswith("scm_")},
         "hotline": {k: c.get(k) for k in ("popular_input_share", "cold_rows_per_batch",
-                                          "hidden_share")},
+                                          "hidden_share", "exposed_gather_s", "gather_s")},
+        "progress": samples,
         "load_after": _load(),
     }  # fmt: skip
-    del trainer
+    del trainer, emb
     gc.collect()
     return out
 
@@ -708,6 +773,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tb-steps", type=int, default=2000)
     p.add_argument("--tb-dram", default="3GB")
     p.add_argument("--tb-profile-rate", type=float, default=0.05)
+    p.add_argument("--tb-row-share", type=float, default=0.7, help="of --tb-dram: hot + cache")
+    p.add_argument("--tb-seconds", type=float, default=1e9, help="stop training after this")
+    p.add_argument("--tb-max-disk-gb", type=float, default=40.0, help="stop at this much on disk")
+    p.add_argument("--tb-touch-cache", type=int, default=1, help="cache pages resident (1/0)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)

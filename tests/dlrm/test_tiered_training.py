@@ -73,6 +73,29 @@ def test_tiered_trains_like_the_device_placement(make_config, tmp_path, optimize
     assert p["scm_io_p50_us"] > 0 and p["scm_read_amplification"] >= 1
 
 
+def test_tiered_with_sparse_plan_and_hashed_map_trains_like_the_device_placement(
+    make_config, tmp_path, monkeypatch
+):
+    # the Terabyte-scale forms (the plan's sorted hot rows, Hotline's hashed id -> slot map),
+    # forced on small tables: the same computation as the dense forms, so as --placement device
+    import embeddings.hot_map
+    import embeddings.placement
+
+    monkeypatch.setattr(embeddings.hot_map, "use_dense", lambda total, hot: False)
+    monkeypatch.setattr(embeddings.placement, "use_dense", lambda total, hot: False)
+    common = dict(data_size=64 * 40, optimizer="rowwise_adagrad", print_freq=50, learning_rate=0.1)
+    device = Trainer(make_config(**common, **DEVICE, out_dir=str(tmp_path / "device")))
+    tiered = Trainer(make_config(**common, **TIERED, out_dir=str(tmp_path / "tiered")))
+    emb = tiered.model.embeddings
+    assert not emb.hot_map.dense and emb.plan.tier("device").remaps is None
+    a, b = device.fit(), tiered.fit()
+    same_tables(device, tiered)
+    assert a["test_auc"] == b["test_auc"] and a["test_logloss"] == b["test_logloss"]
+    assert b["placement"]["scm_cache_evictions"] > 0 and emb.plan.tier("device").remaps is None
+    plan = json.loads((tmp_path / "tiered" / "placement_plan.json").read_text())
+    assert plan["version"] == 3 and plan["tiers"][0]["form"] == "rows"
+
+
 def test_tiered_trains_tbsm_like_the_device_placement(make_config, tmp_path):
     from data_pipeline.taobao_synthetic import PlantedBehavior, write_user_behavior
 

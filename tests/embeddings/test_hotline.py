@@ -148,7 +148,7 @@ def test_exported_tables_round_trip_through_both_tiers():
         assert torch.equal(a, b)
     hot_t, hot_r = plan.hot_ids()
     t, r = int(hot_t[0]), int(hot_r[0])
-    slot = int(hl.remap[int(hl.row_base[t]) + r])
+    slot = int(hl.hot_map.slots(torch.tensor([int(hl.row_base[t]) + r]))[0])
     assert torch.equal(hl.fast.table_weights()[t][slot], new_w[t][r])  # the device tier got it
 
 
@@ -218,3 +218,27 @@ def test_hotline_on_cuda_stages_on_a_side_stream_and_trains_like_the_fused_colle
             assert out.device.type == "cuda"
             (out * grad.cuda()).sum().backward()
     assert_same_tables(ref, hl, rtol=1e-5)
+
+
+def test_staging_slots_made_with_the_device_tier_are_not_regrown(monkeypatch):
+    # staging_rows >= the lookups per table: the device tier is never rebuilt (a rebuild copies
+    # it whole); with the hashed id map the steps train exactly like the fused collection
+    import embeddings.hot_map
+
+    monkeypatch.setattr(embeddings.hot_map, "use_dense", lambda total, hot: False)
+    opt = SparseOptimizer("adagrad", 0.05)
+    plan = one_home_plan(opt)
+    hot_rows = [np.flatnonzero(r >= 0) for r in plan.remaps]
+    ref = FusedEmbeddingBagCollection(tables(), opt, backend="torch", seed=7)
+    hl = HotlineEmbeddingBagCollection(tables(), opt, plan, seed=7, staging_rows=16)
+    assert not hl.hot_map.dense
+    assert hl.capacity == [min(16, n - h) for n, h in zip(SIZES, hl.n_hot.tolist())]
+    fast = hl.fast
+    rng, gen = np.random.default_rng(2), torch.Generator().manual_seed(2)
+    for _ in range(6):
+        kjt = make_batch(rng, 8, False, hot_rows)  # at most 16 lookups per table
+        grad = torch.randn(8, DIM * len(SIZES), generator=gen)
+        (ref(kjt).values() * grad).sum().backward()
+        hotline_step(hl, kjt, grad)
+    assert hl.fast is fast
+    assert_same_tables(ref, hl)

@@ -316,3 +316,26 @@ def test_recent_writes_skip_a_write_of_no_rows():
     q.put(torch.empty(0, dtype=torch.long), torch.empty(0, 2))  # a step without cold rows
     assert torch.equal(q.recent(torch.tensor([7, 3])), torch.tensor([[3.0, 4.0], [1.0, 2.0]]))
     assert q.recent(torch.tensor([5])) is None
+
+
+def test_writes_of_many_blocks_go_in_pieces_with_the_same_result(tmp_path, monkeypatch):
+    # a batch of evictions is written WRITE_BLOCKS blocks at a time (a bounded transient):
+    # the same rows, blocks and counts as one write of them all
+    import embeddings.scm_tier
+
+    ids = torch.randperm(2300, generator=torch.Generator().manual_seed(4))[:900]
+    w, s = random_rows(900, "adagrad", seed=4)
+    results = []
+    for pieces, blocks in (("one", 10**6), ("pieces", 3)):
+        monkeypatch.setattr(embeddings.scm_tier, "WRITE_BLOCKS", blocks)
+        t = tier(tmp_path / pieces, "adagrad", cache_rows=40)
+        for a in range(0, 900, 300):  # each write evicts rows of many blocks
+            t.write_rows(ids[a : a + 300], w[a : a + 300], s[a : a + 300])
+        t.flush()
+        got = t.read_rows(torch.arange(2300))
+        c = t.counters()
+        results.append((got, c["scm_rows_written"], c["scm_writeback_bytes"]))
+        assert torch.equal(got[0][ids], w) and torch.equal(got[1][ids], s)
+        assert c["scm_writeback_bytes"] > 3 * BLOCK
+    (a, *ca), (b, *cb) = results
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) and ca == cb
