@@ -6,7 +6,9 @@ behind that blocks or fills the run directory."""
 import errno
 import logging
 import os
+import struct
 import subprocess
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -151,9 +153,20 @@ def run_cli(argv, capsys) -> tuple[int, str]:
     return rc, capsys.readouterr().err.strip()
 
 
+def largest_record_payload(path: Path) -> int:
+    """The file offset of the payload of the checkpoint's largest zip record (a tensor's bytes),
+    so damage lands in tensor data whatever the records before it take."""
+    with zipfile.ZipFile(path) as z:
+        info = max(z.infolist(), key=lambda i: i.file_size)
+    with open(path, "rb") as f:
+        f.seek(info.header_offset + 26)
+        name_len, extra_len = struct.unpack("<HH", f.read(4))
+    return info.header_offset + 30 + name_len + extra_len
+
+
 def test_cli_corrupt_resume_file_is_one_line_exit_2(trained, capsys):
     path = Path(trained.out_dir) / "checkpoints" / "step_000000020.pt"
-    zero_4k(path, 8192)
+    zero_4k(path, largest_record_payload(path) + 64)
     rc, err = run_cli([*TINY_CLI, "--out-dir", trained.out_dir, "--resume", str(path)], capsys)
     assert rc == 2 and len(err.splitlines()) == 1, err
     assert err.startswith(f"python -m dlrm.train: error: {path}: corrupt") and err.endswith(
