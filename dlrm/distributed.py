@@ -112,9 +112,19 @@ def first_attempt_resume(cfg: TrainConfig) -> TrainConfig:
     return dataclasses.replace(cfg, resume=None)
 
 
-def shutdown() -> None:
+def shutdown(finished: bool = False) -> None:
+    """Leave the process group. `finished`: this rank's run ended normally, so every rank meets at
+    a barrier first and no collective is still in flight on a worker thread when the group is
+    destroyed (one 2-process test run, once in many, ended a rank with SIGABRT, "terminate called
+    without an active exception", as the group went). After a failure nobody waits: the other
+    ranks may be gone."""
     Heartbeat.stop()
     if dist.is_available() and dist.is_initialized():
+        if finished:
+            try:
+                dist.barrier()
+            except Exception:  # a rank that failed after its run: leave anyway
+                pass
         dist.destroy_process_group()
 
 

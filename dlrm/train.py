@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     # torchrec's KeyedJaggedTensor trips a torch.fx deprecation notice on first use; it is not
     # ours to fix and would be the first line a user sees.
     logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
-    rank, world = 0, 1
+    rank, world, finished = 0, 1, False
     try:
         cfg = config_from_args(argv)
         if cfg.reference_defaults:
@@ -258,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
             rank, world = distributed.init_from_env(cfg)
             cfg = distributed.first_attempt_resume(cfg)
         summary = Trainer(cfg, rank, world, step_hook=_perf_recorder(cfg)).fit()
+        finished = True
     except (ConfigError, DataError, CheckpointError, ScmError) as e:
         sys.stderr.write(f"python -m dlrm.train: error: {_ranked(e, rank, world)}\n")
         return EXIT_USAGE
@@ -271,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         if world > 1:
-            distributed.shutdown()
+            distributed.shutdown(finished)
     if rank == 0:
         _print_summary(cfg, summary)
     return 0

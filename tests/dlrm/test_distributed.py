@@ -82,6 +82,7 @@ def _ranks(rank: int, init: str, root: str) -> None:
             out["sent"] = json.dumps(counter.per_step(1))
             if rank == 0:
                 torch.save({**out, "losses": json.dumps(out["losses"])}, root_dir / f"{name}.pt")
+            dist.barrier()  # nothing of this job in flight when the next starts or the group goes
     finally:
         dist.destroy_process_group()
 
