@@ -52,11 +52,9 @@ class Aio:
     """One AIO context with up to `depth` requests in flight. `run` is not reentrant: callers
     share an instance under its lock (the tier holds its own lock around file I/O anyway)."""
 
-    def __init__(self, ctx: int, depth: int, calls: tuple[int, int, int, int]) -> None:
-        self.ctx, self.depth = ctx, depth
+    def __init__(self, libc, ctx: int, depth: int, calls: tuple[int, int, int, int]) -> None:
+        self.ctx, self.depth, self._libc = ctx, depth, libc
         self._setup, self._destroy, self._getevents, self._submit = calls
-        self._libc = ctypes.CDLL(None, use_errno=True)  # CDLL: the GIL is released in calls
-        self._libc.syscall.restype = ctypes.c_long
         self.lock = threading.Lock()
 
     @classmethod
@@ -65,12 +63,12 @@ class Aio:
         calls = _SYSCALLS.get(platform.machine())
         if calls is None or os.environ.get("HYBRID_DLRM_NO_AIO"):
             return None
-        libc = ctypes.CDLL(None, use_errno=True)
+        libc = ctypes.CDLL(None, use_errno=True)  # CDLL: the GIL is released in calls
         libc.syscall.restype = ctypes.c_long
         ctx = ctypes.c_ulong(0)
         if libc.syscall(calls[0], ctypes.c_long(depth), ctypes.byref(ctx)) != 0:
             return None
-        return cls(ctx.value, depth, calls)
+        return cls(libc, ctx.value, depth, calls)
 
     def close(self) -> None:
         if self.ctx:

@@ -80,18 +80,20 @@ def aligned_blocks(n: int) -> np.ndarray:
     return raw[off : off + n * BLOCK].reshape(n, BLOCK)
 
 
-def _runs(blocks: np.ndarray) -> list[tuple[int, int, int]]:
-    """(position in `blocks`, first block, count) for runs of consecutive sorted block ids."""
-    if not blocks.size:
-        return []
-    breaks = np.flatnonzero(np.diff(blocks) != 1) + 1
-    starts = np.concatenate(([0], breaks))
-    ends = np.concatenate((breaks, [blocks.size]))
-    out = []
-    for s, e in zip(starts.tolist(), ends.tolist()):
-        for a in range(s, e, MAX_RUN):
-            out.append((a, int(blocks[a]), min(MAX_RUN, e - a)))
-    return out
+def _runs(blocks: np.ndarray) -> np.ndarray:
+    """[n, 3]: (position in `blocks`, first block, count) for runs of consecutive sorted block ids,
+    cut into pieces of at most MAX_RUN blocks (one request each)."""
+    n = blocks.size
+    if not n:
+        return np.zeros((0, 3), dtype=np.int64)
+    starts = np.flatnonzero(np.diff(blocks, prepend=blocks[0] - 2) != 1)  # each run's first
+    ends = np.append(starts[1:], n)
+    first = np.zeros(n, dtype=np.int64)
+    first[starts] = 1
+    run = np.cumsum(first) - 1  # the run of each position
+    pos = np.flatnonzero((np.arange(n) - starts[run]) % MAX_RUN == 0)  # pieces of <= MAX_RUN
+    count = np.minimum(MAX_RUN, ends[run[pos]] - pos)
+    return np.stack([pos, blocks[pos], count], axis=1).astype(np.int64)
 
 
 class BlockFile:
@@ -170,8 +172,9 @@ class BlockFile:
                 self.calls += 1
             self.busy_s += float(np.sum(seconds))
 
-    def _parallel(self, fn, runs: list[tuple[int, int, int]]) -> None:
+    def _parallel(self, fn, runs: np.ndarray) -> None:
         """`fn(list of runs)` on up to `threads` threads, runs dealt round-robin."""
+        runs = runs.tolist()
         k = min(self.threads, len(runs))
         if k <= 1:
             fn(runs)
@@ -181,30 +184,36 @@ class BlockFile:
             for f in futures:
                 f.result()
 
-    def _aio(self, opcode: int, buf: np.ndarray, runs: list[tuple[int, int, int]]) -> list[str]:
+    def _aio(self, opcode: int, buf: np.ndarray, runs: np.ndarray) -> list[str]:
         """`runs` through AIO; returns error lines (empty: all done), latencies recorded."""
-        if not runs:
+        if not runs.size:
             return []
-        r = np.asarray(runs, dtype=np.int64).reshape(-1, 3)
-        base = np.uint64(buf.ctypes.data)
+        pos, first, count = runs.T
         with self.aio.lock:
             res, lat = self.aio.run(
-                self.fd, opcode, base + (r[:, 0] * BLOCK).astype(np.uint64), r[:, 1] * BLOCK,
-                (r[:, 2] * BLOCK).astype(np.uint64),
+                self.fd, opcode, np.uint64(buf.ctypes.data) + (pos * BLOCK).astype(np.uint64),
+                first * BLOCK, (count * BLOCK).astype(np.uint64),
             )  # fmt: skip
-        what = "read" if opcode == PREAD else "write"
-        for (_, first, count), n in zip(runs, res.tolist()):
+        bad = np.flatnonzero(res != count * BLOCK)
+        if bad.size:
+            i = int(bad[0])
+            n, at, want = int(res[i]), int(first[i]), int(count[i]) * BLOCK
+            what = "read" if opcode == PREAD else "write"
             if n < 0:
-                return [f"{self.path}: {what} of block {first} failed ({os.strerror(-n)})"]
-            if n != count * BLOCK:
-                end = " (a truncated tier file)" if opcode == PREAD else ""
-                return [
-                    f"{self.path}: short {what} at offset {first * BLOCK}: {n} bytes, "
-                    f"expected {count * BLOCK}{end}"
-                ]
+                return [f"{self.path}: {what} of block {at} failed ({os.strerror(-n)})"]
+            end = " (a truncated tier file)" if opcode == PREAD else ""
+            return [
+                f"{self.path}: short {what} at offset {at * BLOCK}: {n} bytes, expected {want}{end}"
+            ]
         if opcode == PREAD:
             self._record(lat)
         return []
+
+    @staticmethod
+    def _seal(buf: np.ndarray, pos: int, count: int) -> None:
+        """Blocks pos .. pos+count-1 of `buf` get the CRC-32 of their bytes as their last word."""
+        for i in range(pos, pos + count):
+            buf[i, BLOCK - 4 :].view(np.uint32)[0] = crc32(buf[i, : BLOCK - 4])
 
     def _verify(self, buf: np.ndarray, blocks: np.ndarray, pos: int, count: int) -> str | None:
         """The first of blocks pos .. pos+count-1 whose checksum does not match, described."""
@@ -285,16 +294,14 @@ class BlockFile:
         buf[:, PAYLOAD + 8 : PAYLOAD + 12].view(np.uint32)[:, 0] = MAGIC
         runs = _runs(blocks)
         if self.aio is not None:
-            for i in range(blocks.size):
-                buf[i, BLOCK - 4 :].view(np.uint32)[0] = crc32(buf[i, : BLOCK - 4])
+            self._seal(buf, 0, blocks.size)
             errors = self._aio(PWRITE, buf, runs)
         else:
             errors: list[str] = []
 
             def work(runs):
                 for pos, first, count in runs:
-                    for i in range(pos, pos + count):
-                        buf[i, BLOCK - 4 :].view(np.uint32)[0] = crc32(buf[i, : BLOCK - 4])
+                    self._seal(buf, pos, count)
                     view = memoryview(buf[pos : pos + count].reshape(-1))
                     try:
                         n = os.pwritev(self.fd, [view], first * BLOCK)
