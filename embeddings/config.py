@@ -1,10 +1,12 @@
-"""Configuration shared by every embedding collection: tables and the fused sparse optimizer."""
+"""Configuration shared by every embedding collection: the tables (and the sparse optimizer,
+re-exported from embeddings/optimizer.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-SPARSE_OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad")
+# the optimizer lives in embeddings/optimizer.py; re-exported here for the many importers
+from embeddings.optimizer import SPARSE_OPTIMIZERS, SparseOptimizer  # noqa: F401
 
 
 @dataclass(frozen=True)
@@ -25,31 +27,6 @@ class TableSpec:
             raise ValueError(
                 f"table {self.name}: embedding_dim must be >= 1, got {self.embedding_dim}"
             )
-
-
-@dataclass(frozen=True)
-class SparseOptimizer:
-    """The optimizer fused into the embedding backward (as fbgemm's table-batched embeddings do).
-
-    `sgd`:              w -= lr * g
-    `adagrad`:          s += g*g (per element);        w -= lr * g / (sqrt(s) + eps)
-    `rowwise_adagrad`:  s += mean(g*g) (one per row);  w -= lr * g / (sqrt(s) + eps)
-    where g is the gradient of a row summed over every lookup of that row in the batch.
-    """
-
-    kind: str = "sgd"
-    learning_rate: float = 0.01
-    eps: float = 1e-8
-
-    def __post_init__(self) -> None:
-        if self.kind not in SPARSE_OPTIMIZERS:
-            raise ValueError(
-                f"unknown sparse optimizer {self.kind!r}: expected one of {', '.join(SPARSE_OPTIMIZERS)}"
-            )
-
-    def state_floats(self, dim: int) -> int:
-        """Optimizer-state floats stored per row of width `dim` (what placement budgets count)."""
-        return {"sgd": 0, "adagrad": dim, "rowwise_adagrad": 1}[self.kind]
 
 
 def tables_for_features(

@@ -31,7 +31,6 @@ BACKENDS = ("auto", "fbgemm", "torch")
 
 
 def _make_fbgemm(tables: list[TableSpec], opt: SparseOptimizer, device: torch.device) -> nn.Module:
-    from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from fbgemm_gpu.split_table_batched_embeddings_ops_common import (
         EmbeddingLocation,
         PoolingMode,
@@ -45,14 +44,9 @@ def _make_fbgemm(tables: list[TableSpec], opt: SparseOptimizer, device: torch.de
         loc, compute = EmbeddingLocation.HOST, ComputeDevice.CPU
     else:
         loc, compute = EmbeddingLocation.DEVICE, ComputeDevice.CUDA
-    kind = {
-        "sgd": EmbOptimType.EXACT_SGD,
-        "adagrad": EmbOptimType.EXACT_ADAGRAD,
-        "rowwise_adagrad": EmbOptimType.EXACT_ROWWISE_ADAGRAD,
-    }[opt.kind]
     return SplitTableBatchedEmbeddingBagsCodegen(
         embedding_specs=[(t.num_embeddings, t.embedding_dim, loc, compute) for t in tables],
-        optimizer=kind,
+        optimizer=opt.fbgemm_type(),
         learning_rate=opt.learning_rate,
         eps=opt.eps,
         pooling_mode=PoolingMode.SUM,
@@ -140,8 +134,8 @@ class FusedEmbeddingBagCollection(EmbeddingCollection):
         return list(self._impl.split_embedding_weights())
 
     def optimizer_states(self) -> list[torch.Tensor | None]:
-        """Per table the fused optimizer's state (views), None for SGD."""
-        if self.optimizer.kind == "sgd":
+        """Per table the fused optimizer's state (views, `optimizer.state_shape`), None for SGD."""
+        if not self.optimizer.has_state:
             return [None] * len(self.tables)
         states = self._impl.split_optimizer_states()
         return [s[0] if isinstance(s, (list, tuple)) else s for s in states]

@@ -165,13 +165,15 @@ class HotReplicatedCollection(FullTableLoads, EmbeddingCollection):
     # --- full tables (collectives: every rank calls them) ---------------------------------------
 
     def _gathered(self, which: str) -> list[torch.Tensor | None]:
-        if which == "state" and self.optimizer.kind == "sgd":
+        if which == "state" and not self.optimizer.has_state:
             return [None] * len(self.tables)
         out: list[torch.Tensor] = []
         for t in self.tables:
-            shape = (t.num_embeddings,) if which == "state" and self.optimizer.kind == (
-                "rowwise_adagrad") else (t.num_embeddings, t.embedding_dim)  # fmt: skip
-            out.append(torch.zeros(shape, device=self.device))
+            n, dim = t.num_embeddings, t.embedding_dim
+            if which == "state":
+                out.append(self.optimizer.zero_state(n, dim, device=self.device))
+            else:
+                out.append(torch.zeros(n, dim, device=self.device))
         for part, indices, ids in self._parts():
             got = part.table_weights() if which == "weight" else part.optimizer_states()
             for j, i in enumerate(indices):

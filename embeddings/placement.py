@@ -9,7 +9,8 @@
 The plan itself (tiers, files, validation) is `embeddings/plan.py`, re-exported here.
 Rules (each one a bug of the original FAE code we do not copy):
 - a row never seen in the sample is never hot, whatever the budget;
-- a hot row costs its weights AND its optimizer state (`SparseOptimizer.state_floats`);
+- a hot row costs its weights AND its optimizer state (`SparseOptimizer.state_floats`,
+  embeddings/optimizer.py);
 - rows compete across tables by lookups per byte, ties broken by (table, row): the same profile
   always gives the same plan.
 Within one table, hot rows keep their id order in the hot table (offset of the table + rank).

@@ -35,8 +35,9 @@ import torch.distributed as dist
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from embeddings.collection import EmbeddingCollection
-from embeddings.config import SparseOptimizer, TableSpec
+from embeddings.config import TableSpec
 from embeddings.fused import uniform_table
+from embeddings.optimizer import SparseOptimizer
 from embeddings.transfer_stats import no_transfer_counters
 
 log = logging.getLogger(__name__)
@@ -53,8 +54,8 @@ class ShardingError(ValueError):
 @dataclass
 class LocalShard:
     """One shard this rank holds: rows [row0, row0 + rows) and columns [col0, col0 + cols) of
-    table `table`; `weight` and `state` are views of the live storage (`state`: None for SGD;
-    [rows, cols] for Adagrad, [rows] for row-wise Adagrad)."""
+    table `table`; `weight` and `state` are views of the live storage (`state` as the optimizer
+    stores it, `SparseOptimizer.state_shape`: None for SGD)."""
 
     table: int
     row0: int
@@ -70,7 +71,8 @@ def allowed_shardings(kind: str, backend: str, optimizer: str) -> list[str]:
     if kind not in SHARDINGS:
         raise ShardingError(f"--sharding: expected one of {', '.join(SHARDINGS)}, got {kind!r}")
     usable = list(SHARDINGS[1:]) if backend == "nccl" else list(GLOO_SHARDINGS)
-    if optimizer == "rowwise_adagrad":
+    by_column = SparseOptimizer(optimizer).splits_by_column
+    if not by_column:
         usable.remove("column_wise")
     if kind == "auto":
         return usable
@@ -79,23 +81,16 @@ def allowed_shardings(kind: str, backend: str, optimizer: str) -> list[str]:
             f"--sharding row_wise: needs the nccl backend (row-wise shards reduce-scatter their "
             f"outputs, which {backend} cannot); use table_wise, column_wise or data_parallel"
         )
-    if kind == "column_wise" and optimizer == "rowwise_adagrad":
+    if kind == "column_wise" and not by_column:
         raise ShardingError(
-            "--sharding column_wise: not with --optimizer rowwise_adagrad (each column shard would "
+            f"--sharding column_wise: not with --optimizer {optimizer} (each column shard would "
             "keep its own row-wise state over its columns only, not the single-process update)"
         )
     return [kind]
 
 
 def _fused_params(opt: SparseOptimizer) -> dict:
-    from fbgemm_gpu.split_embedding_configs import EmbOptimType
-
-    kind = {
-        "sgd": EmbOptimType.EXACT_SGD,
-        "adagrad": EmbOptimType.EXACT_ADAGRAD,
-        "rowwise_adagrad": EmbOptimType.EXACT_ROWWISE_ADAGRAD,
-    }[opt.kind]
-    return {"optimizer": kind, "learning_rate": opt.learning_rate, "eps": opt.eps}
+    return {"optimizer": opt.fbgemm_type(), "learning_rate": opt.learning_rate, "eps": opt.eps}
 
 
 def apply_rule(
@@ -105,18 +100,14 @@ def apply_rule(
     grad: torch.Tensor,
     state: torch.Tensor | None,
 ) -> None:
-    """`opt`'s update (embeddings/config.py) of a whole table from its dense gradient: rows
+    """`opt`'s update (embeddings/optimizer.py) of a whole table from its dense gradient: rows
     whose gradient is zero keep their weights and state exactly, as in the fused kernels."""
-    if opt.kind == "sgd":
+    if not opt.has_state:
         weight.add_(grad, alpha=-lr)
         return
     assert state is not None
-    if opt.kind == "adagrad":
-        state.addcmul_(grad, grad)
-        weight.addcdiv_(grad, state.sqrt().add_(opt.eps), value=-lr)
-    else:
-        state.add_(grad.square().mean(dim=1))
-        weight.addcdiv_(grad, state.sqrt().add_(opt.eps).unsqueeze(1), value=-lr)
+    opt.accumulate_(state, grad)
+    weight.addcdiv_(grad, opt.denominator_(state.clone()), value=-lr)
 
 
 class FullTableLoads:
@@ -151,7 +142,7 @@ class FullTableLoads:
         self.copy_in({i: state_dict[k] for k, i in mine.items()}, "weight")
 
     def load_sparse_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        if self.optimizer.kind == "sgd":
+        if not self.optimizer.has_state:
             return
         keys = {i: self._state_key(t) for i, t in enumerate(self.tables)}
         missing = sorted(k for k in keys.values() if k not in state)
@@ -159,8 +150,7 @@ class FullTableLoads:
             raise KeyError(f"sparse optimizer state: missing {', '.join(missing[:3])}")
         for i, key in keys.items():
             t = self.tables[i]
-            want = (t.num_embeddings,) if self.optimizer.kind == "rowwise_adagrad" else (
-                t.num_embeddings, t.embedding_dim)  # fmt: skip
+            want = self.optimizer.state_shape(t.num_embeddings, t.embedding_dim)
             if tuple(state[key].shape) != want:
                 raise ValueError(
                     f"sparse optimizer state: {key} has shape {tuple(state[key].shape)}, expected {want}"
@@ -282,7 +272,7 @@ class ShardedEmbeddingBagCollection(FullTableLoads, EmbeddingCollection):
         dmp = self._dmp
         index = {t.name: i for i, t in enumerate(self.tables)}
         weights = dmp.state_dict()
-        states = dmp.fused_optimizer.state_dict()["state"] if self.optimizer.kind != "sgd" else {}
+        states = dmp.fused_optimizer.state_dict()["state"] if self.optimizer.has_state else {}
         out: list[LocalShard] = []
         for key, value in weights.items():
             name = key.split(".")[-2]
@@ -293,7 +283,7 @@ class ShardedEmbeddingBagCollection(FullTableLoads, EmbeddingCollection):
                 continue
             state_shards = {}
             if key in states:  # a table with no shard here has no entry
-                (state,) = states[key].values()  # {"<table>.momentum1": ShardedTensor}
+                state = states[key][self.optimizer.torchrec_state_key(name)]  # a ShardedTensor
                 state_shards = {
                     tuple(s.metadata.shard_offsets): s.tensor for s in state.local_shards()
                 }
@@ -313,10 +303,9 @@ class ShardedEmbeddingBagCollection(FullTableLoads, EmbeddingCollection):
         from torch.nn.parallel import DistributedDataParallel
 
         for name, p in self._replicated.items():
-            if self.optimizer.kind == "adagrad":
-                self._replicated_state[name] = torch.zeros_like(p.data)
-            elif self.optimizer.kind == "rowwise_adagrad":
-                self._replicated_state[name] = p.data.new_zeros(p.shape[0])
+            state = self.optimizer.zero_state(p.shape[0], p.shape[1], device=p.device)
+            if state is not None:
+                self._replicated_state[name] = state
         # torchrec keeps the DDP-wrapped lookups in a plain list (not submodules)
         ddps = [m for m in dmp.module._lookups if isinstance(m, DistributedDataParallel)]
         covered = 0
@@ -399,10 +388,10 @@ class ShardedEmbeddingBagCollection(FullTableLoads, EmbeddingCollection):
         an all-reduce adds them up (shards are disjoint; a replicated table counts from rank 0)."""
         full: list[torch.Tensor | None] = []
         for t in self.tables:
-            if which == "state" and self.optimizer.kind == "sgd":
-                full.append(None)
-            elif which == "state" and self.optimizer.kind == "rowwise_adagrad":
-                full.append(torch.zeros(t.num_embeddings, device=self.device))
+            if which == "state":
+                full.append(
+                    self.optimizer.zero_state(t.num_embeddings, t.embedding_dim, self.device)
+                )
             else:
                 full.append(torch.zeros(t.num_embeddings, t.embedding_dim, device=self.device))
         for s in self.local_shards():

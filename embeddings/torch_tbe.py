@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from embeddings.config import SparseOptimizer
+from embeddings.optimizer import SparseOptimizer
 
 
 def apply_sparse_update(
@@ -30,19 +30,14 @@ def apply_sparse_update(
     Rows are unique, so the update is gather, add, write back: on CPU that is about 3x faster
     than `index_add_` with alpha != 1 (a per-row loop) and rounds the same way (one fused
     multiply-add per element, as fbgemm's SGD)."""
-    if opt.kind == "sgd":
+    if not opt.has_state:
         add_unique_rows(weight, rows, grad, -lr)
         return
     assert state is not None
-    if opt.kind == "adagrad":
-        s = state.index_select(0, rows).addcmul_(grad, grad)
-        state.index_copy_(0, rows, s)
-        step = grad / (s.sqrt_().add_(opt.eps))
-    else:  # rowwise_adagrad
-        s = state.index_select(0, rows).add_(grad.pow(2).mean(dim=1))
-        state.index_copy_(0, rows, s)
-        step = grad / (s.sqrt_().add_(opt.eps)).unsqueeze(1)
-    add_unique_rows(weight, rows, step, -lr)
+    s = state.index_select(0, rows)
+    opt.accumulate_(s, grad)
+    state.index_copy_(0, rows, s)
+    add_unique_rows(weight, rows, grad / opt.denominator_(s), -lr)
 
 
 def add_unique_rows(
@@ -99,11 +94,7 @@ class _Group:
         for r in rows[:-1]:
             self.row_offsets.append(self.row_offsets[-1] + r)
         self.weight = torch.zeros(total, dim, dtype=torch.float32, device=device)
-        self.state: torch.Tensor | None = None
-        if optimizer.kind == "adagrad":
-            self.state = torch.zeros(total, dim, dtype=torch.float32, device=device)
-        elif optimizer.kind == "rowwise_adagrad":
-            self.state = torch.zeros(total, dtype=torch.float32, device=device)
+        self.state = optimizer.zero_state(total, dim, device=device)
 
     def update(self, rows: torch.Tensor, grad: torch.Tensor) -> None:
         apply_sparse_update(self.weight, self.state, rows, grad, self.optimizer, self.lr)

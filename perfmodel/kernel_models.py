@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from embeddings.optimizer import SPARSE_OPTIMIZERS, SparseOptimizer
 from perfmodel import features as F
 
 # --- cache residency of Zipf-distributed rows ------------------------------------------------
@@ -287,7 +288,9 @@ class EmbeddingModel:
         sizes = ctx.get("table_sizes") or [1]
         dim = int(ctx.get("embedding_dim", 16))
         batch = int(ctx.get("batch_size", 1))
-        state = {"sgd": 0, "adagrad": dim, "rowwise_adagrad": 1}.get(ctx.get("optimizer", "sgd"), 0)
+        kind = ctx.get("optimizer", "sgd")
+        # a trace from an optimizer not known here counts as stateless
+        state = SparseOptimizer(kind).state_floats(dim) if kind in SPARSE_OPTIMIZERS else 0
         row_bytes = 4.0 * (dim + state)
         lookups = (
             float(F.numel(k["shapes"][ctx.get("indices_arg", _indices_arg(k))]))
