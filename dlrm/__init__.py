@@ -3,17 +3,15 @@
     from dlrm import Trainer, TrainConfig
     summary = Trainer(TrainConfig(num_batches=100, out_dir="runs/demo")).fit()
 
-    from dlrm import Predictor
-    probabilities = Predictor.load("artifacts/model-int8").predict(batch)
-
-`Trainer` and `Predictor` are imported on first use: parsing a command line (`dlrm.train`, `dlrm.config`) must not
-pay for importing torchrec and fbgemm.
+`Trainer` is imported on first use: parsing a command line (`dlrm.train`, `dlrm.config`) must not
+pay for importing torchrec and fbgemm. Serving a trained model (`Predictor`) is the `serving`
+package, which builds on this one.
 """
 
 from dlrm.config import TrainConfig
 from dlrm.errors import ConfigError
 
-__all__ = ["ConfigError", "Predictor", "TrainConfig", "Trainer"]
+__all__ = ["ConfigError", "TrainConfig", "Trainer"]
 
 
 def __getattr__(name: str):
@@ -21,8 +19,4 @@ def __getattr__(name: str):
         from dlrm.trainer import Trainer
 
         return Trainer
-    if name == "Predictor":
-        from dlrm.predictor import Predictor
-
-        return Predictor
     raise AttributeError(f"module 'dlrm' has no attribute {name!r}")

@@ -147,7 +147,7 @@ class TrainConfig:
     hotline_learn_batches: int = 0  # Hotline: learn popularity online over this many mini-batches
 
     # low-precision evaluation (issue 23): the reference's flags, with --inference-only only;
-    # dlrm/quantized_model.py. Exported artifacts: python -m dlrm.quantize.
+    # dlrm/models/quantized.py. Exported artifacts: python -m serving.quantize.
     quantize_emb_with_bit: int = 32  # 4 | 8: row-wise int4 / int8 tables; 32: fp32
     quantize_mlp_with_bit: int = 32  # 8: int8 dynamic quantization; 16: bf16; 32: fp32
 
@@ -353,7 +353,7 @@ class TrainConfig:
             if value != 32 and not self.inference_only:
                 raise ConfigError(
                     f"{flag}: quantizes the model for evaluation only; use it with --inference-only "
-                    "(python -m dlrm.quantize exports a quantized model)"
+                    "(python -m serving.quantize exports a quantized model)"
                 )
 
     def _validate_slipstream(self) -> None:

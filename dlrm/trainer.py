@@ -198,7 +198,7 @@ class Trainer:
                 self.load_checkpoint(*found)
         bits = (cfg.quantize_emb_with_bit, cfg.quantize_mlp_with_bit)
         if cfg.inference_only and bits != (32, 32):  # the reference's flags (issue 23)
-            from dlrm.quantized_model import quantize_for_evaluation
+            from dlrm.models.quantized import quantize_for_evaluation
 
             self.model = quantize_for_evaluation(self.model, cfg)
 

@@ -10,6 +10,7 @@ import importlib
 
 _HOME = {
     "EmbeddingCollection": "embeddings.collection",
+    "EmbeddingLookup": "embeddings.collection",
     "FAEEmbeddingBagCollection": "embeddings.fae",
     "FusedEmbeddingBagCollection": "embeddings.fused",
     "SparseOptimizer": "embeddings.config",

@@ -1,22 +1,29 @@
 """The embedding-collection contract: what every way of storing embedding rows offers.
 
-Models and the trainer hold an `EmbeddingCollection` and never ask which one: where rows live
-(one device, host and device tiers, an SSD file) is the collection's business. The face is
-torchrec's `EmbeddingBagCollection` (`forward(kjt) -> KeyedTensor`, keys in feature order), plus
-what training around it needs:
+Models and the trainer hold a collection and never ask which one: where rows live (one device,
+host and device tiers, an SSD file) is the collection's business. The contract has two parts.
 
-- sparse updates are fused into backward, so `forward`'s output needs no optimizer step; the
-  learning rate is pushed in with `set_learning_rate`;
-- full-table export whatever the placement: `table_weights()` / `optimizer_states()` are every
-  row of every table, current (after `sync()`), and `state_dict()` is placement-independent
-  (`<table>.weight`, one tensor per table), so checkpoints move between placements;
-- `sync()` makes every tier current (before evaluation, checkpoints, exports);
-  `begin_checkpoint()` / `end_checkpoint(written)` around a checkpoint (a tier with files of its
-  own marks a consistent point of them, and its checkpoint then holds that point, not its rows);
+`EmbeddingLookup`, what inference needs (the quantized collections implement only this): the face
+of torchrec's `EmbeddingBagCollection` (`forward(kjt) -> KeyedTensor`, keys in feature order), plus
+
+- full-table export whatever the placement: `table_weights()` is every row of every table as
+  float32, current (after `sync()`), and `state_dict()` is placement-independent
+  (`<table>.weight`, one tensor per table); a lookup-only collection is built from its rows and
+  refuses to load a state dict (weights given to it would be silently unused);
+- `sync()` makes every tier current (before evaluation and exports);
 - `counters()` for metrics.jsonl / summary.json: every collection the same keys (bytes per
   link and purpose, syncs, FAE's hot/cold counts; see `transfer_stats.py`), so the trainer
   prints them without asking which collection it has; `placement_info()` for the summary's
-  description of where rows live;
+  description of where rows live.
+
+`EmbeddingCollection`, a lookup that trains, adds:
+
+- sparse updates are fused into backward, so `forward`'s output needs no optimizer step; the
+  learning rate is pushed in with `set_learning_rate`;
+- `optimizer_states()` (every row's fused optimizer state), `rows_of()`, and a `state_dict()`
+  that loads back, so checkpoints move between placements;
+- `begin_checkpoint()` / `end_checkpoint(written)` around a checkpoint (a tier with files of its
+  own marks a consistent point of them, and its checkpoint then holds that point, not its rows);
 - `extra_state()` / `load_extra_state()`: tensors a checkpoint must carry beyond the weights and
   optimizer state (counters, caches' bookkeeping) so a resumed run continues exactly;
 - `last_step_kind()`: what kind of step the last training forward was, for collections whose
@@ -41,21 +48,60 @@ if TYPE_CHECKING:
     pass
 
 
-class EmbeddingCollection(nn.Module, ABC):
-    """Sum-pooled embedding bags for many features, sparse optimizer fused into backward."""
+class EmbeddingLookup(nn.Module, ABC):
+    """Sum-pooled embedding bags for many features: lookups and full-table export."""
 
     tables: list[TableSpec]
     feature_names: list[str]
     dims: list[int]
-    optimizer: SparseOptimizer
     device: torch.device
     backend: str  # how lookups run, for people (e.g. "fbgemm", "fae(host=fbgemm, device=torch)")
-
-    # --- lookups and training ------------------------------------------------------------------
 
     @abstractmethod
     def forward(self, features):  # KeyedJaggedTensor -> KeyedTensor
         """Pooled embeddings, keys in `feature_names` order (any key order in)."""
+
+    @abstractmethod
+    def table_weights(self) -> list[torch.Tensor]:
+        """Every table as one [rows, dim] float tensor, current. Views where the storage allows
+        (a trainable collection: after writing into them call `after_tables_written()`)."""
+
+    def sync(self) -> None:
+        """Make every tier current (before evaluation, checkpoints and exports)."""
+
+    @abstractmethod
+    def counters(self) -> dict[str, int | float | None]:
+        """Counters for metrics.jsonl and summary.json, `TransferStats.as_dict()`'s keys: bytes
+        per link and purpose (`emb_bytes_h2d_lookup`, ...), `syncs`, `sync_rows`, `sync_s`,
+        `hot_batches`, `cold_batches`, `train_inputs`, `hot_inputs`, `hot_input_share`,
+        `emb_bytes_per_sample` (a collection that moves nothing: `no_transfer_counters()`)."""
+
+    @abstractmethod
+    def placement_info(self) -> dict:
+        """Where rows live, for the summary: at least `kind` ("device", "host", "fae", ...) and
+        `backend`."""
+
+    # --- placement-independent state dict: `<table>.weight`, one full tensor per table ----------
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):  # noqa: D401
+        for t, w in zip(self.tables, self.table_weights()):
+            destination[f"{prefix}{t.name}.weight"] = w if keep_vars else w.detach()
+
+    def _load_from_state_dict(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+    ):
+        # built from its rows, never loaded: float weights given to it would be silently unused
+        mine = [k for k in state_dict if k.startswith(prefix)]
+        if mine:
+            error_msgs.append(f"{mine[0]}: a lookup-only collection is built from its rows")
+
+
+class EmbeddingCollection(EmbeddingLookup):
+    """A lookup that trains: sparse optimizer fused into backward, checkpoints, resumes."""
+
+    optimizer: SparseOptimizer
+
+    # --- training ------------------------------------------------------------------------------
 
     @abstractmethod
     def set_learning_rate(self, lr: float) -> None:
@@ -66,12 +112,7 @@ class EmbeddingCollection(nn.Module, ABC):
         "cold"); None when every step is alike."""
         return None
 
-    # --- full tables, whatever the placement ---------------------------------------------------
-
-    @abstractmethod
-    def table_weights(self) -> list[torch.Tensor]:
-        """Every table as one [rows, dim] tensor, current. Views where the storage allows: after
-        writing into them call `after_tables_written()`."""
+    # --- optimizer state and rows, whatever the placement ----------------------------------------
 
     @abstractmethod
     def optimizer_states(self) -> list[torch.Tensor | None]:
@@ -138,11 +179,7 @@ class EmbeddingCollection(nn.Module, ABC):
     def _state_key(self, table: TableSpec) -> str:
         return f"{table.name}.{self.optimizer.kind}_state"
 
-    # --- placement-independent state dict: `<table>.weight`, one full tensor per table ----------
-
-    def _save_to_state_dict(self, destination, prefix, keep_vars):  # noqa: D401
-        for t, w in zip(self.tables, self.table_weights()):
-            destination[f"{prefix}{t.name}.weight"] = w if keep_vars else w.detach()
+    # --- loading the placement-independent state dict ------------------------------------------
 
     def _load_from_state_dict(
         self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
@@ -164,22 +201,7 @@ class EmbeddingCollection(nn.Module, ABC):
         unexpected_keys.extend(k for k in state_dict if k.startswith(prefix) and k not in mine)
         self.after_tables_written()
 
-    # --- tiers, counters, checkpoints ----------------------------------------------------------
-
-    def sync(self) -> None:
-        """Make every tier current (before evaluation, checkpoints and exports)."""
-
-    @abstractmethod
-    def counters(self) -> dict[str, int | float | None]:
-        """Counters for metrics.jsonl and summary.json, `TransferStats.as_dict()`'s keys: bytes
-        per link and purpose (`emb_bytes_h2d_lookup`, ...), `syncs`, `sync_rows`, `sync_s`,
-        `hot_batches`, `cold_batches`, `train_inputs`, `hot_inputs`, `hot_input_share`,
-        `emb_bytes_per_sample` (a collection that moves nothing: `no_transfer_counters()`)."""
-
-    @abstractmethod
-    def placement_info(self) -> dict:
-        """Where rows live, for the summary: at least `kind` ("device", "host", "fae", ...) and
-        `backend`."""
+    # --- checkpoints -----------------------------------------------------------------------------
 
     def begin_checkpoint(self) -> None:
         """Before a checkpoint's state is taken: every tier current. A tier with files of its own

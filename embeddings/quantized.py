@@ -12,7 +12,7 @@ value lies below it), so the codes are the nearest ones under the float16 parame
 actually stored; fbgemm's own int8 packer computes codes against float32 parameters and its
 table format then rounds them to float16, an extra error this avoids.
 
-`QuantizedEmbeddingBagCollection` has the collection contract's face (`forward(kjt) ->
+`QuantizedEmbeddingBagCollection` has the lookup contract's face (`forward(kjt) ->
 KeyedTensor`) and runs every table in one fbgemm integer TBE where fbgemm has a kernel for the
 device (CPU with fbgemm-gpu-cpu, CUDA with fbgemm-gpu), otherwise a pure-PyTorch path that
 dequantises only the rows a batch looks up and sums them: the same outputs (to float32 rounding
@@ -28,12 +28,12 @@ import torch
 import torch.nn.functional as F
 
 from embeddings._fbgemm import fbgemm_has_kernels_for as _fbgemm_has_kernels_for
-from embeddings.collection import EmbeddingCollection
+from embeddings.collection import EmbeddingLookup
 from embeddings.config import SparseOptimizer, TableSpec
 from embeddings.kjt_ops import in_feature_order
 from embeddings.transfer_stats import no_transfer_counters
 
-if TYPE_CHECKING:  # torchrec costs seconds to import; `python -m dlrm.predict` needs none of it
+if TYPE_CHECKING:  # torchrec costs seconds to import; `python -m serving.predict` needs none of it
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 log = logging.getLogger(__name__)
@@ -139,8 +139,9 @@ def dequantize_rows(rows: torch.Tensor, precision: str, dim: int) -> torch.Tenso
 # --- the collection -----------------------------------------------------------------------------
 
 
-class QuantizedEmbeddingBagCollection(EmbeddingCollection):
-    """Sum-pooled lookups in tables stored at per-table precisions; inference only."""
+class QuantizedEmbeddingBagCollection(EmbeddingLookup):
+    """Sum-pooled lookups in tables stored at per-table precisions; inference only (the lookup
+    contract: it does not train, checkpoint or load a state dict)."""
 
     def __init__(
         self,
@@ -167,6 +168,7 @@ class QuantizedEmbeddingBagCollection(EmbeddingCollection):
         self.feature_names = [t.feature_name for t in tables]
         self.dims = [t.embedding_dim for t in tables]
         self.precisions = list(precisions)
+        # trains nothing: SGD's optimizer has no state, what the run summary's bytes count
         self.optimizer = SparseOptimizer()
         self.device = torch.device(device or "cpu")
         if backend == "auto":
@@ -223,25 +225,11 @@ class QuantizedEmbeddingBagCollection(EmbeddingCollection):
 
     # --- the contract ------------------------------------------------------------------------
 
-    def set_learning_rate(self, lr: float) -> None:
-        raise RuntimeError("a quantized embedding collection is for inference: it does not train")
-
     def table_weights(self) -> list[torch.Tensor]:
         """Every table dequantised to float32 (new tensors, not views)."""
         return [
             dequantize_rows(r, p, d) for r, p, d in zip(self._cpu_rows, self.precisions, self.dims)
         ]
-
-    def optimizer_states(self) -> list[torch.Tensor | None]:
-        return [None] * len(self.tables)
-
-    def _load_from_state_dict(
-        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
-    ):
-        # built from its rows, never loaded: float weights given to it would be silently unused
-        mine = [k for k in state_dict if k.startswith(prefix)]
-        if mine:
-            error_msgs.append(f"{mine[0]}: a quantized embedding collection is built from its rows")
 
     def counters(self) -> dict:
         return no_transfer_counters()

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from embeddings.collection import EmbeddingCollection
+from embeddings.collection import EmbeddingLookup
 from embeddings.config import SparseOptimizer, TableSpec
 from embeddings.errors import ScmError
 from embeddings.quantized import QuantizedEmbeddingBagCollection, dequantize_rows, row_bytes
@@ -198,7 +198,7 @@ class ServingTier:
         self.file.close()
 
 
-class ScmQuantizedEmbeddingBagCollection(EmbeddingCollection):
+class ScmQuantizedEmbeddingBagCollection(EmbeddingLookup):
     """`QuantizedEmbeddingBagCollection`'s lookups (sum-pooled, dequantised rows) with the rows
     in a `ServingTier`: each batch's unique rows are read once, dequantised and pooled, the
     same arithmetic as its PyTorch path (equal outputs)."""
@@ -210,7 +210,7 @@ class ScmQuantizedEmbeddingBagCollection(EmbeddingCollection):
         self.feature_names = [t.feature_name for t in self.tables]
         self.dims = [t.embedding_dim for t in self.tables]
         self.precisions = list(tier.precisions)
-        self.optimizer = SparseOptimizer()
+        self.optimizer = SparseOptimizer()  # trains nothing (see QuantizedEmbeddingBagCollection)
         self.device = torch.device(device or "cpu")
         self.backend = f"ssd({tier.file.io})"
 
@@ -246,9 +246,6 @@ class ScmQuantizedEmbeddingBagCollection(EmbeddingCollection):
             out.append(F.embedding_bag(inverse[a:b] - lo, table_rows, bags[:-1] - a, mode="sum"))
         return torch.cat(out, dim=1).to(self.device)
 
-    def set_learning_rate(self, lr: float) -> None:
-        raise RuntimeError("a quantized embedding collection is for inference: it does not train")
-
     def table_weights(self) -> list[torch.Tensor]:
         """Every table dequantised to float32, read from the tier (whole tables: small ones)."""
         out = []
@@ -258,9 +255,6 @@ class ScmQuantizedEmbeddingBagCollection(EmbeddingCollection):
             gids = torch.arange(n) + self.tier.row_base[t]
             out.append(dequantize_rows(self.tier.read_uncached(gids)[:, :w], p, dim))
         return out
-
-    def optimizer_states(self) -> list[torch.Tensor | None]:
-        return [None] * len(self.tables)
 
     def counters(self) -> dict:
         return {**no_transfer_counters(), **self.tier.counters()}

@@ -14,7 +14,7 @@ MLPs ("int8"), fp32 tables + bf16 MLPs ("bf16_mlp") and `auto` (default budget, 
 table and model bytes (counted), test AUC and NE (the whole test split), then CPU samples/s at
 batch 2048 (wall and CPU time) and latency p50/p99 at batch 1 and 64, the models and their
 GEMM-only bounds (`GemmOnly`) timed in interleaved rounds in this process (the order rotates
-each round). Finally `python -m dlrm.predict` on a 1M-line raw file, lines/s end to end (wall
+each round). Finally `python -m serving.predict` on a 1M-line raw file, lines/s end to end (wall
 and CPU seconds), against preprocessing the same lines (`python -m data_pipeline`'s work, in
 the artifact's mapping mode), alternated in rounds, and prediction's CPU floor
 (`predict_cpu_floor`).
@@ -128,14 +128,14 @@ def export_all(run: Path, out: Path, names=tuple(VARIANTS)) -> dict[str, Path]:
         art = out / name
         if not (art / "manifest.json").is_file():
             shutil.rmtree(art, ignore_errors=True)
-            run_cli("dlrm.quantize", [str(run), "--out", str(art), *flags], threads=1)
+            run_cli("serving.quantize", [str(run), "--out", str(art), *flags], threads=1)
         arts[name] = art
     return arts
 
 
 def accuracy(arts: dict[str, Path], test_batches) -> dict:
-    from dlrm import Predictor
-    from dlrm.quantize import metrics_of
+    from serving import Predictor
+    from serving.quantize import metrics_of
 
     out = {}
     fp32_tables = fp32_model = None
@@ -184,7 +184,7 @@ class GemmOnly:
     analogue)."""
 
     def __init__(self, arch, batch: int, precision: str) -> None:
-        from dlrm.quantized_model import Bf16Linear
+        from dlrm.models.quantized import Bf16Linear
         from perfmodel.sweeps import linear_gemms
 
         dtype = torch.bfloat16 if precision == "bf16" else torch.float32
@@ -194,7 +194,7 @@ class GemmOnly:
                 if precision == "fp32":
                     self.calls.append(linear_gemms(batch, fi, fo, dtype)[0][2])
                 elif precision == "int8":  # torch's dynamic int8 Linear, as the int8 model's
-                    from dlrm.quantized_model import _int8_linear
+                    from dlrm.models.quantized import _int8_linear
 
                     q, x = (
                         _int8_linear(torch.randn(fo, fi), torch.randn(fo)),
@@ -220,8 +220,8 @@ def speed(arts: dict[str, Path], batch2048, rounds: int) -> dict:
     """Interleaved rounds; each round times every model (and the GEMM-only bounds) once, in a
     rotating order. Wall time, and the process's CPU time (one thread: on this shared machine a
     round's wall time includes other processes' time slices; CPU time does not)."""
-    from dlrm import Predictor
     from embeddings.kjt_ops import select_inputs
+    from serving import Predictor
 
     predictors = {n: Predictor.load(arts[n]) for n in TIMED}
     arch = predictors["fp32"].model.arch
@@ -334,7 +334,7 @@ PREDICT_VARIANTS = ("predict_labelled", "predict_labelled_2_threads", "predict_u
 
 
 def bench_predict(work: Path, art: Path, lines: int, rounds: int) -> dict:
-    """`python -m dlrm.predict` end to end (process start, verification, parse, map, score,
+    """`python -m serving.predict` end to end (process start, verification, parse, map, score,
     write) against `python -m data_pipeline preprocess` of the same lines in the artifact's
     mapping mode (count pass, encode pass, writing the columns), alternated in rounds with the
     order reversed every other round. Wall seconds, and CPU seconds of each process tree (what
@@ -368,7 +368,7 @@ def bench_predict(work: Path, art: Path, lines: int, rounds: int) -> dict:
             else:
                 data = test_txt if what == "predict_unlabelled" else train_txt
                 threads = "2" if what.endswith("2_threads") else "1"
-                run_cli("dlrm.predict", ["--model", str(art), "--data", str(data), "--threads",
+                run_cli("serving.predict", ["--model", str(art), "--data", str(data), "--threads",
                                          threads, "--out", str(out / "preds.csv")])  # fmt: skip
             wall[what].append(time.perf_counter() - t0)
             cpu[what].append(_child_cpu_s() - c0)
@@ -410,12 +410,12 @@ for block in iter_blocks(part, 2 << 20):
 
 
 def predict_cpu_floor(art: Path, raw: Path, lines: int) -> dict:
-    """CPU seconds no `python -m dlrm.predict` of these lines can go below with these kernels and
+    """CPU seconds no `python -m serving.predict` of these lines can go below with these kernels and
     this parser: its start (interpreter, imports, loading and verifying the artifact), one
     parse-and-map pass over the lines (the preprocessing workers' `run_task`, inline; each in a
     child process), and the int8 model's GEMM-only work for every line (`GemmOnly`, 16 batches
     of 2048 timed and scaled). Preprocessing makes two parse passes (counting, then encoding)."""
-    from dlrm import Predictor
+    from serving import Predictor
 
     def child_cpu(args: list[str]) -> float:
         c0 = _child_cpu_s()
@@ -424,7 +424,10 @@ def predict_cpu_floor(art: Path, raw: Path, lines: int) -> dict:
         return _child_cpu_s() - c0
 
     start = child_cpu(
-        ["-c", f"import dlrm.predict; from dlrm import Predictor; Predictor.load({str(art)!r})"]
+        [
+            "-c",
+            f"import serving.predict; from serving import Predictor; Predictor.load({str(art)!r})",
+        ]
     )
     mapping = json.loads((art / "manifest.json").read_text())["categorical"]
     hashed = mapping["mode"] == "hash"
@@ -477,7 +480,7 @@ def main() -> None:
             keep("predict", bench_predict(work, art, a.predict_lines, a.predict_rounds))
     if "synthetic" in only:
         run = train_synthetic(work, a.synthetic_batches)
-        from dlrm.inference_data import data_source, load_source
+        from serving.inference_data import data_source, load_source
 
         source = load_source(run)
         test = data_source(source, None, "test", 2048)

@@ -535,9 +535,9 @@ def bench_serve(args) -> dict:
     in-memory predictor and by one opened with `--scm-dir` and `--serve-cache` of row cache
     (O_DIRECT), requests alternated one by one: cold (a new predictor, the cache empty: its first
     `--serve-requests` requests) and warm (after `--serve-warm` requests of other inputs)."""
-    from dlrm import Predictor
     from dlrm.data import build_data
-    from dlrm.quantize import main as quantize
+    from serving import Predictor
+    from serving.quantize import main as quantize
 
     d = Path(args.dir) / "serve"
     d.mkdir(parents=True, exist_ok=True)

@@ -1,5 +1,11 @@
-"""The embedding-collection contract, the same for every collection."""
+"""The embedding-collection contract, the same for every collection: every class that implements
+it (`EVERY_COLLECTION`, checked against the subclasses found in embeddings/) is built on small
+tables and held to the promises of embeddings/collection.py."""
 
+import hashlib
+import importlib
+import inspect
+import pkgutil
 import subprocess
 import sys
 from pathlib import Path
@@ -7,20 +13,34 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+import embeddings
 from embeddings import (
     EmbeddingCollection,
     FAEEmbeddingBagCollection,
     FusedEmbeddingBagCollection,
     SparseOptimizer,
 )
+from embeddings.collection import EmbeddingLookup
 from embeddings.errors import PlacementError
+from embeddings.hot_replicated import HotReplicatedCollection
+from embeddings.hotline import HotlineEmbeddingBagCollection
 from embeddings.placement import plan_placement
 from embeddings.profile import AccessProfiler
+from embeddings.quantized import QuantizedEmbeddingBagCollection, quantize_rows
+from embeddings.scm_serving import ScmQuantizedEmbeddingBagCollection, ServingTier
+from embeddings.sharded import ShardedEmbeddingBagCollection
+from embeddings.tiered import ScmSettings, TieredEmbeddingBagCollection
 from embeddings.transfer_stats import LEGACY_VALUES, TransferStats
 from tests.embeddings.test_fae import (
+    DIM,
     KINDS,
+    NAMES,
+    SIZES,
     hot_row_lists,
+    kjt_from,
     make_batch,
     make_plan,
     run_sequence,
@@ -162,3 +182,223 @@ def test_the_planning_modules_do_not_import_torchrec_or_fbgemm():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == str(ROOT / "embeddings" / "__init__.py")
+
+
+# --- the contract, over every collection class --------------------------------------------------
+
+OPT = SparseOptimizer("rowwise_adagrad", 0.1)
+PRECISIONS = ["int8", "fp16", "int4", "fp32"]
+
+
+@pytest.fixture(scope="module")
+def process_group(tmp_path_factory):
+    """A one-process gloo group: what torchrec's sharded collections are built in."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialised in this process")
+    store = tmp_path_factory.mktemp("pg") / "store"
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def _quantized_rows(seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [quantize_rows(torch.randn(t.num_embeddings, t.embedding_dim, generator=gen), p)
+            for t, p in zip(tables(), PRECISIONS)]  # fmt: skip
+
+
+def _scm_serving(tmp):
+    rows, sources = _quantized_rows(), []
+    for t, r in zip(tables(), rows):
+        path = tmp / f"{t.name}.npy"
+        np.save(path, r.numpy(), allow_pickle=False)
+        sources.append((path, hashlib.sha256(path.read_bytes()).hexdigest()))
+    tier = ServingTier(tmp / "serve", tables(), PRECISIONS, sources, 4096, io="buffered")
+    return ScmQuantizedEmbeddingBagCollection(tier)
+
+
+def _tiered(tmp):
+    scm = ScmSettings(directory=str(tmp / "scm"), cache_bytes=1024, io="buffered")
+    return TieredEmbeddingBagCollection(tables(), OPT, make_plan(OPT, one_home=True), scm, seed=3)
+
+
+def _hot_replicated(tmp, request):
+    request.getfixturevalue("process_group")
+    hot = hot_row_lists(make_plan(OPT))
+    return HotReplicatedCollection(tables(), OPT, hot, seed=3)
+
+
+def _sharded(tmp, request):
+    request.getfixturevalue("process_group")
+    return ShardedEmbeddingBagCollection(tables(), OPT, torch.device("cpu"), seed=3)
+
+
+# name -> (class, builder(tmp_path, request)); the fbgemm and the pure-PyTorch fused lookups are
+# both the fused class, and so are the host tier's (FAE without a plan) and the device's
+EVERY_COLLECTION = {
+    "device": (FusedEmbeddingBagCollection, lambda tmp, rq: FusedEmbeddingBagCollection(
+        tables(), OPT, seed=3)),
+    "device-torch": (FusedEmbeddingBagCollection, lambda tmp, rq: FusedEmbeddingBagCollection(
+        tables(), OPT, backend="torch", seed=3)),
+    "host": (FAEEmbeddingBagCollection, lambda tmp, rq: FAEEmbeddingBagCollection(
+        tables(), OPT, None, seed=3)),
+    "fae": (FAEEmbeddingBagCollection, lambda tmp, rq: FAEEmbeddingBagCollection(
+        tables(), OPT, make_plan(OPT), seed=3)),
+    "hotline": (HotlineEmbeddingBagCollection, lambda tmp, rq: HotlineEmbeddingBagCollection(
+        tables(), OPT, make_plan(OPT, one_home=True), seed=3)),
+    "tiered": (TieredEmbeddingBagCollection, lambda tmp, rq: _tiered(tmp)),
+    "sharded": (ShardedEmbeddingBagCollection, _sharded),
+    "hot_replicated": (HotReplicatedCollection, _hot_replicated),
+    "quantized": (QuantizedEmbeddingBagCollection, lambda tmp, rq: QuantizedEmbeddingBagCollection(
+        tables(), PRECISIONS, _quantized_rows())),
+    "quantized-torch": (QuantizedEmbeddingBagCollection,
+                        lambda tmp, rq: QuantizedEmbeddingBagCollection(
+                            tables(), PRECISIONS, _quantized_rows(), backend="torch")),
+    "scm_serving": (ScmQuantizedEmbeddingBagCollection, lambda tmp, rq: _scm_serving(tmp)),
+}  # fmt: skip
+
+
+@pytest.fixture(params=sorted(EVERY_COLLECTION))
+def collection(request, tmp_path):
+    cls, build = EVERY_COLLECTION[request.param]
+    coll = build(tmp_path, request)
+    assert type(coll) is cls
+    yield coll
+    tier = getattr(coll, "tier", None)  # the SSD-served collection holds its file open
+    if tier is not None:
+        tier.close()
+
+
+def _batch(seed, batch=8):
+    """A batch with its keys in reverse feature order (a collection reorders them)."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(0, 4, (len(SIZES), batch))
+    lengths[:, 0] = 1  # every table looked up
+    values = [rng.integers(0, n, int(lengths[t].sum())) for t, n in enumerate(SIZES)]
+    kjt = kjt_from(lengths, values)
+    order = NAMES[::-1]
+    return kjt, KeyedJaggedTensor.from_jt_dict({k: kjt[k] for k in order}), values
+
+
+def _reference(weights, kjt):
+    """Sum-pooled rows of the exported tables, [batch, sum of dims]."""
+    out = []
+    for name, w in zip(NAMES, weights):
+        jt = kjt[name]
+        idx, offs = jt.values(), jt.offsets()
+        out.append(F.embedding_bag(idx, w.float().cpu(), offs[:-1], mode="sum"))
+    return torch.cat(out, dim=1)
+
+
+def test_the_contract_test_covers_every_collection_class():
+    for info in pkgutil.iter_modules(embeddings.__path__):
+        importlib.import_module(f"embeddings.{info.name}")
+    found, todo = set(), [EmbeddingLookup]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            todo.append(sub)
+            if sub.__module__.startswith("embeddings.") and not inspect.isabstract(sub):
+                found.add(sub)
+    covered = {cls for cls, _ in EVERY_COLLECTION.values()}
+    assert found == covered, sorted(c.__name__ for c in found ^ covered)
+
+
+def test_lookups_are_the_exported_rows_pooled_in_feature_order(collection):
+    c = collection
+    assert isinstance(c, EmbeddingLookup)
+    assert c.feature_names == NAMES and c.dims == [t.embedding_dim for t in c.tables]
+    kjt, reordered, _ = _batch(1)
+    c.eval()
+    with torch.no_grad():
+        out = c(reordered)
+    assert out.keys() == NAMES and out.length_per_key() == c.dims
+    assert tuple(out.values().shape) == (8, sum(c.dims))
+    c.sync()
+    weights = c.table_weights()
+    assert [tuple(w.shape) for w in weights] == [(n, DIM) for n in SIZES]
+    torch.testing.assert_close(out.values().cpu(), _reference(weights, kjt), rtol=1e-5, atol=1e-5)
+
+
+def test_the_state_dict_is_the_exported_tables(collection):
+    c = collection
+    state = c.state_dict()
+    assert sorted(state) == sorted(f"{t.name}.weight" for t in c.tables)
+    for t, w in zip(c.tables, c.table_weights()):
+        assert torch.equal(state[f"{t.name}.weight"].cpu(), w.detach().cpu())
+    counters, info = c.counters(), c.placement_info()
+    assert isinstance(counters, dict) and all(isinstance(k, str) for k in counters)
+    assert all(v is None or isinstance(v, int | float) for v in counters.values())
+    assert info["backend"] == c.backend and isinstance(info["kind"], str)
+    if isinstance(c, EmbeddingCollection):
+        return
+    # lookup only: nothing to train, and weights handed to it would be silently unused
+    assert not hasattr(c, "set_learning_rate") and not hasattr(c, "optimizer_states")
+    with pytest.raises(RuntimeError, match="built from its rows"):
+        c.load_state_dict(state)
+
+
+def _trainable(collection) -> EmbeddingCollection:
+    if not isinstance(collection, EmbeddingCollection):
+        pytest.skip(f"{type(collection).__name__} is lookup only")
+    return collection
+
+
+def _step(c, seed):
+    kjt, reordered, values = _batch(seed)
+    c.train()
+    out = c(reordered)
+    grad = torch.randn(out.values().shape, generator=torch.Generator().manual_seed(seed))
+    (out.values() * grad.to(out.values().device)).sum().backward()
+    c.sync()
+    return values
+
+
+def _rows_changed(before, after):
+    return [
+        torch.nonzero((a.cpu() != b.cpu()).reshape(a.shape[0], -1).any(1)).flatten().tolist()
+        for a, b in zip(before, after)
+    ]
+
+
+def test_a_step_changes_exactly_the_rows_looked_up(collection):
+    c = _trainable(collection)
+    w0 = [w.detach().cpu().clone() for w in c.table_weights()]
+    s0 = [s.detach().cpu().clone() for s in c.optimizer_states()]
+    values = _step(c, 2)
+    looked_up = [sorted(set(v.tolist())) for v in values]
+    assert _rows_changed(w0, c.table_weights()) == looked_up
+    assert _rows_changed(s0, c.optimizer_states()) == looked_up
+    c.set_learning_rate(0.0)  # the fused optimizer's rate from the next backward on
+    w1 = [w.detach().cpu().clone() for w in c.table_weights()]
+    _step(c, 3)
+    assert _rows_changed(w1, c.table_weights()) == [[]] * len(SIZES)
+
+
+def test_tables_and_optimizer_state_round_trip_through_the_state_dicts(collection, tmp_path):
+    c = _trainable(collection)
+    _step(c, 4)
+    state, sparse = c.state_dict(), c.sparse_state_dict()
+    extra = c.extra_state()
+    gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for w in c.table_weights():
+            w.copy_(torch.randn(w.shape, generator=gen))
+        for s in c.optimizer_states():
+            s.zero_()
+    c.after_tables_written()
+    c.load_state_dict(state)
+    c.load_sparse_state_dict(sparse)
+    c.load_extra_state(extra)
+    c.sync()
+    for t, w in zip(c.tables, c.table_weights()):
+        assert torch.equal(w.detach().cpu(), state[f"{t.name}.weight"].cpu())
+    for key, s in c.sparse_state_dict().items():
+        assert torch.equal(s.cpu(), sparse[key].cpu())
+    rows, states = c.rows_of(torch.tensor([0, 2, 3]), torch.tensor([5, 299, 0]))
+    assert torch.equal(rows[1], state["t2.weight"][299].cpu())
+    assert states is not None and states.shape == (3,)
+    c.begin_checkpoint()
+    c.end_checkpoint(True)
+    assert c.checkpoint_bytes() >= 0 and isinstance(c.replicated_across_ranks(), bool)

@@ -1,4 +1,4 @@
-"""`python -m dlrm.predict` on raw Criteo lines and preprocessed splits: the same mapping as in
+"""`python -m serving.predict` on raw Criteo lines and preprocessed splits: the same mapping as in
 training, out-of-vocabulary values, the Kaggle layout, malformed lines, nothing lost on errors."""
 
 import json
@@ -10,11 +10,11 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from data_pipeline.criteo_format import dense_transform
 from data_pipeline.synthetic_raw import SyntheticSpec, write_kaggle
-from dlrm import Predictor
-from dlrm.predict import KAGGLE_FIRST_ID, format_csv
-from dlrm.predict import main as predict
-from dlrm.quantize import main as quantize
 from dlrm.train import main as train
+from serving import Predictor
+from serving.predict import KAGGLE_FIRST_ID, format_csv
+from serving.predict import main as predict
+from serving.quantize import main as quantize
 
 ARCH = ["--arch-sparse-feature-size", "4", "--arch-mlp-bot", "13-8-4", "--arch-mlp-top", "8-1",
         "--mini-batch-size", "128", "--learning-rate", "0.1"]  # fmt: skip
@@ -116,7 +116,7 @@ def test_malformed_lines_are_named_or_skipped_and_nothing_is_lost(kaggle, tmp_pa
     assert predict(["--model", str(art), "--data", str(raw), "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.startswith(
-        f"python -m dlrm.predict: error: {raw}:7: field 2 (I2): expected an integer"
+        f"python -m serving.predict: error: {raw}:7: field 2 (I2): expected an integer"
     )
     assert err.count("\n") == 1
     assert out.read_text() == "an earlier result\n"
@@ -170,7 +170,7 @@ def test_scoring_raw_lines_imports_no_torchrec(kaggle, tmp_path):
     d, runs = kaggle
     _, art = runs["hash"]
     code = (
-        "import sys; from dlrm.predict import main; "
+        "import sys; from serving.predict import main; "
         f"rc = main(['--model', {str(art)!r}, '--data', {str(d / 'raw' / 'test.txt')!r}, "
         f"'--out', {str(tmp_path / 'p.csv')!r}]); "
         "sys.exit(rc or 3 * any(m.startswith('torchrec') for m in sys.modules))"

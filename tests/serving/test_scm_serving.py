@@ -6,13 +6,14 @@ import json
 import pytest
 import torch
 
-from dlrm import Predictor, Trainer
-from dlrm.artifact import ArtifactError
-from dlrm.predict import main as predict
-from dlrm.quantize import main as quantize
+from dlrm import Trainer
 from embeddings.errors import ScmError
 from embeddings.scm_file import BLOCK
 from embeddings.scm_serving import MANIFEST, ROWS
+from serving import Predictor
+from serving.artifact import ArtifactError
+from serving.predict import main as predict
+from serving.quantize import main as quantize
 
 
 @pytest.fixture(scope="module")

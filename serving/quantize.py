@@ -1,15 +1,15 @@
-"""`python -m dlrm.quantize`: a trained model -> an inference artifact at chosen precisions, and
+"""`python -m serving.quantize`: a trained model -> an inference artifact at chosen precisions, and
 the accuracy monitor that compares an artifact with its float source.
 
-    python -m dlrm.quantize RUN_OR_MODEL --out ARTIFACT [--emb-precision int8] [--mlp-precision int8]
+    python -m serving.quantize RUN_OR_MODEL --out ARTIFACT [--emb-precision int8] [--mlp-precision int8]
         [--emb-precision-table cat_2=int4,cat_11=int2] [--ne-budget 0.001] [--debug]
-    python -m dlrm.quantize --check ARTIFACT --against RUN_OR_MODEL [--data DIR --split test]
+    python -m serving.quantize --check ARTIFACT --against RUN_OR_MODEL [--data DIR --split test]
 
 Export reads a run directory (its newest checkpoint that verifies), a checkpoint or a
 `--save-model` file; calibrates on the `val` split of the run's data (or `--data`); writes the
-artifact (dlrm/artifact.py) with the calibration metrics of the float and the quantized model.
-`--emb-precision auto` searches the precision per table (dlrm/precision_search.py); `--debug`
-prints the SQNR per table and layer (dlrm/numeric_debug.py). `--check` prints one JSON object:
+artifact (serving/artifact.py) with the calibration metrics of the float and the quantized model.
+`--emb-precision auto` searches the precision per table (serving/precision_search.py); `--debug`
+prints the SQNR per table and layer (serving/numeric_debug.py). `--check` prints one JSON object:
 `reference` and `quantized` (auc, ne, logloss, calibration = mean prediction / mean label) and
 `moved_share` (the share of predictions that moved by more than 0.01).
 
@@ -30,9 +30,13 @@ from pathlib import Path
 import torch
 
 from data_pipeline.errors import DataError
-from dlrm.artifact import ArtifactError, ArtifactWriter
 from dlrm.errors import ArchError, CheckpointError, ConfigError
-from dlrm.inference_data import (
+from dlrm.metrics import binary_metrics
+from dlrm.models.quantized import MLP_PRECISIONS, from_float_state
+from dlrm.train import EXIT_USAGE, OneLineParser
+from embeddings.quantized import TABLE_PRECISIONS, check_precision
+from serving.artifact import ArtifactError, ArtifactWriter
+from serving.inference_data import (
     BatchList,
     Source,
     categorical_mapping,
@@ -40,19 +44,10 @@ from dlrm.inference_data import (
     load_source,
     take_batches,
 )
-from dlrm.metrics import binary_metrics
-from dlrm.precision_search import fp32_model_bytes, plot
-from dlrm.quantized_model import (
-    MLP_PRECISIONS,
-    arch_to_json,
-    dense_tensors,
-    from_float_state,
-    model_bytes,
-)
-from dlrm.train import EXIT_USAGE, OneLineParser
-from embeddings.quantized import TABLE_PRECISIONS, check_precision
+from serving.model_tensors import arch_to_json, dense_tensors, model_bytes
+from serving.precision_search import fp32_model_bytes, plot
 
-PROG = "python -m dlrm.quantize"
+PROG = "python -m serving.quantize"
 EMB_CHOICES = (*TABLE_PRECISIONS, "auto")
 MOVED = 0.01  # a prediction "moved" when its probability changed by more than this
 
@@ -166,7 +161,7 @@ def _precisions(a, source: Source, cal: BatchList | None) -> tuple[list[str], di
             except ValueError as e:
                 raise ConfigError(f"--emb-precision: {e}") from None
         return [overrides.get(i, a.emb_precision) for i in range(len(tables))], None
-    from dlrm.precision_search import LEVELS, Calibration, search
+    from serving.precision_search import LEVELS, Calibration, search
 
     if cal is None:
         raise ConfigError("--emb-precision auto: needs calibration data (--data)")
@@ -303,7 +298,7 @@ def _export(a, source: Source, writer: ArtifactWriter, t0: float) -> dict:
     manifest["made_by"]["seconds"] = round(time.perf_counter() - t0, 3)
     writer.finish(manifest)
     if a.debug:
-        from dlrm.numeric_debug import format_report, sqnr_report
+        from serving.numeric_debug import format_report, sqnr_report
 
         print(format_report(sqnr_report(reference, model, cal)))
     return manifest
@@ -313,7 +308,7 @@ def _export(a, source: Source, writer: ArtifactWriter, t0: float) -> dict:
 
 
 def check(a: argparse.Namespace) -> dict:
-    from dlrm.predictor import Predictor
+    from serving.predictor import Predictor
 
     predictor = Predictor.load(a.check, backend=a.embedding_backend)
     source = load_source(a.against)

@@ -1,6 +1,6 @@
-"""`python -m dlrm.predict`: score a preprocessed split or raw Criteo lines with an artifact.
+"""`python -m serving.predict`: score a preprocessed split or raw Criteo lines with an artifact.
 
-    python -m dlrm.predict --model ARTIFACT --data RAW_FILE_OR_DATASET --out preds.csv
+    python -m serving.predict --model ARTIFACT --data RAW_FILE_OR_DATASET --out preds.csv
 
 Raw Criteo lines (plain or .gz; 40 fields, or 39 without the label as in Kaggle's `test.txt`)
 go through the preprocessing's own parser and categorical mapping (data_pipeline: parse_block,
@@ -39,14 +39,14 @@ import torch
 from data_pipeline.errors import DataError
 from dlrm.train import EXIT_USAGE, OneLineParser
 
-PROG = "python -m dlrm.predict"
+PROG = "python -m serving.predict"
 KAGGLE_FIRST_ID = 60_000_000
 _DEL = 0xFF
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog=PROG, description=__doc__.splitlines()[0])
-    p.add_argument("--model", required=True, help="inference artifact (python -m dlrm.quantize)")
+    p.add_argument("--model", required=True, help="inference artifact (python -m serving.quantize)")
     p.add_argument("--data", required=True, help="raw Criteo file, or preprocessed data set")
     p.add_argument("--out", required=True, help="CSV file to write")
     p.add_argument("--split", default="test", help="split of a preprocessed data set")
@@ -274,9 +274,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
     a = build_parser().parse_args(argv)
-    from dlrm.artifact import ArtifactError
     from dlrm.errors import ConfigError
     from embeddings.errors import ScmError
+    from serving.artifact import ArtifactError
 
     t0 = time.perf_counter()
     try:
@@ -292,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"--out: {out} is a directory; expected a CSV file name")
         if not out.parent.is_dir():
             raise ConfigError(f"--out: {out.parent} does not exist")
-        from dlrm.predictor import Predictor
+        from serving.predictor import Predictor
 
         predictor = Predictor.load(
             a.model, backend=a.embedding_backend, scm_dir=a.scm_dir, scm_cache=a.scm_cache,

@@ -21,8 +21,8 @@ from torchrec.datasets.utils import Batch
 from dlrm import checkpoint as ckpt
 from dlrm.errors import ArchError, CheckpointError, ConfigError
 from dlrm.models.dlrm import DLRMArch
+from dlrm.models.quantized import embedding_prefix
 from dlrm.models.tbsm import TBSMArch
-from dlrm.quantized_model import embedding_prefix
 from embeddings.config import TableSpec
 
 log = logging.getLogger(__name__)

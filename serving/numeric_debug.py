@@ -1,4 +1,4 @@
-"""`python -m dlrm.quantize --debug`: where quantization loses signal, table by table and layer by
+"""`python -m serving.quantize --debug`: where quantization loses signal, table by table and layer by
 layer, as the signal-to-quantization-noise ratio between the float and the quantized model's
 outputs on the calibration batches:
 
@@ -17,7 +17,7 @@ import math
 import torch
 from torch import nn
 
-from dlrm.quantized_model import linear_paths
+from dlrm.models.quantized import linear_paths
 from embeddings.kjt_ops import in_feature_order
 
 

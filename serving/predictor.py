@@ -1,12 +1,12 @@
 """`Predictor`: a verified inference artifact, ready to score batches.
 
-    from dlrm import Predictor
+    from serving import Predictor
     predictor = Predictor.load("artifacts/kaggle-int8")
     probabilities = predictor.predict(batch)     # a torchrec Batch, or (dense, sparse)
 
 DLRM and TBSM artifacts alike (a TBSM batch holds every step of each sample, see DESIGN.md).
-Loading verifies every file of the artifact first (dlrm/artifact.py); raw Criteo lines are scored
-by `python -m dlrm.predict`, which maps them as training did with what the artifact carries.
+Loading verifies every file of the artifact first (serving/artifact.py); raw Criteo lines are scored
+by `python -m serving.predict`, which maps them as training did with what the artifact carries.
 
     predictor = Predictor.load("artifacts/terabyte-int8", scm_dir="/ssd/serve", scm_cache="1GB")
 
@@ -22,9 +22,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from dlrm import artifact as art
 from dlrm.models.dlrm import DLRM
-from dlrm.quantized_model import arch_from_json, build_model, convert_dense, load_dense_tensors
+from dlrm.models.quantized import build_model, convert_dense
+from serving import artifact as art
+from serving.model_tensors import arch_from_json, load_dense_tensors
 
 if TYPE_CHECKING:  # torchrec costs seconds to import; scoring raw lines (predict_rows) needs none
     from torchrec.datasets.utils import Batch

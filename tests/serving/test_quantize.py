@@ -1,4 +1,4 @@
-"""Export (`python -m dlrm.quantize`), the artifact's verification, the dense conversions, the
+"""Export (`python -m serving.quantize`), the artifact's verification, the dense conversions, the
 precision search, the numeric debugger, the accuracy monitor and the reference's flags."""
 
 import json
@@ -10,16 +10,17 @@ import torch
 import torch.ao.nn.quantized.dynamic as nnqd
 from torch import nn
 
-from dlrm import Predictor, TrainConfig, Trainer
-from dlrm.artifact import ArtifactError
-from dlrm.artifact import load as load_artifact
-from dlrm.inference_data import data_source, load_source, take_batches
+from dlrm import TrainConfig, Trainer
 from dlrm.models.dlrm import NarrowInputLinear
+from dlrm.models.quantized import Bf16Linear, convert_dense, from_float_state, linear_paths
 from dlrm.models.tbsm import TBSM, TBSMArch
-from dlrm.quantize import main
-from dlrm.quantized_model import Bf16Linear, convert_dense, from_float_state, linear_paths
 from embeddings.config import tables_for_features
 from embeddings.fused import FusedEmbeddingBagCollection
+from serving import Predictor
+from serving.artifact import ArtifactError
+from serving.artifact import load as load_artifact
+from serving.inference_data import data_source, load_source, take_batches
+from serving.quantize import main
 
 TINY = dict(
     arch_embedding_size=(60, 40, 500, 8), arch_sparse_feature_size=4, arch_mlp_bot=(13, 16, 4),
@@ -107,8 +108,8 @@ def test_tbsm_exports_and_reloads_the_same_predictions(tmp_path):
     model, layers = from_float_state(arch, tables, state, ["int4", "int8", "fp16"], "int8")
     assert layers["attention"].startswith("fp32 (MultiheadAttention")
     assert layers["query"] == "int8"
-    from dlrm.artifact import ArtifactWriter
-    from dlrm.quantized_model import arch_to_json, dense_tensors
+    from serving.artifact import ArtifactWriter
+    from serving.model_tensors import arch_to_json, dense_tensors
 
     w = ArtifactWriter(tmp_path / "a")
     files = [w.tensor("tables", t.name, r) for t, r in zip(tables, model.embeddings.table_rows())]
@@ -185,7 +186,7 @@ def test_a_tampered_truncated_or_mismatched_artifact_is_refused(int8, tmp_path, 
     other = _copy(int8, tmp_path / "other")
     np.save(other / table, np.zeros((7, 8), dtype=np.uint8))
     manifest = json.loads((other / "manifest.json").read_text())
-    from dlrm.artifact import sha256_file
+    from serving.artifact import sha256_file
 
     manifest["files"][table].update(sha256=sha256_file(other / table), shape=[7, 8],
                                     bytes=(other / table).stat().st_size)  # fmt: skip
@@ -199,7 +200,7 @@ def test_a_tampered_truncated_or_mismatched_artifact_is_refused(int8, tmp_path, 
     with pytest.raises(ArtifactError, match="manifest.json: corrupt: not valid JSON"):
         load_artifact(broken)
     # the CLIs: one line, exit code 2
-    from dlrm.predict import main as predict_main
+    from serving.predict import main as predict_main
 
     assert predict_main(["--model", str(bad), "--data", "x", "--out", str(tmp_path / "p.csv")]) == 2
     err = capsys.readouterr().err

@@ -31,11 +31,12 @@ from torch import nn
 from torchrec.sparse.jagged_tensor import KeyedTensor
 
 from dlrm.metrics import binary_metrics
+from dlrm.models.quantized import build_model, convert_dense, embedding_prefix
 from dlrm.models.tbsm import TBSMArch
-from dlrm.quantized_model import build_model, convert_dense, embedding_prefix, model_bytes
 from embeddings.config import TableSpec
 from embeddings.kjt_ops import in_feature_order
 from embeddings.quantized import dequantize_rows, quantize_rows, table_bytes
+from serving.model_tensors import model_bytes
 
 log = logging.getLogger(__name__)
 

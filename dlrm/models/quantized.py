@@ -1,8 +1,10 @@
 """The inference model: DLRM or TBSM around quantized tables, with int8, bf16 or fp32 MLPs.
 
-One place builds it, whether from a trained model's float weights (export) or from an
-artifact's tensors (loading): the architecture, the tables' stored rows (`embeddings/quantized.py`)
-and the dense tensors. The dense part at each precision:
+One place builds it, whether from a trained model's float weights (export, and the trainer's
+`--inference-only --quantize-*-with-bit` evaluation) or from an artifact's tensors (loading, in
+serving/): the architecture, the tables' stored rows (`embeddings/quantized.py`) and the dense
+tensors. It lives with the models, not with serving, because the trainer evaluates it and dlrm
+never imports serving. The dense part at each precision:
 
 - fp32: the trained layers as they are (`NarrowInputLinear` included);
 - int8: every linear layer becomes torch's dynamically quantized `Linear` (int8 weights with one
@@ -25,7 +27,6 @@ per-layer precisions record it.
 from __future__ import annotations
 
 import warnings
-from dataclasses import asdict
 
 import torch
 import torch.ao.nn.quantized.dynamic as nnqd
@@ -34,7 +35,7 @@ from torch import nn
 
 from dlrm.models.dlrm import DLRM, DLRMArch
 from dlrm.models.tbsm import TBSM, TBSMArch
-from embeddings.collection import EmbeddingCollection
+from embeddings.collection import EmbeddingLookup
 from embeddings.config import TableSpec
 from embeddings.quantized import QuantizedEmbeddingBagCollection, quantize_rows
 
@@ -101,10 +102,10 @@ def _int8_linear(weight: torch.Tensor, bias: torch.Tensor) -> nnqd.Linear:
     with warnings.catch_warnings():  # torch marks quantized tensors deprecated; still its API
         warnings.simplefilter("ignore")
         qweight = torch.quantize_per_channel(w, scale, zero, 0, torch.qint8)
-    return _make_int8(qweight, bias)
+    return make_int8(qweight, bias)
 
 
-def _make_int8(qweight: torch.Tensor, bias: torch.Tensor) -> nnqd.Linear:
+def make_int8(qweight: torch.Tensor, bias: torch.Tensor) -> nnqd.Linear:
     out_features, in_features = qweight.shape
     q = nnqd.Linear(in_features, out_features, dtype=torch.qint8)
     q.set_weight_bias(qweight, bias.detach().float())
@@ -159,7 +160,7 @@ def _feeds_the_interaction(path: str) -> bool:
     return path.rpartition(".")[0].rpartition(".")[2] == "bottom_mlp"
 
 
-def _set(model: nn.Module, path: str, module: nn.Module) -> None:
+def set_module(model: nn.Module, path: str, module: nn.Module) -> None:
     parent_path, _, name = path.rpartition(".")
     parent = model.get_submodule(parent_path) if parent_path else model
     setattr(parent, name, module)
@@ -174,13 +175,13 @@ def convert_dense(model: nn.Module, precision: str) -> dict[str, str]:
     for path in linear_paths(model):
         lin = model.get_submodule(path)
         if precision == "int8":
-            _set(model, path, _int8_linear(lin.weight, lin.bias))
+            set_module(model, path, _int8_linear(lin.weight, lin.bias))
         elif precision == "bf16":
             float_out = _ends_an_mlp(path, model) and not _feeds_the_interaction(path)
             relu = _relu_after(path, model)
-            _set(model, path, Bf16Linear(lin.weight, lin.bias, float_out, relu is not None))
+            set_module(model, path, Bf16Linear(lin.weight, lin.bias, float_out, relu is not None))
             if relu is not None:  # fused into the layer
-                _set(model, relu, nn.Identity())
+                set_module(model, relu, nn.Identity())
         layers[path] = precision
     for path, m in model.named_modules():  # what keeps float32 weights
         if isinstance(m, (nn.MultiheadAttention, nn.LSTM)):
@@ -192,28 +193,12 @@ def convert_dense(model: nn.Module, precision: str) -> dict[str, str]:
     return layers
 
 
-# --- architecture ------------------------------------------------------------------------------
-
-
-def arch_to_json(arch: DLRMArch | TBSMArch) -> dict:
-    kind = "tbsm" if isinstance(arch, TBSMArch) else "dlrm"
-    return {
-        "model": kind,
-        **{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(arch).items()},
-    }
-
-
-def arch_from_json(data: dict) -> DLRMArch | TBSMArch:
-    fields = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k != "model"}
-    return TBSMArch(**fields) if data["model"] == "tbsm" else DLRMArch(**fields)
+# --- building ------------------------------------------------------------------------------------
 
 
 def embedding_prefix(arch: DLRMArch | TBSMArch) -> str:
     """Where the tables sit in the model's state dict."""
     return "step.embeddings." if isinstance(arch, TBSMArch) else "embeddings."
-
-
-# --- building ------------------------------------------------------------------------------------
 
 
 def build_model(
@@ -223,7 +208,7 @@ def build_model(
     rows: list[torch.Tensor],
     device: torch.device | str = "cpu",
     backend: str = "auto",
-    embeddings: EmbeddingCollection | None = None,
+    embeddings: EmbeddingLookup | None = None,
 ) -> DLRM | TBSM:
     """The model around quantized tables (`embeddings`: a collection serving them already, e.g.
     from the SSD tier); its dense weights are still to be loaded."""
@@ -260,88 +245,6 @@ def _load_dense(model: nn.Module, dense: dict[str, torch.Tensor]) -> None:
     problems = [k for k in result.missing_keys if k not in emb] + list(result.unexpected_keys)
     if problems:
         raise KeyError(f"dense weights do not fit the model (keys {', '.join(problems[:4])})")
-
-
-def _int8_paths(model: nn.Module) -> list[str]:
-    return [path for path, m in model.named_modules() if isinstance(m, nnqd.Linear)]
-
-
-def _dense_state(model: nn.Module, skip: list[str]) -> dict[str, torch.Tensor]:
-    """Parameters and persistent buffers outside the tables and the `skip` modules (the state
-    dict would dequantise every table only to drop it)."""
-    out = {}
-    for path, m in model.named_modules():
-        if isinstance(m, QuantizedEmbeddingBagCollection) or any(
-            path == s or path.startswith(s + ".") for s in skip
-        ):
-            continue
-        prefix = f"{path}." if path else ""
-        for name, t in m._parameters.items():
-            if t is not None:
-                out[prefix + name] = t.detach()
-        for name, t in m._buffers.items():
-            if t is not None and name not in m._non_persistent_buffers_set:
-                out[prefix + name] = t.detach()
-    return out
-
-
-def dense_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The dense part as plain tensors (what an artifact stores): int8 layers as their codes,
-    per-channel scales and zero points; bf16 layers as bf16; everything else as in the state
-    dict. `load_dense_tensors` reverses it."""
-    int8 = _int8_paths(model)
-    out: dict[str, torch.Tensor] = {}
-    for path in int8:
-        m = model.get_submodule(path)
-        w, b = m.weight(), m.bias()
-        out[f"{path}.weight.int8"] = w.int_repr()
-        out[f"{path}.weight.scale"] = w.q_per_channel_scales()
-        out[f"{path}.weight.zero_point"] = w.q_per_channel_zero_points()
-        out[f"{path}.bias"] = b.detach()
-    out.update(_dense_state(model, int8))
-    return out
-
-
-def load_dense_tensors(model: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
-    """Set the dense weights of a model already converted to its precision (`convert_dense`);
-    KeyError naming what does not fit."""
-    tensors = dict(tensors)
-    int8 = _int8_paths(model)
-    for path in int8:
-        m = model.get_submodule(path)
-        keys = [f"{path}.weight.{s}" for s in ("int8", "scale", "zero_point")] + [f"{path}.bias"]
-        missing = [k for k in keys if k not in tensors]
-        if missing:
-            raise KeyError(f"dense weights do not fit the model (keys {', '.join(missing)})")
-        codes, scale, zero, bias = (tensors.pop(k) for k in keys)
-        shape = tuple(m.weight().shape)
-        if tuple(codes.shape) != shape or scale.shape != (shape[0],) or zero.shape != (shape[0],):
-            raise KeyError(f"{keys[0]}: shape {tuple(codes.shape)}, expected {shape}")
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            qweight = torch._make_per_channel_quantized_tensor(
-                codes.to(torch.int8), scale.double(), zero.long(), 0
-            )
-        _set(model, path, _make_int8(qweight, bias))
-    mine = _dense_state(model, int8)
-    problems = sorted(set(mine) ^ set(tensors))
-    if problems:
-        raise KeyError(f"dense weights do not fit the model (keys {', '.join(problems[:4])})")
-    with torch.no_grad():
-        for k, dst in mine.items():
-            src = tensors[k]
-            if src.shape != dst.shape or src.dtype != dst.dtype:
-                raise KeyError(
-                    f"{k}: {src.dtype} {tuple(src.shape)}, expected {dst.dtype} {tuple(dst.shape)}"
-                )
-            dst.copy_(src)
-
-
-def model_bytes(model: nn.Module) -> dict[str, int]:
-    """Bytes of the tables (as stored) and of the dense part (as `dense_tensors` stores it)."""
-    tables = sum(r.numel() for r in model.embeddings.table_rows())
-    dense = sum(t.numel() * t.element_size() for t in dense_tensors(model).values())
-    return {"table_bytes": tables, "dense_bytes": dense, "model_bytes": tables + dense}
 
 
 # --- the reference's flags ----------------------------------------------------------------------

@@ -3,7 +3,7 @@
     ARTIFACT/manifest.json          what it is (below), with the SHA-256 of every other file
     ARTIFACT/tables/<table>.npy     uint8 [rows, row bytes]: the table at its precision
                                     (embeddings/quantized.py has the row layout)
-    ARTIFACT/dense/<name>.npy       the dense weights (dlrm/quantized_model.py: int8 layers as
+    ARTIFACT/dense/<name>.npy       the dense weights (serving/model_tensors.py: int8 layers as
                                     codes + per-channel scales, bf16 stored as uint16 bits)
     ARTIFACT/mapping/cat_N.sorted_values.npy, cat_N.sorted_ids.npy
                                     frequency-mode categorical maps (raw value -> row id), the
