@@ -29,7 +29,6 @@ failed export leaves no half artifact and never touches an existing one.
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 import shutil
@@ -41,6 +40,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from common.atomic import publish
+from common.header import check_header
+from common.manifest import sha256_file
 from data_pipeline.errors import mount_point
 from embeddings.config import TableSpec
 from embeddings.quantized import check_precision, row_bytes
@@ -48,21 +50,12 @@ from embeddings.quantized import check_precision, row_bytes
 FORMAT = "hybrid-dlrm-inference-artifact"
 VERSION = 1
 MANIFEST = "manifest.json"
-_HASH_BLOCK = 8 << 20
 _THREADS = min(8, os.cpu_count() or 1)
 
 
 class ArtifactError(ValueError):
     """A missing, damaged or mismatched artifact, or one that cannot be written: one line
     naming the file."""
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(_HASH_BLOCK):
-            h.update(block)
-    return h.hexdigest()
 
 
 # --- tensors as .npy --------------------------------------------------------------------------
@@ -159,7 +152,7 @@ class ArtifactWriter:
             for p in [*(self.tmp / r for r in rels), self.tmp / MANIFEST]:
                 with open(p, "rb") as f:
                     os.fsync(f.fileno())
-            os.rename(self.tmp, self.out)  # an empty directory at `out` is replaced
+            publish(self.tmp, self.out)  # an empty directory at `out` is replaced
         except OSError as e:
             raise self.error(e, self.out) from None
         return self.out
@@ -199,13 +192,8 @@ def read_manifest(path: Path) -> dict:
         manifest = json.loads(where.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ArtifactError(f"{where}: corrupt: not valid JSON ({e})") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise ArtifactError(f"{where}: not a hybrid-dlrm inference artifact")
-    if manifest.get("format_version") != VERSION:
-        raise ArtifactError(
-            f"{where}: artifact format version {manifest.get('format_version')!r}; "
-            f"this code reads {VERSION}"
-        )
+    check_header(manifest, where, format=FORMAT, versions=(VERSION,), kind="artifact format",
+                 what="hybrid-dlrm inference artifact", error=ArtifactError, version_key="format_version")  # fmt: skip
     for key in ("model", "tables", "dense", "files"):
         if key not in manifest:
             raise ArtifactError(f"{where}: corrupt: no {key!r} entry")

@@ -24,7 +24,6 @@ the rows of the last few batches stay) in front of `--scm-io-threads` O_DIRECT r
 from __future__ import annotations
 
 import json
-import os
 import threading
 from pathlib import Path
 
@@ -32,6 +31,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from common.atomic import write_json
 from embeddings.collection import EmbeddingCollection
 from embeddings.config import SparseOptimizer, TableSpec
 from embeddings.errors import ScmError
@@ -133,9 +133,7 @@ class ServingTier:
                     self.copied_blocks += k
         self.file.fsync()
         manifest = {"format": FORMAT, "version": VERSION, "layout": self.layout}
-        tmp = self.dir / (MANIFEST + ".tmp")
-        tmp.write_text(json.dumps(manifest, indent=1) + "\n")
-        os.replace(tmp, self.dir / MANIFEST)
+        write_json(self.dir / MANIFEST, manifest)
 
     # --- rows --------------------------------------------------------------------------------
 
