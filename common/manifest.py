@@ -59,19 +59,24 @@ def file_record(path: str | Path, algorithm: str = "crc32", offset: int = 0) -> 
 
 
 def record_problem(
-    path: str | Path, record: dict, algorithm: str = "crc32", offset: int = 0, full: bool = True
+    path: str | Path,
+    record: dict,
+    algorithm: str = "crc32",
+    offset: int = 0,
+    full: bool = True,
+    source: str = "manifest",
 ) -> str | None:
     """Why `path` does not match its record (its size; with `full` also its digest), or None.
-    Words only: the caller names the file in its own error."""
+    Words only (`source`: what holds the record): the caller names the file in its own error."""
     path = Path(path)
     try:
         size = path.stat().st_size
     except OSError as e:
         return f"unreadable ({e.strerror or e})"
     if size != record.get("bytes"):
-        return f"{size} bytes, the manifest says {record.get('bytes')}"
+        return f"{size} bytes, the {source} says {record.get('bytes')}"
     if full and file_digest(path, algorithm, offset) != record.get(algorithm):
-        return "checksum differs from its manifest"
+        return f"checksum differs from its {source}"
     return None
 
 

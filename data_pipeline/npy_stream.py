@@ -15,6 +15,7 @@ import numpy as np
 
 from common.atomic import AtomicFile
 from common.crc import crc32, file_crc32
+from common.manifest import record_problem
 
 from .errors import write_error
 
@@ -131,12 +132,10 @@ def check_file(path: str | Path, record: dict, full: bool) -> str | None:
     Quick check: size and header shape; full check: also the data CRC-32."""
     path = Path(path)
     try:
-        size = path.stat().st_size
-        shape, _, _ = read_header(path)
+        shape, _, offset = read_header(path)
     except (OSError, ValueError) as e:
         return f"{path.name}: unreadable ({e})"
-    if size != record["bytes"] or shape[0] != record["rows"]:
-        return f"{path.name}: {size} bytes / {shape[0]} rows, marker says {record['bytes']} / {record['rows']}"
-    if full and data_crc32(path) != record["crc32"]:
-        return f"{path.name}: checksum differs from its marker"
-    return None
+    problem = record_problem(path, record, "crc32", offset, full, source="marker")
+    if problem is None and shape[0] != record["rows"]:
+        problem = f"{shape[0]} rows, the marker says {record['rows']}"
+    return problem and f"{path.name}: {problem}"

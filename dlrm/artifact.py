@@ -33,7 +33,6 @@ import json
 import os
 import shutil
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,7 +41,8 @@ import torch
 
 from common.atomic import publish
 from common.header import check_header
-from common.manifest import sha256_file
+from common.manifest import digests as file_digests
+from common.manifest import sha256_file  # noqa: F401 (tests import it from here)
 from data_pipeline.errors import mount_point
 from embeddings.config import TableSpec
 from embeddings.quantized import check_precision, row_bytes
@@ -50,7 +50,6 @@ from embeddings.quantized import check_precision, row_bytes
 FORMAT = "hybrid-dlrm-inference-artifact"
 VERSION = 1
 MANIFEST = "manifest.json"
-_THREADS = min(8, os.cpu_count() or 1)
 
 
 class ArtifactError(ValueError):
@@ -141,8 +140,7 @@ class ArtifactWriter:
 
     def finish(self, manifest: dict) -> Path:
         rels = sorted(self.files)
-        with ThreadPoolExecutor(_THREADS) as pool:
-            digests = list(pool.map(lambda r: sha256_file(self.tmp / r), rels))
+        digests = file_digests([self.tmp / r for r in rels], "sha256")
         for rel, digest in zip(rels, digests):
             self.files[rel].update(sha256=digest, bytes=(self.tmp / rel).stat().st_size)
         manifest = {"format": FORMAT, "format_version": VERSION, **manifest, "files": self.files}
@@ -217,8 +215,7 @@ def verify_files(path: Path, manifest: dict) -> None:
                 f"{p}: {size} bytes, the manifest says {rec.get('bytes')} (truncated or replaced)"
             )
     rels = list(files)
-    with ThreadPoolExecutor(_THREADS) as pool:
-        digests = list(pool.map(lambda r: sha256_file(path / r), rels))
+    digests = file_digests([path / r for r in rels], "sha256")
     for rel, digest in zip(rels, digests):
         if digest != files[rel].get("sha256"):
             raise ArtifactError(f"{path / rel}: corrupt: its SHA-256 does not match the manifest")

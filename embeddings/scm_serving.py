@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from common.atomic import write_json
+from common.header import check_header
 from embeddings.collection import EmbeddingCollection
 from embeddings.config import SparseOptimizer, TableSpec
 from embeddings.errors import ScmError
@@ -107,10 +108,10 @@ class ServingTier:
     def _matches(self) -> bool:
         try:
             manifest = json.loads((self.dir / MANIFEST).read_text())
-        except (OSError, ValueError):
+            check_header(manifest, self.dir / MANIFEST, format=FORMAT, versions=(VERSION,))
+        except (OSError, ValueError):  # FormatError is one: a copy of another format is redone
             return False
-        same = manifest.get("format") == FORMAT and manifest.get("version") == VERSION
-        return same and manifest.get("layout") == self.layout and (self.dir / ROWS).is_file()
+        return manifest.get("layout") == self.layout and (self.dir / ROWS).is_file()
 
     def _copy_in(self, sources: list[tuple[Path, str]], io: str, io_threads: int) -> None:
         (self.dir / MANIFEST).unlink(missing_ok=True)  # until the copy is complete
