@@ -61,3 +61,30 @@ def test_a_write_error_leaves_no_temporary(tmp_path):
     missing = tmp_path / "no" / "such" / "dir" / "f"
     with pytest.raises(FileNotFoundError):
         atomic.write_bytes(missing, b"x")
+
+
+def test_common_atomic_is_the_only_rename_into_place():
+    """Every file reaches its name through `publish`: os.replace / os.rename, and Path.replace /
+    Path.rename with one argument (str.replace takes two), appear nowhere else. The damage probes
+    of scripts/hostile_probes.py rename files to break them, not to write them."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    found = []
+    for package in ("common", "data_pipeline", "embeddings", "dlrm", "serving", "perfmodel",
+                    "scripts"):  # fmt: skip
+        for path in sorted((root / package).rglob("*.py")):
+            if path.name == "hostile_probes.py":
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                    continue
+                if node.func.attr not in ("replace", "rename"):
+                    continue
+                owner = node.func.value.id if isinstance(node.func.value, ast.Name) else None
+                if owner == "os" or (
+                    owner != "dataclasses" and len(node.args) == 1 and not node.keywords
+                ):
+                    found.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert len(found) == 1 and found[0].startswith("common/atomic.py:"), found
