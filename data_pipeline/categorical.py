@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from common.atomic import atomic_write
+
 MISSING_ID = 0
 RARE_ID = 1
 FIRST_FREQUENT_ID = 2
@@ -82,9 +84,8 @@ class FrequencyCounter:
         arrays = {}
         for f in range(self.num_features):
             arrays[f"values_{f}"], arrays[f"counts_{f}"] = self.result(f)
-        tmp = path.with_name(path.name + ".tmp.npz")
-        np.savez(tmp, **arrays)
-        tmp.replace(path)
+        with atomic_write(path) as f:
+            np.savez(f, **arrays)
 
     @classmethod
     def load(cls, path: Path, num_features: int) -> FrequencyCounter:

@@ -15,9 +15,11 @@ options.json, and its files match the marker; anything else is redone.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
+
+from common import atomic
+from common.header import check_header
 
 from .errors import DataError, write_error
 from .npy_stream import check_file
@@ -35,19 +37,18 @@ def marker_path(out: Path, part: str) -> Path:
     return out / f"{part}.done.json"
 
 
+def temporary(path: Path) -> Path:
+    """Where a file of a dataset directory is written before its rename: `NAME.tmp`, which the
+    next preprocessing run removes as an interrupted one's leftover."""
+    return path.with_name(path.name + ".tmp")
+
+
 def write_json(path: Path, obj: Any) -> None:
-    """Atomically (temp file, fsync, rename)."""
-    tmp = path.with_name(path.name + ".tmp")
+    """Atomically (common.atomic), or one DataError naming the file."""
     try:
-        with open(tmp, "w") as f:
-            json.dump(obj, f, indent=1, sort_keys=False)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
+        atomic.write_json(path, obj, temporary(path))
     except OSError as e:
-        tmp.unlink(missing_ok=True)
         raise write_error(e, path, "a record of the preprocessing") from None
-    os.replace(tmp, path)
 
 
 def read_json(path: Path) -> dict:
@@ -125,10 +126,6 @@ def load_meta(directory: str | Path) -> dict:
             f"{path}: not found (not a preprocessed Criteo directory, or preprocessing did not finish)"
         )
     meta = read_json(path)
-    if meta.get("format") != FORMAT:
-        raise DataError(f"{path}: expected format {FORMAT!r}, found {meta.get('format')!r}")
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise DataError(
-            f"{path}: format version {meta.get('format_version')!r}; this code reads {FORMAT_VERSION}"
-        )
+    check_header(meta, path, format=FORMAT, versions=(FORMAT_VERSION,), kind="data set format",
+                 what="preprocessed Criteo data set", error=DataError, version_key="format_version")  # fmt: skip
     return meta

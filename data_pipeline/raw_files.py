@@ -27,7 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .checksum import crc32
+from common.crc import crc32
+
 from .errors import DataError
 
 KAGGLE_DAYS = 7

@@ -13,12 +13,14 @@ marker byte that is dropped at the end, so writing a 1 GB file takes seconds, no
 from __future__ import annotations
 
 import gzip
-import os
 from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from common.atomic import atomic_write
 
 from .criteo_format import CAT_MISSING, INT_MISSING, NUM_DENSE, NUM_SPARSE
 
@@ -235,9 +237,11 @@ def write_raw_file(
         for line in rng.choice(free, size=min(count, len(free)), replace=False):
             planted[int(line)] = reason
     total = 0
-    tmp = path.with_name(path.name + ".writing")
     # compresslevel 1: a fast writer matters more here than the size of test files
-    with gzip.open(tmp, "wb", compresslevel=1) if compress else open(tmp, "wb") as out:
+    with (
+        atomic_write(path) as raw,
+        gzip.GzipFile(path.name, "wb", 1, raw) if compress else nullcontext(raw) as out,
+    ):
         for b, lo in enumerate(range(0, num_lines, block_lines)):
             hi = min(num_lines, lo + block_lines)
             data = format_rows(generate_rows(hi - lo, spec, stream * 1_000_003 + b, with_label))
@@ -251,7 +255,6 @@ def write_raw_file(
                 data = data[:-1]
             out.write(data)
             total += len(data)
-    os.replace(tmp, path)
     return RawFileInfo(path, num_lines, total, [(k + 1, planted[k]) for k in sorted(planted)])
 
 

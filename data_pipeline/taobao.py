@@ -57,6 +57,8 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from common.header import check_header
+
 from . import dataset_meta as dm
 from .categorical import FrequencyCounter, build_vocabulary
 from .errors import DataError, unwritable_dir
@@ -193,12 +195,8 @@ def load_taobao_meta(directory: str | Path) -> dict:
             f"{path}: not found (not a preprocessed Taobao directory, or preprocessing did not finish)"
         )
     meta = dm.read_json(path)
-    if meta.get("format") != FORMAT:
-        raise DataError(f"{path}: expected format {FORMAT!r}, found {meta.get('format')!r}")
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise DataError(
-            f"{path}: format version {meta.get('format_version')!r}; this code reads {FORMAT_VERSION}"
-        )
+    check_header(meta, path, format=FORMAT, versions=(FORMAT_VERSION,), kind="data set format",
+                 what="preprocessed Taobao data set", error=DataError, version_key="format_version")  # fmt: skip
     return meta
 
 

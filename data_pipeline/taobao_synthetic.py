@@ -15,11 +15,12 @@ file's order). Raw ids are random distinct integers, as sparse as the real ones.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from common.atomic import write_text
 
 from .taobao_format import BEHAVIORS
 
@@ -131,13 +132,8 @@ def write_user_behavior(
             kind = bad_text.get(line)
             if kind:
                 found.setdefault(kind, []).append(number)
-    tmp = path.with_name(path.name + ".tmp")
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(tmp, "w") as f:
-        f.write("\n".join(lines) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_text(path, "\n".join(lines) + "\n")
     return {
         "path": str(path),
         "lines": len(lines),

@@ -12,7 +12,7 @@ every tensor's dtype and shape). torch's zip reader checks none of the CRCs its 
 without the manifest a flipped bit or a zeroed page loads as a silently different model. `load`
 checks the manifest before returning anything, and names the tensor that does not match.
 
-The checksum is CRC-32 (data_pipeline/checksum.py says why, and why ISA-L computes it): 30 GB/s
+The checksum is CRC-32 (common/crc.py says why, and why ISA-L computes it): 30 GB/s
 a core here, so verifying a Kaggle-sized checkpoint (2.2 GB) takes about 0.1 s against torch.load's
 1 s. The trainer reads and verifies the checkpoint while it builds the data and the model, so even
 that is hidden behind table initialisation (docs/training.md: what it adds to `--resume`).
@@ -36,7 +36,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from data_pipeline.checksum import crc32
+from common.atomic import atomic_write
+from common.crc import crc32
+from common.header import check_header
 from data_pipeline.errors import mount_point
 from dlrm.errors import CheckpointError
 
@@ -138,23 +140,11 @@ def atomic_save(obj: Any, path: Path, what: str = "checkpoint") -> None:
     full, no permission) with `path` untouched."""
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_temporaries(path.parent, path.name)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        with open(tmp, "wb") as f:
+        with atomic_write(path) as f:  # `.NAME.tmp-PID`, the name `remove_temporaries` knows
             torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
     except (OSError, RuntimeError) as e:
         raise _write_error(e, path, what) from None
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 def _write_error(e: Exception, path: Path, what: str) -> Exception:
@@ -259,13 +249,10 @@ def load(path: Path) -> dict:
     verified = isinstance(data, dict) and CHECKSUMS in data
     if verified:
         _verify(data, path)  # first: a damaged byte anywhere is named as such
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise CheckpointError(f"{path}: not a hybrid-dlrm checkpoint")
-    version = data.get("version")
+    version = check_header(data, path, format=FORMAT, versions=(VERSION, 1), what="hybrid-dlrm checkpoint",
+                           kind="checkpoint format", error=CheckpointError)  # fmt: skip
     if version == 1:
         _check_unverified(path)
-    elif version != VERSION:
-        raise CheckpointError(f"{path}: checkpoint format version {version}, expected {VERSION}")
     elif not verified:  # lost, as only damage can lose it
         raise CheckpointError(f"{path}: corrupt: its checksum manifest is missing")
     return data

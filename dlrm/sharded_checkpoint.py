@@ -29,13 +29,14 @@ A shared file system is assumed between nodes (every rank writes into the same d
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from data_pipeline.checksum import crc32
+from common.atomic import write_json
+from common.header import check_header
+from common.manifest import Damaged, seal, unseal
 from dlrm import checkpoint as ckpt
 from dlrm.errors import CheckpointError
 
@@ -125,29 +126,21 @@ def _write_index(out: Path, trainer, world: int) -> None:
         "optimizer": trainer.cfg.optimizer, "files": files,
         "tables": {t.name: [t.num_embeddings, t.embedding_dim] for t in trainer.model.embeddings.tables},
     }  # fmt: skip
-    text = json.dumps(body, sort_keys=True)
-    record = {"body": body, "crc32": f"{crc32(text.encode()):08x}"}
-    tmp = out / f".{INDEX}.tmp-{os.getpid()}"
-    tmp.write_text(json.dumps(record, indent=1) + "\n")
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, out / INDEX)
+    write_json(out / INDEX, seal(body))
 
 
 def read_index(path: Path) -> dict:
     index = path / INDEX
     try:
-        record = json.loads(index.read_text())
-        body = record["body"]
-        ok = record["crc32"] == f"{crc32(json.dumps(body, sort_keys=True).encode()):08x}"
+        body = unseal(json.loads(index.read_text()))
+    except Damaged as e:
+        raise CheckpointError(f"{index}: corrupt: {e}") from None
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise CheckpointError(
             f"{index}: not a readable index of a sharded checkpoint ({e})"
         ) from None
-    if not ok:
-        raise CheckpointError(f"{index}: corrupt: its contents do not match their checksum")
-    if body.get("format") != FORMAT or body.get("version") != VERSION:
-        raise CheckpointError(f"{index}: not a version {VERSION} sharded checkpoint index")
+    check_header(body, index, format=FORMAT, versions=(VERSION,), kind="sharded checkpoint index",
+                 what="sharded checkpoint index", error=CheckpointError)  # fmt: skip
     return body
 
 

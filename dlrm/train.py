@@ -251,13 +251,14 @@ def main(argv: list[str] | None = None) -> int:
         cfg = config_from_args(argv)
         if cfg.reference_defaults:
             print(cfg.describe_reference_defaults(), flush=True)
-        from dlrm import distributed
+        from dlrm import distributed, step_hooks
         from dlrm.trainer import Trainer  # after parsing: --help and flag errors stay fast
 
         if distributed.launched_by_torchrun():
             rank, world = distributed.init_from_env(cfg)
             cfg = distributed.first_attempt_resume(cfg)
-        summary = Trainer(cfg, rank, world, step_hook=_perf_recorder(cfg)).fit()
+        step_hooks.load_plugins()
+        summary = Trainer(cfg, rank, world, step_hook=step_hooks.hook_for(cfg)).fit()
         finished = True
     except (ConfigError, DataError, CheckpointError, ScmError) as e:
         sys.stderr.write(f"python -m dlrm.train: error: {_ranked(e, rank, world)}\n")
@@ -280,15 +281,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _ranked(e: Exception, rank: int, world: int) -> str:
     return f"rank {rank}: {e}" if world > 1 and not str(e).startswith("rank ") else str(e)
-
-
-def _perf_recorder(cfg: TrainConfig):
-    """`--perf-log DIR`: the performance model's recorder, attached as the trainer's step hook."""
-    if not cfg.perf_log:
-        return None
-    from perfmodel.recorder import StepRecorder
-
-    return StepRecorder(cfg.perf_log)
 
 
 def _print_summary(cfg: TrainConfig, s: dict) -> None:

@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from common.atomic import write_text
 from dlrm import checkpoint as ckpt
 from dlrm import compile as compile_
 from dlrm import dense_step, distributed, run_checks, sharded_checkpoint
@@ -133,16 +134,16 @@ class Trainer:
     ) -> None:
         """`data` and `model` are built from `cfg` when not given (an injected model is used as it
         is: its placement is its own, and no FAE schedule is applied to `data`). `checkpoints=False`
-        writes none (benchmarks). `step_hook` watches every step (perfmodel's recorder)."""
+        writes none (benchmarks). `step_hook` watches every step (`--perf-log`'s recorder)."""
         self.cfg = cfg
         self.rank, self.world_size = rank, world_size
         if world_size > 1:
             distributed.check_supported(cfg, world_size)
         if cfg.perf_log and step_hook is None:
             raise ConfigError(
-                "perf_log: attach perfmodel's recorder as the step hook, "
-                "Trainer(cfg, step_hook=perfmodel.recorder.StepRecorder(cfg.perf_log)) "
-                "(python -m dlrm.train --perf-log does)"
+                "perf_log: pass the hook that records it, Trainer(cfg, step_hook=...) "
+                "(python -m dlrm.train --perf-log attaches the one a plugin registers: "
+                "dlrm/step_hooks.py)"
             )
         self.device = resolve_device(cfg.device)
         self._resume_changes: dict[str, tuple] = {}
@@ -301,9 +302,7 @@ class Trainer:
             if e.get("step", 0) <= step:
                 keep.append(line)
         if len(keep) != len(lines):
-            tmp = path.with_suffix(".jsonl.tmp")
-            tmp.write_text("".join(x + "\n" for x in keep))
-            tmp.replace(path)
+            write_text(path, "".join(x + "\n" for x in keep))
         return len(lines) - len(keep)
 
     def _event(self, event: str, **fields) -> None:

@@ -43,6 +43,7 @@ import torch
 from torch import nn
 
 from embeddings.config import SparseOptimizer, TableSpec
+from embeddings.row_layout import flat_rows, table_row_base
 
 if TYPE_CHECKING:
     pass
@@ -125,8 +126,6 @@ class EmbeddingCollection(EmbeddingLookup):
         """The current weights [n, dim] and optimizer state ([n, dim], [n] or None) of rows
         (`tables[i]`, `rows[i]`), on the CPU: a few rows without exporting whole tables (what
         Slipstream snapshots). Every table must have the same width."""
-        from embeddings.tiers import flat_rows, table_row_base  # tiers builds on collections
-
         if len(set(self.dims)) != 1:
             raise ValueError("rows_of: every table must have the same width")
         tables, rows = torch.as_tensor(tables).long(), torch.as_tensor(rows).long()

@@ -32,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
+from common import atomic
+from common.header import check_header
 from embeddings.config import SparseOptimizer
 from embeddings.errors import PlacementError, npz_failure
 
@@ -354,10 +356,9 @@ class PlacementPlan:
         path = Path(path).with_suffix(".npz")
         path.parent.mkdir(parents=True, exist_ok=True)
         meta = self.meta()
-        tmp = path.with_name(path.name + ".tmp.npz")
-        np.savez(tmp, meta=np.array(json.dumps(meta)), **self.arrays())
-        tmp.replace(path)
-        path.with_suffix(".json").write_text(json.dumps(meta, indent=1) + "\n")
+        with atomic.atomic_write(path) as f:
+            np.savez(f, meta=np.array(json.dumps(meta)), **self.arrays())
+        atomic.write_json(path.with_suffix(".json"), meta)
         return path
 
     @classmethod
@@ -368,15 +369,8 @@ class PlacementPlan:
         try:
             with np.load(path, allow_pickle=False) as z:
                 meta = json.loads(str(z["meta"]))
-                if meta.get("format") != FORMAT:
-                    raise PlacementError(
-                        f"{path}: not a placement plan (format {meta.get('format')!r})"
-                    )
-                if meta.get("version") not in (1, VERSION, SPARSE_VERSION):
-                    raise PlacementError(
-                        f"{path}: plan version {meta.get('version')}, expected {SPARSE_VERSION}, "
-                        f"{VERSION} or 1"
-                    )
+                check_header(meta, path, format=FORMAT, versions=(SPARSE_VERSION, VERSION, 1),
+                             kind="plan", what="placement plan", error=PlacementError)  # fmt: skip
                 plan = cls._from_file(meta, z)
         except PlacementError:
             raise

@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from common.atomic import atomic_write
+from common.header import check_header
 from embeddings.errors import ProfileError, npz_failure
 
 if TYPE_CHECKING:  # torchrec costs seconds to import: the CLI and the planner do not need it
@@ -121,15 +123,14 @@ class AccessProfile:
             "sample_rate": self.sample_rate,
         }
         arrays = {f"counts_{t}": c for t, c in enumerate(self.counts)}
-        tmp = path.with_name(path.name + ".tmp.npz")
-        np.savez(
-            tmp,
-            meta=np.array(json.dumps(meta)),
-            sample_lengths=self.sample_lengths,
-            sample_values=self.sample_values,
-            **arrays,
-        )
-        tmp.replace(path)
+        with atomic_write(path) as f:
+            np.savez(
+                f,
+                meta=np.array(json.dumps(meta)),
+                sample_lengths=self.sample_lengths,
+                sample_values=self.sample_values,
+                **arrays,
+            )
         return path
 
     @classmethod
@@ -140,14 +141,8 @@ class AccessProfile:
         try:
             with np.load(path, allow_pickle=False) as z:
                 meta = json.loads(str(z["meta"]))
-                if meta.get("format") != FORMAT:
-                    raise ProfileError(
-                        f"{path}: not an access profile (format {meta.get('format')!r})"
-                    )
-                if meta.get("version") != VERSION:
-                    raise ProfileError(
-                        f"{path}: profile version {meta.get('version')}, expected {VERSION}"
-                    )
+                check_header(meta, path, format=FORMAT, versions=(VERSION,), kind="profile",
+                             what="access profile", error=ProfileError)  # fmt: skip
                 sizes = [int(n) for n in meta["table_sizes"]]
                 counts = [np.asarray(z[f"counts_{t}"]) for t in range(len(sizes))]
                 lengths, values = np.asarray(z["sample_lengths"]), np.asarray(z["sample_values"])

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from data_pipeline.checksum import crc32
+from common.crc import crc32
 from embeddings.errors import ScmError
 from embeddings.scm_aio import PREAD, PWRITE, Aio
 

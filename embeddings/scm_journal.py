@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import os
 import struct
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from common.atomic import write_bytes
+from common.crc import crc32
 from embeddings.errors import ScmError
 from embeddings.scm_file import BLOCK
 
@@ -38,14 +39,6 @@ _HEADER = struct.Struct("<4sI16sQ")  # magic, version, tier id, base generation
 _RECORD = struct.Struct("<4sIQ")  # magic, kind, block or generation
 _MAGIC, _REC, VERSION = b"SCMJ", b"SCMR", 1
 PREIMAGE, PREPARE = 1, 2
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 @dataclass
@@ -71,19 +64,13 @@ class UndoJournal:
     def start(self, tier_id: bytes, base: int) -> None:
         """A new journal whose base is `base` (atomically replacing any old one)."""
         self.close()
-        tmp = self.path.with_name(self.path.name + ".tmp")
         header = _HEADER.pack(_MAGIC, VERSION, tier_id, base)
-        with open(tmp, "wb") as f:
-            f.write(header + struct.pack("<I", zlib.crc32(header)))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
-        _fsync_dir(self.path.parent)
+        write_bytes(self.path, header + struct.pack("<I", crc32(header)))
         self._f = open(self.path, "ab")
 
     def _record(self, kind: int, ident: int, payload: bytes = b"") -> bytes:
         head = _RECORD.pack(_REC, kind, ident)
-        return head + payload + struct.pack("<I", zlib.crc32(payload, zlib.crc32(head)))
+        return head + payload + struct.pack("<I", crc32(payload, crc32(head)))
 
     def add_preimages(self, blocks: np.ndarray, data: np.ndarray) -> None:
         """Pre-images of `blocks` ([n, BLOCK] uint8), durable when this returns."""
@@ -117,7 +104,7 @@ class UndoJournal:
             raise ScmError(f"{self.path}: truncated journal header ({len(raw)} of {n} bytes)")
         magic, version, tier_id, base = _HEADER.unpack_from(raw)
         (crc,) = struct.unpack_from("<I", raw, _HEADER.size)
-        if magic != _MAGIC or crc != zlib.crc32(raw[: _HEADER.size]):
+        if magic != _MAGIC or crc != crc32(raw[: _HEADER.size]):
             raise ScmError(f"{self.path}: not a tier journal, or its header is damaged")
         if version != VERSION:
             raise ScmError(f"{self.path}: journal version {version}, expected {VERSION}")
@@ -152,9 +139,7 @@ class UndoJournal:
         if end + 4 > len(raw):
             return False, 0, 0, 0
         (crc,) = struct.unpack_from("<I", raw, end)
-        if crc != zlib.crc32(
-            raw[pos + _RECORD.size : end], zlib.crc32(raw[pos : pos + _RECORD.size])
-        ):
+        if crc != crc32(raw[pos + _RECORD.size : end], crc32(raw[pos : pos + _RECORD.size])):
             return False, 0, 0, 0
         return True, end + 4 - pos, kind, ident
 

@@ -24,7 +24,6 @@ the rows of the last few batches stay) in front of `--scm-io-threads` O_DIRECT r
 from __future__ import annotations
 
 import json
-import os
 import threading
 from pathlib import Path
 
@@ -32,6 +31,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from common.atomic import write_json
+from common.header import check_header
 from embeddings.collection import EmbeddingLookup
 from embeddings.config import SparseOptimizer, TableSpec
 from embeddings.errors import ScmError
@@ -107,10 +108,10 @@ class ServingTier:
     def _matches(self) -> bool:
         try:
             manifest = json.loads((self.dir / MANIFEST).read_text())
-        except (OSError, ValueError):
+            check_header(manifest, self.dir / MANIFEST, format=FORMAT, versions=(VERSION,))
+        except (OSError, ValueError):  # FormatError is one: a copy of another format is redone
             return False
-        same = manifest.get("format") == FORMAT and manifest.get("version") == VERSION
-        return same and manifest.get("layout") == self.layout and (self.dir / ROWS).is_file()
+        return manifest.get("layout") == self.layout and (self.dir / ROWS).is_file()
 
     def _copy_in(self, sources: list[tuple[Path, str]], io: str, io_threads: int) -> None:
         (self.dir / MANIFEST).unlink(missing_ok=True)  # until the copy is complete
@@ -133,9 +134,7 @@ class ServingTier:
                     self.copied_blocks += k
         self.file.fsync()
         manifest = {"format": FORMAT, "version": VERSION, "layout": self.layout}
-        tmp = self.dir / (MANIFEST + ".tmp")
-        tmp.write_text(json.dumps(manifest, indent=1) + "\n")
-        os.replace(tmp, self.dir / MANIFEST)
+        write_json(self.dir / MANIFEST, manifest)
 
     # --- rows --------------------------------------------------------------------------------
 

@@ -38,6 +38,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from common.atomic import write_json
+from common.header import check_header
 from embeddings.config import SparseOptimizer, TableSpec
 from embeddings.errors import ScmError, TierError
 from embeddings.row_init import hashed_rows
@@ -164,9 +166,7 @@ class ScmTier:
         self.tier_id = uuid.uuid4().bytes
         manifest = {"format": FORMAT, "version": VERSION, "tier_id": self.tier_id.hex(),
                     "owner": self.owner, **self.layout}  # fmt: skip
-        tmp = self.dir / (MANIFEST + ".tmp")
-        tmp.write_text(json.dumps(manifest, indent=1) + "\n")
-        os.replace(tmp, self.dir / MANIFEST)
+        write_json(self.dir / MANIFEST, manifest)
         self.file = BlockFile(
             self.dir / ROWS,
             self.num_blocks,
@@ -203,8 +203,8 @@ class ScmTier:
             manifest = json.loads(path.read_text())
         except (json.JSONDecodeError, OSError) as e:
             raise ScmError(f"{path}: not a readable tier manifest ({e})") from None
-        if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
-            raise ScmError(f"{path}: not a hybrid-dlrm SSD tier (version {VERSION})")
+        check_header(manifest, path, format=FORMAT, versions=(VERSION,), kind="SSD tier",
+                     what="hybrid-dlrm SSD tier", error=ScmError)  # fmt: skip
         stored = {k: manifest.get(k) for k in self.layout}
         if stored != self.layout:
             diff = [k for k in self.layout if stored[k] != self.layout[k]]

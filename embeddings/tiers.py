@@ -31,16 +31,9 @@ from embeddings.errors import TierError
 from embeddings.fused import FusedEmbeddingBagCollection, uniform_table
 from embeddings.hot_inputs import lookup_slots
 from embeddings.plan import row_bytes
+from embeddings.row_layout import flat_rows, table_row_base
 from embeddings.torch_tbe import FusedLookup, apply_sparse_update
 from embeddings.transfer_stats import TransferStats
-
-
-def table_row_base(sizes: list[int]) -> torch.Tensor:
-    """First global row id of each table (int64)."""
-    base = torch.zeros(len(sizes), dtype=torch.int64)
-    if len(sizes) > 1:
-        base[1:] = torch.cumsum(torch.tensor(sizes[:-1], dtype=torch.int64), 0)
-    return base
 
 
 @runtime_checkable
@@ -62,20 +55,6 @@ class RowStore(Protocol):
     def write_rows(
         self, ids: torch.Tensor, weights: torch.Tensor, state: torch.Tensor | None
     ) -> None: ...
-
-
-def flat_rows(views: list[torch.Tensor]) -> torch.Tensor | None:
-    """One [sum rows, ...] view over per-table views laid back to back in one buffer, else None."""
-    first = views[0]
-    trail = tuple(first.shape[1:])
-    row_elems = int(np.prod(trail)) if trail else 1
-    expect = first.data_ptr()
-    for v in views:
-        if tuple(v.shape[1:]) != trail or not v.is_contiguous() or v.data_ptr() != expect:
-            return None
-        expect += v.shape[0] * row_elems * v.element_size()
-    total = sum(v.shape[0] for v in views)
-    return first.as_strided((total, *trail), first.stride(), first.storage_offset())
 
 
 class HostTier:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from common.atomic import publish
 from perfmodel import hardware
 from perfmodel import trace as tr
 
@@ -151,7 +152,7 @@ def fit_traces(traces_dir: Path, threads: int) -> list[float]:
         retry, again = trace_config(base_config(**changes), traces_dir / f"fit{i}.retry")
         torch.set_num_threads(threads)
         if again < slowdowns[i]:
-            retry.replace(traces_dir / f"fit{i}.trace.json")
+            publish(retry, traces_dir / f"fit{i}.trace.json")
             slowdowns[i] = again
         else:
             retry.unlink()

@@ -10,6 +10,7 @@ import json
 import statistics
 from pathlib import Path
 
+from common.header import check_header
 from perfmodel import critical_path, hardware
 from perfmodel import trace as tr
 from perfmodel.errors import ModelError
@@ -124,8 +125,8 @@ class PerfModel:
             ) from None
         except json.JSONDecodeError as e:
             raise ModelError(f"{path}: not JSON ({e.msg})") from None
-        if doc.get("format") != FORMAT or doc.get("version") != VERSION:
-            raise ModelError(f"{path}: not a {FORMAT} v{VERSION} file")
+        check_header(doc, path, format=FORMAT, versions=(VERSION,), kind="performance model",
+                     error=ModelError)  # fmt: skip
         return cls(doc["hardware"], KernelModels.from_json(doc["kernels"]), Overheads.from_json(doc["overheads"]),
                    doc.get("fit"))  # fmt: skip
 

@@ -1,7 +1,7 @@
 """`--perf-log DIR`: record a few training steps after warm-up and write their perf trace.
 
 The recorder is the train pipeline's step hook (`dlrm.train_pipeline.StepHook`): `python -m
-dlrm.train --perf-log DIR` attaches it; a library user passes `Trainer(cfg,
+dlrm.train --perf-log DIR` attaches it (registered below, dlrm/step_hooks.py); a library user passes `Trainer(cfg,
 step_hook=StepRecorder(DIR))`. Without it the pipeline's default hook does nothing, so there is no
 profiler object, label or hook on the hot path. The recorder times `warmup` plain steps, then
 records `steps` steps under torch.profiler with labels, writes ``DIR/trace-rank<r>.trace.json``
@@ -26,6 +26,7 @@ import torch
 from torch.autograd.profiler import record_function
 from torch.profiler import ProfilerActivity, profile
 
+from dlrm import step_hooks
 from dlrm.train_pipeline import StepHook
 from perfmodel import trace as tr
 
@@ -194,3 +195,8 @@ class StepRecorder(StepHook):
         log.info("perf trace of %d steps written to %s", len(self._pending), self.path)
         self._pending = []
         self.done = True
+
+
+# `python -m dlrm.train --perf-log DIR` finds the recorder here: dlrm imports this module as a
+# plugin (the `hybrid_dlrm.plugins` entry point, pyproject.toml) and never names perfmodel itself.
+step_hooks.register("perf_log", StepRecorder)

@@ -47,6 +47,8 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
+from common.atomic import write_json
+from common.header import check_header
 from perfmodel.errors import TraceError
 
 FORMAT = "hybrid-dlrm/perf-trace"
@@ -301,12 +303,7 @@ def _walk(e):
 
 def validate(doc: dict, where: str = "trace") -> dict:
     """Check a perf-trace document's shape; raise TraceError naming the first problem."""
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise TraceError(
-            f"{where}: not a {FORMAT} file (format field is {doc.get('format') if isinstance(doc, dict) else None!r})"
-        )
-    if doc.get("version") != VERSION:
-        raise TraceError(f"{where}: version {doc.get('version')!r}, this reader knows {VERSION}")
+    check_header(doc, where, format=FORMAT, versions=(VERSION,), kind="trace", error=TraceError)
     meta = doc.get("meta")
     if not isinstance(meta, dict) or not isinstance(meta.get("batch_size"), int):
         raise TraceError(f"{where}: meta.batch_size missing")
@@ -340,9 +337,7 @@ def write_trace(doc: dict, path: str | Path) -> Path:
     validate(doc, str(path))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(doc, separators=(",", ":")) + "\n")
-    tmp.replace(path)
+    write_json(path, doc, indent=None, separators=(",", ":"))
     return path
 
 

@@ -38,8 +38,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
+from _shared import cpu_flags, load_average, make_profile  # noqa: E402
 
 from data_pipeline.synthetic import (  # noqa: E402
     KAGGLE_TABLE_SIZES,
@@ -48,42 +50,10 @@ from data_pipeline.synthetic import (  # noqa: E402
     scaled_table_sizes,
 )
 from dlrm import TrainConfig, Trainer  # noqa: E402
-from dlrm.data import build_data  # noqa: E402
 from embeddings.config import SparseOptimizer  # noqa: E402
 from embeddings.placement import parse_bytes, row_bytes  # noqa: E402
-from embeddings.profile import AccessProfiler  # noqa: E402
-from perfmodel.hardware import cpu_flags  # noqa: E402
 
 RUNS = ("host", "fae", "fae_block", "hotline", "hotline_learned", "device")
-
-
-def _load() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
-
-
-def make_profile(base: TrainConfig, samples: int, path: Path) -> dict:
-    """Count `samples` training inputs from epochs 1, 2, ... (the runs train on epoch 0 only)."""
-    t0 = time.perf_counter()
-    data = build_data(base)
-    train = data.train
-    profiler = AccessProfiler(data.table_sizes, data.feature_names)
-    epoch, seen = 1, 0
-    while seen < samples:
-        for batch in train.batches(epoch):
-            profiler.add_kjt(batch.sparse_features)
-            seen += batch.labels.numel()
-            if seen >= samples:
-                break
-        epoch += 1
-    profile = profiler.finish(
-        sample_rate=samples / 45_840_617
-    )  # share of Criteo Kaggle's training set
-    profile.save(path)
-    return {
-        "inputs": profile.inputs,
-        "seconds": round(time.perf_counter() - t0, 1),
-        "file": str(path),
-    }
 
 
 def oracle_bound(base: TrainConfig) -> dict:
@@ -175,7 +145,7 @@ def run_one(
         "train_s": round(s["wall_s"], 1),
         "build_s": round(build_s, 1),
         "time_breakdown_s": {k: round(v, 2) for k, v in s["time_breakdown_s"].items()},
-        "load_after": _load(),
+        "load_after": load_average(),
     }
     if placement in ("fae", "hotline"):
         out.update(hot_rows=p["hot_rows"], device_tier_bytes=p["device_tier_bytes"],
@@ -287,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
             "hot_budget": args.hot_budget, "optimizer": args.optimizer, "mlp": f"{args.mlp_bot} / {args.mlp_top}",
             "train_samples": math.ceil(args.train_samples / args.batch_size) * args.batch_size,
             "test_samples": args.test_samples, "batch_size": args.batch_size, "device": args.device,
-            "fae_switch_period": args.switch_period, "cpus": os.cpu_count(), "load_before": _load(),
+            "fae_switch_period": args.switch_period, "cpus": os.cpu_count(), "load_before": load_average(),
             "cpu_flags": cpu_flags(), "hotline_prefetch": base.hotline_prefetch,
         },
     }  # fmt: skip

@@ -57,7 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from bench_placement import _load, cpu_flags, make_profile  # noqa: E402
+from _shared import cpu_flags, load_average, make_profile  # noqa: E402
 
 from data_pipeline.synthetic import KAGGLE_TABLE_SIZES  # noqa: E402
 from dlrm import TrainConfig, Trainer  # noqa: E402
@@ -74,7 +74,7 @@ def _rss_gb() -> float:
 
 
 def _setup() -> dict:
-    return {"cpus": os.cpu_count(), "cpu_flags": cpu_flags(), "load_before": _load()}
+    return {"cpus": os.cpu_count(), "cpu_flags": cpu_flags(), "load_before": load_average()}
 
 
 # --- 1. the disk ----------------------------------------------------------------------------------
@@ -245,7 +245,7 @@ def bench_kaggle(args) -> dict:
                 t.pipeline.progress(streams[name])
             rates[name].append(args.round_steps * batch / (time.perf_counter() - t1))
             cpu_ms[name].append((time.process_time() - c1) / args.round_steps * 1e3)
-        loads.append(_load()[0])
+        loads.append(load_average()[0])
         steps += args.round_steps
         print(
             f"round {r}: " + ", ".join(f"{k} {v[-1]:.0f} samples/s" for k, v in rates.items()),
@@ -294,7 +294,7 @@ def bench_kaggle(args) -> dict:
             "hot_remap_bytes": 4 * sum(KAGGLE_TABLE_SIZES),
         },
         "peak_rss_gb_both_trainers": _rss_gb(),
-        "load_after": _load(),
+        "load_after": load_average(),
     }  # fmt: skip
     d = out["tier_counters_after_warmup_only"]
     lookups = d["scm_cache_hits"] + d["scm_cache_misses"]
@@ -406,7 +406,7 @@ def bench_caches(args) -> dict:
             rows.misses * BLOCK / max(1, blocks.block_misses * BLOCK), 3
         )
         print(f"caches {order}: {json.dumps(out[order])}", file=sys.stderr)
-    out["load_after"] = _load()
+    out["load_after"] = load_average()
     return out
 
 
@@ -472,7 +472,7 @@ def bench_contention(args) -> dict:
                   "round_steps": args.round_steps, "scm_io": args.scm_io},
         "per_step_median": {m: {k: median(m, k) for k in fields} for m in per_round},
         "per_round": per_round,
-        "load_after": _load(),
+        "load_after": load_average(),
     }  # fmt: skip
     del trainer, coll, tier
     gc.collect()
@@ -519,7 +519,7 @@ def bench_switch(args) -> dict:
         sys.setswitchinterval(before)
     med = {k: {f: float(np.median([r[f] for r in v])) for f in v[0]} for k, v in rows.items()}
     return {"setup": {**_setup(), "rounds": args.rounds, "round_steps": args.round_steps},
-            "per_step_median": med, "per_round": rows, "load_after": _load()}  # fmt: skip
+            "per_step_median": med, "per_round": rows, "load_after": load_average()}  # fmt: skip
 
 
 # --- 5. inference from the tier ------------------------------------------------------------------
@@ -604,7 +604,7 @@ def bench_serve(args) -> dict:
         out[f"batch_{batch}"] = row
         emb.tier.close()
         del tiered, emb
-    out["load_after"] = _load()
+    out["load_after"] = load_average()
     return out
 
 
@@ -725,7 +725,7 @@ def bench_terabyte(args) -> dict:
         "hotline": {k: c.get(k) for k in ("popular_input_share", "cold_rows_per_batch",
                                           "hidden_share", "exposed_gather_s", "gather_s")},
         "progress": samples,
-        "load_after": _load(),
+        "load_after": load_average(),
     }  # fmt: skip
     del trainer, emb
     gc.collect()

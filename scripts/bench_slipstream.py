@@ -40,9 +40,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_placement, when imported
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _shared
 
-from bench_placement import _load, cpu_flags  # noqa: E402
+from _shared import cpu_flags, load_average  # noqa: E402
 
 from dlrm import TrainConfig, Trainer  # noqa: E402
 
@@ -331,7 +331,7 @@ def log(tag: str, seed: int, name: str, r: dict) -> None:
     s = r.get("slipstream", {})
     print(f"[{time.strftime('%H:%M:%S')}] {tag} seed {seed} {name}: auc {r['test_auc']:.5f} "
           f"wall {r['wall_s']:.1f}s steps {r['steps']} skipped {s.get('skipped_input_share', 0):.3f} "
-          f"stale rows {s.get('stale_row_share', 0):.3f} (run {r['run_s']}s, load {_load()})",
+          f"stale rows {s.get('stale_row_share', 0):.3f} (run {r['run_s']}s, load {load_average()})",
           file=sys.stderr, flush=True)  # fmt: skip
 
 
@@ -430,7 +430,7 @@ def main() -> int:
                               nepochs=args.criteo_epochs, test_freq=max(1, steps // args.evals_per_epoch))  # fmt: skip
         print(f"criteo data: {time.perf_counter() - t0:.1f}s, {processed}", file=sys.stderr)
     result: dict = {
-        "machine": {"cpu_flags": cpu_flags(), "cpus": os.cpu_count(), "load_start": _load()},
+        "machine": {"cpu_flags": cpu_flags(), "cpus": os.cpu_count(), "load_start": load_average()},
         "settings": vars(args), "data": {},
     }  # fmt: skip
     histories, curves = {}, {}
@@ -495,7 +495,7 @@ def main() -> int:
             hl.append(one_round(base, args, seed, work, "hotline"))
         result["data"]["synthetic_hotline"] = {"compare": compare(hl), "runs": hl}
         histories["synthetic over hotline"] = hl[0]["slipstream"]["history"]
-    result["machine"]["load_end"] = _load()
+    result["machine"]["load_end"] = load_average()
     result["bench_s"] = round(time.perf_counter() - t_start, 1)
     text = json.dumps(result, indent=1)
     print(text)

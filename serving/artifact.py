@@ -29,18 +29,20 @@ failed export leaves no half artifact and never touches an existing one.
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 import shutil
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from common.atomic import publish
+from common.header import check_header
+from common.manifest import digests as file_digests
+from common.manifest import sha256_file  # noqa: F401 (tests import it from here)
 from data_pipeline.errors import mount_point
 from embeddings.config import TableSpec
 from embeddings.quantized import check_precision, row_bytes
@@ -48,21 +50,11 @@ from embeddings.quantized import check_precision, row_bytes
 FORMAT = "hybrid-dlrm-inference-artifact"
 VERSION = 1
 MANIFEST = "manifest.json"
-_HASH_BLOCK = 8 << 20
-_THREADS = min(8, os.cpu_count() or 1)
 
 
 class ArtifactError(ValueError):
     """A missing, damaged or mismatched artifact, or one that cannot be written: one line
     naming the file."""
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(_HASH_BLOCK):
-            h.update(block)
-    return h.hexdigest()
 
 
 # --- tensors as .npy --------------------------------------------------------------------------
@@ -148,8 +140,7 @@ class ArtifactWriter:
 
     def finish(self, manifest: dict) -> Path:
         rels = sorted(self.files)
-        with ThreadPoolExecutor(_THREADS) as pool:
-            digests = list(pool.map(lambda r: sha256_file(self.tmp / r), rels))
+        digests = file_digests([self.tmp / r for r in rels], "sha256")
         for rel, digest in zip(rels, digests):
             self.files[rel].update(sha256=digest, bytes=(self.tmp / rel).stat().st_size)
         manifest = {"format": FORMAT, "format_version": VERSION, **manifest, "files": self.files}
@@ -159,7 +150,7 @@ class ArtifactWriter:
             for p in [*(self.tmp / r for r in rels), self.tmp / MANIFEST]:
                 with open(p, "rb") as f:
                     os.fsync(f.fileno())
-            os.rename(self.tmp, self.out)  # an empty directory at `out` is replaced
+            publish(self.tmp, self.out)  # an empty directory at `out` is replaced
         except OSError as e:
             raise self.error(e, self.out) from None
         return self.out
@@ -199,13 +190,8 @@ def read_manifest(path: Path) -> dict:
         manifest = json.loads(where.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ArtifactError(f"{where}: corrupt: not valid JSON ({e})") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise ArtifactError(f"{where}: not a hybrid-dlrm inference artifact")
-    if manifest.get("format_version") != VERSION:
-        raise ArtifactError(
-            f"{where}: artifact format version {manifest.get('format_version')!r}; "
-            f"this code reads {VERSION}"
-        )
+    check_header(manifest, where, format=FORMAT, versions=(VERSION,), kind="artifact format",
+                 what="hybrid-dlrm inference artifact", error=ArtifactError, version_key="format_version")  # fmt: skip
     for key in ("model", "tables", "dense", "files"):
         if key not in manifest:
             raise ArtifactError(f"{where}: corrupt: no {key!r} entry")
@@ -229,8 +215,7 @@ def verify_files(path: Path, manifest: dict) -> None:
                 f"{p}: {size} bytes, the manifest says {rec.get('bytes')} (truncated or replaced)"
             )
     rels = list(files)
-    with ThreadPoolExecutor(_THREADS) as pool:
-        digests = list(pool.map(lambda r: sha256_file(path / r), rels))
+    digests = file_digests([path / r for r in rels], "sha256")
     for rel, digest in zip(rels, digests):
         if digest != files[rel].get("sha256"):
             raise ArtifactError(f"{path / rel}: corrupt: its SHA-256 does not match the manifest")

@@ -8,7 +8,6 @@ A model file carries the architecture but not the run's data settings; a checkpo
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 from collections.abc import Iterator
@@ -18,6 +17,7 @@ from pathlib import Path
 import torch
 from torchrec.datasets.utils import Batch
 
+from common.manifest import sha256_file
 from dlrm import checkpoint as ckpt
 from dlrm.errors import ArchError, CheckpointError, ConfigError
 from dlrm.models.dlrm import DLRMArch
@@ -40,11 +40,7 @@ class Source:
     step: int | None
 
     def sha256(self) -> str:
-        h = hashlib.sha256()
-        with open(self.path, "rb") as f:
-            while block := f.read(8 << 20):
-                h.update(block)
-        return h.hexdigest()
+        return sha256_file(self.path)
 
 
 def _newest_verified(directory: Path) -> tuple[Path, dict]:

@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from common.atomic import AtomicFile
 from data_pipeline.errors import DataError
 from dlrm.train import EXIT_USAGE, OneLineParser
 
@@ -117,9 +118,9 @@ class _Output:
 
     def __init__(self, path: Path, header: str) -> None:
         self.path = path
-        self.tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
         try:
-            self.f = open(self.tmp, "wb")
+            self.out = AtomicFile(path)
+            self.f = self.out.file
             self.f.write(header.encode() + b"\n")
         except OSError as e:
             raise DataError(f"{path}: cannot be written ({e.strerror or e})") from None
@@ -136,15 +137,10 @@ class _Output:
         self.rows += rows
 
     def finish(self) -> None:
-        self.f.flush()
-        os.fsync(self.f.fileno())
-        self.f.close()
-        os.replace(self.tmp, self.path)
+        self.out.commit()
 
     def abort(self) -> None:
-        if not self.f.closed:
-            self.f.close()
-        self.tmp.unlink(missing_ok=True)
+        self.out.abort()
 
 
 def _score(predictor, dense: np.ndarray, sparse: np.ndarray, batch_size: int) -> np.ndarray:

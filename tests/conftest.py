@@ -1,8 +1,14 @@
+import os
 import subprocess
 from pathlib import Path
 
 import pytest
 import torch
+
+# The checkout under test need not be the installed distribution whose entry points name the
+# plugins `python -m dlrm.train` loads (dlrm/step_hooks.py); tests/perfmodel/test_plugin.py checks
+# that pyproject.toml declares the same one.
+os.environ.setdefault("HYBRID_DLRM_PLUGINS", "perfmodel.recorder")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -8,8 +8,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from data_pipeline import checksum
-from data_pipeline.checksum import crc32
+from common import crc as checksum
+from common.crc import crc32
 from data_pipeline.npy_stream import data_crc32, first_id_outside
 from dlrm import checkpoint as ckpt
 

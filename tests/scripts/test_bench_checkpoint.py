@@ -3,7 +3,7 @@ from pathlib import Path
 
 import torch
 
-from data_pipeline import checksum
+from common import crc as checksum
 from dlrm import checkpoint as ckpt
 
 _SPEC = importlib.util.spec_from_file_location(

@@ -1,0 +1,124 @@
+"""The packages depend one way: common <- data_pipeline <- embeddings <- dlrm <- {serving,
+perfmodel} <- scripts. Every import of every module (at the top, inside functions, under
+TYPE_CHECKING) is parsed with `ast` and checked against that order: a module may import its own
+package and the packages below it, never one above it or beside it (serving and perfmodel are
+both built on dlrm and on nothing of each other; scripts, the benchmarks and recipes, may use
+everything). A violation fails with the file, the line and the import.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# rank of each package: an import must go to the same rank (its own package) or a lower one
+RANK = {"common": 0, "data_pipeline": 1, "embeddings": 2, "dlrm": 3, "serving": 4,
+        "perfmodel": 4, "scripts": 5}  # fmt: skip
+
+# Imports against the order that exist today, each with why. Empty is the goal; an entry that no
+# longer matches fails too, so the list only shrinks.
+KNOWN: dict[tuple[str, str], str] = {}
+
+
+def _layer(module: str) -> str | None:
+    """The layer of a dotted module name of this project (None: not ours)."""
+    top = module.split(".")[0]
+    if top not in RANK:
+        return None
+    return top
+
+
+def _modules() -> list[tuple[str, Path]]:
+    out = []
+    for package in RANK:
+        base = ROOT / package
+        for path in sorted(base.rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out.append((".".join(parts), path))
+    return out
+
+
+def _imports(module: str, path: Path) -> list[tuple[int, str]]:
+    """(line, dotted name) of everything `path` imports; `from a import b` yields a.b as well as
+    a, so that importing a submodule through its package counts as importing the submodule."""
+    is_package = path.name == "__init__.py"
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: from the module's package, one level up per extra dot
+                here = module.split(".") if is_package else module.split(".")[:-1]
+                here = here[: len(here) - (node.level - 1)]
+                base = ".".join(here + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            found.append((node.lineno, base))
+            found += [(node.lineno, f"{base}.{a.name}") for a in node.names if a.name != "*"]
+    return found
+
+
+def _allowed(importer: str, imported: str) -> bool:
+    a, b = _layer(importer), _layer(imported)
+    if b is None or a == b:
+        return True
+    return RANK[b] < RANK[a]
+
+
+def violations() -> list[tuple[str, str, str]]:
+    """(importer, imported, where) of each import statement against the order (its first bad
+    name). Names outside RANK are not ours: `import _shared` in a script is its own directory's."""
+    out, seen = [], set()
+    for module, path in _modules():
+        for line, name in _imports(module, path):
+            if (module, line) not in seen and not _allowed(module, name):
+                seen.add((module, line))
+                out.append((module, name, f"{path.relative_to(ROOT)}:{line}: imports {name}"))
+    return out
+
+
+def test_every_import_follows_the_layer_order():
+    found = [v for v in violations() if (v[0], v[1]) not in KNOWN]
+    assert not found, "imports against common <- data_pipeline <- embeddings <- dlrm <- " \
+        "{serving, perfmodel} <- scripts:\n" + "\n".join(sorted({v[2] for v in found}))  # fmt: skip
+
+
+def test_the_known_exceptions_still_exist():
+    present = {(a, b) for a, b, _ in violations()}
+    gone = [k for k in KNOWN if k not in present]
+    assert not gone, f"no longer imported, remove from KNOWN: {gone}"
+
+
+@pytest.mark.parametrize(
+    "importer, imported, ok",
+    [
+        ("dlrm.trainer", "perfmodel.recorder", False),
+        ("perfmodel.recorder", "dlrm.train_pipeline", True),
+        ("embeddings.plan", "common.atomic", True),
+        ("common.atomic", "data_pipeline.errors", False),
+        ("data_pipeline.preprocess", "embeddings.profile", False),
+        ("dlrm.trainer", "serving.quantize", False),
+        ("serving.quantize", "dlrm.models.dlrm", True),
+        ("serving.predictor", "perfmodel.model", False),
+        ("scripts.bench_scm", "perfmodel.hardware", True),
+        ("dlrm.train", "torch", True),
+    ],
+)
+def test_the_rule(importer, imported, ok):
+    assert _allowed(importer, imported) == ok
+
+
+def test_relative_imports_are_resolved(tmp_path):
+    pkg = tmp_path / "data_pipeline"
+    pkg.mkdir()
+    (pkg / "x.py").write_text("from .errors import DataError\nfrom . import y\n")
+    assert [n for _, n in _imports("data_pipeline.x", pkg / "x.py")] == [
+        "data_pipeline.errors", "data_pipeline.errors.DataError", "data_pipeline",
+        "data_pipeline.y",
+    ]  # fmt: skip
