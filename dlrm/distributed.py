@@ -141,6 +141,22 @@ def data_parallel(model: torch.nn.Module) -> torch.nn.Module:
     return DistributedDataParallel(model, device_ids=ids, forward_sync_buffers=False)
 
 
+@dataclasses.dataclass(frozen=True)
+class Processes:
+    """This process's place in the run, for the trainer's loop: what it asks instead of testing
+    its rank (the composition root, dlrm/compose.py, picks what differs per rank)."""
+
+    rank: int = 0
+    world_size: int = 1
+
+    def global_samples(self, samples: int) -> int:
+        """The samples of a global step: every rank trains an equal slice of the global batch."""
+        return samples * self.world_size
+
+    def mean(self, value: torch.Tensor) -> float:
+        return mean_across_ranks(value)
+
+
 def mean_across_ranks(value: torch.Tensor) -> float:
     """The mean of a scalar over ranks (each rank's mean loss over its equal slice: the global
     batch's mean loss)."""
@@ -352,4 +368,17 @@ def check_supported(cfg: TrainConfig, world: int) -> None:
         raise ConfigError(
             "--compile: single-process only for now (the compiled dense part under DDP is "
             "untested); leave it at auto, which trains eagerly with several processes"
+        )
+
+
+def check_replicated(embeddings, rank: int) -> None:
+    """With a process group of several ranks, every rank runs its own copy of the collection:
+    refuse collections whose copies would drift apart (each rank updating its rows with its own
+    gradients), and so also never lose a rank's rows by checkpointing on rank 0 only."""
+    if not active():
+        return
+    if not embeddings.replicated_across_ranks():
+        raise ConfigError(
+            f"rank {rank}: this embedding placement keeps an independent copy of the tables in every "
+            "process, which would drift apart; multi-process training needs sharded tables"
         )

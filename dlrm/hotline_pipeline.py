@@ -62,8 +62,11 @@ class HotlineTrainPipeline(PlainTrainPipeline):
         prefetch: int = 1,
         learn_batches: int = 0,
         make_plan: Callable[[HotlineEmbeddingBagCollection], object] | None = None,
+        written=None,
     ) -> None:
-        super().__init__(model, dense_optimizer, device, precision, loss_function, hook)
+        super().__init__(
+            model, dense_optimizer, device, precision, loss_function, hook, written=written
+        )
         self.coll: HotlineEmbeddingBagCollection = model.embeddings
         self.prefetch = prefetch
         self.learn_batches = learn_batches

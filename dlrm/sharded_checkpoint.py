@@ -2,7 +2,8 @@
 
     checkpoints/step_000000100/
         rank_00000-of-00002.pt   rank 0's shards, plus everything not sharded (dense weights and
-                                 optimizer, train state, RNG, config)
+                                 optimizer, train state, RNG, config: dlrm/checkpoint_store.py's
+                                 CheckpointState without the tables)
         rank_00001-of-00002.pt   rank 1's shards
         index.json               written last, by rank 0, once every rank's file is complete
 
@@ -29,6 +30,7 @@ A shared file system is assumed between nodes (every rank writes into the same d
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -38,7 +40,9 @@ from common.atomic import write_json
 from common.header import check_header
 from common.manifest import Damaged, seal, unseal
 from dlrm import checkpoint as ckpt
+from dlrm.checkpoint_store import CheckpointState, CheckpointStore
 from dlrm.errors import CheckpointError
+from embeddings.optimizer import SparseOptimizer
 
 INDEX = "index.json"
 FORMAT = "hybrid-dlrm-sharded-checkpoint"
@@ -76,55 +80,65 @@ def _dense_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def save(trainer) -> Path:
-    """Every rank: write this rank's file; rank 0 then writes the index. Returns the directory."""
-    rank, world = trainer.rank, trainer.world_size
-    emb = trainer.model.embeddings
-    out = directory(trainer.ckpt_dir, trainer.state.step)
-    out.mkdir(parents=True, exist_ok=True)
-    shards = []
-    for s in emb.local_shards():
-        if s.replicated and rank != 0:  # a data-parallel table: rank 0's copy is everyone's
-            continue
-        entry = {"table": emb.tables[s.table].name, "row0": s.row0, "col0": s.col0,
-                 "weight": s.weight.detach()}  # fmt: skip
-        if s.state is not None:
-            entry["state"] = s.state.detach()
-        if s.rows is not None:
-            entry["rows"] = s.rows.detach().cpu()
-        shards.append(entry)
-    obj: dict = {"format": ckpt.FORMAT, "version": ckpt.VERSION, "shard_of": trainer.state.step,
-                 "rank": rank, "world_size": world, "shards": shards}  # fmt: skip
-    if rank == 0:
-        trainer.state.time_breakdown_s = dict(trainer.timer.totals)
-        obj["common"] = {
-            "arch": trainer.cfg.arch_signature(),
-            "config": trainer.cfg.to_json(),
-            "table_prefix": _table_prefix(trainer.model),
-            "dense_model": _dense_state(trainer.model),
-            "embedding_extra": emb.extra_state(),
-            "dense_optimizer": trainer.dense_optimizer.state_dict(),
-            "train_state": trainer.state.to_checkpoint(),
-            "rng": ckpt.rng_state(),
-        }
-    path = out / shard_name(rank, world)
-    ckpt.save(obj, path, what=f"checkpoint shard of rank {rank}")
-    dist.barrier()  # every rank's file is complete before the index says so
-    if rank == 0:
-        _write_index(out, trainer, world)
-        ckpt.prune(trainer.ckpt_dir, trainer.cfg.keep_checkpoints)
-    return out
+class ShardedCheckpoints(CheckpointStore):
+    """Every rank writes the shards it holds; rank 0 then writes the index and prunes."""
+
+    def __init__(self, directory: Path, keep: int, rank: int, world: int, optimizer: str) -> None:
+        super().__init__(directory, keep)
+        self.rank, self.world, self.optimizer = rank, world, optimizer
+
+    def save(self, state: Callable[[], CheckpointState]) -> Path | None:
+        """Every rank: write this rank's file; rank 0 then writes the index. The directory."""
+        taken = state()
+        written = False
+        try:
+            out = self._write(taken)
+            written = True
+        finally:
+            taken.model.embeddings.end_checkpoint(written)
+        self.last_good = out
+        return out
+
+    def _write(self, state: CheckpointState) -> Path:
+        rank, world = self.rank, self.world
+        emb = state.model.embeddings
+        out = directory(self.directory, state.step)
+        out.mkdir(parents=True, exist_ok=True)
+        shards = []
+        for s in emb.local_shards():
+            if s.replicated and rank != 0:  # a data-parallel table: rank 0's copy is everyone's
+                continue
+            entry = {"table": emb.tables[s.table].name, "row0": s.row0, "col0": s.col0,
+                     "weight": s.weight.detach()}  # fmt: skip
+            if s.state is not None:
+                entry["state"] = s.state.detach()
+            if s.rows is not None:
+                entry["rows"] = s.rows.detach().cpu()
+            shards.append(entry)
+        obj: dict = {"format": ckpt.FORMAT, "version": ckpt.VERSION, "shard_of": state.step,
+                     "rank": rank, "world_size": world, "shards": shards}  # fmt: skip
+        if rank == 0:
+            obj["common"] = state.contents(
+                table_prefix=_table_prefix(state.model), dense_model=_dense_state(state.model)
+            )
+        path = out / shard_name(rank, world)
+        ckpt.save(obj, path, what=f"checkpoint shard of rank {rank}")
+        dist.barrier()  # every rank's file is complete before the index says so
+        if rank == 0:
+            _write_index(out, state.step, world, self.optimizer, emb.tables)
+            ckpt.prune(self.directory, self.keep)
+        return out
 
 
-def _write_index(out: Path, trainer, world: int) -> None:
+def _write_index(out: Path, step: int, world: int, optimizer: str, tables) -> None:
     files = []
     for r in range(world):
         p = out / shard_name(r, world)
         files.append({"name": p.name, "bytes": p.stat().st_size})
     body = {
-        "format": FORMAT, "version": VERSION, "step": trainer.state.step, "world_size": world,
-        "optimizer": trainer.cfg.optimizer, "files": files,
-        "tables": {t.name: [t.num_embeddings, t.embedding_dim] for t in trainer.model.embeddings.tables},
+        "format": FORMAT, "version": VERSION, "step": step, "world_size": world,
+        "optimizer": optimizer, "files": files,
+        "tables": {t.name: [t.num_embeddings, t.embedding_dim] for t in tables},
     }  # fmt: skip
     write_json(out / INDEX, seal(body))
 
@@ -152,11 +166,11 @@ def assemble(path: Path) -> dict:
     tables = {name: tuple(shape) for name, shape in body["tables"].items()}
     weights = {name: torch.zeros(shape) for name, shape in tables.items()}
     kind = body["optimizer"]
-    states: dict[str, torch.Tensor] = {}
-    if kind == "adagrad":
-        states = {name: torch.zeros(shape) for name, shape in tables.items()}
-    elif kind == "rowwise_adagrad":
-        states = {name: torch.zeros(shape[0]) for name, shape in tables.items()}
+    try:
+        opt = SparseOptimizer(kind)
+    except ValueError as e:
+        raise CheckpointError(f"{path / INDEX}: {e}") from None
+    states = {name: opt.zero_state(*shape) for name, shape in tables.items() if opt.has_state}
     covered = {name: torch.zeros(shape, dtype=torch.int32) for name, shape in tables.items()}
     common = None
     for r, entry in enumerate(body["files"]):
@@ -191,10 +205,7 @@ def assemble(path: Path) -> dict:
             if name in states:
                 if "state" not in s:
                     raise CheckpointError(f"{file}: a shard of {name} lacks its optimizer state")
-                if kind == "rowwise_adagrad":
-                    states[name][at] = s["state"]
-                else:
-                    states[name][at, c0 : c0 + cols] = s["state"]
+                states[name][opt.state_index(at, c0, cols)] = s["state"]
     if common is None:
         raise CheckpointError(f"{path / shard_name(0, world)}: lacks the run's common state")
     for name, count in covered.items():
@@ -215,6 +226,7 @@ def assemble(path: Path) -> dict:
         "sparse_optimizer": {f"{name}.{kind}_state": s for name, s in states.items()},
         "embedding_extra": common["embedding_extra"],
         "dense_optimizer": common["dense_optimizer"],
+        "pipeline": common.get("pipeline", {}),  # absent from older files
         "train_state": common["train_state"],
         "rng": common["rng"],
     }

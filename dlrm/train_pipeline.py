@@ -98,8 +98,11 @@ class PlainTrainPipeline(TrainPipeline):
         loss_function: str = "bce",
         hook: StepHook | None = None,
         forward: torch.nn.Module | None = None,
+        written=None,
     ) -> None:
-        """`forward`: the module a step calls instead of `model` (the model under DDP)."""
+        """`forward`: the module a step calls instead of `model` (the model under DDP).
+        `written`: `--compile`'s written-out dense step (dlrm/compile.py's CompiledDenseForward,
+        `writes_steps()` and `train_step(...)`), which steps then run while it compiles."""
         self.model = model
         self.forward = forward if forward is not None else model
         self.dense_optimizer = dense_optimizer
@@ -107,9 +110,7 @@ class PlainTrainPipeline(TrainPipeline):
         self.bf16 = precision == "bf16"
         self.loss_function = loss_function
         self.hook = hook or StepHook()
-        # `--compile`'s written-out dense step, set by the trainer: dlrm/compile.py's
-        # CompiledDenseForward (`writes_steps()`, `train_step(...)`)
-        self.written = None
+        self.written = written
 
     def progress(self, batches: Iterator[Batch]) -> StepResult:
         t0 = time.perf_counter()

@@ -3,16 +3,20 @@
     from dlrm import Trainer, TrainConfig
     summary = Trainer(TrainConfig(num_batches=100, out_dir="runs/demo")).fit()
 
-The step itself is a train pipeline (dlrm/train_pipeline.py); the trainer runs it in one loop and
-does what is around it: the learning-rate policy, logging, evaluation, checkpoints. Pieces can be
-injected (`data`, `model`, `step_hook`, `checkpoints=False`), so benchmarks and tools compose a
-trainer instead of subclassing it. Everything that decides the numbers (seed, data position, RNG
-state, optimizer states, the LR policy's step) is in the checkpoint, so a resumed run on CPU ends
-with exactly the weights and metrics of an uninterrupted one.
+The trainer is the loop. What it runs is built first, in one place (dlrm/compose.py's
+`build_run`: data, placement, model, dense optimizer, the train pipeline with the compiled step
+inside it, the checkpoint store, the run directory's writer); the step itself is a train pipeline
+(dlrm/train_pipeline.py). Around the step the trainer does the learning-rate policy, logging,
+evaluation, the checkpoint cadence and the summary. Pieces can be injected (`data`, `model`,
+`step_hook`, `checkpoints=False`), so benchmarks and tools compose a trainer instead of
+subclassing it. Everything that decides the numbers (seed, data position, RNG state, optimizer
+states, the LR policy's step) is in the checkpoint, so a resumed run on CPU ends with exactly the
+weights and metrics of an uninterrupted one.
 
-The trainer takes `rank`/`world_size` so a process group can be added without restructuring:
-data sources shard each batch, metrics gather across ranks (uneven shards included), and a
-collection that would drift apart across processes is refused (see `_check_processes`).
+The trainer takes `rank`/`world_size` so a process group can be added without restructuring; it
+never tests them: data sources shard each batch, metrics are reduced through `Processes`
+(dlrm/distributed.py), and what only rank 0 writes goes through objects that write nothing on
+the other ranks (dlrm/run_files.py, dlrm/checkpoint_store.py).
 """
 
 from __future__ import annotations
@@ -20,52 +24,27 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import sys
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from common.atomic import write_text
 from dlrm import checkpoint as ckpt
-from dlrm import compile as compile_
-from dlrm import dense_step, distributed, run_checks, sharded_checkpoint
-from dlrm.build import build_model, build_placed_embeddings, resolve_device
+from dlrm import compose
+from dlrm.checkpoint_store import CheckpointState
+from dlrm.compose import set_flush_denormal  # noqa: F401  (its home before dlrm/compose.py)
 from dlrm.config import TrainConfig
-from dlrm.data import DataSplits, build_data
-from dlrm.embedding_setup import (
-    PlacedEmbeddings,
-    logged_counters,
-    placement_summary,
-    schedule_training_data,
-)
-from dlrm.errors import CheckpointError, ConfigError, NonFiniteLoss, TrainingDiverged
+from dlrm.data import DataSplits
+from dlrm.embedding_setup import logged_counters, placement_summary
+from dlrm.errors import CheckpointError, NonFiniteLoss, TrainingDiverged
 from dlrm.evaluation import evaluate
 from dlrm.lr_schedule import learning_rate_at
-from dlrm.train_pipeline import PlainTrainPipeline, StepHook, TrainPipeline
+from dlrm.run_checks import check_resume_settings
+from dlrm.train_pipeline import StepHook
 
 log = logging.getLogger(__name__)
-
-
-def _background(fn, *args) -> Future:
-    """`fn(*args)` on a thread of its own; its result (or exception) from `.result()`."""
-    pool = ThreadPoolExecutor(1, thread_name_prefix="resume")
-    future = pool.submit(fn, *args)
-    pool.shutdown(wait=False)
-    return future
-
-
-def make_dense_optimizer(
-    cfg: TrainConfig, params: list[torch.nn.Parameter]
-) -> torch.optim.Optimizer:
-    # fused: one kernel for every parameter instead of a Python loop over them
-    if cfg.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=cfg.learning_rate, fused=True)
-    # adagrad and rowwise_adagrad: the dense part uses plain Adagrad, as the reference does
-    return torch.optim.Adagrad(params, lr=cfg.learning_rate, eps=1e-8, fused=True)
 
 
 @dataclass
@@ -106,20 +85,6 @@ class _Timer:
         self.totals[name] = self.totals.get(name, 0.0) + seconds
 
 
-def set_flush_denormal(on: bool) -> bool:
-    """Denormal floats (below 1.2e-38) read and written as zero on the CPU (x86 DAZ/FTZ), or not.
-    A denormal operand costs a microcode assist per instruction, and stale denormal bit patterns
-    in scratch memory made oneDNN's bf16 matmuls several times slower (docs/speed.md); values
-    that small carry nothing a recommendation model needs.
-
-    The setting is per thread and inherited by intra-op workers started after it, so the trainer
-    applies it before any parallel work. Returns whether the CPU supports it."""
-    supported = torch.set_flush_denormal(on)
-    if on and not supported:
-        log.debug("this CPU cannot flush denormals; they stay")
-    return supported
-
-
 class Trainer:
     def __init__(
         self,
@@ -134,183 +99,42 @@ class Trainer:
     ) -> None:
         """`data` and `model` are built from `cfg` when not given (an injected model is used as it
         is: its placement is its own, and no FAE schedule is applied to `data`). `checkpoints=False`
-        writes none (benchmarks). `step_hook` watches every step (`--perf-log`'s recorder)."""
-        self.cfg = cfg
-        self.rank, self.world_size = rank, world_size
-        if world_size > 1:
-            distributed.check_supported(cfg, world_size)
-        if cfg.perf_log and step_hook is None:
-            raise ConfigError(
-                "perf_log: pass the hook that records it, Trainer(cfg, step_hook=...) "
-                "(python -m dlrm.train --perf-log attaches the one a plugin registers: "
-                "dlrm/step_hooks.py)"
-            )
-        self.device = resolve_device(cfg.device)
-        self._resume_changes: dict[str, tuple] = {}
-        if rank == 0:
-            run_checks.check_write_paths(cfg)
-        if cfg.resume:
-            run_checks.check_resume_target(cfg)
-            source = run_checks.resume_source_dir(cfg)
-            before = run_checks.read_run_settings(source) if source is not None else None
-            if before is not None:
-                # early, before any long work; the checkpoint's own settings are checked on load
-                self._resume_changes = run_checks.check_resume_settings(before, cfg, str(source))
-        run_checks.check_run_dir_is_free(cfg)
-        # The checkpoint is read and verified while the data and the model are built: reading
-        # and checksumming gigabytes need not wait for table initialisation.
-        resuming = _background(ckpt.resume_target, cfg.resume, cfg.run_dir) if cfg.resume else None
-        set_flush_denormal(cfg.flush_denormal)  # before any parallel work: see set_flush_denormal
-        torch.manual_seed(cfg.seed)
-        self.data = data if data is not None else build_data(cfg, rank, world_size)
-        self.placement: PlacedEmbeddings | None = None
-        if model is None:
-            self.placement = build_placed_embeddings(cfg, self.data, self.device, world_size)
-            model = build_model(cfg, self.data, self.device, self.placement.collection)
-            self.data = schedule_training_data(
-                cfg, self.data, self.placement, self.steps_per_epoch()
-            )
-        self.model = model
-        _check_processes(self.model.embeddings, rank)
-        if checkpoints and rank == 0 and not cfg.inference_only:
-            run_checks.check_free_space(
-                cfg.run_dir, self._checkpoint_bytes(), "a checkpoint of this model"
-            )
-        self.dense_optimizer = make_dense_optimizer(cfg, self.model.dense_parameters())
-        self.pipeline = self._make_pipeline(step_hook)
-        if cfg.slipstream:
-            self.pipeline = self._slipstream(self.pipeline)
-        self.write_checkpoints = checkpoints
+        writes none (benchmarks). `step_hook` watches every step (perfmodel's recorder)."""
+        run = compose.build_run(cfg, rank, world_size, data=data, model=model,
+                                step_hook=step_hook, checkpoints=checkpoints)  # fmt: skip
+        self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        self.device, self.data, self.placement = run.device, run.data, run.placement
+        self.model, self.dense_optimizer = run.model, run.dense_optimizer
+        self.pipeline, self.compiled = run.pipeline, run.compiled  # compiled None: eager
+        self.processes, self.files, self.checkpoints = run.processes, run.files, run.checkpoints
+        self.run_dir, self.ckpt_dir = cfg.run_dir, run.checkpoints.directory
+        self._progress = run.progress
+        self._resume_changes = run.resume_changes
         self.state = TrainState()
         self.timer = _Timer()
-        self.run_dir = cfg.run_dir
-        self.ckpt_dir = self.run_dir / "checkpoints"
         self._lr = cfg.learning_rate
-        show = cfg.progress if cfg.progress is not None else sys.stderr.isatty()
-        self._progress = bool(show) and rank == 0
         self.pipeline.hook.attach(self)
-        if cfg.load_model:
-            ckpt.load_model_file(Path(cfg.load_model), self.model)
-        self.compiled = self._compile_dense_part()  # None: eager
-        self._good_checkpoint: Path | None = None  # the newest this process wrote or verified
-        if resuming is not None:
-            found = resuming.result()
-            if found:  # None: the run stopped before its first checkpoint; it starts again
-                self.load_checkpoint(*found)
-        bits = (cfg.quantize_emb_with_bit, cfg.quantize_mlp_with_bit)
-        if cfg.inference_only and bits != (32, 32):  # the reference's flags (issue 23)
-            from dlrm.models.quantized import quantize_for_evaluation
-
-            self.model = quantize_for_evaluation(self.model, cfg)
-
-    def _compile_dense_part(self) -> compile_.CompiledDenseForward | None:
-        """`--compile` (dlrm/compile.py); off while the performance model records its trace, whose
-        kernel models are of the eager step's operators."""
-        cfg = self.cfg
-        steps = self.steps_per_epoch() * cfg.nepochs
-        written = dense_step.supports(self.model)
-        if not compile_.wanted(cfg.compile, cfg.precision, cfg.mini_batch_size, steps, written):
-            return None
-        if self.world_size > 1:  # auto: eager (an explicit --compile was refused at the start)
-            return None
-        if self.cfg.perf_log:
-            log.warning("--compile: off with --perf-log (the performance model traces eager steps)")
-            return None
-        compiled = compile_.compile_dense_part(
-            self.model, self.cfg.precision, self.cfg.loss_function
-        )
-        step = getattr(self.pipeline, "inner", self.pipeline)  # Slipstream's wraps the plain one
-        if compiled is not None and isinstance(step, PlainTrainPipeline):
-            step.written = compiled
-        return compiled
-
-    def _make_pipeline(self, hook: StepHook | None) -> TrainPipeline:
-        """The plain step, or the variant the embedding collection needs (Hotline's split)."""
-        cfg = self.cfg
-        args = (
-            self.model,
-            self.dense_optimizer,
-            self.device,
-            cfg.precision,
-            cfg.loss_function,
-            hook,
-        )
-        if self.model.embeddings.placement_info()["kind"] in ("hotline", "tiered"):
-            from dlrm.embedding_setup import learned_plan
-            from dlrm.hotline_pipeline import HotlineTrainPipeline
-
-            return HotlineTrainPipeline(
-                *args,
-                prefetch=cfg.hotline_prefetch,
-                learn_batches=cfg.hotline_learn_batches,
-                make_plan=lambda coll: learned_plan(cfg, coll),
-            )
-        if self.world_size > 1:  # the dense part under DDP (dlrm/distributed.py)
-            return PlainTrainPipeline(*args, forward=distributed.data_parallel(self.model))
-        return PlainTrainPipeline(*args)
-
-    def _slipstream(self, inner: TrainPipeline) -> TrainPipeline:
-        """`--slipstream`: the placement's pipeline wrapped in Slipstream's."""
-        from dlrm.embedding_setup import profiled_batches, tracked_plan
-        from dlrm.slipstream_pipeline import SlipstreamSettings, SlipstreamTrainPipeline
-        from embeddings.staleness import StalenessTracker
-
-        cfg = self.cfg
-        plan = tracked_plan(cfg, self.placement, self.data.train)
-        tracker = StalenessTracker(plan, cfg.slipstream_metric, cfg.slipstream_threshold,
-                                   cfg.slipstream_target_skip, cfg.slipstream_min_lookups)  # fmt: skip
-        settings = SlipstreamSettings(
-            cfg.slipstream_mode, cfg.slipstream_interval, cfg.slipstream_metric,
-            cfg.slipstream_threshold, cfg.slipstream_target_skip, cfg.slipstream_warmup,
-            cfg.slipstream_control, cfg.slipstream_normalize, cfg.seed, cfg.learning_rate,
-            frozenset(profiled_batches(len(self.data.train), cfg.profile_sample_rate)),
-        )  # fmt: skip
-        return SlipstreamTrainPipeline(inner, self.model, tracker, settings, cfg.mini_batch_size,
-                                       self.steps_per_epoch(), self.device)  # fmt: skip
+        found = run.resume_target()
+        if found:  # None: the run stopped before its first checkpoint; it starts again
+            self.load_checkpoint(*found)
+        self.model = compose.evaluation_model(cfg, self.model)
 
     # --- run directory ------------------------------------------------------------------------
 
     def _open_run_dir(self) -> None:
-        if self.rank != 0:  # rank 0 writes the run directory
-            return
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        config_path = self.run_dir / "config.json"
-        kept = self.cfg.resume and run_checks.read_run_settings(self.run_dir, warn=False)
-        if not kept or self._resume_changes:
-            config_path.write_text(json.dumps(self.cfg.to_json(), indent=2) + "\n")
-        if self.cfg.resume and self._good_checkpoint is not None:
-            dropped = self._drop_superseded_events()
+        self.files.open(self.cfg, self._resume_changes)
+        resumed_from = self._last_checkpoint()
+        if self.cfg.resume and resumed_from is not None:
+            dropped = self.files.drop_events_after(self.state.step)
             changed = {k: {"before": a, "now": b} for k, (a, b) in self._resume_changes.items()}
             self._event(
-                "resume", checkpoint=str(self._good_checkpoint), dropped_events=dropped,
+                "resume", checkpoint=str(resumed_from), dropped_events=dropped,
                 changed_settings=changed,
             )  # fmt: skip
 
-    def _drop_superseded_events(self) -> int:
-        """metrics.jsonl reads as one run: the events a killed run logged after the checkpoint
-        this run resumes from are dropped (they are computed again); returns how many."""
-        path = self.run_dir / "metrics.jsonl"
-        if not path.is_file():
-            return 0
-        lines = path.read_text().splitlines()
-        keep, step = [], self.state.step
-        for line in lines:
-            try:
-                e = json.loads(line)
-            except json.JSONDecodeError:  # a line cut by the kill
-                continue
-            if e.get("step", 0) <= step:
-                keep.append(line)
-        if len(keep) != len(lines):
-            write_text(path, "".join(x + "\n" for x in keep))
-        return len(lines) - len(keep)
-
     def _event(self, event: str, **fields) -> None:
-        if self.rank != 0:
-            return
-        record = {"event": event, "step": self.state.step, "epoch": self.state.epoch, **fields}
-        with open(self.run_dir / "metrics.jsonl", "a") as f:
-            f.write(json.dumps(record) + "\n")
+        st = self.state
+        self.files.event({"event": event, "step": st.step, "epoch": st.epoch, **fields})
 
     # --- the loop -----------------------------------------------------------------------------
 
@@ -330,8 +154,7 @@ class Trainer:
             self._lr = lr
 
     def steps_per_epoch(self) -> int:
-        n = len(self.data.train)
-        return min(n, self.cfg.num_batches) if self.cfg.num_batches else n
+        return compose.steps_per_epoch(self.cfg, self.data)
 
     def fit(self) -> dict:
         """Train to the configured end (or the AUC threshold), evaluate, write the summary."""
@@ -395,9 +218,8 @@ class Trainer:
             self.timer.add(f"{out.kind}_s", out.compute_s)
         st.step += 1
         st.batch_in_epoch += out.source_batches
-        # global steps: every rank trains an equal slice of the global batch (dlrm/distributed.py)
-        st.samples += out.samples * self.world_size
-        st.loss_sum += distributed.mean_across_ranks(out.loss)
+        st.samples += self.processes.global_samples(out.samples)
+        st.loss_sum += self.processes.mean(out.loss)
         st.loss_count += 1
 
     def _lap(self, since: float) -> float:
@@ -468,67 +290,39 @@ class Trainer:
         }
         if self.pipeline.counters():
             summary["slipstream"] = self.pipeline.counters()
-        if self.rank == 0:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        self.files.summary(summary)
         return summary
 
     # --- checkpoints --------------------------------------------------------------------------
 
     def _last_checkpoint(self) -> Path | None:
-        # Not merely the newest file: a resume may have skipped corrupt newer ones.
-        return self._good_checkpoint
+        return self.checkpoints.last_good
+
+    def _checkpoint(self) -> CheckpointState:
+        """What a checkpoint holds: put together here only, whatever store writes it."""
+        self.model.embeddings.begin_checkpoint()  # every tier current; a file tier marks a point
+        self.state.time_breakdown_s = dict(self.timer.totals)
+        return CheckpointState(
+            arch=self.cfg.arch_signature(), config=self.cfg.to_json(), model=self.model,
+            dense_optimizer=self.dense_optimizer, pipeline=self.pipeline,
+            train_state=self.state.to_checkpoint(), step=self.state.step,
+        )  # fmt: skip
 
     def checkpoint_state(self) -> dict:
-        emb = self.model.embeddings
-        emb.begin_checkpoint()  # every tier current; a file tier marks a consistent point
-        self.state.time_breakdown_s = dict(self.timer.totals)
-        return {
-            "format": ckpt.FORMAT,
-            "version": ckpt.VERSION,
-            "arch": self.cfg.arch_signature(),
-            "config": self.cfg.to_json(),  # what a resume must match (dlrm/run_checks.py)
-            "model": self.model.state_dict(),
-            "sparse_optimizer": emb.sparse_state_dict(),
-            "embedding_extra": emb.extra_state(),
-            "dense_optimizer": self.dense_optimizer.state_dict(),
-            "pipeline": self.pipeline.state_dict(),
-            "train_state": self.state.to_checkpoint(),
-            "rng": ckpt.rng_state(),
-        }
+        """A single-process checkpoint's contents."""
+        return self._checkpoint().whole()
 
     def save_checkpoint(self) -> Path | None:
-        if not self.write_checkpoints:
-            return None
-        if self.world_size > 1:  # every rank writes its shards (dlrm/sharded_checkpoint.py)
-            t0 = time.perf_counter()
-            path = sharded_checkpoint.save(self)
-            if self.rank == 0:
-                self._event("checkpoint", path=str(path))
-            self._good_checkpoint = path
-            self.timer.add("checkpoint_s", time.perf_counter() - t0)
-            return path
-        if self.rank != 0:
-            # Rank 0 writes the whole run: every rank's collection is a replica of the others'
-            # (`_check_processes`), so no rank holds rows rank 0 lacks.
-            return None
         t0 = time.perf_counter()
-        path = ckpt.checkpoint_path(self.ckpt_dir, self.state.step)
-        written = False
-        try:
-            ckpt.save(self.checkpoint_state(), path)
-            written = True
-        finally:
-            self.model.embeddings.end_checkpoint(written)
-        self._good_checkpoint = path
-        ckpt.prune(self.ckpt_dir, self.cfg.keep_checkpoints)
-        self._event("checkpoint", path=str(path))
-        self.timer.add("checkpoint_s", time.perf_counter() - t0)
+        path = self.checkpoints.save(self._checkpoint)  # None: this store writes none
+        if path is not None:
+            self._event("checkpoint", path=str(path))
+            self.timer.add("checkpoint_s", time.perf_counter() - t0)
         return path
 
     def load_checkpoint(self, path: Path, data: dict | None = None) -> None:
         """Continue from the checkpoint at `path` (`data`: its contents, already verified)."""
-        data = ckpt.load(path) if data is None else data
+        data = self.checkpoints.load(path) if data is None else data
         if ckpt.is_model_file(data):
             raise CheckpointError(
                 f"{path}: a model file (weights only, as --save-model writes), not a checkpoint: it "
@@ -539,9 +333,7 @@ class Trainer:
                 f"{path}: written for a different model or optimizer ({data.get('arch')})"
             )
         if "config" in data:  # older checkpoints: config.json was checked, if there was one
-            self._resume_changes = run_checks.check_resume_settings(
-                data["config"], self.cfg, str(path)
-            )
+            self._resume_changes = check_resume_settings(data["config"], self.cfg, str(path))
         ckpt.load_model_state(self.model, data["model"], path)
         emb = self.model.embeddings
         # before version 2 of the trainer's layout the transfer counters stood at the top level
@@ -560,31 +352,10 @@ class Trainer:
         self.timer.totals = dict(self.state.time_breakdown_s)
         ckpt.set_rng_state(data["rng"])
         self._lr = float("nan")  # force the LR of the next step to be applied
-        self._good_checkpoint = path
+        self.checkpoints.resumed_from(path)
         log.info("resumed from %s at step %d", path, self.state.step)
-
-    def _checkpoint_bytes(self) -> int:
-        """About what one checkpoint takes: every table with its optimizer state, and the dense
-        parameters with their optimizer's (at most twice more)."""
-        dense = sum(p.numel() for p in self.model.dense_parameters()) * 3
-        return self.model.embeddings.checkpoint_bytes() + 4 * dense
 
     def save_model_file(self, path: Path) -> None:
         """Weights only (no optimizer), for --load-model and inference."""
         state = self.model.state_dict()  # with sharded tables: a collective, on every rank
-        if self.rank == 0:
-            ckpt.save_model_file(path, self.model, self.cfg.arch_signature(), state)
-
-
-def _check_processes(embeddings, rank: int) -> None:
-    """With a process group of several ranks, every rank runs its own copy of the collection:
-    refuse collections whose copies would drift apart (each rank updating its rows with its own
-    gradients), and so also never lose a rank's rows by checkpointing on rank 0 only."""
-    dist = torch.distributed
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return
-    if not embeddings.replicated_across_ranks():
-        raise ConfigError(
-            f"rank {rank}: this embedding placement keeps an independent copy of the tables in every "
-            "process, which would drift apart; multi-process training needs sharded tables"
-        )
+        self.files.model_file(path, self.model, self.cfg.arch_signature(), state)

@@ -123,7 +123,7 @@ def test_perf_log_keeps_the_step_eager(tmp_path, caplog):
     cfg = tiny(tmp_path, compile=True, perf_log=str(tmp_path / "perf"))
     from perfmodel.recorder import StepRecorder
 
-    with caplog.at_level(logging.WARNING, logger="dlrm.trainer"):
+    with caplog.at_level(logging.WARNING, logger="dlrm.compose"):
         trainer = Trainer(cfg, step_hook=StepRecorder(cfg.perf_log))
     assert trainer.compiled is None
     assert any("--perf-log" in r.getMessage() for r in caplog.records)

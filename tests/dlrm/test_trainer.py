@@ -211,3 +211,40 @@ def test_trainer_flushes_denormals_unless_told_not_to(make_config, tmp_path):
         assert (tiny * 1.0).item() == pytest.approx(1e-39, rel=1e-3)
     finally:
         torch.set_flush_denormal(False)  # the process default, for the tests after this one
+
+
+def test_the_trainer_is_only_the_loop():
+    """Placement and process differences are decided where the run is built (dlrm/compose.py):
+    no condition in dlrm/trainer.py reads a rank, a world size or a placement's kind."""
+    import ast
+
+    import dlrm.trainer
+
+    tree = ast.parse(Path(dlrm.trainer.__file__).read_text())
+    banned = {"rank", "world_size", "placement_info", "placement", "hotline", "tiered", "fae"}
+    conditions = [n.test for n in ast.walk(tree) if isinstance(n, (ast.If, ast.IfExp, ast.While))]
+    conditions += [v for n in ast.walk(tree) if isinstance(n, ast.BoolOp) for v in n.values]
+    found = [
+        ast.unparse(c)
+        for c in conditions
+        for n in ast.walk(c)
+        if (isinstance(n, ast.Name) and n.id in banned)
+        or (isinstance(n, ast.Attribute) and n.attr in banned)
+        or (isinstance(n, ast.Constant) and n.value in banned)
+    ]
+    assert not found, found
+
+
+def test_checkpoint_contents_are_listed_once(make_config):
+    """Both stores take the checkpoint's dict from one CheckpointState: the single-file layout is
+    its `whole()`, the sharded one's common part its `contents()` around the dense weights."""
+    trainer = Trainer(make_config())
+    whole = trainer.checkpoint_state()
+    assert list(whole) == ["format", "version", "arch", "config", "model", "sparse_optimizer",
+                           "embedding_extra", "dense_optimizer", "pipeline", "train_state",
+                           "rng"]  # fmt: skip
+    common = trainer._checkpoint().contents(table_prefix="embeddings.", dense_model={})
+    assert set(common) - {"table_prefix", "dense_model"} == set(whole) - {
+        "model",
+        "sparse_optimizer",
+    }

@@ -151,8 +151,6 @@ ALLOWED = {
     "embeddings/tiered.py": 3,
     "embeddings/tiers.py": 3,
     "embeddings/scm_tier.py": 2,
-    "dlrm/trainer.py": 1,
-    "dlrm/sharded_checkpoint.py": 3,
 }
 
 

@@ -1,0 +1,281 @@
+"""The composition root: from a configuration to the parts of a run, built once, in order.
+
+    run = build_run(cfg, rank, world_size)   # what dlrm/trainer.py's Trainer does first
+
+Everything that differs by placement, by process or by feature flag is decided here, so the
+trainer is only the loop: the data (this rank's shard), the placement and the model, the FAE
+schedule, the dense optimizer, the compiled dense step, the train pipeline it runs in (the
+plain step, the staging pipeline a collection asks for, the dense part under DDP, Slipstream's
+around either), the checkpoint store (single-file, sharded, none), the run directory's writer
+(rank 0's, or one that writes nothing), and the pre-flight checks (paths, resume settings, free
+space) before any long work. Pieces can be injected (`data`, `model`, `step_hook`,
+`checkpoints=False`), so benchmarks and tools compose a run instead of subclassing the trainer.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from dlrm import checkpoint as ckpt
+from dlrm import compile as compile_
+from dlrm import dense_step, distributed, run_checks
+from dlrm.build import build_model, build_placed_embeddings, resolve_device
+from dlrm.checkpoint_store import CheckpointStore, FileCheckpoints, NoCheckpoints
+from dlrm.config import TrainConfig
+from dlrm.data import DataSplits, build_data
+from dlrm.distributed import Processes
+from dlrm.embedding_setup import PlacedEmbeddings, schedule_training_data
+from dlrm.errors import ConfigError
+from dlrm.run_files import NoRunFiles, RunFiles
+from dlrm.sharded_checkpoint import ShardedCheckpoints
+from dlrm.train_pipeline import PlainTrainPipeline, StepHook, TrainPipeline
+from embeddings.optimizer import SparseOptimizer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Run:
+    """The built parts of a run (see the module docstring)."""
+
+    cfg: TrainConfig
+    device: torch.device
+    data: DataSplits
+    placement: PlacedEmbeddings | None  # None: an injected model, whose placement is its own
+    model: torch.nn.Module
+    dense_optimizer: torch.optim.Optimizer
+    compiled: compile_.CompiledDenseForward | None  # None: eager
+    pipeline: TrainPipeline
+    processes: Processes
+    files: RunFiles
+    checkpoints: CheckpointStore
+    progress: bool  # a progress bar on this process
+    resume_changes: dict[str, tuple]  # the settings a resume changed (dlrm/run_checks.py)
+    resuming: Future | None = None  # the checkpoint to resume from, read in the background
+
+    def resume_target(self) -> tuple[Path, dict] | None:
+        """The checkpoint to continue from with its verified contents; None: start afresh."""
+        return self.resuming.result() if self.resuming is not None else None
+
+
+def build_run(
+    cfg: TrainConfig,
+    rank: int = 0,
+    world_size: int = 1,
+    *,
+    data: DataSplits | None = None,
+    model: torch.nn.Module | None = None,
+    step_hook: StepHook | None = None,
+    checkpoints: bool = True,
+) -> Run:
+    """`data` and `model` are built from `cfg` when not given (an injected model is used as it
+    is: its placement is its own, and no FAE schedule is applied to `data`). `checkpoints=False`
+    writes none (benchmarks). `step_hook` watches every step (`--perf-log`'s recorder)."""
+    if world_size > 1:
+        distributed.check_supported(cfg, world_size)
+    if cfg.perf_log and step_hook is None:
+        raise ConfigError(
+            "perf_log: pass the hook that records it, Trainer(cfg, step_hook=...) "
+            "(python -m dlrm.train --perf-log attaches the one a plugin registers: "
+            "dlrm/step_hooks.py)"
+        )
+    device = resolve_device(cfg.device)
+    leads = rank == 0  # rank 0 writes the run directory
+    resume_changes = _check_paths(cfg, leads)
+    # The checkpoint is read and verified while the data and the model are built: reading
+    # and checksumming gigabytes need not wait for table initialisation.
+    store = _checkpoint_store(cfg, rank, world_size, checkpoints)
+    resuming = _background(store.resume_target, cfg.resume, cfg.run_dir) if cfg.resume else None
+    set_flush_denormal(cfg.flush_denormal)  # before any parallel work: see set_flush_denormal
+    torch.manual_seed(cfg.seed)
+    data = data if data is not None else build_data(cfg, rank, world_size)
+    placement: PlacedEmbeddings | None = None
+    if model is None:
+        placement = build_placed_embeddings(cfg, data, device, world_size)
+        model = build_model(cfg, data, device, placement.collection)
+        data = schedule_training_data(cfg, data, placement, steps_per_epoch(cfg, data))
+    distributed.check_replicated(model.embeddings, rank)
+    if checkpoints and leads and not cfg.inference_only:
+        run_checks.check_free_space(
+            cfg.run_dir, _checkpoint_bytes(model), "a checkpoint of this model"
+        )
+    dense_optimizer = make_dense_optimizer(cfg, model.dense_parameters())
+    if cfg.load_model:
+        ckpt.load_model_file(Path(cfg.load_model), model)
+    compiled = _compiled(cfg, model, steps_per_epoch(cfg, data) * cfg.nepochs, world_size)
+    pipeline = _pipeline(cfg, model, dense_optimizer, device, step_hook, compiled, world_size)
+    if cfg.slipstream:
+        pipeline = _slipstream(cfg, pipeline, model, placement, data, device)
+    show = cfg.progress if cfg.progress is not None else sys.stderr.isatty()
+    return Run(
+        cfg, device, data, placement, model, dense_optimizer, compiled, pipeline,
+        Processes(rank, world_size), RunFiles(cfg.run_dir) if leads else NoRunFiles(cfg.run_dir),
+        store, bool(show) and leads, resume_changes, resuming,
+    )  # fmt: skip
+
+
+def steps_per_epoch(cfg: TrainConfig, data: DataSplits) -> int:
+    n = len(data.train)
+    return min(n, cfg.num_batches) if cfg.num_batches else n
+
+
+def make_dense_optimizer(
+    cfg: TrainConfig, params: list[torch.nn.Parameter]
+) -> torch.optim.Optimizer:
+    return SparseOptimizer(cfg.optimizer).dense_optimizer(params, cfg.learning_rate)
+
+
+def evaluation_model(cfg: TrainConfig, model: torch.nn.Module) -> torch.nn.Module:
+    """The model evaluation runs: with `--inference-only` and the reference's
+    `--quantize-emb-with-bit` / `--quantize-mlp-with-bit` (issue 23) quantized, else `model`.
+    Applied after the weights are loaded (`--load-model`, `--resume`)."""
+    bits = (cfg.quantize_emb_with_bit, cfg.quantize_mlp_with_bit)
+    if not cfg.inference_only or bits == (32, 32):
+        return model
+    from dlrm.models.quantized import quantize_for_evaluation
+
+    return quantize_for_evaluation(model, cfg)
+
+
+def set_flush_denormal(on: bool) -> bool:
+    """Denormal floats (below 1.2e-38) read and written as zero on the CPU (x86 DAZ/FTZ), or not.
+    A denormal operand costs a microcode assist per instruction, and stale denormal bit patterns
+    in scratch memory made oneDNN's bf16 matmuls several times slower (docs/speed.md); values
+    that small carry nothing a recommendation model needs.
+
+    The setting is per thread and inherited by intra-op workers started after it, so a run
+    applies it before any parallel work. Returns whether the CPU supports it."""
+    supported = torch.set_flush_denormal(on)
+    if on and not supported:
+        log.debug("this CPU cannot flush denormals; they stay")
+    return supported
+
+
+# --- the parts ----------------------------------------------------------------------------------
+
+
+def _check_paths(cfg: TrainConfig, leads: bool) -> dict[str, tuple]:
+    """The run's paths and `--resume`'s settings, before any long work; the settings a resume
+    changes (the checkpoint's own settings are checked again when it is loaded)."""
+    changes: dict[str, tuple] = {}
+    if leads:
+        run_checks.check_write_paths(cfg)
+    if cfg.resume:
+        run_checks.check_resume_target(cfg)
+        source = run_checks.resume_source_dir(cfg)
+        before = run_checks.read_run_settings(source) if source is not None else None
+        if before is not None:
+            changes = run_checks.check_resume_settings(before, cfg, str(source))
+    run_checks.check_run_dir_is_free(cfg)
+    return changes
+
+
+def _background(fn, *args) -> Future:
+    """`fn(*args)` on a thread of its own; its result (or exception) from `.result()`."""
+    pool = ThreadPoolExecutor(1, thread_name_prefix="resume")
+    future = pool.submit(fn, *args)
+    pool.shutdown(wait=False)
+    return future
+
+
+def _checkpoint_bytes(model: torch.nn.Module) -> int:
+    """About what one checkpoint takes: every table with its optimizer state, and the dense
+    parameters with their optimizer's (at most twice more)."""
+    dense = sum(p.numel() for p in model.dense_parameters()) * 3
+    return model.embeddings.checkpoint_bytes() + 4 * dense
+
+
+def _checkpoint_store(
+    cfg: TrainConfig, rank: int, world_size: int, checkpoints: bool
+) -> CheckpointStore:
+    directory = cfg.run_dir / "checkpoints"
+    if not checkpoints:
+        return NoCheckpoints(directory)
+    if world_size > 1:  # every rank writes its shards (dlrm/sharded_checkpoint.py)
+        return ShardedCheckpoints(directory, cfg.keep_checkpoints, rank, world_size, cfg.optimizer)
+    if rank != 0:
+        # Rank 0 writes the whole run: every rank's collection is a replica of the others'
+        # (distributed.check_replicated), so no rank holds rows rank 0 lacks.
+        return NoCheckpoints(directory)
+    return FileCheckpoints(directory, cfg.keep_checkpoints)
+
+
+def _compiled(
+    cfg: TrainConfig, model: torch.nn.Module, steps: int, world_size: int
+) -> compile_.CompiledDenseForward | None:
+    """`--compile` (dlrm/compile.py); off while the performance model records its trace, whose
+    kernel models are of the eager step's operators."""
+    written = dense_step.supports(model)
+    if not compile_.wanted(cfg.compile, cfg.precision, cfg.mini_batch_size, steps, written):
+        return None
+    if world_size > 1:  # auto: eager (an explicit --compile was refused at the start)
+        return None
+    if cfg.perf_log:
+        log.warning("--compile: off with --perf-log (the performance model traces eager steps)")
+        return None
+    return compile_.compile_dense_part(model, cfg.precision, cfg.loss_function)
+
+
+def _wants_staging_pipeline(collection) -> bool:
+    """A collection that stages its cold rows per mini-batch (Hotline's, the SSD tier's)."""
+    return collection.placement_info()["kind"] in ("hotline", "tiered")
+
+
+def _pipeline(
+    cfg: TrainConfig,
+    model: torch.nn.Module,
+    dense_optimizer: torch.optim.Optimizer,
+    device: torch.device,
+    hook: StepHook | None,
+    compiled: compile_.CompiledDenseForward | None,
+    world_size: int,
+) -> TrainPipeline:
+    """The plain step, or the variant the embedding collection needs (Hotline's staging); the
+    compiled dense step, if any, runs inside it."""
+    args = (model, dense_optimizer, device, cfg.precision, cfg.loss_function, hook)
+    if _wants_staging_pipeline(model.embeddings):
+        from dlrm.embedding_setup import learned_plan
+        from dlrm.hotline_pipeline import HotlineTrainPipeline
+
+        return HotlineTrainPipeline(
+            *args,
+            prefetch=cfg.hotline_prefetch,
+            learn_batches=cfg.hotline_learn_batches,
+            make_plan=lambda coll: learned_plan(cfg, coll),
+            written=compiled,
+        )
+    if world_size > 1:  # the dense part under DDP (dlrm/distributed.py)
+        return PlainTrainPipeline(*args, forward=distributed.data_parallel(model), written=compiled)
+    return PlainTrainPipeline(*args, written=compiled)
+
+
+def _slipstream(
+    cfg: TrainConfig,
+    inner: TrainPipeline,
+    model: torch.nn.Module,
+    placement: PlacedEmbeddings | None,
+    data: DataSplits,
+    device: torch.device,
+) -> TrainPipeline:
+    """`--slipstream`: the placement's pipeline wrapped in Slipstream's."""
+    from dlrm.embedding_setup import profiled_batches, tracked_plan
+    from dlrm.slipstream_pipeline import SlipstreamSettings, SlipstreamTrainPipeline
+    from embeddings.staleness import StalenessTracker
+
+    plan = tracked_plan(cfg, placement, data.train)
+    tracker = StalenessTracker(plan, cfg.slipstream_metric, cfg.slipstream_threshold,
+                               cfg.slipstream_target_skip, cfg.slipstream_min_lookups)  # fmt: skip
+    settings = SlipstreamSettings(
+        cfg.slipstream_mode, cfg.slipstream_interval, cfg.slipstream_metric,
+        cfg.slipstream_threshold, cfg.slipstream_target_skip, cfg.slipstream_warmup,
+        cfg.slipstream_control, cfg.slipstream_normalize, cfg.seed, cfg.learning_rate,
+        frozenset(profiled_batches(len(data.train), cfg.profile_sample_rate)),
+    )  # fmt: skip
+    return SlipstreamTrainPipeline(inner, model, tracker, settings, cfg.mini_batch_size,
+                                   steps_per_epoch(cfg, data), device)  # fmt: skip

@@ -1,0 +1,79 @@
+"""The files of a run directory the trainer writes as it goes: `config.json`, `metrics.jsonl`
+(one JSON object per event) and `summary.json`, and the `--save-model` file. Rank 0 writes them
+for the whole run; every other rank gets `NoRunFiles`, whose writes do nothing, so the trainer
+never asks which rank it is (the composition root, dlrm/compose.py, picks)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from common.atomic import write_text
+from dlrm import checkpoint as ckpt
+from dlrm import run_checks
+from dlrm.config import TrainConfig
+
+
+class RunFiles:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def open(self, cfg: TrainConfig, changed: dict) -> None:
+        """The directory, and its config.json unless a resumed run keeps it unchanged."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        kept = cfg.resume and run_checks.read_run_settings(self.path, warn=False)
+        if not kept or changed:
+            (self.path / "config.json").write_text(json.dumps(cfg.to_json(), indent=2) + "\n")
+
+    def drop_events_after(self, step: int) -> int:
+        """metrics.jsonl reads as one run: the events a killed run logged after the checkpoint
+        this run resumes from are dropped (they are computed again); returns how many."""
+        path = self.path / "metrics.jsonl"
+        if not path.is_file():
+            return 0
+        lines = path.read_text().splitlines()
+        keep = []
+        for line in lines:
+            try:
+                e = json.loads(line)
+            except json.JSONDecodeError:  # a line cut by the kill
+                continue
+            if e.get("step", 0) <= step:
+                keep.append(line)
+        if len(keep) != len(lines):
+            write_text(path, "".join(x + "\n" for x in keep))
+        return len(lines) - len(keep)
+
+    def event(self, record: dict) -> None:
+        with open(self.path / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def summary(self, summary: dict) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        (self.path / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+
+    def model_file(self, path: Path, model: torch.nn.Module, arch: dict, state: dict) -> None:
+        """Weights only (`state`: the model's state dict, taken on every rank: with sharded
+        tables that is a collective)."""
+        ckpt.save_model_file(path, model, arch, state)
+
+
+class NoRunFiles(RunFiles):
+    """A rank other than 0: rank 0 writes the run's files."""
+
+    def open(self, cfg: TrainConfig, changed: dict) -> None:
+        return None
+
+    def drop_events_after(self, step: int) -> int:
+        return 0
+
+    def event(self, record: dict) -> None:
+        return None
+
+    def summary(self, summary: dict) -> None:
+        return None
+
+    def model_file(self, path: Path, model: torch.nn.Module, arch: dict, state: dict) -> None:
+        return None
