@@ -1,7 +1,8 @@
 """Hotline's train pipeline: the cold rows of the next mini-batches staged on a worker while the
 current one computes.
 
-Per mini-batch (embeddings/hotline.py holds the rows):
+Per mini-batch (the collection's side of it is declared in embeddings/staging.py; embeddings/staged.py
+holds the rows):
 1. a worker classifies its inputs (popular: every lookup, history steps included for TBSM, is a
    device row, so the input needs nothing staged), deduplicates the other inputs' cold rows,
    reads them with their optimizer state from the host tier and copies them towards the device
@@ -33,7 +34,7 @@ from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dlrm.train_pipeline import PlainTrainPipeline, StepHook, StepResult
-from embeddings.hotline import HotlineEmbeddingBagCollection
+from embeddings.staging import StagingCollection
 
 
 def _one_thread() -> None:
@@ -61,10 +62,10 @@ class HotlineTrainPipeline(PlainTrainPipeline):
         hook: StepHook | None = None,
         prefetch: int = 1,
         learn_batches: int = 0,
-        make_plan: Callable[[HotlineEmbeddingBagCollection], object] | None = None,
+        make_plan: Callable[[StagingCollection], object] | None = None,
     ) -> None:
         super().__init__(model, dense_optimizer, device, precision, loss_function, hook)
-        self.coll: HotlineEmbeddingBagCollection = model.embeddings
+        self.coll: StagingCollection = model.embeddings
         self.prefetch = prefetch
         self.learn_batches = learn_batches
         self.make_plan = make_plan

@@ -234,7 +234,9 @@ class Trainer:
             cfg.loss_function,
             hook,
         )
-        if self.model.embeddings.placement_info()["kind"] in ("hotline", "tiered"):
+        from embeddings.staging import stages
+
+        if stages(self.model.embeddings):
             from dlrm.embedding_setup import learned_plan
             from dlrm.hotline_pipeline import HotlineTrainPipeline
 

@@ -1,0 +1,60 @@
+"""The staging pipeline is chosen by what a collection declares (embeddings/staging.py), never by
+its placement kind."""
+
+from contextlib import contextmanager
+from types import SimpleNamespace
+
+import torch
+
+from dlrm.config import TrainConfig
+from dlrm.hotline_pipeline import HotlineTrainPipeline
+from dlrm.train_pipeline import PlainTrainPipeline
+from dlrm.trainer import Trainer
+from embeddings import FusedEmbeddingBagCollection, SparseOptimizer, TableSpec
+from embeddings.staging import StagingCollection, stages
+
+
+class _Stager(FusedEmbeddingBagCollection):
+    """A collection of a kind no pipeline has heard of that declares staging."""
+
+    version, plan, learned_batches = 0, object(), 0
+
+    def stage(self, features, inputs=None, version=None):
+        return features
+
+    @contextmanager
+    def using(self, staged):
+        yield 0
+
+    def count_step(self, staged, waited_s):
+        pass
+
+    def observe(self, features):
+        pass
+
+    def adopt(self, plan):
+        pass
+
+    def placement_info(self) -> dict:
+        return {"kind": "my-own", "backend": self.backend}
+
+
+def _pipeline(embeddings):
+    trainer = SimpleNamespace(
+        cfg=TrainConfig(), model=SimpleNamespace(embeddings=embeddings), world_size=1,
+        dense_optimizer=torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1),
+        device=torch.device("cpu"),
+    )  # fmt: skip
+    return Trainer._make_pipeline(trainer, None)
+
+
+def test_a_collection_that_declares_staging_gets_the_staging_pipeline():
+    tables = [TableSpec("t0", 10, 4, "f0")]
+    stager, plain = _Stager(tables, SparseOptimizer()), FusedEmbeddingBagCollection(tables)
+    assert stages(stager) and isinstance(stager, StagingCollection)
+    assert not stages(plain)
+    pipeline = _pipeline(stager)
+    assert isinstance(pipeline, HotlineTrainPipeline)
+    pipeline._pool.shutdown()
+    chosen = _pipeline(plain)
+    assert type(chosen) is PlainTrainPipeline
