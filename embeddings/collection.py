@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from embeddings.config import SparseOptimizer, TableSpec
+from embeddings.transfer_stats import LOGGED_COUNTERS
 
 if TYPE_CHECKING:
     pass
@@ -175,6 +176,11 @@ class EmbeddingCollection(nn.Module, ABC):
         per link and purpose (`emb_bytes_h2d_lookup`, ...), `syncs`, `sync_rows`, `sync_s`,
         `hot_batches`, `cold_batches`, `train_inputs`, `hot_inputs`, `hot_input_share`,
         `emb_bytes_per_sample` (a collection that moves nothing: `no_transfer_counters()`)."""
+
+    def logged_counters(self) -> tuple[str, ...]:
+        """Which `counters()` a metrics.jsonl train event carries (the summary: all of them);
+        none where every row is on the device and nothing moves."""
+        return () if self.placement_info()["kind"] == "device" else LOGGED_COUNTERS
 
     @abstractmethod
     def placement_info(self) -> dict:

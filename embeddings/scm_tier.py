@@ -299,7 +299,7 @@ class ScmTier:
                     "is not held here (its plan puts it in another tier)"
                 )
 
-    def _split(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def split_rows(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         w = rows[:, : self.dim]
         if self.optimizer.kind == "sgd":
             return w.contiguous(), None
@@ -314,7 +314,7 @@ class ScmTier:
         recent = self.writes.recent(ids) if self.queue_writes else None
         if recent is not None:
             self.counts["rows_recent"] += ids.numel()
-            return self._split(recent)
+            return self.split_rows(recent)
         with self._locked():
             self._ready()
             self._check(ids)
@@ -335,7 +335,7 @@ class ScmTier:
                 out[miss] = rows
                 if self.cache.capacity:
                     self._admit(gids, rows, dirty=False)
-            return self._split(out)
+            return self.split_rows(out)
 
     @torch.no_grad()
     def peek_rows(self, ids: torch.Tensor) -> torch.Tensor:
