@@ -252,6 +252,7 @@ def profiled_batches(n: int, rate: float) -> list[int]:
 
 # --- what the run directory reports ---------------------------------------------------------------
 
+
 def placement_summary(embeddings: EmbeddingCollection, device: torch.device) -> dict:
     """The summary's `placement` block: where rows live and the collection's counters."""
     tables = embeddings.tables

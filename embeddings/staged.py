@@ -37,7 +37,6 @@ from __future__ import annotations
 import time
 from collections import deque
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -46,43 +45,19 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 from embeddings.collection import EmbeddingCollection
 from embeddings.config import SparseOptimizer, TableSpec
 from embeddings.errors import PlacementError, TierError
-from embeddings.fused import FusedEmbeddingBagCollection
-from embeddings.hot_map import HotRowMap
 from embeddings.kjt_ops import in_feature_order
 from embeddings.lookup_map import RowOutOfRange, map_lookups
 from embeddings.plan import EXPLICIT, REST, PlacementPlan, TierPlan, row_bytes
 from embeddings.row_store import RowStore
-from embeddings.tiers import flat_rows, table_row_base
+from embeddings.slot_tier import SlotTier
+from embeddings.staged_checkpoint import holds_point, read_point, restore_point, save_point
+from embeddings.staged_rows import StagedRows, members
+from embeddings.staged_tables import assemble, rows_of, store_tables
+from embeddings.tiers import table_row_base
 from embeddings.transfer_stats import TransferStats
 
 # write-backs remembered for refreshing stagings; a staging older than this is read again whole
 WRITEBACK_LOG = 16
-_CHUNK = 1 << 18  # rows per piece when whole tables are assembled or written
-_HOT = ("hot_gids", "hot_weight", "hot_state")  # a checkpoint of a store with files of its own
-_PREFIX = "tiered."  # its keys' prefix in the state dict (the checkpoints written so far)
-
-
-@dataclass
-class StagedRows:
-    """One mini-batch's cold rows, read from the row store, and its lookups' rows in the device
-    tier. `weight[i]` (and `state[i]`) is global row `gids[i]`; gids are sorted and unique, so
-    the rows of table t are the `per_table[t]` after those of the tables before it."""
-
-    gids: torch.Tensor  # int64, CPU
-    weight: torch.Tensor  # [n, dim] float32, on the training device
-    state: torch.Tensor | None  # the optimizer state of those rows (None for SGD)
-    per_table: torch.Tensor  # int64 [tables], CPU
-    lookups_per_table: torch.Tensor  # int64 [tables], CPU: the mini-batch's lookups
-    indices: torch.Tensor  # each lookup's row in its device-tier table (hot slot or staging slot)
-    lookups: int
-    popular_inputs: int  # inputs whose every lookup is a hot row (nothing to stage)
-    version: int  # write-backs the store had received when the read began
-    seconds: float = 0.0  # the staging's own time
-    ready: torch.cuda.Event | None = None  # CUDA: recorded on the side stream after the copies
-
-    @property
-    def rows(self) -> int:
-        return self.gids.numel()
 
 
 def one_home(plan: PlacementPlan, store: str) -> PlacementPlan:
@@ -105,14 +80,6 @@ def one_home(plan: PlacementPlan, store: str) -> PlacementPlan:
         plan.feature_names, plan.table_sizes, plan.dims, plan.optimizer, tiers, False,
         dict(plan.report),
     )  # fmt: skip
-
-
-def _members(x: torch.Tensor, sorted_set: torch.Tensor) -> torch.Tensor:
-    """bool per element of `x`: is it in `sorted_set` (sorted, unique)?"""
-    if not sorted_set.numel():
-        return torch.zeros(x.shape, dtype=torch.bool)
-    at = torch.searchsorted(sorted_set, x).clamp(max=sorted_set.numel() - 1)
-    return sorted_set[at] == x
 
 
 class StagedEmbeddingBagCollection(EmbeddingCollection):
@@ -138,14 +105,12 @@ class StagedEmbeddingBagCollection(EmbeddingCollection):
         super().__init__()
         self.kind = kind
         self.tables = list(tables)
-        self._staging_rows = int(staging_rows)
         self.feature_names = [t.feature_name for t in tables]
         self.dims = [t.embedding_dim for t in tables]
         if len(set(self.dims)) != 1:
             raise ValueError(f"{kind} placement: every embedding table must have the same width")
         self.dim = self.dims[0]
         self.optimizer = optimizer
-        self.lr = optimizer.learning_rate
         self.device = torch.device(device or "cpu")
         self.seed, self.backend_name = seed, backend
         self.sizes = [t.num_embeddings for t in tables]
@@ -165,14 +130,13 @@ class StagedEmbeddingBagCollection(EmbeddingCollection):
         self.learn_counts: torch.Tensor | None = None  # accesses per global row while learning
         self.learned_batches = 0
         self.plan: PlacementPlan | None = None
-        self.capacity = [0] * len(tables)  # staging slots per table
         self.store = store
+        self.tier = SlotTier(self.tables, optimizer, self.device, backend, seed, staging_rows)
         if plan is None:
-            self._set_device_tier(torch.zeros(0, dtype=torch.int64))
+            self.tier.place(torch.zeros(0, dtype=torch.int64))
         else:
             plan = self._one_home(plan)
-            hot = self._hot_gids(plan)
-            self._set_device_tier(hot)
+            self.tier.place(self._hot_gids(plan))
             self._init_hot_rows()
             self.plan = plan
 
@@ -198,79 +162,15 @@ class StagedEmbeddingBagCollection(EmbeddingCollection):
         """The hot rows' initial values, the store's, written into the device tier."""
         for t in range(len(self.tables)):
             rows = self.hot_map.table_hot(t)  # in slot order
-            start = int(self.table_start[t])
-            self.store.init_rows(t, rows, self._w[start : start + rows.numel()])
+            self.store.init_rows(t, rows, self.tier.hot_rows(t))
 
-    def _hot_slots(self, gids: torch.Tensor) -> torch.Tensor:
-        """The device tier's flat rows of hot rows `gids`."""
-        table = torch.bucketize(gids, self.row_base, right=True) - 1
-        return (self.table_start[table] + self.hot_map.slots(gids)).to(self.device)
-
-    @torch.no_grad()
-    def _set_device_tier(
-        self, hot_gids: torch.Tensor, values: tuple[torch.Tensor, torch.Tensor | None] | None = None
-    ) -> None:
-        """A device tier holding rows `hot_gids` (sorted; `values`: their weights and state) and
-        `self.capacity` staging slots per table; the map global row -> slot in its table."""
-        self.hot_map = HotRowMap(hot_gids, self.row_base, self.total_rows)
-        self.n_hot, self.hot_gids = self.hot_map.n_hot, hot_gids
-        self.capacity = [
-            max(c, min(self._staging_rows, s - int(h)))
-            for c, s, h in zip(self.capacity, self.sizes, self.n_hot)
-        ]  # fmt: skip
-        self._build_fast()
-        if values is not None and hot_gids.numel():
-            slots = self._hot_slots(hot_gids)
-            self._w.index_copy_(0, slots, values[0].to(self.device))
-            if values[1] is not None:
-                self._s.index_copy_(0, slots, values[1].to(self.device))
-
-    def _build_fast(self) -> None:
-        """The device tier's collection: table t has `n_hot[t]` hot rows, then `capacity[t]`
-        staging slots (optimizer state zero; rows left for the caller to fill)."""
-        rows = [max(1, int(h) + c) for h, c in zip(self.n_hot, self.capacity)]
-        specs = [TableSpec(t.name, r, self.dim, t.feature_name) for t, r in zip(self.tables, rows)]
-        fast = FusedEmbeddingBagCollection(
-            specs, self.optimizer, self.device, self.backend_name, self.seed, init=False
-        )
-        object.__setattr__(self, "fast", fast)  # not a submodule: the state dict is full tables
-        fast.set_learning_rate(self.lr)
-        self._w = flat_rows(fast.table_weights())
-        states = fast.optimizer_states()
-        self._s = None if states[0] is None else flat_rows(states)
-        if self._w is None or (states[0] is not None and self._s is None):
-            raise PlacementError(f"{self.kind}: the device tier's tables are not in one buffer")
-        if self._s is not None:
-            self._s.zero_()
-        self.table_start = torch.zeros(len(rows), dtype=torch.int64)  # first flat row per table
-        self.table_start[1:] = torch.cumsum(torch.tensor(rows[:-1]), 0)
-
-    @torch.no_grad()
-    def _ensure_capacity(self, staged: StagedRows) -> None:
-        """Staging slots for `staged`'s rows. When a table is short of them, every table gets
-        as many as the batch has lookups in it (the most cold rows it can have), and a short one
-        at least twice as many as before; the device tier is rebuilt with the hot rows copied
-        over (nothing may be staged)."""
-        need = staged.per_table.tolist()
-        if all(n <= c for n, c in zip(need, self.capacity)):
-            return
-        room = [s - int(h) for s, h in zip(self.sizes, self.n_hot)]
-        self.capacity = [
-            min(max(c, int(k), 2 * c if n > c else 0), r)
-            for n, c, r, k in zip(need, self.capacity, room, staged.lookups_per_table)
-        ]  # fmt: skip
-        old = self.fast
-        self._build_fast()
-        pairs = [(old.table_weights(), self.fast.table_weights())]
-        if self._s is not None:
-            pairs.append((old.optimizer_states(), self.fast.optimizer_states()))
-        for src, dst in pairs:
-            for t, h in enumerate(self.n_hot.tolist()):
-                dst[t][:h] = src[t][:h]
-
-    @property
-    def num_hot(self) -> int:
-        return self.hot_gids.numel()
+    # the device tier's parts that tests, benchmarks and summaries look at
+    fast = property(lambda self: self.tier.fast)
+    hot_map = property(lambda self: self.tier.hot_map)
+    hot_gids = property(lambda self: self.tier.hot_gids)
+    n_hot = property(lambda self: self.tier.n_hot)
+    capacity = property(lambda self: self.tier.capacity)
+    num_hot = property(lambda self: self.tier.num_hot)
 
     # --- staging --------------------------------------------------------------------------------
 
@@ -313,7 +213,9 @@ class StagedEmbeddingBagCollection(EmbeddingCollection):
             weight, state = self.store.read_rows(gids)
         else:
             weight = torch.zeros(0, self.dim)
-            state = None if self._s is None else torch.zeros((0, *self._s.shape[1:]))
+            state = (
+                None if self.tier.state is None else torch.zeros((0, *self.tier.state.shape[1:]))
+            )
         ready = None
         if self._side is not None:  # pinned host memory, copied on a side stream
             with torch.cuda.stream(self._side):
@@ -350,9 +252,9 @@ class StagedEmbeddingBagCollection(EmbeddingCollection):
             dst = torch.nonzero(from_device).squeeze(1)
             src = prev[1][at[dst].to(self.device)]
             dst = dst.to(self.device)
-            staged.weight[dst] = self._w[src]
-            if self._s is not None:
-                staged.state[dst] = self._s[src]
+            staged.weight[dst] = self.tier.weight[src]
+            if self.tier.state is not None:
+                staged.state[dst] = self.tier.state[src]
         oldest = self._writebacks[0][0] if self._writebacks else self.version + 1
         if staged.version + 1 < oldest:  # older than the log: every row again
             from_host = ~from_device
@@ -360,7 +262,7 @@ class StagedEmbeddingBagCollection(EmbeddingCollection):
             from_host = torch.zeros(staged.rows, dtype=torch.bool)
             for v, g in self._writebacks:
                 if staged.version < v <= newest:
-                    from_host |= _members(staged.gids, g)
+                    from_host |= members(staged.gids, g)
             from_host &= ~from_device
         pos = torch.nonzero(from_host).squeeze(1)
         if pos.numel():
@@ -387,16 +289,12 @@ class StagedEmbeddingBagCollection(EmbeddingCollection):
                     x.record_stream(stream)
             staged.ready = None
         refreshed = self._refresh(staged, prev)
-        self._ensure_capacity(staged)
-        # table t's staged rows go to its slots after its hot rows, in order
-        first = torch.cumsum(staged.per_table, 0) - staged.per_table
-        shift = (self.table_start + self.n_hot - first).repeat_interleave(
-            staged.per_table, output_size=staged.rows
-        )
-        slots = (torch.arange(staged.rows) + shift).to(self.device)
-        self._w.index_copy_(0, slots, staged.weight)
-        if self._s is not None:
-            self._s.index_copy_(0, slots, staged.state)
+        tier = self.tier
+        tier.ensure_capacity(staged.per_table, staged.lookups_per_table)
+        slots = tier.staging_slots(staged.per_table)
+        tier.weight.index_copy_(0, slots, staged.weight)
+        if tier.state is not None:
+            tier.state.index_copy_(0, slots, staged.state)
         self._in_slots = (staged.gids, slots, training)
         if training:
             self.stats.add_bytes("host", "device", "gather", staged.rows * self._row_bytes)
@@ -416,8 +314,8 @@ class StagedEmbeddingBagCollection(EmbeddingCollection):
         self._in_slots = None
         if not dirty or not gids.numel():
             return
-        state = None if self._s is None else self._s.index_select(0, slots).cpu()
-        self.store.write_rows(gids, self._w.index_select(0, slots).cpu(), state)
+        state = None if self.tier.state is None else self.tier.state.index_select(0, slots).cpu()
+        self.store.write_rows(gids, self.tier.weight.index_select(0, slots).cpu(), state)
         self.stats.add_bytes("device", "host", "writeback", gids.numel() * self._row_bytes)
         self.version += 1
         self._writebacks.append((self.version, gids))
@@ -459,8 +357,7 @@ class StagedEmbeddingBagCollection(EmbeddingCollection):
         return KeyedTensor(keys=self.feature_names, length_per_key=self.dims, values=pooled)
 
     def set_learning_rate(self, lr: float) -> None:
-        self.lr = float(lr)
-        self.fast.set_learning_rate(lr)
+        self.tier.set_learning_rate(lr)
 
     def count_step(self, staged: StagedRows, waited_s: float) -> None:
         """One mini-batch run with `staged`: its popular inputs, the staging's time and
@@ -500,7 +397,7 @@ class StagedEmbeddingBagCollection(EmbeddingCollection):
         gids = self._hot_gids(plan)
         hot_values = self.store.read_rows(gids)
         self.store = self.store.keep_only(plan.tier_remaps(self.store.name))
-        self._set_device_tier(gids, hot_values)
+        self.tier.place(gids, hot_values)
         self.stats.add_bytes("host", "device", "sync", gids.numel() * self._row_bytes)
         self.plan = plan
         self.learn_counts = None
@@ -510,102 +407,38 @@ class StagedEmbeddingBagCollection(EmbeddingCollection):
 
     # --- full tables, assembled from both tiers ---------------------------------------------------
 
-    def _hot_and_cold(self, t: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Table t's hot rows (in slot order) and cold rows, ascending row ids."""
-        hot = self.hot_map.table_hot(t)
-        cold = torch.ones(self.sizes[t], dtype=torch.bool)
-        cold[hot] = False
-        return hot, torch.nonzero(cold).squeeze(1)
-
-    def _hot_rows(self, t: int, state: bool) -> torch.Tensor:
-        """Table t's hot rows in the device tier (weights or state), in slot order."""
-        start = int(self.table_start[t])
-        return (self._s if state else self._w)[start : start + int(self.n_hot[t])]
-
-    def _assemble(self, state: bool) -> list[torch.Tensor | None]:
-        if state and self._s is None:
-            return [None] * len(self.tables)
-        self.sync()
-        out = []
-        for t, n in enumerate(self.sizes):
-            base = int(self.row_base[t])
-            trail = tuple((self._s if state else self._w).shape[1:])
-            full = torch.empty((n, *trail), dtype=torch.float32)
-            hot, cold = self._hot_and_cold(t)
-            for a in range(0, cold.numel(), _CHUNK):
-                rows = cold[a : a + _CHUNK]
-                full[rows] = self.store.peek_rows(rows + base)[1 if state else 0]
-            if hot.numel():
-                full[hot] = self._hot_rows(t, state).cpu()
-            out.append(full)
-        return out
-
     def table_weights(self) -> list[torch.Tensor]:
         """Copies of the full tables (rows come from two tiers): after writing into them call
         `after_tables_written()`, which stores them back."""
-        self._export["weight"] = self._assemble(False)
+        self.sync()
+        self._export["weight"] = assemble(self.tier, self.store, False)
         return self._export["weight"]
 
     def optimizer_states(self) -> list[torch.Tensor | None]:
-        out = self._assemble(True)
-        if out[0] is not None:
-            self._export["state"] = out
-        return out
+        if self.tier.state is None:
+            return [None] * len(self.tables)
+        self.sync()
+        self._export["state"] = assemble(self.tier, self.store, True)
+        return self._export["state"]
 
     @torch.no_grad()
     def after_tables_written(self) -> None:
         weights, states = self._export.get("weight"), self._export.get("state")
         if weights is not None or states is not None:
             self._write_back()
-            for t in range(len(self.sizes)):
-                self._store_table(t, weights, states)
+            store_tables(self.tier, self.store, weights, states)
         self._export.clear()
         self.version += 1  # stagings of the old values are stale
         self._writebacks.clear()
 
-    def _store_table(self, t: int, weights, states) -> None:
-        """Table t's exported rows back into both tiers (what was not exported kept)."""
-        base = int(self.row_base[t])
-        hot, cold = self._hot_and_cold(t)
-        if hot.numel():
-            if weights is not None:
-                self._hot_rows(t, False).copy_(weights[t][hot])
-            if states is not None:
-                self._hot_rows(t, True).copy_(states[t][hot])
-        for a in range(0, cold.numel(), _CHUNK):
-            rows = cold[a : a + _CHUNK]
-            w = s = None
-            if weights is None or (self._s is not None and states is None):
-                w, s = self.store.peek_rows(rows + base)
-            if weights is not None:
-                w = weights[t][rows]
-            if self._s is not None and states is not None:
-                s = states[t][rows]
-            self.store.write_rows(rows + base, w, s)
-
-    @torch.no_grad()
     def rows_of(
         self, tables: torch.Tensor, rows: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Hot rows from the device tier, the others from the store (not the whole tables)."""
         self.sync()
-        gids = torch.as_tensor(rows).long() + self.row_base[torch.as_tensor(tables).long()]
-        slots = self.hot_map.slots(gids)
-        hot = slots >= 0
-        flat = (self.table_start[torch.as_tensor(tables).long()[hot]] + slots[hot]).to(self.device)
-        weights = torch.empty(gids.numel(), self.dim)
-        state = None if self._s is None else torch.empty((gids.numel(), *self._s.shape[1:]))
-        weights[hot] = self._w[flat].cpu()
-        if state is not None:
-            state[hot] = self._s[flat].cpu()
-        if not bool(hot.all()):
-            w, s = self.store.read_rows(gids[~hot])
-            weights[~hot] = w
-            if state is not None:
-                state[~hot] = s
-        return weights, state
+        return rows_of(self.tier, self.store, tables, rows)
 
-    # --- checkpoints: a store with files of its own keeps its rows there ----------------------------
+    # --- checkpoints: a store with files of its own keeps its rows there --------------------------
 
     def begin_checkpoint(self) -> None:
         self.sync()
@@ -632,48 +465,26 @@ class StagedEmbeddingBagCollection(EmbeddingCollection):
         super().load_sparse_state_dict(state)
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
-        if not self._store_checkpoint:
+        if self._store_checkpoint:
+            save_point(self.tier, self.store, destination, prefix)
+        else:
             super()._save_to_state_dict(destination, prefix, keep_vars)
-            return
-        slots = self._hot_slots(self.hot_gids)
-        values = {
-            "hot_gids": self.hot_gids.clone(),
-            "hot_weight": self._w[slots].cpu(),
-            "hot_state": self._s[slots].cpu() if self._s is not None else torch.zeros(0),
-            **self.store.checkpoint_state(),
-        }
-        for k, v in values.items():
-            destination[f"{prefix}{_PREFIX}{k}"] = v
 
     def _load_from_state_dict(
         self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
     ):
-        mine = {k: f"{prefix}{_PREFIX}{k}" for k in (*_HOT, *self.store.checkpoint_keys)}
-        if not self.store.own_files or mine["hot_gids"] not in state_dict:  # full tables
+        if not holds_point(self.store, state_dict, prefix):  # full tables
             super()._load_from_state_dict(
                 state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
             )  # fmt: skip
             return
-        missing = [key for key in mine.values() if key not in state_dict]
-        if missing:
-            missing_keys.extend(missing)
-            return
-        v = {k: state_dict[key] for k, key in mine.items()}
-        unexpected_keys.extend(
-            k for k in state_dict if k.startswith(prefix) and k not in mine.values()
+        values = read_point(
+            self.tier, self.store, state_dict, prefix, missing_keys, unexpected_keys, error_msgs
         )
-        if not torch.equal(v["hot_gids"], self.hot_gids):
-            error_msgs.append(
-                f"{prefix}{_PREFIX}hot_gids: the checkpoint has another placement plan"
-            )
+        if values is None:
             return
-        with torch.no_grad():
-            self._write_back()
-            slots = self._hot_slots(self.hot_gids)
-            self._w[slots] = v["hot_weight"].to(self.device)
-            if self._s is not None:
-                self._s[slots] = v["hot_state"].reshape(self._s[slots].shape).to(self.device)
-        self.store.load_checkpoint_state({k: v[k] for k in self.store.checkpoint_keys})
+        self._write_back()
+        restore_point(self.tier, self.store, values)
         self._in_slots = None
         self._export.clear()
         self.version += 1
@@ -696,7 +507,7 @@ class StagedEmbeddingBagCollection(EmbeddingCollection):
             "backend": self.backend,
             "hot_rows": self.num_hot,
             "staging_slots": sum(self.capacity),
-            "device_tier_bytes": (self.num_hot + sum(self.capacity)) * self._row_bytes,
+            "device_tier_bytes": self.tier.slots * self._row_bytes,
             **self.store.placement_info(self.total_rows - self.num_hot, self._row_bytes),
             "learned_batches": self.learned_batches,
         }
