@@ -139,14 +139,13 @@ class HotlineTrainPipeline(PlainTrainPipeline):
             self._submit(item)
         staged = item.staged.result()
         waited = staged.seconds if self._pool is None else time.perf_counter() - w0
-        with self.coll.using(staged):
+        with self.coll.using(staged, waited):
             # The previous step's rows are home now: the next mini-batches' stagings read them
             # there, and only rows this step updates need renewing when they are loaded.
             for queued in self._queue:
                 if queued.staged is None and self._pool is not None:
                     self._submit(queued)
             loss = self.step(item.batch)
-        self.coll.count_step(staged, waited)
         return loss
 
     # --- online popularity ----------------------------------------------------------------------

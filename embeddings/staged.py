@@ -324,15 +324,19 @@ class StagedEmbeddingBagCollection(EmbeddingCollection):
         self._write_back()
 
     @contextmanager
-    def using(self, staged: StagedRows):
+    def using(self, staged: StagedRows, waited_s: float | None = None):
         """A training step on the mini-batch `staged` was made for: its cold rows in the staging
-        slots (refreshed first), its lookups already mapped. Yields the rows refreshed."""
+        slots (refreshed first), its lookups already mapped. Yields the rows refreshed. With
+        `waited_s` (how long the step waited for the staging) the step is counted when it ends
+        (`count_step`)."""
         refreshed = self._load(staged, training=True)
         self._staged = staged
         try:
             yield refreshed
         finally:
             self._staged = None
+        if waited_s is not None:
+            self.count_step(staged, waited_s)
 
     # --- lookups --------------------------------------------------------------------------------
 

@@ -5,10 +5,11 @@ A collection that stages (embeddings/staged.py: hot rows on the device, cold row
 is trained by the staging pipeline (dlrm/hotline_pipeline.py), which per mini-batch:
 1. notes the collection's `version` (write-backs so far) on the step's thread, then runs
    `stage(features, inputs, version)` mini-batches ahead, on a worker: it only reads;
-2. runs the step inside `using(staged)`: the rows loaded where the step looks them up, the
-   previous step's rows written home first, and any staged row written back after the worker read
-   it renewed; it yields how many rows were renewed;
-3. reports the step with `count_step(staged, waited_s)` (how long the step waited for the worker).
+2. runs the step inside `using(staged, waited_s)`: the rows loaded where the step looks them up,
+   the previous step's rows written home first, and any staged row written back after the worker
+   read it renewed (it yields how many); when the step ends it is counted with the time it waited
+   for the worker (`waited_s`).
+So a step crosses into the collection three times besides its lookup: `version`, `stage`, `using`.
 
 A collection may also learn which rows are hot while it trains (Hotline's online popularity): with
 no `plan` yet, `observe(features)` counts accesses and `adopt(plan)` moves the plan's hot rows in.
@@ -34,12 +35,9 @@ class StagingCollection(Protocol):
         """One mini-batch's rows read for its step (thread-safe: it only reads)."""
         ...
 
-    def using(self, staged) -> AbstractContextManager[int]:
-        """A training step on the mini-batch `staged` was made for; yields the rows renewed."""
-        ...
-
-    def count_step(self, staged, waited_s: float) -> None:
-        """One step run with `staged`, which it waited `waited_s` seconds for."""
+    def using(self, staged, waited_s: float | None = None) -> AbstractContextManager[int]:
+        """A training step on the mini-batch `staged` was made for; yields the rows renewed.
+        With `waited_s`, the seconds the step waited for `staged`, the step is counted."""
         ...
 
     def sync(self) -> None:
