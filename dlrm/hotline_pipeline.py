@@ -1,11 +1,11 @@
-"""Hotline's train pipeline: the cold rows of the next mini-batches staged on a worker while the
-current one computes.
+"""The staging train pipeline (Hotline's): the cold rows of the next mini-batches staged on a
+worker while the current one computes. It trains any collection that stages (`stages`, the
+contract in embeddings/staging.py; embeddings/staged.py holds the rows).
 
-Per mini-batch (the collection's side of it is declared in embeddings/staging.py; embeddings/staged.py
-holds the rows):
+Per mini-batch:
 1. a worker classifies its inputs (popular: every lookup, history steps included for TBSM, is a
    device row, so the input needs nothing staged), deduplicates the other inputs' cold rows,
-   reads them with their optimizer state from the host tier and copies them towards the device
+   reads them with their optimizer state from the row store and copies them towards the device
    (pinned memory and a side stream on CUDA); it works `prefetch` mini-batches ahead;
 2. the step waits for its staging (the time it waits is `exposed_gather_s`), which the collection
    loads into the device tier's staging slots after writing the previous step's cold rows home,
@@ -16,7 +16,7 @@ holds the rows):
    step starts, so a separate popular micro-batch would hide nothing and cost a second pass.
 Fed the same mini-batches it computes what `--placement device` computes.
 
-With `learn_batches`, the first mini-batches train with every row on the host while the
+With `learn_batches`, the first mini-batches train with every row in the store while the
 collection counts accesses; then a plan is made under the hot budget (`make_plan`) and the hot
 rows move to the device.
 """

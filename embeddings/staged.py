@@ -112,7 +112,6 @@ class StagedEmbeddingBagCollection(EmbeddingCollection):
         self.dim = self.dims[0]
         self.optimizer = optimizer
         self.device = torch.device(device or "cpu")
-        self.seed, self.backend_name = seed, backend
         self.sizes = [t.num_embeddings for t in tables]
         self.row_base = table_row_base(self.sizes)
         self._np_sizes, self._np_row_base = np.array(self.sizes), self.row_base.numpy()

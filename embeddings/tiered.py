@@ -79,11 +79,14 @@ def tiered_collection(
     cache ranked by `priority`, profile counts)."""
     if plan is None:
         raise PlacementError("tiered placement: needs a plan (popularity is not learned online)")
+    dims = [t.embedding_dim for t in tables]
+    if len(set(dims)) != 1:  # checked before the tier's files are made, as the plan is
+        raise ValueError("tiered placement: every embedding table must have the same width")
     plan.check_fits(
-        [t.feature_name for t in tables], [t.num_embeddings for t in tables],
-        [t.embedding_dim for t in tables], optimizer.kind, "placement plan",
+        [t.feature_name for t in tables], [t.num_embeddings for t in tables], dims,
+        optimizer.kind, "placement plan",
     )  # fmt: skip
-    plan = one_home(plan, ScmStore.name)  # before the tier's files are made
+    plan = one_home(plan, ScmStore.name)
     tier = ScmTier(
         scm.directory, tables, optimizer, seed, scm.cache_bytes, held=None, io=scm.io,
         io_threads=scm.io_threads, priority=priority, resume=scm.resume, owner=scm.owner,
