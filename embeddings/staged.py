@@ -130,12 +130,14 @@ class StagedEmbeddingBagCollection(EmbeddingCollection):
         self.learned_batches = 0
         self.plan: PlacementPlan | None = None
         self.store = store
-        self.tier = SlotTier(self.tables, optimizer, self.device, backend, seed, staging_rows)
+        self.device_tier = SlotTier(
+            self.tables, optimizer, self.device, backend, seed, staging_rows
+        )
         if plan is None:
-            self.tier.place(torch.zeros(0, dtype=torch.int64))
+            self.device_tier.place(torch.zeros(0, dtype=torch.int64))
         else:
             plan = self._one_home(plan)
-            self.tier.place(self._hot_gids(plan))
+            self.device_tier.place(self._hot_gids(plan))
             self._init_hot_rows()
             self.plan = plan
 
@@ -161,15 +163,15 @@ class StagedEmbeddingBagCollection(EmbeddingCollection):
         """The hot rows' initial values, the store's, written into the device tier."""
         for t in range(len(self.tables)):
             rows = self.hot_map.table_hot(t)  # in slot order
-            self.store.init_rows(t, rows, self.tier.hot_rows(t))
+            self.store.init_rows(t, rows, self.device_tier.hot_rows(t))
 
     # the device tier's parts that tests, benchmarks and summaries look at
-    fast = property(lambda self: self.tier.fast)
-    hot_map = property(lambda self: self.tier.hot_map)
-    hot_gids = property(lambda self: self.tier.hot_gids)
-    n_hot = property(lambda self: self.tier.n_hot)
-    capacity = property(lambda self: self.tier.capacity)
-    num_hot = property(lambda self: self.tier.num_hot)
+    fast = property(lambda self: self.device_tier.fast)
+    hot_map = property(lambda self: self.device_tier.hot_map)
+    hot_gids = property(lambda self: self.device_tier.hot_gids)
+    n_hot = property(lambda self: self.device_tier.n_hot)
+    capacity = property(lambda self: self.device_tier.capacity)
+    num_hot = property(lambda self: self.device_tier.num_hot)
 
     # --- staging --------------------------------------------------------------------------------
 
@@ -213,7 +215,9 @@ class StagedEmbeddingBagCollection(EmbeddingCollection):
         else:
             weight = torch.zeros(0, self.dim)
             state = (
-                None if self.tier.state is None else torch.zeros((0, *self.tier.state.shape[1:]))
+                None
+                if self.device_tier.state is None
+                else torch.zeros((0, *self.device_tier.state.shape[1:]))
             )
         ready = None
         if self._side is not None:  # pinned host memory, copied on a side stream
@@ -251,9 +255,9 @@ class StagedEmbeddingBagCollection(EmbeddingCollection):
             dst = torch.nonzero(from_device).squeeze(1)
             src = prev[1][at[dst].to(self.device)]
             dst = dst.to(self.device)
-            staged.weight[dst] = self.tier.weight[src]
-            if self.tier.state is not None:
-                staged.state[dst] = self.tier.state[src]
+            staged.weight[dst] = self.device_tier.weight[src]
+            if self.device_tier.state is not None:
+                staged.state[dst] = self.device_tier.state[src]
         oldest = self._writebacks[0][0] if self._writebacks else self.version + 1
         if staged.version + 1 < oldest:  # older than the log: every row again
             from_host = ~from_device
@@ -288,7 +292,7 @@ class StagedEmbeddingBagCollection(EmbeddingCollection):
                     x.record_stream(stream)
             staged.ready = None
         refreshed = self._refresh(staged, prev)
-        tier = self.tier
+        tier = self.device_tier
         tier.ensure_capacity(staged.per_table, staged.lookups_per_table)
         slots = tier.staging_slots(staged.per_table)
         tier.weight.index_copy_(0, slots, staged.weight)
@@ -313,8 +317,12 @@ class StagedEmbeddingBagCollection(EmbeddingCollection):
         self._in_slots = None
         if not dirty or not gids.numel():
             return
-        state = None if self.tier.state is None else self.tier.state.index_select(0, slots).cpu()
-        self.store.write_rows(gids, self.tier.weight.index_select(0, slots).cpu(), state)
+        state = (
+            None
+            if self.device_tier.state is None
+            else self.device_tier.state.index_select(0, slots).cpu()
+        )
+        self.store.write_rows(gids, self.device_tier.weight.index_select(0, slots).cpu(), state)
         self.stats.add_bytes("device", "host", "writeback", gids.numel() * self._row_bytes)
         self.version += 1
         self._writebacks.append((self.version, gids))
@@ -360,7 +368,7 @@ class StagedEmbeddingBagCollection(EmbeddingCollection):
         return KeyedTensor(keys=self.feature_names, length_per_key=self.dims, values=pooled)
 
     def set_learning_rate(self, lr: float) -> None:
-        self.tier.set_learning_rate(lr)
+        self.device_tier.set_learning_rate(lr)
 
     def count_step(self, staged: StagedRows, waited_s: float) -> None:
         """One mini-batch run with `staged`: its popular inputs, the staging's time and
@@ -400,7 +408,7 @@ class StagedEmbeddingBagCollection(EmbeddingCollection):
         gids = self._hot_gids(plan)
         hot_values = self.store.read_rows(gids)
         self.store = self.store.keep_only(plan.tier_remaps(self.store.name))
-        self.tier.place(gids, hot_values)
+        self.device_tier.place(gids, hot_values)
         self.stats.add_bytes("host", "device", "sync", gids.numel() * self._row_bytes)
         self.plan = plan
         self.learn_counts = None
@@ -414,14 +422,14 @@ class StagedEmbeddingBagCollection(EmbeddingCollection):
         """Copies of the full tables (rows come from two tiers): after writing into them call
         `after_tables_written()`, which stores them back."""
         self.sync()
-        self._export["weight"] = assemble(self.tier, self.store, False)
+        self._export["weight"] = assemble(self.device_tier, self.store, False)
         return self._export["weight"]
 
     def optimizer_states(self) -> list[torch.Tensor | None]:
-        if self.tier.state is None:
+        if self.device_tier.state is None:
             return [None] * len(self.tables)
         self.sync()
-        self._export["state"] = assemble(self.tier, self.store, True)
+        self._export["state"] = assemble(self.device_tier, self.store, True)
         return self._export["state"]
 
     @torch.no_grad()
@@ -429,7 +437,7 @@ class StagedEmbeddingBagCollection(EmbeddingCollection):
         weights, states = self._export.get("weight"), self._export.get("state")
         if weights is not None or states is not None:
             self._write_back()
-            store_tables(self.tier, self.store, weights, states)
+            store_tables(self.device_tier, self.store, weights, states)
         self._export.clear()
         self.version += 1  # stagings of the old values are stale
         self._writebacks.clear()
@@ -439,7 +447,7 @@ class StagedEmbeddingBagCollection(EmbeddingCollection):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Hot rows from the device tier, the others from the store (not the whole tables)."""
         self.sync()
-        return rows_of(self.tier, self.store, tables, rows)
+        return rows_of(self.device_tier, self.store, tables, rows)
 
     # --- checkpoints: a store with files of its own keeps its rows there --------------------------
 
@@ -469,7 +477,7 @@ class StagedEmbeddingBagCollection(EmbeddingCollection):
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         if self._store_checkpoint:
-            save_point(self.tier, self.store, destination, prefix)
+            save_point(self.device_tier, self.store, destination, prefix)
         else:
             super()._save_to_state_dict(destination, prefix, keep_vars)
 
@@ -482,12 +490,18 @@ class StagedEmbeddingBagCollection(EmbeddingCollection):
             )  # fmt: skip
             return
         values = read_point(
-            self.tier, self.store, state_dict, prefix, missing_keys, unexpected_keys, error_msgs
+            self.device_tier,
+            self.store,
+            state_dict,
+            prefix,
+            missing_keys,
+            unexpected_keys,
+            error_msgs,
         )
         if values is None:
             return
         self._write_back()
-        restore_point(self.tier, self.store, values)
+        restore_point(self.device_tier, self.store, values)
         self._in_slots = None
         self._export.clear()
         self.version += 1
@@ -510,7 +524,7 @@ class StagedEmbeddingBagCollection(EmbeddingCollection):
             "backend": self.backend,
             "hot_rows": self.num_hot,
             "staging_slots": sum(self.capacity),
-            "device_tier_bytes": self.tier.slots * self._row_bytes,
+            "device_tier_bytes": self.device_tier.slots * self._row_bytes,
             **self.store.placement_info(self.total_rows - self.num_hot, self._row_bytes),
             "learned_batches": self.learned_batches,
         }
