@@ -36,6 +36,7 @@ from dlrm.run_files import NoRunFiles, RunFiles
 from dlrm.sharded_checkpoint import ShardedCheckpoints
 from dlrm.train_pipeline import PlainTrainPipeline, StepHook, TrainPipeline
 from embeddings.optimizer import SparseOptimizer
+from embeddings.staging import stages
 
 log = logging.getLogger(__name__)
 
@@ -222,11 +223,6 @@ def _compiled(
     return compile_.compile_dense_part(model, cfg.precision, cfg.loss_function)
 
 
-def _wants_staging_pipeline(collection) -> bool:
-    """A collection that stages its cold rows per mini-batch (Hotline's, the SSD tier's)."""
-    return collection.placement_info()["kind"] in ("hotline", "tiered")
-
-
 def _pipeline(
     cfg: TrainConfig,
     model: torch.nn.Module,
@@ -239,7 +235,7 @@ def _pipeline(
     """The plain step, or the variant the embedding collection needs (Hotline's staging); the
     compiled dense step, if any, runs inside it."""
     args = (model, dense_optimizer, device, cfg.precision, cfg.loss_function, hook)
-    if _wants_staging_pipeline(model.embeddings):
+    if stages(model.embeddings):  # cold rows staged per mini-batch, ahead of the step
         from dlrm.embedding_setup import learned_plan
         from dlrm.hotline_pipeline import HotlineTrainPipeline
 

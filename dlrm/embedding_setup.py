@@ -37,7 +37,7 @@ from embeddings.collection import EmbeddingCollection
 from embeddings.errors import PlacementError, ProfileError
 from embeddings.fae import FAEEmbeddingBagCollection
 from embeddings.hot_inputs import AllHotClassifier
-from embeddings.hotline import HotlineEmbeddingBagCollection
+from embeddings.hotline import hotline_collection
 from embeddings.placement import (
     PlacementPlan,
     fits_on_device,
@@ -47,6 +47,7 @@ from embeddings.placement import (
 )
 from embeddings.profile import AccessProfile, AccessProfiler
 from embeddings.row_init import hashed_init_
+from embeddings.staged import StagedEmbeddingBagCollection
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +99,7 @@ def build_embeddings(
             )
         if kind == "hotline":
             plan = hotline_plan(cfg, tables, opt, train_source)
-            coll = HotlineEmbeddingBagCollection(tables, opt, plan, device, backend, seed)
+            coll = hotline_collection(tables, opt, plan, device, backend, seed)
             return PlacedEmbeddings(coll, kind, plan)
         plan = obtain_plan(cfg, tables, opt, train_source)
         return PlacedEmbeddings(
@@ -145,7 +146,7 @@ def hotline_plan(
     return obtain_plan(cfg, tables, opt, train_source, one_home=True)
 
 
-def learned_plan(cfg: TrainConfig, coll: HotlineEmbeddingBagCollection) -> PlacementPlan:
+def learned_plan(cfg: TrainConfig, coll: StagedEmbeddingBagCollection) -> PlacementPlan:
     """The plan of the accesses Hotline counted online, under `--hot-budget`; written to the run
     directory (a resumed run starts from it)."""
     names = [t.feature_name for t in coll.tables]
@@ -170,7 +171,7 @@ def learned_plan(cfg: TrainConfig, coll: HotlineEmbeddingBagCollection) -> Place
     return plan
 
 
-def _offline_plan(cfg: TrainConfig, coll: HotlineEmbeddingBagCollection) -> PlacementPlan | None:
+def _offline_plan(cfg: TrainConfig, coll: StagedEmbeddingBagCollection) -> PlacementPlan | None:
     """The plan an existing `--placement-plan` or `--profile-file` gives under the same budget
     (what the learned hot set is compared with), or None."""
     given = Path(cfg.placement_plan).with_suffix(".npz") if cfg.placement_plan else None
@@ -251,18 +252,6 @@ def profiled_batches(n: int, rate: float) -> list[int]:
 
 # --- what the run directory reports ---------------------------------------------------------------
 
-# the counters a metrics.jsonl train event carries (the summary carries every counter)
-LOGGED_COUNTERS = (
-    "emb_bytes_h2d", "emb_bytes_d2h", "emb_bytes_h2d_lookup", "emb_bytes_d2h_lookup",
-    "emb_bytes_h2d_sync", "emb_bytes_d2h_sync", "syncs", "hot_input_share", "sync_s",
-    "emb_bytes_h2d_gather", "emb_bytes_d2h_writeback", "popular_input_share",
-    "cold_rows_per_batch", "gather_s", "exposed_gather_s", "hidden_share",
-    # the SSD tier (--placement tiered)
-    "scm_cache_hits", "scm_cache_misses", "scm_cache_hit_rate", "scm_rows_read", "scm_bytes_read",
-    "scm_read_amplification", "scm_writeback_bytes", "scm_io_p50_us", "scm_io_p99_us",
-    "scm_queue_depth", "scm_exposed_io_s_per_step",
-)  # fmt: skip
-
 
 def placement_summary(embeddings: EmbeddingCollection, device: torch.device) -> dict:
     """The summary's `placement` block: where rows live and the collection's counters."""
@@ -284,9 +273,10 @@ def placement_summary(embeddings: EmbeddingCollection, device: torch.device) -> 
 def logged_counters(embeddings: EmbeddingCollection, times: dict[str, float]) -> dict:
     """The counters (and time per step kind, from the trainer's timer) for a metrics.jsonl event;
     empty for placements that move nothing."""
-    if embeddings.placement_info()["kind"] == "device":
+    logged = embeddings.logged_counters()
+    if not logged:
         return {}
     counters = embeddings.counters()
-    out = {k: counters[k] for k in LOGGED_COUNTERS if k in counters}
+    out = {k: counters[k] for k in logged if k in counters}
     out.update({k: times[k] for k in ("hot_s", "cold_s") if k in times})
     return out

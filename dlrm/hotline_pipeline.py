@@ -1,10 +1,11 @@
-"""Hotline's train pipeline: the cold rows of the next mini-batches staged on a worker while the
-current one computes.
+"""The staging train pipeline (Hotline's): the cold rows of the next mini-batches staged on a
+worker while the current one computes. It trains any collection that stages (`stages`, the
+contract in embeddings/staging.py; embeddings/staged.py holds the rows).
 
-Per mini-batch (embeddings/hotline.py holds the rows):
+Per mini-batch:
 1. a worker classifies its inputs (popular: every lookup, history steps included for TBSM, is a
    device row, so the input needs nothing staged), deduplicates the other inputs' cold rows,
-   reads them with their optimizer state from the host tier and copies them towards the device
+   reads them with their optimizer state from the row store and copies them towards the device
    (pinned memory and a side stream on CUDA); it works `prefetch` mini-batches ahead;
 2. the step waits for its staging (the time it waits is `exposed_gather_s`), which the collection
    loads into the device tier's staging slots after writing the previous step's cold rows home,
@@ -15,7 +16,7 @@ Per mini-batch (embeddings/hotline.py holds the rows):
    step starts, so a separate popular micro-batch would hide nothing and cost a second pass.
 Fed the same mini-batches it computes what `--placement device` computes.
 
-With `learn_batches`, the first mini-batches train with every row on the host while the
+With `learn_batches`, the first mini-batches train with every row in the store while the
 collection counts accesses; then a plan is made under the hot budget (`make_plan`) and the hot
 rows move to the device.
 """
@@ -33,7 +34,7 @@ from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dlrm.train_pipeline import PlainTrainPipeline, StepHook, StepResult
-from embeddings.hotline import HotlineEmbeddingBagCollection
+from embeddings.staging import StagingCollection
 
 
 def _one_thread() -> None:
@@ -61,13 +62,13 @@ class HotlineTrainPipeline(PlainTrainPipeline):
         hook: StepHook | None = None,
         prefetch: int = 1,
         learn_batches: int = 0,
-        make_plan: Callable[[HotlineEmbeddingBagCollection], object] | None = None,
+        make_plan: Callable[[StagingCollection], object] | None = None,
         written=None,
     ) -> None:
         super().__init__(
             model, dense_optimizer, device, precision, loss_function, hook, written=written
         )
-        self.coll: HotlineEmbeddingBagCollection = model.embeddings
+        self.coll: StagingCollection = model.embeddings
         self.prefetch = prefetch
         self.learn_batches = learn_batches
         self.make_plan = make_plan
@@ -141,14 +142,13 @@ class HotlineTrainPipeline(PlainTrainPipeline):
             self._submit(item)
         staged = item.staged.result()
         waited = staged.seconds if self._pool is None else time.perf_counter() - w0
-        with self.coll.using(staged):
+        with self.coll.using(staged, waited):
             # The previous step's rows are home now: the next mini-batches' stagings read them
             # there, and only rows this step updates need renewing when they are loaded.
             for queued in self._queue:
                 if queued.staged is None and self._pool is not None:
                     self._submit(queued)
             loss = self.step(item.batch)
-        self.coll.count_step(staged, waited)
         return loss
 
     # --- online popularity ----------------------------------------------------------------------

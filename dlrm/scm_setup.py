@@ -22,7 +22,7 @@ from embeddings.config import SparseOptimizer, TableSpec
 from embeddings.errors import PlacementError, ProfileError, ScmError
 from embeddings.placement import parse_bytes
 from embeddings.profile import AccessProfile
-from embeddings.tiered import ScmSettings, TieredEmbeddingBagCollection, profile_priority
+from embeddings.tiered import ScmSettings, profile_priority, tiered_collection
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ def build_tiered(
         sizes = [t.num_embeddings for t in tables]
         priority = profile_priority(counts, sizes) if counts is not None else None
         del counts  # dense per-row counts (1 GB at Terabyte scale): the priority keeps seen rows
-        coll = TieredEmbeddingBagCollection(
+        coll = tiered_collection(
             tables, opt, plan, scm_settings(cfg), torch.device(device), cfg.embedding_backend,
             cfg.seed, priority, staging_rows=max(cfg.mini_batch_size, cfg.test_mini_batch_size),
         )  # fmt: skip
@@ -66,9 +66,5 @@ def build_tiered(
     except ValueError as e:  # e.g. tables of different widths
         raise ConfigError(f"--placement tiered: {e}") from None
     coll.plan.save(cfg.run_dir / PLAN_NAME)  # with its second tier named ssd
-    info = coll.placement_info()
-    log.info(
-        "tiered placement: %d hot rows, SSD tier in %s (%s I/O), row cache of %d rows",
-        coll.num_hot, info["scm_dir"], info["scm_io"], info["scm_cache_rows"],
-    )  # fmt: skip
+    log.info("tiered placement: %d hot rows, %s", coll.num_hot, coll.store.describe())
     return PlacedEmbeddings(coll, "tiered", coll.plan)

@@ -44,6 +44,7 @@ from torch import nn
 
 from embeddings.config import SparseOptimizer, TableSpec
 from embeddings.row_layout import flat_rows, table_row_base
+from embeddings.transfer_stats import LOGGED_COUNTERS
 
 if TYPE_CHECKING:
     pass
@@ -76,6 +77,10 @@ class EmbeddingLookup(nn.Module, ABC):
         per link and purpose (`emb_bytes_h2d_lookup`, ...), `syncs`, `sync_rows`, `sync_s`,
         `hot_batches`, `cold_batches`, `train_inputs`, `hot_inputs`, `hot_input_share`,
         `emb_bytes_per_sample` (a collection that moves nothing: `no_transfer_counters()`)."""
+
+    def logged_counters(self) -> tuple[str, ...]:
+        """Which `counters()` a metrics.jsonl train event carries (the summary: all of them)."""
+        return LOGGED_COUNTERS
 
     @abstractmethod
     def placement_info(self) -> dict:

@@ -148,5 +148,8 @@ class FusedEmbeddingBagCollection(EmbeddingCollection):
     def counters(self) -> dict:
         return no_transfer_counters()
 
+    def logged_counters(self) -> tuple[str, ...]:
+        return ()  # every row on the device: nothing moves, nothing to log per step
+
     def placement_info(self) -> dict:
         return {"kind": "device", "backend": self.backend}

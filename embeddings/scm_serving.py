@@ -37,9 +37,9 @@ from embeddings.collection import EmbeddingLookup
 from embeddings.config import SparseOptimizer, TableSpec
 from embeddings.errors import ScmError
 from embeddings.quantized import QuantizedEmbeddingBagCollection, dequantize_rows, row_bytes
+from embeddings.row_layout import table_row_base
 from embeddings.scm_cache import RowCache
 from embeddings.scm_file import BLOCK, PAYLOAD, BlockFile, aligned_blocks
-from embeddings.tiers import table_row_base
 from embeddings.transfer_stats import no_transfer_counters
 
 FORMAT, VERSION = "hybrid-dlrm/scm-serving", 1

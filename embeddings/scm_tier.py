@@ -43,11 +43,11 @@ from common.header import check_header
 from embeddings.config import SparseOptimizer, TableSpec
 from embeddings.errors import ScmError, TierError
 from embeddings.row_init import hashed_rows
+from embeddings.row_layout import table_row_base
 from embeddings.scm_cache import RowCache
 from embeddings.scm_file import BLOCK, PAYLOAD, BlockFile, aligned_blocks
 from embeddings.scm_journal import UndoJournal
 from embeddings.scm_writes import WriteQueue
-from embeddings.tiers import table_row_base
 
 FORMAT, VERSION = "hybrid-dlrm/scm-tier", 1
 MANIFEST, ROWS, JOURNAL = "tier.json", "rows.dat", "journal.log"
@@ -299,14 +299,8 @@ class ScmTier:
                     "is not held here (its plan puts it in another tier)"
                 )
 
-    def _split(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        w = rows[:, : self.dim]
-        if self.optimizer.kind == "sgd":
-            return w.contiguous(), None
-        s = rows[:, self.dim :]
-        return w.contiguous(), (
-            s.contiguous() if self.optimizer.kind == "adagrad" else s[:, 0].contiguous()
-        )
+    def split_rows(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return rows[:, : self.dim].contiguous(), self.optimizer.state_from_rows(rows[:, self.dim :])
 
     @torch.no_grad()
     def read_rows(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -314,7 +308,7 @@ class ScmTier:
         recent = self.writes.recent(ids) if self.queue_writes else None
         if recent is not None:
             self.counts["rows_recent"] += ids.numel()
-            return self._split(recent)
+            return self.split_rows(recent)
         with self._locked():
             self._ready()
             self._check(ids)
@@ -335,7 +329,7 @@ class ScmTier:
                 out[miss] = rows
                 if self.cache.capacity:
                     self._admit(gids, rows, dirty=False)
-            return self._split(out)
+            return self.split_rows(out)
 
     @torch.no_grad()
     def peek_rows(self, ids: torch.Tensor) -> torch.Tensor:

@@ -5,9 +5,9 @@
   fused `apply_sparse_update`.
 - `HostTier`: rows in a host `FusedEmbeddingBagCollection` (fbgemm's CPU kernels where
   available), gathered and scattered by global row id.
-- `RowStore`: rows and their optimizer state in and out by id: what a faster tier stages from
-  and writes back to (FAE's replica syncs; Hotline's cold rows, whose only home is the host tier),
-  and what a slower tier (an SSD file) can serve too.
+- `HostTier` is a `RowStore` (embeddings/row_store.py): rows and their optimizer state in and out
+  by id, what a faster tier stages from and writes back to (FAE's replica syncs; a staged
+  collection's cold rows, whose only home it is).
 - `Replica`: a fast tier's copies of some rows of a slower one (FAE's hot rows), each side
   authoritative for the rows it last updated; dirty rows travel in one vectorised copy.
 
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -32,32 +31,12 @@ from embeddings.fused import FusedEmbeddingBagCollection, uniform_table
 from embeddings.hot_inputs import lookup_slots
 from embeddings.plan import row_bytes
 from embeddings.row_layout import flat_rows, table_row_base
+from embeddings.row_store import RowStore
 from embeddings.torch_tbe import FusedLookup, apply_sparse_update
 from embeddings.transfer_stats import TransferStats
 
 
-@runtime_checkable
-class RowStore(Protocol):
-    """A tier's rows by global id: what a faster tier gathers from and writes back to.
-
-    `read_rows(ids)` -> (weights [n, dim] float32, optimizer state [n, dim] / [n] or None for SGD),
-    CPU tensors in the order of `ids`; `write_rows(ids, weights, state)` stores them back. Ids are
-    int64 global row ids the store holds (`holds`); any other is a TierError, never a wrong row.
-    Implemented by `HostTier`; an SSD tier (a file behind a row cache) serves the same three calls.
-    """
-
-    name: str  # the tier's name in the plan ("host", "ssd"); names the link bytes are counted on
-
-    def holds(self, ids: torch.Tensor) -> torch.Tensor: ...
-
-    def read_rows(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]: ...
-
-    def write_rows(
-        self, ids: torch.Tensor, weights: torch.Tensor, state: torch.Tensor | None
-    ) -> None: ...
-
-
-class HostTier:
+class HostTier(RowStore):
     """Rows in host memory, in a CPU `FusedEmbeddingBagCollection` (lookups with the fused
     optimizer in backward), plus gather/scatter by global row id for other tiers.
 
@@ -81,6 +60,7 @@ class HostTier:
         """`init=False`: the rows' values are left to the caller, who writes every one."""
         self.tables = list(tables)
         self.optimizer = optimizer
+        self.seed, self.backend_name = seed, backend
         sizes = [t.num_embeddings for t in tables]
         self.row_base = table_row_base(sizes)
         self._remap: torch.Tensor | None = None  # global id -> slot, -1 = not here
@@ -120,6 +100,22 @@ class HostTier:
             rows = rows[np.argsort(r[rows], kind="stable")]  # slot order
             full = uniform_table(spec.num_embeddings, spec.embedding_dim, t, seed)
             w[: rows.size].copy_(full[torch.from_numpy(rows)])
+
+    def init_rows(self, table: int, rows: torch.Tensor, out: torch.Tensor) -> None:
+        spec = self.tables[table]
+        full = uniform_table(spec.num_embeddings, spec.embedding_dim, table, self.seed)
+        out.copy_(full[rows])
+
+    @torch.no_grad()
+    def keep_only(self, remaps: list[np.ndarray]) -> HostTier:
+        kept = HostTier(  # every row is written below
+            self.tables, self.optimizer, remaps, self.backend_name, self.seed, init=False
+        )
+        for t, r in enumerate(remaps):
+            rest = torch.from_numpy(np.flatnonzero(r >= 0)) + self.row_base[t]
+            if rest.numel():
+                kept.write_rows(rest, *self.read_rows(rest))
+        return kept
 
     # --- lookups --------------------------------------------------------------------------------
 
@@ -202,7 +198,7 @@ class HostTier:
     def read_rows(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         slots = self._slots(ids)
         weights = self._gather(slots, False)
-        state = None if self.optimizer.kind == "sgd" else self._gather(slots, True)
+        state = self._gather(slots, True) if self.optimizer.has_state else None
         return weights, state
 
     @torch.no_grad()
@@ -238,12 +234,7 @@ class DeviceTier:
         self.lr = optimizer.learning_rate
         self.device = device
         self.weight = torch.zeros(n, dim, dtype=torch.float32, device=device)
-        kind = optimizer.kind
-        self.state = (
-            None if kind == "sgd"
-            else torch.zeros(n, dim, device=device) if kind == "adagrad"
-            else torch.zeros(n, device=device)
-        )  # fmt: skip
+        self.state = optimizer.zero_state(n, dim, device=device)
         self.on_update: Callable[[torch.Tensor], None] | None = None
         self._placeholder = torch.zeros(0, device=device, requires_grad=True)
 

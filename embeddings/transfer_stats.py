@@ -145,3 +145,12 @@ def no_transfer_counters() -> dict:
     d = TransferStats().as_dict()
     d.update(hot_input_share=1.0, emb_bytes_per_sample=0.0)
     return d
+
+
+# the counters a metrics.jsonl train event carries (the summary carries every counter)
+LOGGED_COUNTERS = (
+    "emb_bytes_h2d", "emb_bytes_d2h", "emb_bytes_h2d_lookup", "emb_bytes_d2h_lookup",
+    "emb_bytes_h2d_sync", "emb_bytes_d2h_sync", "syncs", "hot_input_share", "sync_s",
+    "emb_bytes_h2d_gather", "emb_bytes_d2h_writeback", "popular_input_share",
+    "cold_rows_per_batch", "gather_s", "exposed_gather_s", "hidden_share",
+)  # fmt: skip

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from dlrm.config import TrainConfig
+from dlrm.fae_batches import FAEBatchSource
 from embeddings.hot_inputs import AllHotClassifier
 from perfmodel.features import on_device, step_dense_bytes
 
@@ -159,7 +160,8 @@ def _step_code_fingerprint() -> str:
 
 
 def is_fae(trainer) -> bool:
-    return trainer.model.embeddings.placement_info()["kind"] == "fae"
+    """Does the trainer run FAE's schedule of hot and cold mini-batches?"""
+    return isinstance(trainer.data.train, FAEBatchSource)
 
 
 def capture_variants(trainer, batch_size: int, max_steps: int = 64) -> dict[str, list[dict]]:

@@ -264,7 +264,7 @@ def bench_kaggle(args) -> dict:
             **setup, "rows": sum(KAGGLE_TABLE_SIZES), "dim": 16, "optimizer": "sgd",
             "zipf": args.zipf, "batch": batch, "dram_for_rows": args.dram,
             "hot_budget": args.hot_budget, "scm_io": args.scm_io, "io_threads": args.io_threads,
-            "io_engine": tiered.model.embeddings.host.file.engine, "io_depth": args.io_depth,
+            "io_engine": tiered.model.embeddings.store.tier.file.engine, "io_depth": args.io_depth,
             "profile_samples": args.profile_samples, "rounds": args.rounds,
             "round_steps": args.round_steps, "warmup_steps": args.warmup_steps,
         },
@@ -316,7 +316,7 @@ def _long_run_state(args, trainer: Trainer) -> dict:
     real read) and the cache full of dirty rows (`--warm-steps` mini-batches of a later epoch,
     which the run never trains on, read through the cache and written back unchanged)."""
     coll = trainer.model.embeddings
-    tier, out = coll.host, {}
+    tier, out = coll.store.tier, {}
     if args.fill:
         t0 = time.perf_counter()
         out["blocks_filled"] = tier.fill()
@@ -436,7 +436,7 @@ def bench_contention(args) -> dict:
     )  # fmt: skip
     trainer = Trainer(cfg, checkpoints=False)
     coll = trainer.model.embeddings
-    tier = coll.host
+    tier = coll.store.tier
     t0 = time.perf_counter()
     filled = tier.fill()
     fill_s = time.perf_counter() - t0
@@ -618,7 +618,7 @@ def _rss_now_gb() -> float:
 
 def _dram_structures(emb, dense_bytes: int) -> dict:
     """The process's large structures, by name, in bytes (what the peak RSS is made of)."""
-    tier, cache = emb.host, emb.host.cache
+    tier, cache = emb.store.tier, emb.store.tier.cache
     device = emb._w.numel() * 4 + (emb._s.numel() * 4 if emb._s is not None else 0)
     held = emb.plan.tier("device").held
     plan = (
@@ -661,7 +661,7 @@ def bench_terabyte(args) -> dict:
     rss_built, peak_built = _rss_now_gb(), _rss_gb()
     emb = trainer.model.embeddings
     if args.tb_touch_cache:  # every page of the row cache resident now, as if it were full
-        emb.host.cache.data.zero_()
+        emb.store.tier.cache.data.zero_()
     rss_touched = _rss_now_gb()
     stream = trainer.data.train.batches(0, 0)
     times, samples = [], []

@@ -26,13 +26,14 @@ from embeddings import (
 from embeddings.collection import EmbeddingLookup
 from embeddings.errors import PlacementError
 from embeddings.hot_replicated import HotReplicatedCollection
-from embeddings.hotline import HotlineEmbeddingBagCollection
+from embeddings.hotline import hotline_collection
 from embeddings.placement import plan_placement
 from embeddings.profile import AccessProfiler
 from embeddings.quantized import QuantizedEmbeddingBagCollection, quantize_rows
 from embeddings.scm_serving import ScmQuantizedEmbeddingBagCollection, ServingTier
 from embeddings.sharded import ShardedEmbeddingBagCollection
-from embeddings.tiered import ScmSettings, TieredEmbeddingBagCollection
+from embeddings.staged import StagedEmbeddingBagCollection
+from embeddings.tiered import ScmSettings, tiered_collection
 from embeddings.transfer_stats import LEGACY_VALUES, TransferStats
 from tests.embeddings.test_fae import (
     DIM,
@@ -221,7 +222,7 @@ def _scm_serving(tmp):
 
 def _tiered(tmp):
     scm = ScmSettings(directory=str(tmp / "scm"), cache_bytes=1024, io="buffered")
-    return TieredEmbeddingBagCollection(tables(), OPT, make_plan(OPT, one_home=True), scm, seed=3)
+    return tiered_collection(tables(), OPT, make_plan(OPT, one_home=True), scm, seed=3)
 
 
 def _hot_replicated(tmp, request):
@@ -246,9 +247,9 @@ EVERY_COLLECTION = {
         tables(), OPT, None, seed=3)),
     "fae": (FAEEmbeddingBagCollection, lambda tmp, rq: FAEEmbeddingBagCollection(
         tables(), OPT, make_plan(OPT), seed=3)),
-    "hotline": (HotlineEmbeddingBagCollection, lambda tmp, rq: HotlineEmbeddingBagCollection(
+    "hotline": (StagedEmbeddingBagCollection, lambda tmp, rq: hotline_collection(
         tables(), OPT, make_plan(OPT, one_home=True), seed=3)),
-    "tiered": (TieredEmbeddingBagCollection, lambda tmp, rq: _tiered(tmp)),
+    "tiered": (StagedEmbeddingBagCollection, lambda tmp, rq: _tiered(tmp)),
     "sharded": (ShardedEmbeddingBagCollection, _sharded),
     "hot_replicated": (HotReplicatedCollection, _hot_replicated),
     "quantized": (QuantizedEmbeddingBagCollection, lambda tmp, rq: QuantizedEmbeddingBagCollection(

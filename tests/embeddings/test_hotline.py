@@ -6,7 +6,7 @@ import torch
 
 from embeddings import FusedEmbeddingBagCollection, SparseOptimizer
 from embeddings.errors import TierError
-from embeddings.hotline import HotlineEmbeddingBagCollection
+from embeddings.hotline import hotline_collection
 from embeddings.plan import row_bytes
 from tests.embeddings.test_fae import DIM, SIZES, kjt_from, make_batch, make_plan, tables
 
@@ -39,7 +39,7 @@ def test_hotline_steps_train_like_the_fused_collection(kind):
     plan = one_home_plan(opt)
     hot_rows = [np.flatnonzero(r >= 0) for r in plan.remaps]
     ref = FusedEmbeddingBagCollection(tables(), opt, backend="torch", seed=7)
-    hl = HotlineEmbeddingBagCollection(tables(), opt, plan, seed=7)
+    hl = hotline_collection(tables(), opt, plan, seed=7)
     assert_same_tables(ref, hl, rtol=0)  # same initial values, whatever tier a row is in
     rng, gen = np.random.default_rng(0), torch.Generator().manual_seed(0)
     popular = cold_rows = 0
@@ -67,7 +67,7 @@ def test_hotline_steps_train_like_the_fused_collection(kind):
 def test_an_input_is_popular_when_every_lookup_is_hot():
     opt = SparseOptimizer("sgd", 0.05)
     plan = one_home_plan(opt)
-    hl = HotlineEmbeddingBagCollection(tables(), opt, plan)
+    hl = hotline_collection(tables(), opt, plan)
     hot = [int(np.flatnonzero(r >= 0)[0]) for r in plan.remaps]
     cold = int(np.flatnonzero(plan.remaps[2] < 0)[0])
     # input 0: every lookup hot; input 1: one cold lookup (table 2); input 2: no lookups at all
@@ -83,10 +83,10 @@ def test_an_input_is_popular_when_every_lookup_is_hot():
 def test_training_without_a_pipeline_stages_inline_and_evaluation_reads_both_tiers():
     opt = SparseOptimizer("rowwise_adagrad", 0.05)
     plan = one_home_plan(opt)
-    hl = HotlineEmbeddingBagCollection(tables(), opt, plan, seed=1)
+    hl = hotline_collection(tables(), opt, plan, seed=1)
     ref = FusedEmbeddingBagCollection(tables(), opt, backend="torch", seed=1)
     assert hl.num_hot == plan.num_hot and hl.placement_info()["kind"] == "hotline"
-    held = hl.host.collection.table_weights()
+    held = hl.store.collection.table_weights()
     assert sum(w.shape[0] for w in held) <= sum(SIZES) - hl.num_hot + len(SIZES)  # no replica
     rng, gen = np.random.default_rng(3), torch.Generator().manual_seed(3)
     for _ in range(5):  # forward stages the cold rows itself; they go home on the next load
@@ -109,7 +109,7 @@ def test_a_prefetched_row_written_back_before_use_is_refreshed():
     opt = SparseOptimizer("adagrad", 0.1)
     plan = one_home_plan(opt)
     ref = FusedEmbeddingBagCollection(tables(), opt, backend="torch", seed=2)
-    hl = HotlineEmbeddingBagCollection(tables(), opt, plan, seed=2)
+    hl = hotline_collection(tables(), opt, plan, seed=2)
     gen = torch.Generator().manual_seed(5)
     # cold rows of each table (a table with none cold: any rows): even batches read rows a and c,
     # odd ones b and c, so batch 2 shares c with batch 1 and a with batch 0 only
@@ -136,7 +136,7 @@ def test_a_prefetched_row_written_back_before_use_is_refreshed():
 def test_exported_tables_round_trip_through_both_tiers():
     opt = SparseOptimizer("adagrad", 0.05)
     plan = one_home_plan(opt)
-    hl = HotlineEmbeddingBagCollection(tables(), opt, plan, seed=4)
+    hl = hotline_collection(tables(), opt, plan, seed=4)
     gen = torch.Generator().manual_seed(9)
     new_w = [torch.randn(n, DIM, generator=gen) for n in SIZES]
     new_s = [torch.rand(n, DIM, generator=gen) for n in SIZES]
@@ -154,7 +154,7 @@ def test_exported_tables_round_trip_through_both_tiers():
 
 def test_learned_popularity_moves_the_hot_rows_and_keeps_the_values():
     opt = SparseOptimizer("rowwise_adagrad", 0.05)
-    hl = HotlineEmbeddingBagCollection(tables(), opt, None, seed=6)
+    hl = hotline_collection(tables(), opt, None, seed=6)
     ref = FusedEmbeddingBagCollection(tables(), opt, backend="torch", seed=6)
     assert hl.num_hot == 0
     rng, gen = np.random.default_rng(1), torch.Generator().manual_seed(1)
@@ -181,7 +181,7 @@ def test_learned_popularity_moves_the_hot_rows_and_keeps_the_values():
 
 def test_staged_rows_of_another_batch_and_ids_outside_a_table_are_errors():
     opt = SparseOptimizer("sgd", 0.05)
-    hl = HotlineEmbeddingBagCollection(tables(), opt, one_home_plan(opt))
+    hl = hotline_collection(tables(), opt, one_home_plan(opt))
     rng = np.random.default_rng(0)
     kjt, other = make_batch(rng, 8, False, None), make_batch(rng, 3, False, None)
     with pytest.raises(TierError, match="prepared for another mini-batch"):
@@ -200,7 +200,7 @@ def test_hotline_on_cuda_stages_on_a_side_stream_and_trains_like_the_fused_colle
     plan = one_home_plan(opt)
     hot_rows = [np.flatnonzero(r >= 0) for r in plan.remaps]
     ref = FusedEmbeddingBagCollection(tables(), opt, backend="torch", seed=7)
-    hl = HotlineEmbeddingBagCollection(tables(), opt, plan, device="cuda", seed=7)
+    hl = hotline_collection(tables(), opt, plan, device="cuda", seed=7)
     assert hl.fast.device.type == "cuda"
     rng, gen = np.random.default_rng(0), torch.Generator().manual_seed(0)
     batches = [make_batch(rng, 16, i % 3 == 0, hot_rows) for i in range(9)]
@@ -230,7 +230,7 @@ def test_staging_slots_made_with_the_device_tier_are_not_regrown(monkeypatch):
     plan = one_home_plan(opt)
     hot_rows = [np.flatnonzero(r >= 0) for r in plan.remaps]
     ref = FusedEmbeddingBagCollection(tables(), opt, backend="torch", seed=7)
-    hl = HotlineEmbeddingBagCollection(tables(), opt, plan, seed=7, staging_rows=16)
+    hl = hotline_collection(tables(), opt, plan, seed=7, staging_rows=16)
     assert not hl.hot_map.dense
     assert hl.capacity == [min(16, n - h) for n, h in zip(SIZES, hl.n_hot.tolist())]
     fast = hl.fast

@@ -9,7 +9,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from embeddings import FAEEmbeddingBagCollection, FusedEmbeddingBagCollection, SparseOptimizer
 from embeddings.config import tables_for_features
-from embeddings.hotline import HotlineEmbeddingBagCollection
+from embeddings.hotline import hotline_collection
 from embeddings.placement import plan_placement
 from embeddings.profile import AccessProfiler
 from embeddings.staleness import StalenessTracker
@@ -177,7 +177,7 @@ def test_rows_of_reads_the_current_rows_from_any_placement(placement):
     elif placement == "fae":
         coll = FAEEmbeddingBagCollection(tables, opt, plan, seed=3)
     else:
-        coll = HotlineEmbeddingBagCollection(tables, opt, plan, seed=3)
+        coll = hotline_collection(tables, opt, plan, seed=3)
     kjt = random_kjt(np.random.default_rng(2), 32)
     for _ in range(3):  # some training, so rows and state differ from their start
         coll(kjt).values().square().sum().backward()
