@@ -20,31 +20,33 @@ from pathlib import Path
 
 from data_pipeline.errors import unwritable_dir
 from dlrm import checkpoint as ckpt
-from dlrm.config import TrainConfig
+from dlrm.config import FLAT, SECTIONS, TrainConfig
 from dlrm.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-# Settings that do not change a single computed number of the steps both runs take.
-FREE = frozenset({
-    "print_freq", "test_freq", "mlperf_auc_threshold", "nepochs", "out_dir", "save_model",
-    "load_model", "inference_only", "resume", "allow_changed", "keep_checkpoints", "progress",
-    "perf_log", "hotline_prefetch",  # Hotline computes the same whatever it stages ahead
-    "quantize_emb_with_bit", "quantize_mlp_with_bit",  # evaluation only (--inference-only)
-    "scm_cache", "scm_io", "scm_io_threads", "scm_io_engine", "scm_io_depth",  # the SSD tier returns the same rows however it caches
-    # how the tables are split over processes: the same steps, to float rounding (the
-    # equivalence tests of docs/distributed.md), so a run resumes with another world size
-    "dist_backend", "sharding", "sharding_min_columns", "dist_timeout_s",
-})  # fmt: skip
-ALIASES = {"lr": "learning_rate", "numpy_rand_seed": "seed"}
+# Settings that do not change a single computed number of the steps both runs take: the ones
+# whose field says `free` (dlrm/settings/).
+FREE = frozenset(
+    f.metadata["name"]
+    for cls in SECTIONS.values()
+    for f in dataclasses.fields(cls)
+    if f.metadata["free"]
+)
+# what --allow-changed also understands: "lr", and every flag's own spelling (--numpy-rand-seed)
+ALIASES = {"lr": "learning_rate"} | {
+    flag.lstrip("-").replace("-", "_"): f.metadata["name"]
+    for cls in SECTIONS.values()
+    for f in dataclasses.fields(cls)
+    for flag in (f.metadata["flag"], *f.metadata["aliases"])
+}
 
 
 def allowed_changes(cfg: TrainConfig) -> set[str]:
-    fields = {f.name for f in dataclasses.fields(TrainConfig)}
     out = set()
     for name in cfg.allow_changed:
         name = ALIASES.get(name, name)
-        if name not in fields:
+        if name not in FLAT:
             raise ConfigError(f"--allow-changed: no setting named {name!r}")
         out.add(name)
     return out

@@ -1,0 +1,178 @@
+"""A setting is one dataclass field whose metadata says everything else about it: its flag (the
+reference's name), help text, allowed values, a check, how its text is parsed, and whether
+`--resume` may change it. The command line (dlrm/flags.py), the one-line validation errors, the
+resume rules (dlrm/run_checks.py) and the flag tables in docs/ are all read from it, so a new
+flag is one field.
+
+No torch here: `python -m dlrm.train --help` builds its parser from these fields alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import numbers
+import types
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from dlrm.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Check:
+    """A rule on one value; `expected` completes "--flag: {expected}, got {value}"."""
+
+    ok: Callable[[Any], bool]
+    expected: str
+
+
+POSITIVE = Check(lambda v: v >= 1, "expected a positive integer")
+AT_LEAST_0 = Check(lambda v: v >= 0, "expected an integer >= 0")
+FINITE_AT_LEAST_0 = Check(lambda v: math.isfinite(v) and v >= 0, "expected a finite number >= 0")
+POSITIVE_FINITE = Check(lambda v: math.isfinite(v) and v > 0, "expected a positive finite number")
+
+
+def int_range(lo: int, hi: int) -> Check:
+    return Check(lambda v: lo <= v <= hi, f"expected an integer from {lo} to {hi}")
+
+
+def setting(
+    default: Any,
+    flag: str,
+    help: str,
+    *,
+    choices: tuple | dict[Any, str] | None = None,
+    check: Check | None = None,
+    parse: Callable[[Any, str], Any] | None = None,
+    free: bool = False,
+    name: str | None = None,
+    aliases: tuple[str, ...] = (),
+    const: Any = None,
+    shown_default: str | None = None,
+) -> Any:
+    """One setting.
+
+    flag: the command-line flag (the reference's name where it has one). name: the flat name
+    (`TrainConfig(name=...)`, config.json's key); default the flag without dashes.
+    choices: the allowed values, or {value: what it means} (listed in --help and the docs).
+    check: a rule on the value (None always passes). parse: `parse(value, flag)` turns what a
+    user wrote ('13-512-256') into the field's type, raising ConfigError.
+    free: `--resume` may change it without --allow-changed (it changes no computed number).
+    aliases: other spellings of the flag. const: the value of the flag given without one.
+    shown_default: the default as --help and the docs say it, where the value does not say it.
+    """
+    meta = dict(
+        flag=flag, help=help, choices=choices, check=check, parse=parse, free=free,
+        name=name or flag.lstrip("-").replace("-", "_"), aliases=aliases, const=const,
+        shown_default=shown_default,
+    )  # fmt: skip
+    return dataclasses.field(default=default, metadata=meta)
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _coerce(value: Any, hint: Any) -> tuple[bool, Any]:
+    """(does `value` fit the type `hint`, the value as that type)."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        for arg in typing.get_args(hint):
+            fits, out = _coerce(value, arg)
+            if fits:
+                return True, out
+        return False, value
+    if hint is type(None):
+        return value is None, value
+    if isinstance(value, bool) and hint is not bool:  # True is an int to Python, not to a flag
+        return False, value
+    if hint is bool:
+        return isinstance(value, bool), value
+    if hint is int:
+        return isinstance(value, numbers.Integral), int(value) if isinstance(
+            value, numbers.Integral
+        ) else value
+    if hint is float:
+        return isinstance(value, numbers.Real), float(value) if isinstance(
+            value, numbers.Real
+        ) else value
+    if typing.get_origin(hint) is tuple:
+        if not isinstance(value, (tuple, list)):
+            return False, value
+        item = typing.get_args(hint)[0]
+        items = [_coerce(x, item) for x in value]
+        return all(fits for fits, _ in items), tuple(x for _, x in items)
+    return isinstance(value, hint), value
+
+
+def _type_name(hint: Any) -> str:
+    names = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(hint))
+    if hint is type(None):
+        return "None"
+    if typing.get_origin(hint) is tuple:
+        return f"a tuple of {_type_name(typing.get_args(hint)[0]).removeprefix('an ').removeprefix('a ')}s"
+    return names.get(hint, getattr(hint, "__name__", str(hint)))
+
+
+def choice_error(flag: str, value: Any, choices) -> ConfigError:
+    return ConfigError(
+        f"{flag}: expected one of {', '.join(str(c) for c in choices)}, got {value!r}"
+    )
+
+
+class Section:
+    """A group of settings for one capability. Its fields are parsed, typed and checked at
+    construction (the one-line ConfigError names the flag); `check()` adds the rules between the
+    section's own fields. A section is what its feature is handed."""
+
+    title: ClassVar[str] = ""  # its heading in --help and the docs
+
+    def __post_init__(self) -> None:
+        hints = _hints(type(self))
+        for f in dataclasses.fields(self):
+            m, value = f.metadata, getattr(self, f.name)
+            if m["parse"] is not None and value is not None:
+                value = m["parse"](value, m["flag"])
+            fits, value = _coerce(value, hints[f.name])
+            if not fits:
+                raise ConfigError(
+                    f"{m['flag']}: expected {_type_name(hints[f.name])}, got {value!r}"
+                )
+            object.__setattr__(self, f.name, value)
+            if value is None:
+                continue
+            if m["choices"] is not None and value not in m["choices"]:
+                raise choice_error(m["flag"], value, m["choices"])
+            if m["check"] is not None and not m["check"].ok(value):
+                raise ConfigError(f"{m['flag']}: {m['check'].expected}, got {value}")
+        self.check()
+
+    def check(self) -> None:
+        """Rules between this section's fields (one ConfigError naming the flag)."""
+
+
+def settings_of(section: type | Section) -> list[dataclasses.Field]:
+    return list(dataclasses.fields(section))
+
+
+def shown_default(f: dataclasses.Field) -> str:
+    """The default as --help and the docs say it."""
+    m = f.metadata
+    if m["shown_default"] is not None:
+        return m["shown_default"]
+    value = f.default
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, tuple):
+        return "-".join(map(str, value)) if value else "none"
+    if value is None:
+        return "none"
+    if value == "":
+        return "''"
+    return str(value)
