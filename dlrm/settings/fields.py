@@ -78,52 +78,39 @@ def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-def _coerce(value: Any, hint: Any) -> tuple[bool, Any]:
-    """(does `value` fit the type `hint`, the value as that type)."""
+def _as(value: Any, hint: Any) -> Any:
+    """`value` as the type `hint` (an int where a float is wanted, a list as a tuple); TypeError
+    when it is not one (True is an int to Python, not to a setting)."""
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
         for arg in typing.get_args(hint):
-            fits, out = _coerce(value, arg)
-            if fits:
-                return True, out
-        return False, value
-    if hint is type(None):
-        return value is None, value
-    if isinstance(value, bool) and hint is not bool:  # True is an int to Python, not to a flag
-        return False, value
-    if hint is bool:
-        return isinstance(value, bool), value
-    if hint is int:
-        return isinstance(value, numbers.Integral), int(value) if isinstance(
-            value, numbers.Integral
-        ) else value
-    if hint is float:
-        return isinstance(value, numbers.Real), float(value) if isinstance(
-            value, numbers.Real
-        ) else value
+            try:
+                return _as(value, arg)
+            except TypeError:
+                pass
+        raise TypeError
     if typing.get_origin(hint) is tuple:
         if not isinstance(value, (tuple, list)):
-            return False, value
-        item = typing.get_args(hint)[0]
-        items = [_coerce(x, item) for x in value]
-        return all(fits for fits, _ in items), tuple(x for _, x in items)
-    return isinstance(value, hint), value
+            raise TypeError
+        return tuple(_as(x, typing.get_args(hint)[0]) for x in value)
+    if hint is type(None):
+        if value is not None:
+            raise TypeError
+        return None
+    kind = {int: numbers.Integral, float: numbers.Real}.get(hint, hint)
+    if not isinstance(value, kind) or (isinstance(value, bool) and hint is not bool):
+        raise TypeError
+    return hint(value)
+
+
+_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
 
 
 def _type_name(hint: Any) -> str:
-    names = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
         return " or ".join(_type_name(a) for a in typing.get_args(hint))
-    if hint is type(None):
-        return "None"
     if typing.get_origin(hint) is tuple:
-        return f"a tuple of {_type_name(typing.get_args(hint)[0]).removeprefix('an ').removeprefix('a ')}s"
-    return names.get(hint, getattr(hint, "__name__", str(hint)))
-
-
-def choice_error(flag: str, value: Any, choices) -> ConfigError:
-    return ConfigError(
-        f"{flag}: expected one of {', '.join(str(c) for c in choices)}, got {value!r}"
-    )
+        return f"a tuple of {typing.get_args(hint)[0].__name__}"
+    return "None" if hint is type(None) else _NAMES.get(hint, hint.__name__)
 
 
 class Section:
@@ -139,26 +126,24 @@ class Section:
             m, value = f.metadata, getattr(self, f.name)
             if m["parse"] is not None and value is not None:
                 value = m["parse"](value, m["flag"])
-            fits, value = _coerce(value, hints[f.name])
-            if not fits:
+            try:
+                value = _as(value, hints[f.name])
+            except TypeError:
                 raise ConfigError(
                     f"{m['flag']}: expected {_type_name(hints[f.name])}, got {value!r}"
-                )
+                ) from None
             object.__setattr__(self, f.name, value)
             if value is None:
                 continue
             if m["choices"] is not None and value not in m["choices"]:
-                raise choice_error(m["flag"], value, m["choices"])
+                shown = ", ".join(str(c) for c in m["choices"])
+                raise ConfigError(f"{m['flag']}: expected one of {shown}, got {value!r}")
             if m["check"] is not None and not m["check"].ok(value):
                 raise ConfigError(f"{m['flag']}: {m['check'].expected}, got {value}")
         self.check()
 
     def check(self) -> None:
         """Rules between this section's fields (one ConfigError naming the flag)."""
-
-
-def settings_of(section: type | Section) -> list[dataclasses.Field]:
-    return list(dataclasses.fields(section))
 
 
 def shown_default(f: dataclasses.Field) -> str:
