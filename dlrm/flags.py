@@ -17,7 +17,7 @@ import types
 import typing
 from pathlib import Path
 
-from dlrm.settings.fields import _hints, shown_default
+from dlrm.settings.fields import _hints, allowed, shown_default
 
 EXIT_USAGE = 2
 _TRUE = {"1", "true", "yes", "on"}
@@ -64,7 +64,7 @@ def _argument(cls: type, f: dataclasses.Field) -> dict:
         kw.update(type=int, metavar="N")
     elif float in kinds:
         kw.update(type=float, metavar="X")
-    if m["choices"] is not None:
+    if m["choices"] is not None and not callable(m["choices"]):
         kw["metavar"] = "{" + ",".join(map(str, m["choices"])) + "}"
     return kw
 
@@ -100,7 +100,7 @@ def markdown_table(classes: list[type]) -> str:
         for f in dataclasses.fields(cls):
             m = f.metadata
             flags = ", ".join(f"`{x}`" for x in (m["flag"], *m["aliases"]))
-            what, choices = m["help"], m["choices"] or ()
+            what, choices = m["help"], allowed(f) or ()
             if not all(str(c) in what for c in choices):
                 what += ": " + ", ".join(f"`{c}`" for c in choices)
             literal = m["shown_default"] is None and f.default is not None

@@ -45,7 +45,7 @@ def setting(
     flag: str,
     help: str,
     *,
-    choices: tuple | dict[Any, str] | None = None,
+    choices: tuple | dict[Any, str] | Callable[[], tuple] | None = None,
     check: Check | None = None,
     parse: Callable[[Any, str], Any] | None = None,
     free: bool = False,
@@ -58,7 +58,9 @@ def setting(
 
     flag: the command-line flag (the reference's name where it has one). name: the flat name
     (`TrainConfig(name=...)`, config.json's key); default the flag without dashes.
-    choices: the allowed values, or {value: what it means} (listed in --help and the docs).
+    choices: the allowed values, or {value: what it means} (listed in --help and the docs), or
+    a function returning them where they live in a module --help must not import (the docs
+    list them, --help does not).
     check: a rule on the value (None always passes). parse: `parse(value, flag)` turns what a
     user wrote ('13-512-256') into the field's type, raising ConfigError.
     free: `--resume` may change it without --allow-changed (it changes no computed number).
@@ -135,8 +137,9 @@ class Section:
             object.__setattr__(self, f.name, value)
             if value is None:
                 continue
-            if m["choices"] is not None and value not in m["choices"]:
-                shown = ", ".join(str(c) for c in m["choices"])
+            choices = allowed(f)
+            if choices is not None and value not in choices:
+                shown = ", ".join(str(c) for c in choices)
                 raise ConfigError(f"{m['flag']}: expected one of {shown}, got {value!r}")
             if m["check"] is not None and not m["check"].ok(value):
                 raise ConfigError(f"{m['flag']}: {m['check'].expected}, got {value}")
@@ -144,6 +147,12 @@ class Section:
 
     def check(self) -> None:
         """Rules between this section's fields (one ConfigError naming the flag)."""
+
+
+def allowed(f: dataclasses.Field):
+    """A setting's allowed values (None: any of its type)."""
+    choices = f.metadata["choices"]
+    return choices() if callable(choices) else choices
 
 
 def shown_default(f: dataclasses.Field) -> str:

@@ -19,13 +19,20 @@ from dlrm.settings.fields import (
     int_range,
     setting,
 )
-from embeddings.config import SPARSE_OPTIMIZERS
 
 DATA_SETS = ("synthetic", "kaggle", "terabyte", "taobao")
 LOSSES = ("bce", "mse")
 PRECISIONS = ("fp32", "bf16")
 DEVICES = ("auto", "cpu", "cuda")
 RAW_DATA_SETS = ("kaggle", "terabyte", "taobao")
+
+
+def sparse_optimizers() -> tuple[str, ...]:
+    """The optimizer kinds, asked of their one home when a value is checked (that module
+    imports torch: not while --help is parsed)."""
+    from embeddings.config import SPARSE_OPTIMIZERS
+
+    return tuple(SPARSE_OPTIMIZERS)
 
 
 def unit_interval(closed: str) -> Check:
@@ -107,7 +114,7 @@ class TrainingConfig(Section):
     learning_rate: float = setting(0.1, "--learning-rate", "learning rate", check=POSITIVE_FINITE)
     optimizer: str = setting(
         "sgd", "--optimizer", "the optimizer (the sparse part fused into backward)",
-        choices=SPARSE_OPTIMIZERS,
+        choices=sparse_optimizers,
     )  # fmt: skip
     loss_function: str = setting("bce", "--loss-function", "the loss", choices=LOSSES)
     lr_num_warmup_steps: int = setting(
@@ -130,8 +137,8 @@ class TrainingConfig(Section):
     )  # fmt: skip
     compile: bool | None = setting(
         None, "--compile",
-        "compile the dense part with TorchInductor: true, false or auto (bf16 only, where it "
-        "pays; docs/speed.md)",
+        "compile the dense part with TorchInductor: true, false, or auto (where the compile "
+        "pays: the rule is in docs/speed.md#--compile)",
         const=True, shown_default="auto",
     )  # fmt: skip
     device: str = setting("auto", "--device", "where the step runs", choices=DEVICES)
