@@ -60,7 +60,8 @@ SECTIONS: dict[str, type] = {
     "distributed": DistributedConfig,
     "run": RunConfig,
 }
-# flat name -> (section attribute, field name)
+# every setting's field, and flat name -> (section attribute, field name)
+SETTINGS = [f for cls in SECTIONS.values() for f in dataclasses.fields(cls)]
 FLAT: dict[str, tuple[str, str]] = {
     f.metadata["name"]: (attr, f.name)
     for attr, cls in SECTIONS.items()

@@ -12,7 +12,6 @@ metrics.jsonl. Settings in FREE only say how the run is watched, stored or ended
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import shutil
@@ -20,24 +19,19 @@ from pathlib import Path
 
 from data_pipeline.errors import unwritable_dir
 from dlrm import checkpoint as ckpt
-from dlrm.config import FLAT, SECTIONS, TrainConfig
+from dlrm.config import FLAT, SETTINGS, TrainConfig
 from dlrm.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 # Settings that do not change a single computed number of the steps both runs take: the ones
 # whose field says `free` (dlrm/settings/).
-FREE = frozenset(
-    f.metadata["name"]
-    for cls in SECTIONS.values()
-    for f in dataclasses.fields(cls)
-    if f.metadata["free"]
-)
+FREE = frozenset(f.metadata["name"] for f in SETTINGS if f.metadata["free"])
+FLAGS = {f.metadata["name"]: f.metadata["flag"] for f in SETTINGS}
 # what --allow-changed also understands: "lr", and every flag's own spelling (--numpy-rand-seed)
 ALIASES = {"lr": "learning_rate"} | {
     flag.lstrip("-").replace("-", "_"): f.metadata["name"]
-    for cls in SECTIONS.values()
-    for f in dataclasses.fields(cls)
+    for f in SETTINGS
     for flag in (f.metadata["flag"], *f.metadata["aliases"])
 }
 
@@ -68,9 +62,7 @@ def check_resume_settings(before: dict, cfg: TrainConfig, source: str) -> dict[s
     changes = changed_settings(before, cfg)
     refused = sorted(set(changes) - allowed_changes(cfg))
     if refused:
-        shown = ", ".join(
-            f"--{k.replace('_', '-')} {changes[k][0]!r} -> {changes[k][1]!r}" for k in refused
-        )
+        shown = ", ".join(f"{FLAGS[k]} {changes[k][0]!r} -> {changes[k][1]!r}" for k in refused)
         raise ConfigError(
             f"--resume: {source} was trained with other settings ({shown}); resume with the "
             f"same ones, or pass --allow-changed {','.join(k.replace('_', '-') for k in refused)}"

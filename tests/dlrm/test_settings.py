@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dlrm.config import FLAT, SECTIONS, TrainConfig
+from dlrm.config import FLAT, SECTIONS, SETTINGS, TrainConfig
 from dlrm.errors import ConfigError
 from dlrm.flags import DOCS, docs_block, tables
 from dlrm.run_checks import FREE
@@ -19,17 +19,13 @@ from dlrm.train import build_parser
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _settings():
-    return [f for cls in SECTIONS.values() for f in dataclasses.fields(cls)]
-
-
 def test_every_setting_has_exactly_one_flag_and_every_flag_one_setting():
     actions = [a for a in build_parser()._actions if not isinstance(a, argparse._HelpAction)]
     by_dest = {}
     for a in actions:
         assert a.dest not in by_dest, f"two arguments for {a.dest}"
         by_dest[a.dest] = a
-    settings = {f.metadata["name"]: f for f in _settings()}
+    settings = {f.metadata["name"]: f for f in SETTINGS}
     assert set(by_dest) == set(settings) == set(FLAT)
     for name, f in settings.items():
         flags = (f.metadata["flag"], *f.metadata["aliases"])
@@ -64,7 +60,7 @@ def test_docs_flag_tables_are_the_generated_ones(name):
 
 def test_the_training_table_lists_every_flag():
     table = tables()["training"]
-    for f in _settings():
+    for f in SETTINGS:
         assert f"`{f.metadata['flag']}`" in table
 
 
@@ -132,7 +128,7 @@ def test_an_older_runs_config_json_loads(tmp_path):
 
 
 def test_resume_rules_come_from_the_metadata():
-    free = {f.metadata["name"] for f in _settings() if f.metadata["free"]}
+    free = {f.metadata["name"] for f in SETTINGS if f.metadata["free"]}
     assert FREE == free
     assert {"nepochs", "print_freq", "scm_cache", "dist_timeout_s"} <= FREE
     assert not {"learning_rate", "seed", "placement", "mini_batch_size"} & FREE
