@@ -72,6 +72,9 @@ assert not set(FLAT) & set(SECTIONS), "a section named like a flag"
 
 @dataclass(init=False)
 class TrainConfig:
+    """A run's settings: one section per capability, each checked when made; the rules between
+    sections in `check`. Every flat name reads and assigns through to its section."""
+
     arch: ArchConfig
     tbsm: TbsmConfig
     data: DataConfig
