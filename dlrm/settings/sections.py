@@ -218,8 +218,8 @@ class RunConfig(Section):
         "record a few steps after warm-up with torch.profiler; write the perf trace here",
         free=True,
     )  # fmt: skip
-    # low-precision evaluation, the reference's flags (dlrm/quantized_model.py; exported
-    # artifacts: python -m dlrm.quantize)
+    # low-precision evaluation, the reference's flags (dlrm/models/quantized.py; exported
+    # artifacts: python -m serving.quantize)
     quantize_emb_with_bit: int = setting(
         32, "--quantize-emb-with-bit", "--inference-only: tables at 4 or 8 bits (32: fp32)",
         choices=(4, 8, 32), free=True,
@@ -246,7 +246,7 @@ class RunConfig(Section):
             if value != 32 and not self.inference_only:
                 raise ConfigError(
                     f"{flag}: quantizes the model for evaluation only; use it with --inference-only "
-                    "(python -m dlrm.quantize exports a quantized model)"
+                    "(python -m serving.quantize exports a quantized model)"
                 )
 
 
