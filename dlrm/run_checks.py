@@ -12,7 +12,6 @@ metrics.jsonl. Settings in FREE only say how the run is watched, stored or ended
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import shutil
@@ -20,31 +19,28 @@ from pathlib import Path
 
 from data_pipeline.errors import unwritable_dir
 from dlrm import checkpoint as ckpt
-from dlrm.config import TrainConfig
+from dlrm.config import FLAT, SETTINGS, TrainConfig
 from dlrm.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-# Settings that do not change a single computed number of the steps both runs take.
-FREE = frozenset({
-    "print_freq", "test_freq", "mlperf_auc_threshold", "nepochs", "out_dir", "save_model",
-    "load_model", "inference_only", "resume", "allow_changed", "keep_checkpoints", "progress",
-    "perf_log", "hotline_prefetch",  # Hotline computes the same whatever it stages ahead
-    "quantize_emb_with_bit", "quantize_mlp_with_bit",  # evaluation only (--inference-only)
-    "scm_cache", "scm_io", "scm_io_threads", "scm_io_engine", "scm_io_depth",  # the SSD tier returns the same rows however it caches
-    # how the tables are split over processes: the same steps, to float rounding (the
-    # equivalence tests of docs/distributed.md), so a run resumes with another world size
-    "dist_backend", "sharding", "sharding_min_columns", "dist_timeout_s",
-})  # fmt: skip
-ALIASES = {"lr": "learning_rate", "numpy_rand_seed": "seed"}
+# Settings that do not change a single computed number of the steps both runs take: the ones
+# whose field says `free` (dlrm/settings/).
+FREE = frozenset(f.metadata["name"] for f in SETTINGS if f.metadata["free"])
+FLAGS = {f.metadata["name"]: f.metadata["flag"] for f in SETTINGS}
+# what --allow-changed also understands: "lr", and every flag's own spelling (--numpy-rand-seed)
+ALIASES = {"lr": "learning_rate"} | {
+    flag.lstrip("-").replace("-", "_"): f.metadata["name"]
+    for f in SETTINGS
+    for flag in (f.metadata["flag"], *f.metadata["aliases"])
+}
 
 
 def allowed_changes(cfg: TrainConfig) -> set[str]:
-    fields = {f.name for f in dataclasses.fields(TrainConfig)}
     out = set()
     for name in cfg.allow_changed:
         name = ALIASES.get(name, name)
-        if name not in fields:
+        if name not in FLAT:
             raise ConfigError(f"--allow-changed: no setting named {name!r}")
         out.add(name)
     return out
@@ -66,9 +62,7 @@ def check_resume_settings(before: dict, cfg: TrainConfig, source: str) -> dict[s
     changes = changed_settings(before, cfg)
     refused = sorted(set(changes) - allowed_changes(cfg))
     if refused:
-        shown = ", ".join(
-            f"--{k.replace('_', '-')} {changes[k][0]!r} -> {changes[k][1]!r}" for k in refused
-        )
+        shown = ", ".join(f"{FLAGS[k]} {changes[k][0]!r} -> {changes[k][1]!r}" for k in refused)
         raise ConfigError(
             f"--resume: {source} was trained with other settings ({shown}); resume with the "
             f"same ones, or pass --allow-changed {','.join(k.replace('_', '-') for k in refused)}"

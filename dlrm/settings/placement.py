@@ -1,0 +1,226 @@
+"""Where embedding rows live (`--placement`) and the settings of each placement's own part: FAE,
+Hotline, the SSD tier; and Slipstream, which skips the work of the plan's stale hot rows."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+from dlrm.errors import ConfigError
+from dlrm.settings.fields import (
+    AT_LEAST_0,
+    FINITE_AT_LEAST_0,
+    POSITIVE,
+    Check,
+    Section,
+    int_range,
+    setting,
+)
+from dlrm.settings.sections import unit_interval
+
+PLACEMENTS = {
+    "device": "every table on the training device (the fused collection)",
+    "host": "every table in host memory; pooled embeddings go to the device and their gradients "
+    "come back (the CPU-GPU hybrid baseline)",
+    "fae": "the hot rows replicated on the device; mini-batches whose lookups are all hot train "
+    "there, the others on the host tier (FAE, docs/placement.md)",
+    "hotline": "the hot rows on the device, every other row in host memory; each mini-batch's "
+    "cold rows are staged onto the device ahead of its step (docs/hotline.md)",
+    "tiered": "the hot rows on the device, every other row in a file on SSD behind a DRAM row "
+    "cache, staged as hotline's (docs/scm.md)",
+    "auto": "device when every table, weights + optimizer state, fits --hot-budget, else fae",
+}
+
+
+def byte_size(value: str | int, flag: str) -> str | int:
+    """A size like 256MB, checked here so the mistake is found before any work."""
+    from embeddings.placement import parse_bytes  # imports torch: not while --help is parsed
+
+    try:
+        parse_bytes(value, flag)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    return value
+
+
+@dataclass
+class PlacementConfig(Section):
+    """Which placement, its device budget, and the profile and plan it is made from."""
+
+    title: ClassVar[str] = "Placement"
+
+    placement: str = setting(
+        "device", "--placement", "where embedding rows live", choices=PLACEMENTS
+    )
+    hot_budget: str | int = setting(
+        "256MB", "--hot-budget",
+        "device bytes for hot rows, weights + optimizer state (e.g. 256MB, 2GB; binary units)",
+        parse=byte_size,
+    )  # fmt: skip
+    profile_sample_rate: float = setting(
+        0.05, "--profile-sample-rate", "share of the training batches the access profile counts",
+        check=unit_interval("(]"),
+    )  # fmt: skip
+    profile_file: str | None = setting(
+        None, "--profile-file", "access profile (.npz): reused when it exists, else written"
+    )
+    placement_plan: str | None = setting(
+        None,
+        "--placement-plan",
+        "placement plan (.npz + .json): reused when it exists, else written",
+    )
+    embedding_init: str = setting(
+        "auto", "--embedding-init",
+        "initial rows: auto (hashed for tiered, else uniform), uniform, or hashed (each row a pure "
+        "function of seed, table and row)",
+        choices=("auto", "uniform", "hashed"),
+    )  # fmt: skip
+
+    def check(self) -> None:
+        if self.embedding_init == "hashed" and self.placement not in ("device", "tiered"):
+            raise ConfigError(
+                "--embedding-init hashed: supported by --placement device and tiered, "
+                f"not {self.placement}"
+            )
+        if self.placement == "tiered" and self.embedding_init == "uniform":
+            raise ConfigError(
+                "--embedding-init uniform: --placement tiered initialises every row as a "
+                "pure function of seed, table and row (hashed), so untouched rows need no storage"
+            )
+
+
+@dataclass
+class FaeConfig(Section):
+    """`--placement fae`: the scheduler of hot and cold mini-batches."""
+
+    title: ClassVar[str] = "FAE (--placement fae)"
+
+    switch_period: int = setting(
+        64, "--fae-switch-period", "fae: mini-batches per hot-then-cold window", check=POSITIVE
+    )
+    order: str = setting(
+        "interleave", "--fae-order",
+        "fae: interleave, or block (all cold then all hot, the original order, an ablation)",
+        choices=("interleave", "block"),
+    )  # fmt: skip
+
+
+@dataclass
+class HotlineConfig(Section):
+    """`--placement hotline`: staging cold rows ahead, or learning popularity online."""
+
+    title: ClassVar[str] = "Hotline (--placement hotline)"
+
+    prefetch: int = setting(
+        1, "--hotline-prefetch",
+        "hotline: mini-batches whose cold rows are staged ahead on a worker (0: none)",
+        check=int_range(0, 8), free=True,  # the same numbers whatever is staged ahead
+    )  # fmt: skip
+    learn_batches: int = setting(
+        0, "--hotline-learn-batches",
+        "hotline: learn row popularity over the first N mini-batches instead of a profile (0: off)",
+        check=Check(lambda v: v >= 0, "expected a non-negative integer"),
+    )  # fmt: skip
+
+
+@dataclass
+class ScmConfig(Section):
+    """`--placement tiered`: the SSD tier (embeddings/scm_tier.py, dlrm/scm_setup.py,
+    docs/scm.md). How it caches and reads returns the same rows, so --resume may change that."""
+
+    title: ClassVar[str] = "SSD tier (--placement tiered)"
+
+    directory: str | None = setting(
+        None, "--scm-dir", "tiered: directory of the SSD tier's files",
+        shown_default="OUT_DIR/scm",
+    )  # fmt: skip
+    cache: str | int = setting(
+        "256MB", "--scm-cache", "tiered: DRAM row cache in front of the tier's files",
+        parse=byte_size, free=True,
+    )  # fmt: skip
+    io: str = setting(
+        "direct", "--scm-io",
+        "tiered: direct (O_DIRECT: the page cache bypassed) or buffered",
+        choices=("direct", "buffered"), free=True,
+    )  # fmt: skip
+    io_threads: int = setting(
+        16, "--scm-io-threads", "tiered: I/O threads of the thread engine (reads in flight)",
+        check=int_range(1, 256), free=True,
+    )  # fmt: skip
+    io_engine: str = setting(
+        "auto", "--scm-io-engine",
+        "tiered: auto (Linux AIO with direct I/O where the kernel has it), aio or threads",
+        choices=("auto", "aio", "threads"), free=True,
+    )  # fmt: skip
+    io_depth: int = setting(
+        64, "--scm-io-depth", "tiered: AIO requests in flight at once", check=int_range(1, 1024),
+        free=True,
+    )  # fmt: skip
+
+    def check(self) -> None:
+        if self.io_engine == "aio" and self.io != "direct":
+            raise ConfigError(
+                "--scm-io-engine aio: needs --scm-io direct (AIO blocks on buffered files)"
+            )
+
+
+@dataclass
+class SlipstreamConfig(Section):
+    """Slipstream (dlrm/slipstream_pipeline.py, docs/slipstream.md): skip the work of embedding
+    rows that stopped changing; the tracked rows are the placement plan's hot rows."""
+
+    title: ClassVar[str] = "Slipstream (--slipstream)"
+
+    enabled: bool = setting(
+        False, "--slipstream", "skip the work of embedding rows that stopped changing",
+        name="slipstream",
+    )  # fmt: skip
+    mode: str = setting(
+        "drop", "--slipstream-mode",
+        "slipstream: drop (leave out all-stale inputs) or freeze (no updates of stale rows)",
+        choices=("drop", "freeze"),
+    )  # fmt: skip
+    interval: int = setting(
+        50, "--slipstream-interval", "slipstream: steps between snapshots of the tracked rows",
+        check=POSITIVE,
+    )  # fmt: skip
+    metric: str = setting(
+        "relative", "--slipstream-metric", "slipstream: relative or absolute L2 drift since the "
+        "last snapshot", choices=("relative", "absolute"),
+    )  # fmt: skip
+    threshold: float | None = setting(
+        None, "--slipstream-threshold", "slipstream: drift below which a row is stale",
+        check=FINITE_AT_LEAST_0, shown_default="from --slipstream-target-skip",
+    )  # fmt: skip
+    target_skip: float = setting(
+        0.2, "--slipstream-target-skip",
+        "slipstream: without a threshold, the share of recent inputs to make skippable",
+        check=Check(lambda v: math.isfinite(v) and 0 <= v < 1, "expected a number in [0, 1)"),
+    )  # fmt: skip
+    warmup: int = setting(
+        100, "--slipstream-warmup", "slipstream: steps before anything is skipped", check=AT_LEAST_0
+    )
+    control: str = setting(
+        "staleness", "--slipstream-control",
+        "slipstream: staleness, or random (drops the share at random: the control)",
+        choices=("staleness", "random"),
+    )  # fmt: skip
+    normalize: bool = setting(
+        False, "--slipstream-normalize",
+        "slipstream: scale each feature's pooled embedding to unit L2 norm",
+    )  # fmt: skip
+    min_lookups: int = setting(
+        8, "--slipstream-min-lookups",
+        "slipstream: trained lookups per interval before a row may be called stale",
+        check=AT_LEAST_0,
+    )  # fmt: skip
+
+    def check(self) -> None:
+        if self.control == "random" and self.mode == "drop" and self.target_skip == 0:
+            raise ConfigError(
+                "--slipstream-control random: drops --slipstream-target-skip of the inputs, "
+                "which is 0"
+            )
+        if self.normalize and not self.enabled:
+            raise ConfigError("--slipstream-normalize: only with --slipstream")
