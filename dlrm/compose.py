@@ -261,17 +261,13 @@ def _slipstream(
 ) -> TrainPipeline:
     """`--slipstream`: the placement's pipeline wrapped in Slipstream's."""
     from dlrm.embedding_setup import profiled_batches, tracked_plan
-    from dlrm.slipstream_pipeline import SlipstreamSettings, SlipstreamTrainPipeline
+    from dlrm.slipstream_pipeline import SlipstreamTrainPipeline
     from embeddings.staleness import StalenessTracker
 
     plan = tracked_plan(cfg, placement, data.train)
-    tracker = StalenessTracker(plan, cfg.slipstream_metric, cfg.slipstream_threshold,
-                               cfg.slipstream_target_skip, cfg.slipstream_min_lookups)  # fmt: skip
-    settings = SlipstreamSettings(
-        cfg.slipstream_mode, cfg.slipstream_interval, cfg.slipstream_metric,
-        cfg.slipstream_threshold, cfg.slipstream_target_skip, cfg.slipstream_warmup,
-        cfg.slipstream_control, cfg.slipstream_normalize, cfg.seed, cfg.learning_rate,
-        frozenset(profiled_batches(len(data.train), cfg.profile_sample_rate)),
-    )  # fmt: skip
-    return SlipstreamTrainPipeline(inner, model, tracker, settings, cfg.mini_batch_size,
-                                   steps_per_epoch(cfg, data), device)  # fmt: skip
+    s = cfg.slipstreaming
+    tracker = StalenessTracker(plan, s.metric, s.threshold, s.target_skip, s.min_lookups)
+    profiled = frozenset(profiled_batches(len(data.train), cfg.profile_sample_rate))
+    return SlipstreamTrainPipeline(inner, model, tracker, s, cfg.mini_batch_size,
+                                   steps_per_epoch(cfg, data), device, seed=cfg.seed,
+                                   learning_rate=cfg.learning_rate, profiled=profiled)  # fmt: skip

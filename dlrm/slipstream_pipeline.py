@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
+from dlrm.settings.placement import SlipstreamConfig
 from dlrm.slipstream_stream import Cursor, Decision, RefillingStream, Yielded, random_kept
 from dlrm.train_pipeline import StepResult, TrainPipeline
 from embeddings.kjt_ops import in_feature_order
@@ -46,23 +47,6 @@ from embeddings.torch_tbe import segment_sum_rows
 MODES = ("drop", "freeze")
 CONTROLS = ("staleness", "random")
 _COUNTS = ("samples_trained", "samples_skipped", "lookups_dropped", "lookups_frozen")
-
-
-@dataclass(frozen=True)
-class SlipstreamSettings:
-    mode: str = "drop"
-    interval: int = 50  # steps between snapshots
-    metric: str = "relative"
-    threshold: float | None = None  # None: from target_skip
-    target_skip: float = 0.2
-    warmup: int = 100  # steps before anything is skipped
-    control: str = "staleness"
-    normalize: bool = False
-    seed: int = 0
-    learning_rate: float = 0.1  # the sparse optimizer's, for freeze's would-be drift
-    # source batches (indices in an epoch) the access profile read: their inputs' rows are all
-    # tracked (they are the rows the profile saw), so the threshold's sample avoids them
-    profiled: frozenset[int] = frozenset()
 
 
 @dataclass
@@ -102,16 +86,25 @@ class SlipstreamTrainPipeline(TrainPipeline):
         inner: TrainPipeline,
         model: torch.nn.Module,
         tracker: StalenessTracker,
-        settings: SlipstreamSettings,
+        settings: SlipstreamConfig,
         batch_size: int,
         batches_per_epoch: int,
         device: torch.device,
+        *,
+        seed: int,
+        learning_rate: float,
+        profiled: frozenset[int] = frozenset(),
     ) -> None:
+        """`settings`: the run's `--slipstream-*` section; `learning_rate`: the sparse
+        optimizer's, for freeze's would-be drift; `profiled`: the source batches (indices in an
+        epoch) the access profile read: their inputs' rows are all tracked (they are the rows
+        the profile saw), so the threshold's sample avoids them."""
         if settings.mode not in MODES or settings.control not in CONTROLS:
             raise ValueError(f"slipstream: unknown mode or control in {settings}")
         self.inner, self.hook = inner, inner.hook
         self.coll = model.embeddings
         self.tracker, self.settings, self.device = tracker, settings, device
+        self.seed, self.learning_rate, self.profiled = seed, learning_rate, profiled
         self.freeze = settings.mode == "freeze"
         if len(set(self.coll.dims)) != 1:
             raise ValueError("slipstream: every embedding table must have the same width")
@@ -190,7 +183,7 @@ class SlipstreamTrainPipeline(TrainPipeline):
             return None
         inputs = batch.labels.numel()
         if s.control == "random":
-            return random_kept(s.seed, self.epoch, index, inputs, s.target_skip)
+            return random_kept(self.seed, self.epoch, index, inputs, s.target_skip)
         stale, lookups = self.tracker.stale_input_mask(batch.sparse_features, inputs)
         return (~stale, lookups) if stale.any() else None
 
@@ -246,12 +239,12 @@ class SlipstreamTrainPipeline(TrainPipeline):
         weights, state = self.coll.rows_of(torch.from_numpy(tr.tables), torch.from_numpy(tr.rows))
         extra = None
         if self.would_be is not None:
-            extra = self.would_be.cpu() * s.learning_rate
-        raw = self.stream.sample(s.profiled)
+            extra = self.would_be.cpu() * self.learning_rate
+        raw = self.stream.sample(self.profiled)
         sample = None if raw is None else tr.lookups(raw.sparse_features, raw.labels.numel())
         info = tr.snapshot(weights, state, sample, extra)
         if s.control == "random" and self.freeze:
-            gen = torch.Generator().manual_seed(s.seed * 1_000_003 + tr.snapshots)
+            gen = torch.Generator().manual_seed(self.seed * 1_000_003 + tr.snapshots)
             tr.use_random_stale_set(gen)
             info["stale_row_share"] = tr.stale_share
         self.history.append(
