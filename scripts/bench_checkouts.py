@@ -6,7 +6,8 @@
 Runs `python SCRIPT ARGS...` with each checkout's code (its root first on PYTHONPATH, the script
 taken from that checkout, the working directory that checkout), old then new, `--rounds` times,
 so a drift of the shared machine's speed over minutes falls on both alike. Each run must print
-one JSON object (the last line of its stdout that parses as one). Prints one JSON object: for
+one JSON object (the last line of its stdout that parses as one). `{tmp}` in an argument becomes
+a fresh empty directory for each run (benchmarks that refuse an existing output directory). Prints one JSON object: for
 every numeric field the runs share (nested fields as dotted paths), each side's median and the
 new/old ratio of the medians; `identical` lists the fields equal in every run of both (counted
 quantities such as bytes and AUCs of a deterministic run belong there), `differs` the fields that
@@ -22,6 +23,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -55,8 +57,10 @@ def _last_json(text: str) -> dict:
 
 def run_once(root: Path, script: str, args: list[str]) -> dict[str, float]:
     env = dict(os.environ, PYTHONPATH=str(root))
-    done = subprocess.run([sys.executable, str(root / script), *args], cwd=root, env=env,
-                          capture_output=True, text=True)  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="bench-checkouts-") as tmp:
+        args = [a.replace("{tmp}", str(Path(tmp) / "out")) for a in args]
+        done = subprocess.run([sys.executable, str(root / script), *args], cwd=root, env=env,
+                              capture_output=True, text=True)  # fmt: skip
     if done.returncode != 0:
         tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["(no output)"]
         raise SystemExit(f"{root}: {script} exited {done.returncode}: {tail[0]}")
