@@ -172,8 +172,16 @@ def test_arch_signature_has_the_dcn_fields_only_for_dcn():
 DCN = dict(arch_interaction_op="dcn", dcn_num_layers=2, dcn_low_rank_dim=3, data_size=64 * 6)
 
 
-def test_checkpoints_refuse_the_other_interaction(tmp_path):
-    Trainer(tiny(tmp_path, out_dir=str(tmp_path / "dcn"), **DCN)).fit()
+@pytest.fixture(scope="module")
+def dcn_run(tmp_path_factory):
+    d = tmp_path_factory.mktemp("dcn")
+    trainer = Trainer(tiny(d, out_dir=str(d / "dcn"), save_model=str(d / "model.pt"), **DCN))
+    trainer.fit()
+    return d, trainer
+
+
+def test_checkpoints_refuse_the_other_interaction(dcn_run, tmp_path):
+    (tmp_path / "dcn").symlink_to(dcn_run[0] / "dcn")
     Trainer(tiny(tmp_path, out_dir=str(tmp_path / "dot"), data_size=64 * 6)).fit()
     for run, other in (("dcn", dict(data_size=64 * 6)), ("dot", DCN),
                        ("dcn", {**DCN, "dcn_low_rank_dim": 4})):  # fmt: skip
@@ -215,3 +223,28 @@ def test_tbsm_step_encoder_takes_the_dcn_interaction():
     assert any("crossnet" in n for n, _ in model.named_parameters())
     out = model.dense_forward(torch.randn(2 * 4, 1), torch.randn(2 * 4, 8))
     assert out.shape == (2,) and torch.isfinite(out).all()
+
+
+def test_quantized_export_carries_the_cross_layers(dcn_run):
+    """serving.quantize exports a dcn model: fp32 predicts what the trained model does, bf16 MLPs
+    keep the cross layers in float32 (they are not linear layers)."""
+    from serving import Predictor
+    from serving.quantize import main
+
+    d, trainer = dcn_run
+    model = trainer.model.eval()
+    dense, kjt = _test_batch(trainer)
+    with torch.no_grad():
+        expected = torch.sigmoid(model(dense, kjt))
+    for prec, tol in (("fp32", 1e-6), ("bf16", 2e-2)):
+        out = d / prec
+        argv = [str(d / "model.pt"), "--out", str(out), "--emb-precision", "fp32",
+                "--mlp-precision", prec, "--batch-size", "256", "--batches", "2"]  # fmt: skip
+        assert main(argv) == 0
+        got = Predictor.load(out).predict((dense, kjt))
+        torch.testing.assert_close(got, expected, rtol=0, atol=tol)
+
+
+def _test_batch(trainer):
+    batch = next(iter(trainer.data.test.batches()))
+    return batch.dense_features, batch.sparse_features
