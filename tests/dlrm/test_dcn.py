@@ -248,3 +248,37 @@ def test_quantized_export_carries_the_cross_layers(dcn_run):
 def _test_batch(trainer):
     batch = next(iter(trainer.data.test.batches()))
     return batch.dense_features, batch.sparse_features
+
+
+def test_bench_terabyte_mlperf_dcnv2_recipe(tmp_path):
+    """The reference configuration (on the SSD tier where memory is short of the tables) and
+    the scaled-down variant, as dry runs."""
+    import os
+    import shlex
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "bench_terabyte.sh"
+    (tmp_path / "day_0").write_text("")
+
+    def flags(*args, **env):
+        out = subprocess.run(["bash", str(script), *args], capture_output=True, text=True,
+                             env={**os.environ, "PYTHON": sys.executable, "DRY_RUN": "1", **env},
+                             check=True).stdout  # fmt: skip
+        words = shlex.split(out)
+        return {w: words[i + 1] for i, w in enumerate(words) if w.startswith("--")}
+
+    want = {"--arch-sparse-feature-size": "128", "--arch-mlp-bot": "13-512-256-128",
+            "--arch-mlp-top": "1024-1024-512-256-1", "--arch-interaction-op": "dcn",
+            "--dcn-num-layers": "3", "--dcn-low-rank-dim": "512", "--optimizer": "adagrad"}  # fmt: skip
+    small_machine = flags("--mlperf-dcnv2", str(tmp_path), MEM_KB=str(24 << 20))  # 24 GB
+    assert want.items() <= small_machine.items()
+    assert small_machine["--max-ind-range"] == "40000000"
+    assert small_machine["--mlperf-auc-threshold"] == "0.80275"
+    assert small_machine["--placement"] == "tiered" and "--scm-dir" in small_machine
+    big_machine = flags("--mlperf-dcnv2", str(tmp_path), MEM_KB=str(1 << 30))  # 1 TB
+    assert "--placement" not in big_machine
+    laptop = flags("--mlperf-dcnv2-small", "--num-batches", "3")
+    assert want.items() <= laptop.items() and laptop["--data-set"] == "synthetic"
+    assert laptop["--num-batches"] == "3"  # extra flags come last
