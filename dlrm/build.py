@@ -19,6 +19,7 @@ ARCH_FLAGS = {
     "embedding_dim": "--arch-sparse-feature-size", "model_type": "--model-type", "tsl_inner": "--tsl-inner",
     "tsl_mechanism": "--tsl-mechanism", "arch_mlp": "--arch-mlp", "ts_length": "--ts-length",
     "tsl_num_heads": "--tsl-num-heads", "mha_num_heads": "--mha-num-heads", "rnn_num_layers": "--rnn-num-layers",
+    "dcn_num_layers": "--dcn-num-layers", "dcn_low_rank_dim": "--dcn-low-rank-dim",
 }  # fmt: skip
 
 
@@ -73,7 +74,8 @@ def build_model(
     common = dict(
         num_dense=data.num_dense, embedding_dim=cfg.arch_sparse_feature_size, num_sparse=num_sparse,
         bottom=cfg.arch_mlp_bot, top=cfg.arch_mlp_top, interaction=cfg.arch_interaction_op,
-        interaction_itself=cfg.arch_interaction_itself,
+        interaction_itself=cfg.arch_interaction_itself, dcn_num_layers=cfg.dcn_num_layers,
+        dcn_low_rank_dim=cfg.dcn_low_rank_dim,
     )  # fmt: skip
     try:
         if cfg.model == "tbsm":

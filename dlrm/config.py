@@ -45,6 +45,25 @@ REFERENCE_ARCH: dict[tuple[str, str], dict] = {
     ("tbsm", "taobao"): dict(arch_sparse_feature_size=16, arch_mlp_bot=(1, 16), arch_mlp_top=(15, 15)),
 }  # fmt: skip
 
+# MLPerf's DLRM-DCNv2 (since 2023; its reference is torchrec's DLRM example): one more entry per
+# (model, data set, interaction), over the data set's own. Adagrad is the reference's optimizer;
+# it fills `--optimizer` only where that setting has no default of its own.
+MLPERF_DCNV2_TABLES = (
+    40000000, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 40000000, 3067956, 405282, 10, 2209,
+    11938, 155, 4, 976, 14, 40000000, 40000000, 40000000, 590152, 12973, 108, 36,
+)  # fmt: skip
+# architecture fields of the cross layers: in the signature of a dcn model only
+DCN_FIELDS = ("dcn_num_layers", "dcn_low_rank_dim")
+# the architecture flags whose absence lets an interaction's entry apply
+ARCH_GIVEN = ("arch_sparse_feature_size", "arch_mlp_bot", "arch_mlp_top", "arch_embedding_size")
+REFERENCE_BY_INTERACTION: dict[tuple[str, str, str], dict] = {
+    ("dlrm", "terabyte", "dcn"): dict(
+        arch_sparse_feature_size=128, arch_mlp_bot=(13, 512, 256, 128),
+        arch_mlp_top=(1024, 1024, 512, 256, 1), arch_embedding_size=MLPERF_DCNV2_TABLES,
+        max_ind_range=40_000_000, dcn_num_layers=3, dcn_low_rank_dim=512, optimizer="adagrad",
+    ),
+}  # fmt: skip
+
 # The sections, in the order --help and the docs list them: attribute -> class. No attribute
 # is also a flat name (`placement` and `slipstream` are flags, hence `placing`, `slipstreaming`).
 SECTIONS: dict[str, type] = {
@@ -126,6 +145,9 @@ class TrainConfig:
         reference = REFERENCE_ARCH.get(
             (self.model, self.data_set), REFERENCE_ARCH[("dlrm", "kaggle")]
         )
+        by_op = REFERENCE_BY_INTERACTION.get((self.model, self.data_set, self.arch_interaction_op))
+        if by_op and all(getattr(self, n) is None for n in ARCH_GIVEN):
+            reference = {**reference, **by_op}  # only without other architecture flags
         filled = {}
         for name, value in reference.items():
             if getattr(self, name) is None:
@@ -200,6 +222,8 @@ class TrainConfig:
             "model", "arch_sparse_feature_size", "arch_embedding_size", "arch_mlp_bot",
             "arch_mlp_top", "arch_interaction_op", "arch_interaction_itself", "optimizer",
         ]  # fmt: skip
+        if self.arch_interaction_op == "dcn":  # only then: dot and cat checkpoints load as before
+            keys += list(DCN_FIELDS)
         if self.model == "tbsm":
             keys += ["ts_length", "model_type", "tsl_inner", "tsl_mechanism", "tsl_num_heads", "tsl_mlp",
                      "arch_mlp", "tsl_proj", "mha_num_heads", "rnn_num_layers"]  # fmt: skip

@@ -55,9 +55,10 @@ def _layers(mlp: nn.Sequential) -> tuple[list[nn.Linear], tuple[Layer, ...]]:
 
 
 def supports(model: nn.Module) -> bool:
-    """The models whose dense step is written out here: DLRM with plain Linear/ReLU MLPs."""
-    if type(model) is not DLRM:
-        return False
+    """The models whose dense step is written out here: DLRM with the dot or cat interaction and
+    plain Linear/ReLU MLPs."""
+    if type(model) is not DLRM or model.interaction.kind not in ("dot", "cat"):
+        return False  # dcn: the compiled forward under autograd (dlrm/compile.py)
     try:
         _layers(model.bottom_mlp), _layers(model.top_mlp)
     except TypeError:

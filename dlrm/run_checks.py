@@ -19,7 +19,7 @@ from pathlib import Path
 
 from data_pipeline.errors import unwritable_dir
 from dlrm import checkpoint as ckpt
-from dlrm.config import FLAT, SETTINGS, TrainConfig
+from dlrm.config import DCN_FIELDS, FLAT, SETTINGS, TrainConfig
 from dlrm.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,9 @@ def allowed_changes(cfg: TrainConfig) -> set[str]:
 def changed_settings(before: dict, cfg: TrainConfig) -> dict[str, tuple]:
     """{setting: (before, now)} for the settings that change the computation (the model's
     architecture is the checkpoint's own check: no flag allows another model)."""
-    now, arch = cfg.to_json(), cfg.arch_signature()
+    # DCN's fields are architecture too, whichever interaction this run has: a dcn checkpoint
+    # resumed as a dot model is the checkpoint's "different model", not an allowed change
+    now, arch = cfg.to_json(), {*cfg.arch_signature(), *DCN_FIELDS}
     return {
         k: (before.get(k), v)
         for k, v in now.items()

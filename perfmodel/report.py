@@ -62,7 +62,8 @@ MLPS = {
 
 
 def heldout_configs(quick: bool = False) -> list[tuple[str, dict]]:
-    """Three MLP shapes x batch 128..4096 x fp32/bf16 with the fused collection, plus FAE."""
+    """Three MLP shapes x batch 128..4096 x fp32/bf16 with the fused collection, plus FAE, plus
+    DCN at two of the dot configurations."""
     out = []
     batches = {"small": (128, 1024, 4096), "kaggle": (256, 2048), "wide": (512, 4096)}
     for mlp, bs in batches.items():
@@ -79,8 +80,19 @@ def heldout_configs(quick: bool = False) -> list[tuple[str, dict]]:
                 {**MLPS[mlp], "mini_batch_size": b, "precision": prec, **fae},
             )
         )
+    # DCN next to the same dot configuration: its error read against the dot step's (issue 38)
+    dcn = {"arch_interaction_op": "dcn", "dcn_num_layers": 3, "dcn_low_rank_dim": 128}
+    for mlp, b in (("small", 1024), ("kaggle", 2048)):
+        for prec in ("fp32", "bf16"):
+            out.append(
+                (
+                    f"{mlp}-b{b}-{prec}-dcn",
+                    {**MLPS[mlp], "mini_batch_size": b, "precision": prec, **dcn},
+                )
+            )
     if quick:
-        keep = {"small-b128-fp32", "small-b1024-bf16", "kaggle-b256-fp32", "small-b512-fp32-fae"}
+        keep = {"small-b128-fp32", "small-b1024-bf16", "kaggle-b256-fp32", "small-b512-fp32-fae",
+                "small-b1024-bf16-dcn"}  # fmt: skip
         out = [c for c in out if c[0] in keep]
     return out
 

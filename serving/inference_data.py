@@ -98,6 +98,7 @@ def arch_from_signature(sig: dict, num_sparse: int) -> DLRMArch | TBSMArch:
         num_dense=bottom[0], embedding_dim=int(sig["arch_sparse_feature_size"]),
         num_sparse=num_sparse, bottom=bottom, top=tuple(sig["arch_mlp_top"]),
         interaction=sig["arch_interaction_op"], interaction_itself=bool(sig["arch_interaction_itself"]),
+        **{k: int(sig[k]) for k in ("dcn_num_layers", "dcn_low_rank_dim") if k in sig},
     )  # fmt: skip
     if sig.get("model") == "tbsm":
         tbsm = {k: sig[k] for k in ("ts_length", "model_type", "tsl_inner", "tsl_mechanism",

@@ -21,7 +21,7 @@ from dlrm.errors import ArchError
 if TYPE_CHECKING:  # torchrec costs seconds to import: serving raw lines needs no KJT
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-INTERACTIONS = ("dot", "cat")
+INTERACTIONS = ("dot", "cat", "dcn")
 
 
 def check_bottom_mlp(bottom: tuple[int, ...], num_dense: int, embedding_dim: int) -> None:
@@ -50,10 +50,15 @@ class DLRMArch:
     top: tuple[int, ...]  # e.g. (512, 256, 1)
     interaction: str = "dot"
     interaction_itself: bool = False
+    dcn_num_layers: int = 3  # `dcn` only, as torchrec's DLRM_DCN
+    dcn_low_rank_dim: int = 512
 
     def __post_init__(self) -> None:
         if self.interaction not in INTERACTIONS:
-            raise ArchError("interaction", f"expected dot or cat, got {self.interaction!r}")
+            raise ArchError(
+                "interaction", f"expected dot or cat, or dcn (DCNv2), got {self.interaction!r}"
+            )
+        check_dcn(self.dcn_num_layers, self.dcn_low_rank_dim)
         check_bottom_mlp(self.bottom, self.num_dense, self.embedding_dim)
         if not self.top or self.top[-1] != 1:
             raise ArchError(
@@ -62,11 +67,26 @@ class DLRMArch:
 
     @property
     def top_input(self) -> int:
-        n = self.num_sparse + 1
-        if self.interaction == "cat":
-            return n * self.embedding_dim
-        pairs = n * (n + 1) // 2 if self.interaction_itself else n * (n - 1) // 2
-        return pairs + self.embedding_dim
+        return interaction_width(
+            self.num_sparse + 1, self.embedding_dim, self.interaction, self.interaction_itself
+        )
+
+
+def interaction_width(num_features: int, dim: int, kind: str, itself: bool) -> int:
+    """Width of Interaction's output for num_features vectors of width dim."""
+    if kind in ("cat", "dcn"):  # DCN keeps its input's width
+        return num_features * dim
+    pairs = (
+        num_features * (num_features + 1) // 2 if itself else num_features * (num_features - 1) // 2
+    )
+    return pairs + dim
+
+
+def check_dcn(num_layers: int, low_rank_dim: int) -> None:
+    if num_layers < 1:
+        raise ArchError("dcn_num_layers", f"expected a positive integer, got {num_layers}")
+    if low_rank_dim < 1:
+        raise ArchError("dcn_low_rank_dim", f"expected a positive integer, got {low_rank_dim}")
 
 
 def make_mlp(
@@ -201,13 +221,54 @@ class _DotInteractionFn(torch.autograd.Function):
         return grad_out[:, :dim] + grad_t[:, :dim], grad_t[:, dim:], None, None, None
 
 
+class LowRankCrossNet(nn.Module):
+    """DCNv2's low-rank cross layers (Wang et al. 2021), as torchrec's `LowRankCrossNet` (same
+    parameter names and shapes, so weights copy across by name):
+
+        x_{l+1} = x_0 * (W_l (V_l x_l) + b_l) + x_l,   W_l [N, r], V_l [r, N], b_l [N]
+
+    Initialised as torchrec does (Xavier-normal kernels, zero bias), from our generator.
+    """
+
+    def __init__(self, width: int, num_layers: int, rank: int, generator: torch.Generator) -> None:
+        super().__init__()
+        std = math.sqrt(2.0 / (width + rank))  # xavier_normal_ of either kernel
+
+        def kernel(*shape: int) -> nn.Parameter:
+            return nn.Parameter(torch.empty(*shape).normal_(0.0, std, generator=generator))
+
+        self.W_kernels = nn.ParameterList(kernel(width, rank) for _ in range(num_layers))
+        self.V_kernels = nn.ParameterList(kernel(rank, width) for _ in range(num_layers))
+        self.bias = nn.ParameterList(nn.Parameter(torch.zeros(width)) for _ in range(num_layers))
+
+    def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
+        """dense [B, D], sparse [B, k*D] -> [B, (k+1)*D], the cross net over [dense, sparse].
+
+        Both in the kernels' dtype, as torchrec's concatenation promotes them under autocast
+        (a bf16 bottom MLP's output, float32 pooled embeddings); bf16 serving hands a bf16 input
+        to float32 kernels. The linears still run in bf16 under autocast."""
+        dtype = self.bias[0].dtype
+        x0 = torch.cat([dense.to(dtype), sparse.to(dtype)], dim=1)
+        x = x0
+        for w, v, b in zip(self.W_kernels, self.V_kernels, self.bias):
+            x = x0 * (F.linear(F.linear(x, v), w) + b) + x
+        return x
+
+
 class Interaction(nn.Module):
     """`dot`: pairwise dot products of [x, e_1..e_k] (strict lower triangle, or with the diagonal
-    when `itself`), concatenated after x.  `cat`: plain concatenation."""
+    when `itself`), concatenated after x.  `cat`: plain concatenation.  `dcn`: the low-rank
+    cross net over the concatenation (`crossnet`, which `dcn` needs)."""
 
-    def __init__(self, num_features: int, kind: str, itself: bool) -> None:
+    def __init__(
+        self, num_features: int, kind: str, itself: bool, crossnet: LowRankCrossNet | None = None
+    ) -> None:
         super().__init__()
         self.kind = kind
+        if kind == "dcn":
+            if crossnet is None:
+                raise ValueError("Interaction('dcn') needs its LowRankCrossNet")
+            self.crossnet = crossnet
         offset = 1 if itself else 0
         pairs = [(i, j) for i in range(num_features) for j in range(i + offset)]
         flat = torch.tensor([i * num_features + j for i, j in pairs], dtype=torch.long)
@@ -224,10 +285,24 @@ class Interaction(nn.Module):
 
     def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
         """dense [B, D], sparse [B, k*D] (features side by side) -> [B, top input width]."""
+        if self.kind == "dcn":
+            return self.crossnet(dense, sparse)
         sparse = sparse.to(dense.dtype)
         if self.kind == "cat":
             return torch.cat([dense, sparse], dim=1)
         return _DotInteractionFn.apply(dense, sparse, self.tril_flat, self.grad_map, self.diagonal)
+
+
+def make_interaction(
+    num_features: int, dim: int, kind: str, itself: bool, dcn_num_layers: int,
+    dcn_low_rank_dim: int, generator: torch.Generator,
+) -> Interaction:  # fmt: skip
+    """The interaction of num_features vectors of width dim; `dcn` draws its kernels from
+    `generator` (dot and cat draw nothing, so their models initialise as before)."""
+    crossnet = None
+    if kind == "dcn":
+        crossnet = LowRankCrossNet(num_features * dim, dcn_num_layers, dcn_low_rank_dim, generator)
+    return Interaction(num_features, kind, itself, crossnet)
 
 
 class DLRM(nn.Module):
@@ -237,14 +312,19 @@ class DLRM(nn.Module):
         gen = torch.Generator().manual_seed(seed)
         self.bottom_mlp = make_mlp(arch.bottom, final_activation=True, generator=gen)
         self.embeddings = embeddings
-        self.interaction = Interaction(
-            arch.num_sparse + 1, arch.interaction, arch.interaction_itself
-        )
+        self.interaction = make_interaction(
+            arch.num_sparse + 1, arch.embedding_dim, arch.interaction, arch.interaction_itself,
+            arch.dcn_num_layers, arch.dcn_low_rank_dim, gen,
+        )  # fmt: skip
         self.top_mlp = make_mlp((arch.top_input, *arch.top), final_activation=False, generator=gen)
 
     def dense_parameters(self) -> list[nn.Parameter]:
         """What the dense optimizer steps; embedding rows are updated inside backward."""
-        return [*self.bottom_mlp.parameters(), *self.top_mlp.parameters()]
+        return [
+            *self.bottom_mlp.parameters(),
+            *self.interaction.parameters(),  # DCN's cross layers; none for dot and cat
+            *self.top_mlp.parameters(),
+        ]
 
     def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor) -> torch.Tensor:
         return self.dense_forward(dense, self.embeddings(sparse).values())

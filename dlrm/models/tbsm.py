@@ -3,7 +3,7 @@ layer (TSL) that attends from the candidate to the history, then an MLP gives th
 
 Per step j = 0..T (T history events, then the candidate), the step encoder is the DLRM embedding
 layer: bottom MLP over the dense position feature, the embedding collection over the step's ids,
-the dot (or cat) interaction and a top MLP whose output z_j (width m = top[-1]) has no final
+the dot (or cat, or DCN) interaction and a top MLP whose output z_j (width m = top[-1]) has no final
 activation. All B*(T+1) steps of a batch go through it in one call (the batch's KJT already has
 batch dimension B*(T+1), see data_pipeline/taobao_dataset.py); the result is viewed as
 [B, T+1, m]: H = z_0..z_{T-1}, w = z_T.
@@ -34,7 +34,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from dlrm.errors import ArchError
-from dlrm.models.dlrm import INTERACTIONS, Interaction, check_bottom_mlp, make_mlp
+from dlrm.models.dlrm import (
+    INTERACTIONS,
+    check_bottom_mlp,
+    check_dcn,
+    interaction_width,
+    make_interaction,
+    make_mlp,
+)
 
 if TYPE_CHECKING:  # torchrec costs seconds to import: serving raw lines needs no KJT
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
@@ -42,16 +49,6 @@ if TYPE_CHECKING:  # torchrec costs seconds to import: serving raw lines needs n
 MODEL_TYPES = ("tsl", "mha", "rnn")
 TSL_INNER = ("dot", "ind", "def")
 TSL_MECHANISMS = ("mul", "mlp")
-
-
-def interaction_width(num_features: int, dim: int, kind: str, itself: bool) -> int:
-    """Width of Interaction's output for num_features vectors of width dim."""
-    if kind == "cat":
-        return num_features * dim
-    pairs = (
-        num_features * (num_features + 1) // 2 if itself else num_features * (num_features - 1) // 2
-    )
-    return pairs + dim
 
 
 @dataclass(frozen=True)
@@ -76,6 +73,8 @@ class TBSMArch:
     rnn_num_layers: int = 1
     interaction: str = "dot"
     interaction_itself: bool = False
+    dcn_num_layers: int = 3
+    dcn_low_rank_dim: int = 512
 
     def __post_init__(self) -> None:
         def choice(field: str, options: tuple[str, ...]) -> None:
@@ -87,6 +86,7 @@ class TBSMArch:
         choice("tsl_inner", TSL_INNER)
         choice("tsl_mechanism", TSL_MECHANISMS)
         choice("interaction", INTERACTIONS)
+        check_dcn(self.dcn_num_layers, self.dcn_low_rank_dim)
         check_bottom_mlp(self.bottom, self.num_dense, self.embedding_dim)
         if not self.top:
             raise ArchError("top", "needs at least one width")
@@ -116,7 +116,10 @@ class StepEncoder(nn.Module):
         self.bottom_mlp = make_mlp(arch.bottom, final_activation=True, generator=gen)
         self.embeddings = embeddings
         n = arch.num_sparse + 1
-        self.interaction = Interaction(n, arch.interaction, arch.interaction_itself)
+        self.interaction = make_interaction(
+            n, arch.embedding_dim, arch.interaction, arch.interaction_itself,
+            arch.dcn_num_layers, arch.dcn_low_rank_dim, gen,
+        )  # fmt: skip
         width = interaction_width(n, arch.embedding_dim, arch.interaction, arch.interaction_itself)
         self.top_mlp = make_mlp((width, *arch.top), final_activation=False, generator=gen)
 

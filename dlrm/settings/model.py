@@ -56,11 +56,19 @@ class ArchConfig(Section):
         parse=parse_widths, shown_default=REFERENCE,
     )  # fmt: skip
     interaction_op: str = setting(
-        "dot", "--arch-interaction-op", "feature interaction", choices=("dot", "cat")
-    )
+        "dot", "--arch-interaction-op", "feature interaction (dcn: DCNv2's low-rank cross layers)",
+        choices=("dot", "cat", "dcn"),
+    )  # fmt: skip
     interaction_itself: bool = setting(
         False, "--arch-interaction-itself", "include each feature's dot with itself"
     )
+    dcn_num_layers: int = setting(
+        3, "--dcn-num-layers", "--arch-interaction-op dcn: cross layers", check=POSITIVE
+    )
+    dcn_low_rank_dim: int = setting(
+        512, "--dcn-low-rank-dim", "--arch-interaction-op dcn: rank of each cross layer's kernels",
+        check=POSITIVE,
+    )  # fmt: skip
     embedding_backend: str = setting(
         "auto", "--embedding-backend", "the embedding kernels (auto: fbgemm where it has them)",
         choices=("auto", "fbgemm", "torch"),
