@@ -24,7 +24,7 @@ import torch
 
 from dlrm import checkpoint as ckpt
 from dlrm import compile as compile_
-from dlrm import dense_step, distributed, run_checks
+from dlrm import dense_step, distributed, run_checks, third_party
 from dlrm.build import build_model, build_placed_embeddings, resolve_device
 from dlrm.checkpoint_store import CheckpointStore, FileCheckpoints, NoCheckpoints
 from dlrm.config import TrainConfig
@@ -82,6 +82,7 @@ def build_run(
     writes none (benchmarks). `step_hook` watches every step (`--perf-log`'s recorder)."""
     if world_size > 1:
         distributed.check_supported(cfg, world_size)
+        third_party.silence_harmless()  # torchrec's and fbgemm's known-harmless warnings
     if cfg.perf_log and step_hook is None:
         raise ConfigError(
             "perf_log: pass the hook that records it, Trainer(cfg, step_hook=...) "
