@@ -110,3 +110,35 @@ def test_ctrl_c_while_a_checkpoint_is_written_leaves_the_earlier_ones_whole(
     directory = Path(cfg.out_dir) / "checkpoints"
     assert sorted(x.name for x in directory.iterdir()) == ["step_000000005.pt"]
     assert ckpt.load(directory / "step_000000005.pt")["train_state"]["step"] == 5
+
+
+def test_the_summary_names_the_capabilities_the_run_used(make_config, tmp_path):
+    """The SSD tier's part comes from its store and Slipstream's from its pipeline; a run
+    shorter than Slipstream's warm-up says so; an --inference-only run says whether it
+    quantized."""
+    from dlrm.summary_text import summary_lines
+
+    cfg = make_config(placement="tiered", hot_budget="2KB", profile_sample_rate=0.2,
+                      scm_cache="2KB", scm_io="buffered", scm_dir=str(tmp_path / "scm"),
+                      slipstream=True, slipstream_warmup=100, data_size=64 * 12)  # fmt: skip
+    s = Trainer(cfg).fit()
+    assert s["ssd_tier"]["cache_hit_rate"] == s["placement"]["scm_cache_hit_rate"] is not None
+    assert s["ssd_tier"]["rows_read"] == s["placement"]["scm_rows_read"]
+    sl = s["slipstream"]
+    assert sl["shorter_than_warmup"] and sl["steps"] == 12 and sl["samples_skipped"] == 0
+    text = "\n".join(summary_lines(s, cfg.out_dir))
+    assert "placement: tiered, " in text and " hot rows" in text
+    assert "slipstream: nothing skipped: the run (12 steps) was shorter than the warm-up " in text
+    assert f"SSD tier: row cache hit rate {100 * s['ssd_tier']['cache_hit_rate']:.1f}%" in text
+    assert "inference" not in s and "inference" not in text
+
+    model = tmp_path / "m.pt"
+    Trainer(make_config(save_model=str(model), data_size=64 * 4, out_dir=str(tmp_path / "a"))).fit()
+    for bits, said in ((8, "inference: quantized (embeddings 8-bit, MLPs 32-bit"),
+                       (32, "inference: not quantized")):  # fmt: skip
+        q = make_config(inference_only=True, load_model=str(model), quantize_emb_with_bit=bits,
+                        out_dir=str(tmp_path / f"q{bits}"))  # fmt: skip
+        s = Trainer(q).fit()
+        assert s["inference"]["quantized"] == (bits != 32)
+        text = "\n".join(summary_lines(s, q.out_dir))
+        assert said in text and "trained" not in text
