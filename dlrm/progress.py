@@ -51,10 +51,11 @@ class Progress:
     def step(self) -> None:
         self.bar.update(1)
 
-    def report(self, step: int, epoch: int, loss: float, samples: int, train_time_s: float,
-               since_samples: int, since_time_s: float) -> None:  # fmt: skip
-        """At a print step: `loss` the mean since the last report; `since_*` the samples and
-        training seconds since then (the rate), `samples`/`train_time_s` the run's so far."""
+    def report(
+        self, step: int, epoch: int, loss: float, since_samples: int, since_time_s: float
+    ) -> None:
+        """At a print step: `loss` the mean since the last report, `since_*` the samples and
+        training seconds since then (evaluation and checkpoints are not training time)."""
         self.bar.set_postfix(loss=f"{loss:.4f}")
         if self.out is None:
             return

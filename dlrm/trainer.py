@@ -258,8 +258,7 @@ class Trainer:
         self._event("train", loss=mean_loss, lr=self._lr, samples=st.samples, samples_per_s=rate,
                     **logged_counters(self.model.embeddings, self.timer.totals),
                     **self.pipeline.counters())  # fmt: skip
-        talk.report(st.step, st.epoch, mean_loss, st.samples, st.train_time_s, since_samples,
-                    since_s)  # fmt: skip
+        talk.report(st.step, st.epoch, mean_loss, since_samples, since_s)
         log.info("step %d: loss %.5f, %.0f samples/s", st.step, mean_loss, rate)
         st.loss_sum, st.loss_count = 0.0, 0
         self._reported = (st.samples, st.train_time_s)
