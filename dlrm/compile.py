@@ -8,8 +8,9 @@ around them (casts under bf16 autocast, the interaction's gathers and concatenat
 backward) as a few fused loops instead of dozens of eager ops. On a CPU with bf16 units that glue
 is about a third of a bf16 step. For a DLRM, training compiles its written-out step instead
 (dlrm/dense_step.py: forward, loss, backward and plain SGD as one graph, which also cuts the
-step's fixed costs); `dense_forward` then serves evaluation. `auto` compiles bf16, and fp32 where
-the written-out step pays for its compile (see `wanted`; docs/speed.md has the figures).
+step's fixed costs); `dense_forward` then serves evaluation. `auto` compiles where the compile
+pays for itself: bf16 runs of at least BF16_AUTO_MIN_STEPS steps, and fp32 where the written-out
+step gains enough in long runs (see `wanted`; docs/speed.md has the figures).
 
 The batch dimension is marked dynamic, so one graph serves the training batch, an epoch's short
 last batch and the evaluation batch size: training and evaluation (no autograd) are two graphs,
@@ -24,6 +25,7 @@ bit-exactly on CPU (the same graph compiles to the same kernels).
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
 
@@ -43,17 +45,25 @@ BACKEND = "inductor"
 FP32_AUTO_MAX_BATCH = 512
 FP32_AUTO_MIN_STEPS = 20_000
 
+# bf16 compiles under `auto` only in runs long enough for the compile to pay: the compile
+# against the time it saves per step, measured by scripts/bench_compile_pays.py on this
+# project's 2-core AMD EPYC (avx512_bf16) with a cold Inductor cache (a user's first run; from
+# the cache it is seconds): figures and derivation in docs/speed.md#--compile.
+BF16_AUTO_MIN_STEPS = 1_000
+
 
 def wanted(
     setting: bool | None, precision: str, batch_size: int = 0, steps: int = 0,
     written: bool = False,
 ) -> bool:  # fmt: skip
-    """`--compile` true/false as given; `auto` (None): bf16, where the step is not GEMM-bound, and
-    fp32 for a model with a written-out step (`written`) at small batches in long runs."""
+    """`--compile` true/false as given; `auto` (None): bf16 in runs of at least
+    BF16_AUTO_MIN_STEPS steps (`steps` 0: a length not known, as a library call without one:
+    compiled), and fp32 for a model with a written-out step (`written`) at small batches in long
+    runs."""
     if setting is not None:
         return setting
     if precision == "bf16":
-        return True
+        return steps == 0 or steps >= BF16_AUTO_MIN_STEPS
     return written and batch_size <= FP32_AUTO_MAX_BATCH and steps >= FP32_AUTO_MIN_STEPS
 
 
@@ -82,6 +92,10 @@ class CompiledDenseForward:
         )
         self._lr = torch.zeros((), dtype=torch.float64)
         self.fell_back = False
+        # the first call of each graph compiles it: its wall time is the summary's compile_s
+        # (the one step it also runs is noise beside 10-60 s of compiling)
+        self.compile_s = 0.0
+        self._called: set[int] = set()
 
     def __call__(self, dense: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
         if self.fell_back:
@@ -117,6 +131,13 @@ class CompiledDenseForward:
         return loss, grad_pooled, list(zip(w.params, grads))
 
     def _compiled_or_eager(self, compiled, eager, *args):
+        if id(compiled) not in self._called:
+            self._called.add(id(compiled))
+            t0 = time.perf_counter()
+            try:
+                return self._compiled_or_eager(compiled, eager, *args)
+            finally:
+                self.compile_s += time.perf_counter() - t0
         try:
             return compiled(*args)
         except torch._dynamo.exc.BackendCompilerFailed as e:

@@ -24,7 +24,7 @@ import torch
 
 from dlrm import checkpoint as ckpt
 from dlrm import compile as compile_
-from dlrm import dense_step, distributed, run_checks
+from dlrm import dense_step, distributed, run_checks, third_party
 from dlrm.build import build_model, build_placed_embeddings, resolve_device
 from dlrm.checkpoint_store import CheckpointStore, FileCheckpoints, NoCheckpoints
 from dlrm.config import TrainConfig
@@ -32,7 +32,8 @@ from dlrm.data import DataSplits, build_data
 from dlrm.distributed import Processes
 from dlrm.embedding_setup import PlacedEmbeddings, schedule_training_data
 from dlrm.errors import ConfigError
-from dlrm.run_files import NoRunFiles, RunFiles
+from dlrm.progress import wanted_lines as progress_lines
+from dlrm.run_files import NoRunFiles, RunFiles, tensorboard_writer
 from dlrm.sharded_checkpoint import ShardedCheckpoints
 from dlrm.train_pipeline import PlainTrainPipeline, StepHook, TrainPipeline
 from embeddings.optimizer import SparseOptimizer
@@ -59,6 +60,7 @@ class Run:
     progress: bool  # a progress bar on this process
     resume_changes: dict[str, tuple]  # the settings a resume changed (dlrm/run_checks.py)
     resuming: Future | None = None  # the checkpoint to resume from, read in the background
+    lines: bool = False  # progress lines on stdout (no terminal there: dlrm/progress.py)
 
     def resume_target(self) -> tuple[Path, dict] | None:
         """The checkpoint to continue from with its verified contents; None: start afresh."""
@@ -80,6 +82,7 @@ def build_run(
     writes none (benchmarks). `step_hook` watches every step (`--perf-log`'s recorder)."""
     if world_size > 1:
         distributed.check_supported(cfg, world_size)
+        third_party.silence_harmless()  # torchrec's and fbgemm's known-harmless warnings
     if cfg.perf_log and step_hook is None:
         raise ConfigError(
             "perf_log: pass the hook that records it, Trainer(cfg, step_hook=...) "
@@ -116,8 +119,11 @@ def build_run(
     show = cfg.progress if cfg.progress is not None else sys.stderr.isatty()
     return Run(
         cfg, device, data, placement, model, dense_optimizer, compiled, pipeline,
-        Processes(rank, world_size), RunFiles(cfg.run_dir) if leads else NoRunFiles(cfg.run_dir),
+        Processes(rank, world_size),
+        RunFiles(cfg.run_dir, tensorboard_writer(cfg.tensorboard)) if leads
+        else NoRunFiles(cfg.run_dir),
         store, bool(show) and leads, resume_changes, resuming,
+        leads and progress_lines(cfg.progress),
     )  # fmt: skip
 
 
@@ -142,6 +148,15 @@ def evaluation_model(cfg: TrainConfig, model: torch.nn.Module) -> torch.nn.Modul
     from dlrm.models.quantized import quantize_for_evaluation
 
     return quantize_for_evaluation(model, cfg)
+
+
+def inference_summary(cfg: TrainConfig) -> dict:
+    """The summary's `inference` part: whether `--inference-only` evaluated a quantized model
+    (`evaluation_model`); nothing for a training run."""
+    if not cfg.inference_only:
+        return {}
+    bits = {"emb_bits": cfg.quantize_emb_with_bit, "mlp_bits": cfg.quantize_mlp_with_bit}
+    return {"inference": {"quantized": tuple(bits.values()) != (32, 32), **bits}}
 
 
 def set_flush_denormal(on: bool) -> bool:

@@ -253,11 +253,15 @@ def profiled_batches(n: int, rate: float) -> list[int]:
 # --- what the run directory reports ---------------------------------------------------------------
 
 
-def placement_summary(embeddings: EmbeddingCollection, device: torch.device) -> dict:
-    """The summary's `placement` block: where rows live and the collection's counters."""
+def placement_summary(
+    embeddings: EmbeddingCollection, device: torch.device, requested: str | None = None
+) -> dict:
+    """The summary's `placement` block: where rows live and the collection's counters;
+    `requested`: the `--placement` asked for (`auto`: `kind` says what it picked)."""
     tables = embeddings.tables
     rows = sum(t.num_embeddings for t in tables)
     out = {
+        "requested": requested,
         "device": str(device),
         "tables": len(tables),
         "rows": rows,

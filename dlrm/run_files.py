@@ -1,12 +1,18 @@
 """The files of a run directory the trainer writes as it goes: `config.json`, `metrics.jsonl`
 (one JSON object per event) and `summary.json`, and the `--save-model` file. Rank 0 writes them
 for the whole run; every other rank gets `NoRunFiles`, whose writes do nothing, so the trainer
-never asks which rank it is (the composition root, dlrm/compose.py, picks)."""
+never asks which rank it is (the composition root, dlrm/compose.py, picks).
+
+With `--tensorboard` (auto: where TensorBoard is installed) every numeric field of an event is
+also a scalar of TensorBoard's event files in `RUN/tensorboard/` (`train/loss`, `eval/test_auc`,
+...): `tensorboard --logdir RUN` reads the run as it trains. TensorBoard is never required."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -14,11 +20,33 @@ from common.atomic import write_text
 from dlrm import checkpoint as ckpt
 from dlrm import run_checks
 from dlrm.config import TrainConfig
+from dlrm.errors import ConfigError
+
+# a TensorBoard writer for a directory: `add_scalar(tag, value, step)`, `flush()`
+BoardFactory = Callable[[Path], Any]
+
+
+def tensorboard_writer(setting: bool | None) -> BoardFactory | None:
+    """`--tensorboard`: false, none; auto (None), torch's SummaryWriter where TensorBoard is
+    installed; true, that or a one-line error."""
+    if setting is False:
+        return None
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        if setting:
+            raise ConfigError(
+                "--tensorboard: TensorBoard is not installed (pip install tensorboard), or say "
+                "--tensorboard=false"
+            ) from None
+        return None
+    return lambda directory: SummaryWriter(str(directory))
 
 
 class RunFiles:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, board: BoardFactory | None = None) -> None:
         self.path = path
+        self._make_board, self._board = board, None
 
     def open(self, cfg: TrainConfig, changed: dict) -> None:
         """The directory, and its config.json unless a resumed run keeps it unchanged."""
@@ -26,6 +54,8 @@ class RunFiles:
         kept = cfg.resume and run_checks.read_run_settings(self.path, warn=False)
         if not kept or changed:
             (self.path / "config.json").write_text(json.dumps(cfg.to_json(), indent=2) + "\n")
+        if self._make_board is not None:
+            self._board = self._make_board(self.path / "tensorboard")
 
     def drop_events_after(self, step: int) -> int:
         """metrics.jsonl reads as one run: the events a killed run logged after the checkpoint
@@ -49,10 +79,18 @@ class RunFiles:
     def event(self, record: dict) -> None:
         with open(self.path / "metrics.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
+        if self._board is not None:
+            kind, step = record.get("event", "event"), record.get("step", 0)
+            for key, value in record.items():
+                if key not in ("step", "epoch") and isinstance(value, int | float):
+                    if not isinstance(value, bool):
+                        self._board.add_scalar(f"{kind}/{key}", value, step)
 
     def summary(self, summary: dict) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
         (self.path / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        if self._board is not None:
+            self._board.flush()
 
     def model_file(self, path: Path, model: torch.nn.Module, arch: dict, state: dict) -> None:
         """Weights only (`state`: the model's state dict, taken on every rank: with sharded

@@ -286,6 +286,13 @@ class SlipstreamTrainPipeline(TrainPipeline):
             "flops_saved": c["samples_skipped"] * self.dense_flops + saved_lookups * 4 * self.dim,
         }
 
+    def summary_parts(self) -> dict[str, dict]:
+        """`slipstream`: the counters, and whether the run outlasted the warm-up (before it
+        nothing is skipped: a run shorter than it says so rather than a bare 0%)."""
+        part = {**self.counters(), "warmup_steps": self.settings.warmup, "steps": self.steps,
+                "shorter_than_warmup": self.steps < self.settings.warmup}  # fmt: skip
+        return {**self.inner.summary_parts(), "slipstream": part}
+
     def state_dict(self) -> dict:
         cursor = self.stream.cursor
         out = {

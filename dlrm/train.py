@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import shlex
 import sys
+from pathlib import Path
 
 from data_pipeline.errors import DataError
 from dlrm.config import SECTIONS, TrainConfig
@@ -38,10 +41,10 @@ def main(argv: list[str] | None = None) -> int:
     # torchrec's KeyedJaggedTensor trips a torch.fx deprecation notice on first use; it is not
     # ours to fix and would be the first line a user sees.
     logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
-    rank, world, finished = 0, 1, False
+    rank, world, finished, cfg = 0, 1, False, None
     try:
         cfg = config_from_args(argv)
-        if cfg.reference_defaults:
+        if cfg.reference_defaults and _leads():
             print(cfg.describe_reference_defaults(), flush=True)
         from dlrm import distributed, step_hooks
         from dlrm.trainer import Trainer  # after parsing: --help and flag errors stay fast
@@ -58,6 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     except TrainingDiverged as e:
         sys.stderr.write(f"python -m dlrm.train: training stopped: {_ranked(e, rank, world)}\n")
         return 1
+    except KeyboardInterrupt:
+        if cfg is not None and rank == 0 and _leads():
+            sys.stderr.write(f"\n{_interrupted(cfg, argv)}\n")
+        return EXIT_INTERRUPTED
     except Exception as e:
         if world == 1 or not distributed.is_communication_failure(e):
             raise
@@ -71,23 +78,58 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+# a run ended by Ctrl-C (SIGINT) exits as a shell reports a process killed by it: 128 + 2
+EXIT_INTERRUPTED = 130
+
+
+def _leads() -> bool:
+    """Rank 0, or no torchrun: the process that prints the header and the summary (torchrun's
+    RANK is read before the process group starts, so the header prints once too)."""
+    return os.environ.get("RANK", "0") == "0"
+
+
+def _interrupted(cfg: TrainConfig, argv: list[str] | None) -> str:
+    """Ctrl-C's one line: where the last complete checkpoint is and the command that resumes.
+    A checkpoint being written when the signal came is not it: the atomic write removed its
+    temporary (common/atomic.py), so the newest complete file is the last good one."""
+    from dlrm import checkpoint as ckpt
+
+    run = Path(cfg.out_dir)
+    found = ckpt.list_checkpoints(run / "checkpoints")
+    if not found:
+        return f"interrupted before the first checkpoint; nothing to resume in {run}"
+    args = _without_out_dir(list(sys.argv[1:] if argv is None else argv))
+    command = shlex.join(["python", "-m", "dlrm.train", *args, "--out-dir", str(run), "--resume"])
+    return f"interrupted; the last checkpoint is {found[-1]}; resume with: {command}"
+
+
+def _without_out_dir(args: list[str]) -> list[str]:
+    """`args` less `--out-dir X` and `--resume [X]`, which the resume command sets itself."""
+    out, skip = [], False
+    for i, a in enumerate(args):
+        if skip:
+            skip = False
+            continue
+        if a.startswith(("--out-dir=", "--resume=")):
+            continue
+        if a == "--out-dir":
+            skip = True
+            continue
+        if a == "--resume":
+            skip = i + 1 < len(args) and not args[i + 1].startswith("--")
+            continue
+        out.append(a)
+    return out
+
+
 def _ranked(e: Exception, rank: int, world: int) -> str:
     return f"rank {rank}: {e}" if world > 1 and not str(e).startswith("rank ") else str(e)
 
 
 def _print_summary(cfg: TrainConfig, s: dict) -> None:
-    def fmt(x) -> str:
-        return "n/a" if x is None else f"{x:.4f}"
+    from dlrm.summary_text import summary_lines
 
-    print(
-        f"test AUC {fmt(s['test_auc'])}  logloss {fmt(s['test_logloss'])}  "
-        f"accuracy {fmt(s['test_accuracy'])}  NE {fmt(s['test_ne'])}"
-    )
-    print(
-        f"trained {s['samples']} samples in {s['steps']} steps, {s['wall_s']:.1f} s: "
-        f"{s['train_samples_per_s']:.0f} samples/s ({cfg.precision}, {s['device']})"
-    )
-    print(f"run directory: {cfg.out_dir}")
+    print("\n".join(summary_lines(s, cfg.out_dir)), flush=True)
 
 
 if __name__ == "__main__":

@@ -68,6 +68,11 @@ class TrainPipeline(ABC):
         """The pipeline's own counters for metrics.jsonl and summary.json (Slipstream's)."""
         return {}
 
+    def summary_parts(self) -> dict[str, dict]:
+        """summary.json's parts of the capabilities this pipeline adds (`{"slipstream": {...}}`);
+        none by default."""
+        return {}
+
 
 def loss_of(
     logits: torch.Tensor, labels: torch.Tensor, kind: str, batch_size: int | None = None

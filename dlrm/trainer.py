@@ -24,12 +24,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from dlrm import checkpoint as ckpt
 from dlrm import compose
@@ -41,6 +41,7 @@ from dlrm.embedding_setup import logged_counters, placement_summary
 from dlrm.errors import CheckpointError, NonFiniteLoss, TrainingDiverged
 from dlrm.evaluation import evaluate
 from dlrm.lr_schedule import learning_rate_at
+from dlrm.progress import Progress
 from dlrm.run_checks import check_resume_settings
 from dlrm.train_pipeline import StepHook
 
@@ -61,6 +62,11 @@ class TrainState:
     last_eval: dict = field(default_factory=dict)
     stop_reason: str = ""
     time_breakdown_s: dict = field(default_factory=dict)  # across resumes, as train_time_s
+    # after each process's first WARMUP_STEPS (compile, first-touch allocations): the
+    # steady-state rate's samples and seconds, across resumes
+    steady_samples: int = 0
+    steady_time_s: float = 0.0
+    steady_data_s: float = 0.0  # of steady_time_s: waiting for batches
 
     def to_checkpoint(self) -> dict:
         """Every field (plain values and a dict of floats: what a weights-only load accepts)."""
@@ -75,6 +81,11 @@ class TrainState:
         if unknown:
             raise CheckpointError(f"train state: unknown fields {', '.join(unknown)}")
         return cls(**value)
+
+
+# steps of each process left out of the steady-state rate: the first compiles the dense step
+# (seconds to a minute), the next ones still allocate and fill caches
+WARMUP_STEPS = 3
 
 
 class _Timer:
@@ -108,11 +119,13 @@ class Trainer:
         self.pipeline, self.compiled = run.pipeline, run.compiled  # compiled None: eager
         self.processes, self.files, self.checkpoints = run.processes, run.files, run.checkpoints
         self.run_dir, self.ckpt_dir = cfg.run_dir, run.checkpoints.directory
-        self._progress = run.progress
+        self._progress, self._lines = run.progress, run.lines
         self._resume_changes = run.resume_changes
         self.state = TrainState()
         self.timer = _Timer()
         self._lr = cfg.learning_rate
+        self._warm_left, self._steady_since = WARMUP_STEPS, None  # this process's warm-up
+        self._reported = (0, 0.0)  # samples and training seconds at the last progress line
         self.pipeline.hook.attach(self)
         found = run.resume_target()
         if found:  # None: the run stopped before its first checkpoint; it starts again
@@ -164,9 +177,9 @@ class Trainer:
         cfg, st = self.cfg, self.state
         per_epoch = self.steps_per_epoch()
         total = per_epoch * cfg.nepochs
-        bar = tqdm(
-            total=total, initial=st.step, disable=not self._progress, desc="train", unit="batch"
-        )
+        talk = Progress(total, st.step, cfg.nepochs, bar=self._progress,
+                        lines=sys.stdout if self._lines else None)  # fmt: skip
+        self._reported = (st.samples, st.train_time_s)
         stop = st.stop_reason != "" or st.step >= total
         batches, clock = None, time.perf_counter()
         while not stop:
@@ -176,10 +189,10 @@ class Trainer:
             out = self._step(batches)
             if out is not None:
                 self._record(out)
-                bar.update(1)
+                talk.step()
                 if cfg.print_freq and st.step % cfg.print_freq == 0:
                     clock = self._lap(clock)
-                    self._log_train(bar)
+                    self._log_train(talk)
             epoch_done = out is None or st.batch_in_epoch >= per_epoch
             if epoch_done:
                 st.epoch, st.batch_in_epoch, batches = st.epoch + 1, 0, None
@@ -189,7 +202,7 @@ class Trainer:
                 clock = time.perf_counter()  # evaluation and checkpoints are not training time
             stop = stop or st.epoch >= cfg.nepochs
         self._lap(clock)
-        bar.close()
+        talk.close()
         if not st.stop_reason:
             st.stop_reason = "completed"
         if cfg.save_model:
@@ -221,22 +234,34 @@ class Trainer:
         st.samples += self.processes.global_samples(out.samples)
         st.loss_sum += self.processes.mean(out.loss)
         st.loss_count += 1
+        if self._steady_since is not None:
+            st.steady_samples += self.processes.global_samples(out.samples)
+            st.steady_data_s += out.data_s
+        elif self._warm_left > 1:
+            self._warm_left -= 1
+        else:  # the warm-up's last step: the steady state starts now
+            self._warm_left, self._steady_since = 0, time.perf_counter()
 
     def _lap(self, since: float) -> float:
         now = time.perf_counter()
         self.state.train_time_s += now - since
+        if self._steady_since is not None:
+            self.state.steady_time_s += now - max(since, self._steady_since)
         return now
 
-    def _log_train(self, bar) -> None:
+    def _log_train(self, talk: Progress) -> None:
         st = self.state
         mean_loss = st.loss_sum / max(st.loss_count, 1)
-        rate = st.samples / st.train_time_s if st.train_time_s > 0 else 0.0
+        samples0, time0 = self._reported
+        since_samples, since_s = st.samples - samples0, st.train_time_s - time0
+        rate = since_samples / since_s if since_s > 0 else 0.0  # the steps since the last line
         self._event("train", loss=mean_loss, lr=self._lr, samples=st.samples, samples_per_s=rate,
                     **logged_counters(self.model.embeddings, self.timer.totals),
                     **self.pipeline.counters())  # fmt: skip
-        bar.set_postfix(loss=f"{mean_loss:.4f}")
+        talk.report(st.step, st.epoch, mean_loss, since_samples, since_s)
         log.info("step %d: loss %.5f, %.0f samples/s", st.step, mean_loss, rate)
         st.loss_sum, st.loss_count = 0.0, 0
+        self._reported = (st.samples, st.train_time_s)
 
     def _evaluate_and_checkpoint(self) -> bool:
         """Evaluate, checkpoint, and say whether the AUC threshold was reached."""
@@ -268,28 +293,51 @@ class Trainer:
         return self._write_summary()
 
     def _write_summary(self) -> dict:
-        st = self.state
+        """summary.json: the flat keys of before (what scripts and tests read) and, per
+        capability, a group that capability reports itself (the collection's placement and
+        store parts, the pipeline's, the compiled step's time)."""
+        st, c = self.state, self.cfg
         ev = st.last_eval or {}
+        overall = st.samples / st.train_time_s if st.train_time_s > 0 else 0.0
+        steady = st.steady_samples / st.steady_time_s if st.steady_time_s > 0 else None
+        times = {k: round(v, 6) for k, v in self.timer.totals.items()}
+        compile_s = self.compiled.compile_s if self.compiled is not None else 0.0
         summary = {
             "test_auc": ev.get("auc"),
             "test_logloss": ev.get("logloss"),
             "test_accuracy": ev.get("accuracy"),
             "test_ne": ev.get("ne"),
             "test_samples": ev.get("samples"),
-            "train_samples_per_s": st.samples / st.train_time_s if st.train_time_s > 0 else 0.0,
+            # the steady state where the run had one (the compile and the first steps of each
+            # process left out); a run too short for one: over the whole run
+            "train_samples_per_s": steady if steady is not None else overall,
             "steps": st.step,
             "epochs_completed": st.epoch,
             "samples": st.samples,
             "wall_s": st.train_time_s,
             "stop_reason": st.stop_reason,
-            "time_breakdown_s": {k: round(v, 6) for k, v in self.timer.totals.items()},
+            "time_breakdown_s": times,
             "device": str(self.device),
-            "precision": self.cfg.precision,
+            "precision": c.precision,
             "compiled": self.compiled is not None and not self.compiled.fell_back,
-            "placement": placement_summary(self.model.embeddings, self.device),
+            "placement": placement_summary(self.model.embeddings, self.device, c.placement),
+            "throughput": {
+                "steady_samples_per_s": steady,
+                "overall_samples_per_s": overall,
+                "warmup_steps_per_process": WARMUP_STEPS,
+                "steady_samples": st.steady_samples,
+                "steady_data_s": round(st.steady_data_s, 6),
+            },
+            "time": {
+                "train_s": round(st.train_time_s, 6),
+                "steady_s": round(st.steady_time_s, 6),
+                "compile_s": round(compile_s, 6),
+                **times,
+            },
         }
-        if self.pipeline.counters():
-            summary["slipstream"] = self.pipeline.counters()
+        summary.update(self.model.embeddings.summary_parts())  # e.g. its SSD tier's
+        summary.update(self.pipeline.summary_parts())  # e.g. Slipstream's
+        summary.update(compose.inference_summary(c))
         self.files.summary(summary)
         return summary
 

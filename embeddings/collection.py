@@ -87,6 +87,11 @@ class EmbeddingLookup(nn.Module, ABC):
         """Where rows live, for the summary: at least `kind` ("device", "host", "fae", ...) and
         `backend`."""
 
+    def summary_parts(self) -> dict[str, dict]:
+        """summary.json's parts of the capabilities this collection uses beyond its placement
+        (a staged collection's SSD tier: `{"ssd_tier": {...}}`); none by default."""
+        return {}
+
     # --- placement-independent state dict: `<table>.weight`, one full tensor per table ----------
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):  # noqa: D401

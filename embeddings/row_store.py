@@ -103,3 +103,8 @@ class RowStore(ABC):
     def placement_info(self, rows: int, row_bytes: int) -> dict:
         """The summary's description of the store holding `rows` rows of `row_bytes` bytes."""
         return {f"{self.name}_tier_bytes": rows * row_bytes}
+
+    def summary_parts(self, counters: dict) -> dict[str, dict]:
+        """The store's own part of summary.json (`counters`: this store's `counters`), where it
+        is a capability of its own (the SSD tier's); none by default."""
+        return {}

@@ -132,6 +132,14 @@ class ScmStore(RowStore):
             "ssd_tier_bytes": rows * row_bytes,
         }
 
+    def summary_parts(self, counters: dict) -> dict[str, dict]:
+        """`ssd_tier`: the tier's counters (its row cache's hit rate first), without the `scm_`
+        prefix the placement's flat counters carry."""
+        part = {"cache_hit_rate": counters.get("scm_cache_hit_rate")}
+        part.update((k.removeprefix("scm_"), v) for k, v in counters.items())
+        part["cache_capacity_rows"] = self.tier.cache.capacity
+        return {"ssd_tier": part}
+
     def describe(self) -> str:
         t = self.tier
         return f"SSD tier in {t.dir} ({t.io} I/O), row cache of {t.cache.capacity} rows"

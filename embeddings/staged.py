@@ -518,6 +518,9 @@ class StagedEmbeddingBagCollection(EmbeddingCollection):
     def logged_counters(self) -> tuple[str, ...]:
         return (*super().logged_counters(), *self.store.logged_counters())
 
+    def summary_parts(self) -> dict[str, dict]:
+        return self.store.summary_parts(self.store.counters(self.stats.as_dict()))
+
     def placement_info(self) -> dict:
         info = {
             "kind": self.kind,

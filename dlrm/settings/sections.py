@@ -210,8 +210,14 @@ class RunConfig(Section):
         free=True,
     )  # fmt: skip
     progress: bool | None = setting(
-        None, "--progress", "progress bars: true, false or auto", const=True, free=True,
-        shown_default="auto (when stderr is a terminal)",
+        None, "--progress",
+        "progress bars: true, false or auto; without a terminal on stdout a line every "
+        "--print-freq steps instead (false: none)", const=True, free=True,
+        shown_default="auto (a bar when stderr is a terminal)",
+    )  # fmt: skip
+    tensorboard: bool | None = setting(
+        None, "--tensorboard", "TensorBoard event files in RUN/tensorboard: true, false or auto",
+        const=True, free=True, shown_default="auto (where TensorBoard is installed)",
     )  # fmt: skip
     perf_log: str | None = setting(
         None, "--perf-log",

@@ -73,7 +73,8 @@ def test_compiled_run_resumes_bit_exactly(compiled_run):
 
 def test_bf16_compiled_tracks_eager_bf16(tmp_path):
     eager, _ = _fit(tmp_path / "eager", precision="bf16", compile=False, num_batches=4)
-    compiled, _ = _fit(tmp_path / "compiled", precision="bf16", num_batches=4)  # auto: compiled
+    # 4 steps: too short for auto to compile bf16 (test_auto_compiles_bf16_where_it_pays)
+    compiled, _ = _fit(tmp_path / "compiled", precision="bf16", compile=True, num_batches=4)
     assert compiled["compiled"]
     assert compiled["test_auc"] == pytest.approx(eager["test_auc"], abs=2e-3)
 
@@ -107,6 +108,14 @@ def test_compile_flag_and_auto(tmp_path):
         None, "fp32"
     )  # see test_dense_step
     assert compile_.wanted(True, "fp32") and not compile_.wanted(False, "bf16")
+
+
+def test_auto_compiles_bf16_where_it_pays():
+    n = compile_.BF16_AUTO_MIN_STEPS
+    assert compile_.wanted(None, "bf16", 2048, n) and compile_.wanted(None, "bf16", 128, 10**6)
+    assert not compile_.wanted(None, "bf16", 2048, n - 1)  # the compile would not pay
+    assert not compile_.wanted(None, "bf16", 2048, 100)  # the issue's --num-batches 100
+    assert compile_.wanted(True, "bf16", 2048, 100)
 
 
 def test_bad_compile_value_is_one_line(tmp_path, capsys):
