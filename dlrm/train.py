@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from data_pipeline.errors import DataError
+from dlrm import threads
 from dlrm.config import SECTIONS, TrainConfig
 from dlrm.errors import CheckpointError, ConfigError, TrainingDiverged
 from dlrm.flags import EXIT_USAGE, OneLineParser, add_settings
@@ -41,11 +43,16 @@ def main(argv: list[str] | None = None) -> int:
     rank, world, finished = 0, 1, False
     try:
         cfg = config_from_args(argv)
+        # before torch is imported: the OpenMP runtime reads its wait policy once, when loaded
+        choice = threads.choose(cfg.threads, wait=threads.default_wait_policy())
+        if os.environ.get("RANK", "0") == "0":
+            print(choice.describe(), flush=True)
         if cfg.reference_defaults:
             print(cfg.describe_reference_defaults(), flush=True)
         from dlrm import distributed, step_hooks
         from dlrm.trainer import Trainer  # after parsing: --help and flag errors stay fast
 
+        threads.apply(choice.threads)
         if distributed.launched_by_torchrun():
             rank, world = distributed.init_from_env(cfg)
             cfg = distributed.first_attempt_resume(cfg)
