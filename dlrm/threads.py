@@ -40,14 +40,18 @@ WAIT_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
 DEFAULT_WAIT_POLICY = "PASSIVE"
 
 
-def default_wait_policy(environ: MutableMapping[str, str] = os.environ) -> str:
+def default_wait_policy(
+    environ: MutableMapping[str, str] = os.environ, runtime_loaded: bool | None = None
+) -> str:
     """Set OMP_WAIT_POLICY=PASSIVE where the environment says nothing about waiting, before the
     OpenMP runtime is loaded (it reads the variable once). Returns what the run waits with."""
     given = {k: environ[k] for k in WAIT_VARIABLES if environ.get(k)}
     if given:
         return " ".join(f"{k}={v}" for k, v in given.items())
-    if "torch" in sys.modules or "numba.np.ufunc.omppool" in sys.modules:
-        return "the OpenMP default (torch was imported first)"  # too late to change
+    if runtime_loaded is None:
+        runtime_loaded = "torch" in sys.modules or "numba.np.ufunc.omppool" in sys.modules
+    if runtime_loaded:
+        return "OpenMP's default wait (torch was imported first)"  # too late to change
     environ["OMP_WAIT_POLICY"] = DEFAULT_WAIT_POLICY
     return f"OMP_WAIT_POLICY={DEFAULT_WAIT_POLICY}"
 

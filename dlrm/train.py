@@ -42,9 +42,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
     rank, world, finished = 0, 1, False
     try:
+        # first: validating the settings imports torch, and the OpenMP runtime it loads reads
+        # its wait policy once (dlrm/threads.py)
+        wait = threads.default_wait_policy()
         cfg = config_from_args(argv)
-        # before torch is imported: the OpenMP runtime reads its wait policy once, when loaded
-        choice = threads.choose(cfg.threads, wait=threads.default_wait_policy())
+        choice = threads.choose(cfg.threads, wait=wait)
         if os.environ.get("RANK", "0") == "0":
             print(choice.describe(), flush=True)
         if cfg.reference_defaults:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -123,6 +124,8 @@ def stop(procs: list[subprocess.Popen]) -> None:
 
 
 def main() -> None:
+    # a kill ends the neighbours too (the finally below; subprocess.run kills its child)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--variants", default="old,new,one")
