@@ -10,12 +10,12 @@ not two: an OpenMP team that needs more CPU time than the quota is stopped whole
 each period (100 ms by default) with its threads waiting at a barrier, and a spinning thread
 spends the quota on waiting; one thread under the quota is never stopped.
 
-The wait policy: torch's CPU build runs on GNU OpenMP (torch/lib/libgomp.so.1; numba's
-`omp` threading layer joins the same runtime), whose idle threads spin for about 300,000
-iterations before sleeping. A spinning thread holds a core a busy neighbour needs, while the
-thread its team waits for is descheduled: beside one CPU-bound process on 2 cores the default
-run fell to a fraction of a one-thread run. `OMP_WAIT_POLICY=PASSIVE` (sleep at once) cost no
-measurable speed on a quiet machine and removed the collapse (docs/measurements/speed.md), so
+The wait policy: torch's CPU build runs on GNU OpenMP (torch/lib/libgomp.so.1; numba's `omp`
+threading layer loads a second copy, the system's, with its own team), whose idle threads spin
+about 300,000 times before sleeping. A spinning thread holds a core a busy neighbour needs while
+the thread its team waits for is descheduled: beside CPU-bound processes on 2 cores the default
+run fell to about a tenth of a one-thread run. `OMP_WAIT_POLICY=PASSIVE` (sleep at once) made it
+13-20x faster on a loaded machine and removed the collapse (docs/measurements/speed.md), so
 `python -m dlrm.train` sets it before torch starts, unless the environment already says how
 to wait. libgomp reads it once, when it is loaded: setting it later changes nothing.
 
@@ -200,7 +200,7 @@ def apply(threads: int) -> None:
     import numba
     import torch
 
-    # numba first: starting its OpenMP layer sets the process's OpenMP team size to its own
+    # numba first: starting its OpenMP layer may set the OpenMP team size to its own (all CPUs)
     numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
     torch.set_num_threads(threads)
     try:
