@@ -24,7 +24,7 @@ import torch
 
 from dlrm import checkpoint as ckpt
 from dlrm import compile as compile_
-from dlrm import dense_step, distributed, run_checks, third_party
+from dlrm import dense_step, distributed, run_checks, third_party, threads
 from dlrm.build import build_model, build_placed_embeddings, resolve_device
 from dlrm.checkpoint_store import CheckpointStore, FileCheckpoints, NoCheckpoints
 from dlrm.config import TrainConfig
@@ -96,6 +96,8 @@ def build_run(
     # and checksumming gigabytes need not wait for table initialisation.
     store = _checkpoint_store(cfg, rank, world_size, checkpoints)
     resuming = _background(store.resume_target, cfg.resume, cfg.run_dir) if cfg.resume else None
+    if cfg.threads:  # 0: the process's own counts (the command line chose them: dlrm/train.py)
+        threads.apply(cfg.threads)
     set_flush_denormal(cfg.flush_denormal)  # before any parallel work: see set_flush_denormal
     torch.manual_seed(cfg.seed)
     data = data if data is not None else build_data(cfg, rank, world_size)

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from data_pipeline.errors import DataError
+from dlrm import threads
 from dlrm.config import SECTIONS, TrainConfig
 from dlrm.errors import CheckpointError, ConfigError, TrainingDiverged
 from dlrm.flags import EXIT_USAGE, OneLineParser, add_settings
@@ -43,12 +44,19 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
     rank, world, finished, cfg = 0, 1, False, None
     try:
+        # first: validating the settings imports torch, and the OpenMP runtime it loads reads
+        # its wait policy once (dlrm/threads.py)
+        wait = threads.default_wait_policy()
         cfg = config_from_args(argv)
+        choice = threads.choose(cfg.threads, wait=wait)
+        if _leads():
+            print(choice.describe(), flush=True)
         if cfg.reference_defaults and _leads():
             print(cfg.describe_reference_defaults(), flush=True)
         from dlrm import distributed, step_hooks
         from dlrm.trainer import Trainer  # after parsing: --help and flag errors stay fast
 
+        threads.apply(choice.threads)
         if distributed.launched_by_torchrun():
             rank, world = distributed.init_from_env(cfg)
             cfg = distributed.first_attempt_resume(cfg)

@@ -142,6 +142,12 @@ class TrainingConfig(Section):
         const=True, shown_default="auto",
     )  # fmt: skip
     device: str = setting("auto", "--device", "where the step runs", choices=DEVICES)
+    threads: int = setting(
+        0, "--threads",
+        "CPU threads of torch and numba (0: auto, the CPUs this process may use: affinity and "
+        "cgroup quota; docs/training.md#threads)",
+        check=AT_LEAST_0, free=True,  # like the auto count, which differs between machines
+    )  # fmt: skip
     seed: int = setting(
         123, "--seed", "seed of initialisation and data order (the reference's --numpy-rand-seed)",
         aliases=("--numpy-rand-seed",), check=int_range(0, 2**32 - 1),  # numpy's and the reference's

@@ -1,0 +1,160 @@
+"""The thread count a run chooses (affinity, cgroup CPU quota, the environment, --threads), the
+wait policy it sets before OpenMP starts, and that a run given --threads computes on that many."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dlrm import threads
+from dlrm.errors import ConfigError
+from dlrm.train import config_from_args, main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def fake_cgroup(tmp_path, groups: str, mounts: list[tuple[str, str, str, str]], files: dict):
+    """/proc/self/cgroup and /proc/self/mountinfo as given, with cgroup files under tmp_path.
+    mounts: (cgroup root, mount point under tmp_path, fstype, super options)."""
+    lines = [
+        f"{30 + i} 23 0:{40 + i} {root} {tmp_path / point} rw,relatime - {fstype} cgroup {opts}"
+        for i, (root, point, fstype, opts) in enumerate(mounts)
+    ]
+    lines.insert(0, "22 1 8:1 / / rw,relatime - ext4 /dev/vda rw")  # not a cgroup: skipped
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    for _, point, _, _ in mounts:
+        (tmp_path / point).mkdir(parents=True, exist_ok=True)
+    (tmp_path / "cgroup").write_text(groups)
+    (tmp_path / "mountinfo").write_text("\n".join(lines) + "\n")
+    return threads.cpu_quota(tmp_path / "cgroup", tmp_path / "mountinfo")
+
+
+V2 = [("/", "cg", "cgroup2", "rw,nsdelegate")]
+
+
+def test_cgroup_v2_quota_of_the_process_group(tmp_path):
+    files = {"cg/job.slice/run/cpu.max": "150000 100000\n", "cg/cpu.max": "max 100000\n"}
+    assert fake_cgroup(tmp_path, "0::/job.slice/run\n", V2, files) == 1.5
+
+
+def test_cgroup_v2_a_parent_quota_limits_its_children(tmp_path):
+    files = {"cg/job.slice/run/cpu.max": "max 100000\n", "cg/job.slice/cpu.max": "50000 25000"}
+    assert fake_cgroup(tmp_path, "0::/job.slice/run\n", V2, files) == 2.0
+
+
+def test_cgroup_v2_without_a_quota(tmp_path):
+    files = {"cg/run/cpu.max": "max 100000\n"}
+    assert fake_cgroup(tmp_path, "0::/run\n", V2, files) is None
+
+
+def test_cgroup_v2_namespaced_process_reads_the_mount_root(tmp_path):
+    # inside a cgroup namespace the process's path is "/" and its group is the mount itself
+    assert fake_cgroup(tmp_path, "0::/\n", V2, {"cg/cpu.max": "300000 100000"}) == 3.0
+
+
+def test_cgroup_v1_quota_in_a_container_without_cgroup_namespace(tmp_path):
+    # docker without a cgroup namespace: the path names the container, the mount is its group
+    mounts = [("/docker/abc", "cpu", "cgroup", "rw,cpu,cpuacct"),
+              ("/docker/abc", "mem", "cgroup", "rw,memory")]  # fmt: skip
+    groups = "5:memory:/docker/abc\n4:cpu,cpuacct:/docker/abc\n0::/\n"
+    files = {"cpu/cpu.cfs_quota_us": "250000\n", "cpu/cpu.cfs_period_us": "100000\n",
+             "mem/cpu.cfs_quota_us": "1\n", "mem/cpu.cfs_period_us": "100000\n"}  # fmt: skip
+    assert fake_cgroup(tmp_path, groups, mounts, files) == 2.5
+
+
+def test_cgroup_v1_unlimited_and_unreadable(tmp_path):
+    mounts = [("/", "cpu", "cgroup", "rw,cpu")]
+    files = {"cpu/a/cpu.cfs_quota_us": "-1\n", "cpu/a/cpu.cfs_period_us": "100000\n"}
+    assert fake_cgroup(tmp_path, "4:cpu:/a\n", mounts, files) is None
+    assert fake_cgroup(tmp_path, "4:cpu:/a\n", mounts, {"cpu/a/cpu.cfs_quota_us": "x"}) is None
+    assert threads.cpu_quota(tmp_path / "none", tmp_path / "none") is None
+
+
+def test_quota_rounds_down_to_whole_cpus_and_never_below_one():
+    assert threads.usable_cpus(affinity=2, quota=1.5) == 1  # a team over quota stalls whole
+    assert threads.usable_cpus(affinity=2, quota=0.5) == 1
+    assert threads.usable_cpus(affinity=8, quota=2.0) == 2
+    assert threads.usable_cpus(affinity=2, quota=3.0) == 2  # affinity narrower than the quota
+    assert threads.usable_cpus(affinity=3, quota=None) == 3
+
+
+def test_auto_choice_and_its_one_line():
+    c = threads.choose(0, environ={}, affinity=2, quota=1.5, wait="OMP_WAIT_POLICY=PASSIVE")
+    assert c.threads == 1
+    assert c.describe() == "threads 1 from affinity 2 / quota 1.5; OMP_WAIT_POLICY=PASSIVE"
+    c = threads.choose(0, environ={}, affinity=1, quota=None)  # affinity narrower than nproc
+    assert (c.threads, c.describe()) == (1, "threads 1 from affinity 1 / quota none")
+    c = threads.choose(5, environ={"OMP_NUM_THREADS": "2"}, affinity=2, quota=None)
+    assert (c.threads, c.describe()) == (5, "threads 5 from --threads 5 (affinity 2 / quota none)")
+    c = threads.choose(0, environ={"OMP_NUM_THREADS": "3"}, affinity=2, quota=None)
+    assert (c.threads, c.source) == (3, "OMP_NUM_THREADS=3")
+    c = threads.choose(0, environ={"LOCAL_WORLD_SIZE": "2"}, affinity=4, quota=None)
+    assert (c.threads, c.source) == (2, "affinity 4 / quota none / 2 processes")
+    assert threads.choose(0, environ={"LOCAL_WORLD_SIZE": "4"}, affinity=2, quota=None).threads == 1
+
+
+def test_auto_reads_this_process_affinity():
+    """A process restricted to one CPU chooses one thread (no torch needed to choose)."""
+    code = (
+        "import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
+        "from dlrm import threads; print(threads.choose(0, environ={}, quota=None).threads)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "1"
+
+
+def test_wait_policy_is_set_only_where_the_user_said_nothing():
+    env = {}
+    assert threads.default_wait_policy(env, runtime_loaded=False) == "OMP_WAIT_POLICY=PASSIVE"
+    assert env == {"OMP_WAIT_POLICY": "PASSIVE"}
+    for name, value in (("OMP_WAIT_POLICY", "active"), ("GOMP_SPINCOUNT", "300000")):
+        env = {name: value}
+        assert threads.default_wait_policy(env, runtime_loaded=False) == f"{name}={value}"
+        assert env == {name: value}  # the user's choice, untouched
+    env = {}
+    assert "torch was imported first" in threads.default_wait_policy(env, runtime_loaded=True)
+    assert env == {}  # too late: the runtime read the environment when it was loaded
+
+
+def test_threads_flag_is_validated(capsys, tmp_path):
+    assert config_from_args(["--threads", "3"]).threads == 3
+    assert config_from_args([]).threads == 0
+    with pytest.raises(ConfigError, match=r"^--threads: expected an integer >= 0, got -1$"):
+        config_from_args(["--threads", "-1"])
+    assert main(["--threads", "-2", "--out-dir", str(tmp_path / "r")]) == 2
+    assert capsys.readouterr().err == (
+        "python -m dlrm.train: error: --threads: expected an integer >= 0, got -2\n"
+    )
+
+
+def test_a_run_given_threads_1_computes_on_one_thread(tmp_path):
+    """In a fresh process (its own OpenMP runtime) where the environment asks for 4: torch's
+    intra- and inter-op pools and numba's run 1 thread to the end of the run (the synthetic
+    generator's numba loop resets OpenMP's count; it must not stay reset), and the run set the
+    wait policy before torch was imported."""
+    code = (
+        "import json, os, sys; from dlrm.train import main; rc = main(sys.argv[1:]); "
+        "import numba, torch; print(json.dumps([rc, torch.get_num_threads(), "
+        "torch.get_num_interop_threads(), numba.get_num_threads(), os.environ['OMP_WAIT_POLICY']]))"
+    )
+    tiny = ["--arch-embedding-size", "30-20-10", "--arch-sparse-feature-size", "4", "--arch-mlp-bot",
+            "13-8-4", "--arch-mlp-top", "8-1", "--mini-batch-size", "32", "--data-size", "320",
+            "--test-data-size", "256", "--progress", "false", "--out-dir", str(tmp_path / "r")]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k not in threads.WAIT_VARIABLES}
+    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="4")
+    out = subprocess.run([sys.executable, "-c", code, *tiny, "--threads", "1"], env=env,
+                         capture_output=True, text=True, timeout=300, cwd=ROOT)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == (
+        f"threads 1 from --threads 1 (affinity {len(os.sched_getaffinity(0))} / quota "
+        f"{threads._quota_text(threads.cpu_quota())}); OMP_WAIT_POLICY=PASSIVE"
+    )
+    assert json.loads(lines[-1]) == [0, 1, 1, 1, "PASSIVE"]
