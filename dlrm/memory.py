@@ -144,10 +144,12 @@ def _short(needs: Needs, room: MemoryInventory, on_cpu: bool) -> list[str]:
 
 def _fixes(cfg, data, tables, base: Needs, room: MemoryInventory, on_cpu: bool) -> str:
     fits = []
-    for over in _candidates(cfg, tables, base, room, on_cpu):
-        changed = _changed(cfg, over)
-        if changed is not None and _fits(changed, tables, base, room, on_cpu):
-            fits.append(_spell(over, changed, base, tables))
+    for tries in _candidates(cfg, tables, base, room, on_cpu):
+        for over in tries:  # the first of each kind that fits
+            changed = _changed(cfg, over)
+            if changed is not None and _fits(changed, tables, base, room, on_cpu):
+                fits.append(_spell(over, changed, base, tables))
+                break
     m = _max_ind_range(cfg, tables, base, room, on_cpu)
     if m is not None:
         fits.append(f"a smaller --max-ind-range ({m} or less)")
@@ -156,33 +158,39 @@ def _fixes(cfg, data, tables, base: Needs, room: MemoryInventory, on_cpu: bool) 
     return "settings that fit: " + ", or ".join(fits)
 
 
-def _candidates(cfg, tables, base: Needs, room: MemoryInventory, on_cpu: bool) -> list[dict]:
-    """Overrides worth trying: the SSD tier with budgets from the room left (half of it hot rows,
-    a third the row cache: the rest a margin); a smaller --hot-budget where the device is short;
-    the host placement where only the device is."""
+SHRINK = (1.0, 0.7, 0.5, 0.35, 0.25, 0.15)  # budgets tried, as shares of the first guess
+SMALLEST = 64 * 2**10  # a budget below this is no suggestion
+
+
+def _candidates(cfg, tables, base: Needs, room: MemoryInventory, on_cpu: bool) -> list[list[dict]]:
+    """Overrides worth trying, each kind from its largest budgets down: the SSD tier (first guess:
+    40% of the host room left for hot rows, 30% for the row cache and its bookkeeping, on the
+    CPU; half of each room on CUDA); a smaller --hot-budget where the device is short; the host
+    placement where only the device is."""
     out = []
     if len({t.embedding_dim for t in tables}) == 1:
         probe = _changed(cfg, dict(placement="tiered", hot_budget=0, scm_cache=0))
-        if probe is not None:
-            fixed = _with_placement(base, probe, tables)
+        fixed = None if probe is None else _with_placement(base, probe, tables)
+        host = None
+        if fixed is not None and room.host is not None:
             fixed = fixed.device_on_host() if on_cpu else fixed
-            host = room.host.bytes - fixed.on("host") if room.host is not None else None
-            if on_cpu:
-                hot, cache = (None, None) if host is None else (host * 2 // 5, host * 3 // 10)
-            elif room.device is not None and host is not None:
-                hot, cache = (room.device.bytes - fixed.on("device")) // 2, host // 2
-            else:
-                hot = cache = None
-            if hot is not None and hot > 2**20 and cache > 2**20:
-                out.append(dict(placement="tiered", hot_budget=flag_bytes(hot),
-                                scm_cache=flag_bytes(cache)))  # fmt: skip
+            host = room.host.bytes - fixed.on("host")
+        hot = cache = None
+        if host is not None and on_cpu:
+            hot, cache = host * 2 // 5, host * 3 // 10
+        elif host is not None and room.device is not None:
+            hot, cache = (room.device.bytes - fixed.on("device")) // 2, host // 2
+        if hot is not None:
+            out.append([dict(placement="tiered", hot_budget=flag_bytes(int(hot * s)),
+                             scm_cache=flag_bytes(int(cache * s)))
+                        for s in SHRINK if min(hot, cache) * s >= SMALLEST])  # fmt: skip
     if not on_cpu and room.device is not None:
-        device_fixed = base.on("device")
-        hot = (room.device.bytes - device_fixed) * 9 // 10
-        if cfg.placement in ("fae", "hotline", "tiered") and hot > 2**20:
-            out.append(dict(hot_budget=flag_bytes(hot)))
+        hot = room.device.bytes - base.on("device")
+        if cfg.placement in ("fae", "hotline", "tiered"):
+            out.append([dict(hot_budget=flag_bytes(int(hot * s))) for s in SHRINK
+                        if hot * s >= SMALLEST])  # fmt: skip
         if cfg.placement == "device":
-            out.append(dict(placement="host"))
+            out.append([dict(placement="host")])
     return out
 
 

@@ -53,7 +53,9 @@ def flag_bytes(n: int) -> str:
     """A size rounded down to a value a size flag reads back (e.g. 8.5GiB, 300MiB)."""
     if n >= 2**30:
         return f"{int(n / 2**30 * 10) / 10:g}GiB"
-    return f"{max(1, n // 2**20)}MiB"
+    if n >= 2**20:
+        return f"{n // 2**20}MiB"
+    return f"{n // 2**10}KiB"
 
 
 # --- host DRAM --------------------------------------------------------------------------------
