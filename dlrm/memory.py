@@ -37,7 +37,7 @@ from dlrm.embedding_setup import placement_needs, resolve_placement
 from dlrm.errors import ConfigError
 from embeddings import SparseOptimizer, TableSpec, tables_for_features
 from embeddings.memory import TIERS, MemoryInventory, Needs, flag_bytes, fmt_bytes, inventory
-from embeddings.placement import parse_bytes
+from embeddings.placement import parse_bytes, row_bytes
 
 log = logging.getLogger(__name__)
 
@@ -163,35 +163,40 @@ SMALLEST = 64 * 2**10  # a budget below this is no suggestion
 
 
 def _candidates(cfg, tables, base: Needs, room: MemoryInventory, on_cpu: bool) -> list[list[dict]]:
-    """Overrides worth trying, each kind from its largest budgets down: the SSD tier (first guess:
-    40% of the host room left for hot rows, 30% for the row cache and its bookkeeping, on the
-    CPU; half of each room on CUDA); a smaller --hot-budget where the device is short; the host
-    placement where only the device is."""
+    """Overrides worth trying, each kind from its largest budgets down: where only CUDA memory is
+    short, the host placement, or a --hot-budget of 80% of the device room left; the SSD tier
+    (first guess: 40% of the host room left for hot rows and 30% for the row cache and its
+    bookkeeping on the CPU, half of each room on CUDA; the cache no larger than the tables)."""
     out = []
-    if len({t.embedding_dim for t in tables}) == 1:
-        probe = _changed(cfg, dict(placement="tiered", hot_budget=0, scm_cache=0))
-        fixed = None if probe is None else _with_placement(base, probe, tables)
-        host = None
-        if fixed is not None and room.host is not None:
-            fixed = fixed.device_on_host() if on_cpu else fixed
-            host = room.host.bytes - fixed.on("host")
-        hot = cache = None
-        if host is not None and on_cpu:
-            hot, cache = host * 2 // 5, host * 3 // 10
-        elif host is not None and room.device is not None:
-            hot, cache = (room.device.bytes - fixed.on("device")) // 2, host // 2
-        if hot is not None:
-            out.append([dict(placement="tiered", hot_budget=flag_bytes(int(hot * s)),
-                             scm_cache=flag_bytes(int(cache * s)))
-                        for s in SHRINK if min(hot, cache) * s >= SMALLEST])  # fmt: skip
     if not on_cpu and room.device is not None:
-        hot = room.device.bytes - base.on("device")
+        hot = (room.device.bytes - base.on("device")) * 4 // 5
+        if cfg.placement == "device":
+            out.append([dict(placement="host")])
         if cfg.placement in ("fae", "hotline", "tiered"):
             out.append([dict(hot_budget=flag_bytes(int(hot * s))) for s in SHRINK
                         if hot * s >= SMALLEST])  # fmt: skip
-        if cfg.placement == "device":
-            out.append([dict(placement="host")])
+    if len({t.embedding_dim for t in tables}) == 1:
+        out.append(_tiered(cfg, tables, base, room, on_cpu))
     return out
+
+
+def _tiered(cfg, tables, base: Needs, room: MemoryInventory, on_cpu: bool) -> list[dict]:
+    probe = _changed(cfg, dict(placement="tiered", hot_budget=0, scm_cache=0))
+    if probe is None or room.host is None or (not on_cpu and room.device is None):
+        return []
+    fixed = _with_placement(base, probe, tables)
+    fixed = fixed.device_on_host() if on_cpu else fixed
+    host = room.host.bytes - fixed.on("host")
+    if on_cpu:
+        hot, cache = host * 2 // 5, host * 3 // 10
+    else:
+        hot, cache = (room.device.bytes - fixed.on("device")) // 2, host // 2
+    opt = SparseOptimizer(probe.optimizer)
+    rows = sum(t.num_embeddings * row_bytes(t.embedding_dim, opt) for t in tables)
+    hot, cache = min(hot, rows), min(cache, rows)  # --scm-cache is capped at the rows anyway
+    return [dict(placement="tiered", hot_budget=flag_bytes(int(hot * s)),
+                 scm_cache=flag_bytes(int(cache * s)))
+            for s in SHRINK if min(hot, cache) * s >= SMALLEST]  # fmt: skip
 
 
 def _changed(cfg: TrainConfig, over: dict) -> TrainConfig | None:

@@ -224,3 +224,36 @@ def test_a_cache_larger_than_the_machine_is_one_line(tmp_path, monkeypatch):
     # the cache counted as the rows it can hold (7.3 MiB of tables less the hot MiB), not 5 TB
     assert re.search(r"SSD tier row cache \(--scm-cache 6\.\d MiB\) 6\.\d MiB", line), line
     assert "settings that fit: --placement tiered --hot-budget " in line
+
+
+def test_cuda_memory_short_names_the_placements_that_fit(tmp_path, monkeypatch):
+    """The device tier on CUDA (an inventory with a device room; no GPU needed to judge it):
+    4 x 1M rows of 64 floats (977 MiB) on a 'device' with 512 MiB and a host with 8 GiB."""
+
+    def fake(device, memory_limit=None, device_memory_limit=None, disk_dir=None):
+        disk = Room(2**50, "disk") if disk_dir else None
+        return MemoryInventory(Room(512 * MiB, "--device-memory-limit 512MiB"),
+                               Room(8 * GiB, "test machine"), disk)  # fmt: skip
+
+    monkeypatch.setattr(run_memory, "inventory", fake)
+    monkeypatch.setattr("embeddings.memory.disk_room", lambda d: Room(2**50, "disk"))
+    cfg = _tiny(tmp_path, arch_embedding_size=(1_000_000,) * 4, arch_sparse_feature_size=64,
+                arch_mlp_bot=(13, 64), arch_mlp_top=(64, 1))  # fmt: skip
+    data, cpu = compose.build_data(cfg), compose.resolve_device("cpu")
+    with pytest.raises(ConfigError) as e:
+        run_memory.check_memory(cfg, data, cpu)
+    line = str(e.value)
+    assert (
+        "--placement device: needs 97" in line and " MiB of CUDA memory (tables + optimizer" in line
+    )
+    assert "but this process may use 512.0 MiB (--device-memory-limit 512MiB)" in line
+    assert "settings that fit: --placement host, or --placement tiered --hot-budget " in line
+    for fix in (dict(placement="host"), dict(placement="fae", hot_budget="200MB")):
+        needs, room = run_memory.check_memory(
+            _tiny(tmp_path, **{**cfg.to_json(), **fix}), data, cpu
+        )
+        assert needs.on("device") <= room.device.bytes and needs.on("host") <= room.host.bytes
+    with pytest.raises(ConfigError, match=r"--placement fae: needs .* of CUDA memory .* settings "
+                                          r"that fit: --hot-budget \d+MiB, or --placement tiered"):  # fmt: skip
+        run_memory.check_memory(_tiny(tmp_path, **{**cfg.to_json(), "placement": "fae",
+                                                   "hot_budget": "1GB"}), data, cpu)  # fmt: skip
