@@ -25,7 +25,7 @@ import torch
 
 from dlrm import checkpoint as ckpt
 from dlrm import compile as compile_
-from dlrm import dense_step, distributed, memory, run_checks
+from dlrm import dense_step, distributed, run_checks
 from dlrm.build import build_model, build_placed_embeddings, resolve_device
 from dlrm.checkpoint_store import CheckpointStore, FileCheckpoints, NoCheckpoints
 from dlrm.config import TrainConfig
@@ -33,6 +33,7 @@ from dlrm.data import DataSplits, build_data
 from dlrm.distributed import Processes
 from dlrm.embedding_setup import PlacedEmbeddings, schedule_training_data
 from dlrm.errors import ConfigError
+from dlrm.memory import check_memory
 from dlrm.run_files import NoRunFiles, RunFiles
 from dlrm.sharded_checkpoint import ShardedCheckpoints
 from dlrm.train_pipeline import PlainTrainPipeline, StepHook, TrainPipeline
@@ -99,7 +100,7 @@ def build_run(
     data = data if data is not None else build_data(cfg, rank, world_size)
     placement: PlacedEmbeddings | None = None
     if model is None:
-        memory.check_memory(cfg, data, device, world_size)  # before any table is allocated
+        check_memory(cfg, data, device, world_size)  # before any table is allocated
         placement = build_placed_embeddings(cfg, data, device, world_size)
         model = build_model(cfg, data, device, placement.collection)
         data = schedule_training_data(cfg, data, placement, steps_per_epoch(cfg, data))
