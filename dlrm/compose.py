@@ -33,7 +33,6 @@ from dlrm.data import DataSplits, build_data
 from dlrm.distributed import Processes
 from dlrm.embedding_setup import PlacedEmbeddings, schedule_training_data
 from dlrm.errors import ConfigError
-from dlrm.memory import check_memory
 from dlrm.run_files import NoRunFiles, RunFiles
 from dlrm.sharded_checkpoint import ShardedCheckpoints
 from dlrm.train_pipeline import PlainTrainPipeline, StepHook, TrainPipeline
@@ -100,6 +99,8 @@ def build_run(
     data = data if data is not None else build_data(cfg, rank, world_size)
     placement: PlacedEmbeddings | None = None
     if model is None:
+        from dlrm.memory import check_memory
+
         check_memory(cfg, data, device, world_size)  # before any table is allocated
         placement = build_placed_embeddings(cfg, data, device, world_size)
         model = build_model(cfg, data, device, placement.collection)
