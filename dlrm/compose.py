@@ -8,8 +8,9 @@ schedule, the dense optimizer, the compiled dense step, the train pipeline it ru
 plain step, the staging pipeline a collection asks for, the dense part under DDP, Slipstream's
 around either), the checkpoint store (single-file, sharded, none), the run directory's writer
 (rank 0's, or one that writes nothing), and the pre-flight checks (paths, resume settings, free
-space) before any long work. Pieces can be injected (`data`, `model`, `step_hook`,
-`checkpoints=False`), so benchmarks and tools compose a run instead of subclassing the trainer.
+space, the memory the placement needs: dlrm/memory.py) before any long work. Pieces can be
+injected (`data`, `model`, `step_hook`, `checkpoints=False`), so benchmarks and tools compose a
+run instead of subclassing the trainer.
 """
 
 from __future__ import annotations
@@ -103,6 +104,9 @@ def build_run(
     data = data if data is not None else build_data(cfg, rank, world_size)
     placement: PlacedEmbeddings | None = None
     if model is None:
+        from dlrm.memory import check_memory
+
+        check_memory(cfg, data, device, world_size)  # before any table is allocated
         placement = build_placed_embeddings(cfg, data, device, world_size)
         model = build_model(cfg, data, device, placement.collection)
         data = schedule_training_data(cfg, data, placement, steps_per_epoch(cfg, data))

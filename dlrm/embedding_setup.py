@@ -38,6 +38,7 @@ from embeddings.errors import PlacementError, ProfileError
 from embeddings.fae import FAEEmbeddingBagCollection
 from embeddings.hot_inputs import AllHotClassifier
 from embeddings.hotline import hotline_collection
+from embeddings.memory import Needs
 from embeddings.placement import (
     PlacementPlan,
     fits_on_device,
@@ -107,6 +108,58 @@ def build_embeddings(
         )
     except (PlacementError, ProfileError) as e:
         raise ConfigError(str(e)) from None
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where a placement keeps rows, for its byte needs."""
+
+    tables: str  # the tier holding the tables: every row, or every cold row with `one_home`
+    hot_on_device: bool = False  # hot rows (at most --hot-budget of them) on the device too
+    one_home: bool = False  # hot rows leave the tables' tier; cold rows staged into slots
+    remaps: bool = False  # the plan's device remaps materialised (4 bytes a row: FAE)
+
+
+_LAYOUTS = {
+    "device": _Layout("device"),
+    "host": _Layout("host"),
+    "fae": _Layout("host", hot_on_device=True, remaps=True),
+    "hotline": _Layout("host", hot_on_device=True, one_home=True),
+}
+
+
+def placement_needs(cfg: TrainConfig, tables: list[TableSpec], kind: str | None = None) -> Needs:
+    """What placement `kind` (default: what `--placement` resolves to) allocates per tier before
+    training, counted as its plan's byte budgets count them (weights + optimizer state per row,
+    `row_bytes`): at most `--hot-budget` of hot rows on the device, the tables (every row, or the
+    cold ones where a row has one home) in their tier, the access profile's counts while
+    planning; the SSD tier's part is dlrm/scm_setup.py's. Bounds from the budgets: the plan
+    itself needs the profile, which comes later."""
+    opt = SparseOptimizer(cfg.optimizer, cfg.learning_rate)
+    kind = kind or resolve_placement(cfg, tables, opt)
+    total = sum(t.num_embeddings * row_bytes(t.embedding_dim, opt) for t in tables)
+    rows = sum(t.num_embeddings for t in tables)
+    hot = min(parse_bytes(cfg.hot_budget), total)
+    if kind == "tiered":
+        from dlrm.scm_setup import tiered_needs
+
+        needs = tiered_needs(cfg, tables, opt, hot)
+    else:
+        at, needs = _LAYOUTS[kind], Needs()
+        if at.hot_on_device:
+            needs.add("device", "hot rows + optimizer state", hot, rows=True)
+            if at.one_home:
+                staging = max(cfg.mini_batch_size, cfg.test_mini_batch_size)
+                needs.add("device", "staging slots", staging * total // max(1, rows) * len(tables))
+            needs.add("host", "access profile", 4 * rows)
+        needs.add(
+            at.tables, "tables + optimizer state", total - (hot if at.one_home else 0), rows=True
+        )
+        if at.remaps:
+            needs.add("host", "placement plan remaps", 4 * rows)
+    if cfg.slipstream and not any(i.what == "access profile" for i in needs.items):
+        needs.add("host", "access profile", 4 * rows)
+    return needs
 
 
 def schedule_training_data(cfg: TrainConfig, data, placed: PlacedEmbeddings, per_epoch: int):

@@ -6,6 +6,11 @@ row's home is the SSD tier in `--scm-dir` (default `<out-dir>/scm`), behind a ro
 `--scm-cache` bytes whose priorities are the same profile's counts. A resumed run keeps the
 tier's files for the checkpoint to roll back to; a new run starts them afresh (a directory
 holding another run's tier is refused).
+
+`--scm-cache` larger than the rows the tier holds is capped at them: a cache slot no row can ever
+fill is memory allocated for nothing (`--scm-cache 5TB` with 483 KB of tables asked for 5 TB).
+What the placement needs per tier (`tiered_needs`) is checked against what this process may use
+before the tier is made (dlrm/memory.py).
 """
 
 from __future__ import annotations
@@ -20,17 +25,60 @@ from dlrm.embedding_setup import PLAN_NAME, PROFILE_NAME, PlacedEmbeddings, obta
 from dlrm.errors import ConfigError
 from embeddings.config import SparseOptimizer, TableSpec
 from embeddings.errors import PlacementError, ProfileError, ScmError
-from embeddings.placement import parse_bytes
+from embeddings.memory import Needs, fmt_bytes
+from embeddings.placement import parse_bytes, row_bytes
 from embeddings.profile import AccessProfile
+from embeddings.scm_cache import RowCache, SlotMap
+from embeddings.scm_file import BLOCK, PAYLOAD
 from embeddings.tiered import ScmSettings, profile_priority, tiered_collection
 
 log = logging.getLogger(__name__)
 
 
-def scm_settings(cfg: TrainConfig) -> ScmSettings:
+def scm_directory(cfg: TrainConfig) -> str:
+    return cfg.scm_dir or str(cfg.run_dir / "scm")
+
+
+def cache_bytes(
+    cfg: TrainConfig, tables: list[TableSpec], opt: SparseOptimizer, hot_rows: int
+) -> int:
+    """`--scm-cache`, capped at the bytes of the rows the tier holds (every row but the
+    `hot_rows` the device tier holds)."""
+    asked = parse_bytes(cfg.scm_cache, "--scm-cache")
+    rows = sum(t.num_embeddings for t in tables) - hot_rows
+    return min(asked, max(0, rows) * row_bytes(tables[0].embedding_dim, opt))
+
+
+def tiered_needs(
+    cfg: TrainConfig, tables: list[TableSpec], opt: SparseOptimizer, hot_bytes: int
+) -> Needs:
+    """What `--placement tiered` allocates with at most `hot_bytes` of hot rows on the device:
+    those and the staging slots there; the row cache (capped) and its bookkeeping, the access
+    profile's counts and the tier's block maps in host DRAM; the tier's file on disk (sparse,
+    but every block is written once its rows are)."""
+    dim, rb = tables[0].embedding_dim, row_bytes(tables[0].embedding_dim, opt)
+    rows = sum(t.num_embeddings for t in tables)
+    staging = max(cfg.mini_batch_size, cfg.test_mini_batch_size)
+    cache = cache_bytes(cfg, tables, opt, hot_bytes // rb)
+    slots = cache // rb
+    blocks = -(-rows // max(1, PAYLOAD // rb))
+    needs = Needs(disk_dir=scm_directory(cfg))
+    needs.add("device", "hot rows + optimizer state", hot_bytes, rows=True)
+    needs.add("device", "staging slots", len(tables) * staging * rb, rows=True)
+    needs.add("host", f"SSD tier row cache (--scm-cache {fmt_bytes(cache)})", cache)
+    per_slot = RowCache.BOOKKEEPING_PER_SLOT + SlotMap.BYTES_PER_ENTRY / SlotMap.LOAD
+    needs.add("host", "row cache bookkeeping", int(slots * per_slot))
+    needs.add("host", "access profile", 4 * rows)
+    needs.add("host", "SSD tier block maps", 2 * blocks)
+    needs.add("disk", f"SSD tier file (--scm-dir, rows of {dim} + state floats)", blocks * BLOCK)
+    return needs
+
+
+def scm_settings(cfg: TrainConfig, cache: int | None = None) -> ScmSettings:
+    """The SSD tier's settings; `cache`: the row cache's bytes (default `--scm-cache`)."""
     return ScmSettings(
-        directory=cfg.scm_dir or str(cfg.run_dir / "scm"),
-        cache_bytes=parse_bytes(cfg.scm_cache, "--scm-cache"),
+        directory=scm_directory(cfg),
+        cache_bytes=parse_bytes(cfg.scm_cache, "--scm-cache") if cache is None else cache,
         io=cfg.scm_io,
         io_threads=cfg.scm_io_threads,
         io_engine=cfg.scm_io_engine,
@@ -57,8 +105,13 @@ def build_tiered(
         sizes = [t.num_embeddings for t in tables]
         priority = profile_priority(counts, sizes) if counts is not None else None
         del counts  # dense per-row counts (1 GB at Terabyte scale): the priority keeps seen rows
+        cache = cache_bytes(cfg, tables, opt, plan.num_hot)
+        if cache < parse_bytes(cfg.scm_cache, "--scm-cache"):
+            log.info(
+                "--scm-cache %s: capped at the tier's %s of rows", cfg.scm_cache, fmt_bytes(cache)
+            )
         coll = tiered_collection(
-            tables, opt, plan, scm_settings(cfg), torch.device(device), cfg.embedding_backend,
+            tables, opt, plan, scm_settings(cfg, cache), torch.device(device), cfg.embedding_backend,
             cfg.seed, priority, staging_rows=max(cfg.mini_batch_size, cfg.test_mini_batch_size),
         )  # fmt: skip
     except (PlacementError, ProfileError, ScmError) as e:

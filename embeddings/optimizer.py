@@ -67,15 +67,16 @@ class OptimizerKind:
     dense: Callable[[list, float], torch.optim.Optimizer]
     accumulate: Callable[[torch.Tensor, torch.Tensor], None] | None = None
     torchrec_state: str | None = None  # the fused optimizer's state name: "<table>.<name>"
+    dense_state: int = 0  # floats of state `dense` keeps per dense parameter (Adagrad's sum)
 
 
 KINDS: dict[str, OptimizerKind] = {
     "sgd": OptimizerKind(NO_STATE, "EXACT_SGD", _dense_sgd),
     "adagrad": OptimizerKind(
-        PER_ELEMENT, "EXACT_ADAGRAD", _dense_adagrad, _add_squares, "momentum1"
+        PER_ELEMENT, "EXACT_ADAGRAD", _dense_adagrad, _add_squares, "momentum1", 1
     ),
     "rowwise_adagrad": OptimizerKind(
-        PER_ROW, "EXACT_ROWWISE_ADAGRAD", _dense_adagrad, _add_mean_square, "momentum1"
+        PER_ROW, "EXACT_ROWWISE_ADAGRAD", _dense_adagrad, _add_mean_square, "momentum1", 1
     ),
 }
 
@@ -172,6 +173,10 @@ class SparseOptimizer:
         """The key of table `table`'s state in torchrec's fused optimizer state dict."""
         name = self.spec.torchrec_state
         return None if name is None else f"{table}.{name}"
+
+    def dense_state_floats(self) -> int:
+        """Floats of state the paired dense optimizer keeps per dense parameter."""
+        return self.spec.dense_state
 
     def dense_optimizer(self, params: list, lr: float) -> torch.optim.Optimizer:
         """The optimizer of the dense (MLP) parameters that trains alongside this one."""

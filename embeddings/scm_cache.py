@@ -95,6 +95,7 @@ class SlotMap:
     mini-batch at 4M cached rows: the staging's largest CPU cost in the Kaggle benchmark.)"""
 
     LOAD = 0.6  # at most this share of entries used: probes stay short
+    BYTES_PER_ENTRY = 8 + 4  # key, slot
 
     def __init__(self, capacity: int) -> None:
         size = max(8, int(capacity / self.LOAD) + 1)
@@ -124,6 +125,8 @@ class SlotMap:
 
 
 class RowCache:
+    BOOKKEEPING_PER_SLOT = 8 + 1 + 8 + 8 + 8  # gid, dirty, prio, last, free stack
+
     def __init__(
         self,
         total_rows: int,
@@ -153,8 +156,7 @@ class RowCache:
 
     def bookkeeping_bytes(self) -> int:
         """DRAM besides the rows themselves: the id map and the per-slot arrays."""
-        per_slot = 8 + 1 + 8 + 8 + 8  # gid, dirty, prio, last, free stack
-        return self.map.nbytes() + self.capacity * per_slot
+        return self.map.nbytes() + self.capacity * self.BOOKKEEPING_PER_SLOT
 
     def next_access(self) -> None:
         """Start of a new access (a mini-batch's rows): recency is counted in accesses."""

@@ -77,6 +77,17 @@ class PlacementConfig(Section):
         choices=("auto", "uniform", "hashed"),
     )  # fmt: skip
 
+    memory_limit: str | int | None = setting(
+        None, "--memory-limit",
+        "host DRAM this run may use at most (e.g. 24GB): a run planned for a smaller machine; "
+        "the placement's needs are checked against it before any table is made",
+        parse=byte_size, free=True, shown_default="what the machine, cgroup and ulimit allow",
+    )  # fmt: skip
+    device_memory_limit: str | int | None = setting(
+        None, "--device-memory-limit", "CUDA memory this run may use at most (e.g. 16GB)",
+        parse=byte_size, free=True, shown_default="the device's free memory",
+    )  # fmt: skip
+
     def check(self) -> None:
         if self.embedding_init == "hashed" and self.placement not in ("device", "tiered"):
             raise ConfigError(
