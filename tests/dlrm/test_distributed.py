@@ -224,6 +224,33 @@ def test_a_damaged_shard_is_named(runs, tmp_path):
         ckpt.load(copy)
 
 
+def test_a_shard_from_another_checkpoint_is_refused_naming_it(runs, tmp_path):
+    # Issue 37, 6: rank 1's file of the step-6 checkpoint copied into step 12's directory (same
+    # size: the index's sizes cannot tell) was assembled, tables from step 6 under step 12's
+    # state. Every shard carries its checkpoint's id, step and world size, as the index does.
+    from dlrm import checkpoint as ckpt
+    from dlrm.errors import CheckpointError
+
+    root, _, _ = runs
+    run = root / "two_resumable" / "checkpoints"
+    early, late = run / f"step_{STEPS // 2:09d}", run / f"step_{STEPS:09d}"
+    name = "rank_00001-of-00002.pt"
+    assert (early / name).stat().st_size == (late / name).stat().st_size
+    mixed = tmp_path / late.name
+    shutil.copytree(late, mixed)
+    shutil.copy(early / name, mixed / name)
+    with pytest.raises(CheckpointError) as e:
+        ckpt.load(mixed)
+    assert str(e.value).startswith(f"{mixed / name}: ") and "\n" not in str(e.value)
+    assert "another checkpoint" in str(e.value)
+    # as --resume of the run directory: the mixed checkpoint is skipped, the one before is used
+    cut = tmp_path / "cut"
+    shutil.copytree(root / "two_resumable", cut)
+    shutil.copy(early / name, cut / "checkpoints" / late.name / name)
+    path, _ = ckpt.resume_target("auto", cut)
+    assert path.name == early.name
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
