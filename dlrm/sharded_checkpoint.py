@@ -261,4 +261,5 @@ def assemble(path: Path) -> dict:
         "pipeline": common.get("pipeline", {}),  # absent from older files
         "train_state": common["train_state"],
         "rng": common["rng"],
+        "world_size": world,  # how many processes wrote it (dlrm/distributed.py: resumable_with)
     }

@@ -68,6 +68,8 @@ def result(cfg) -> dict:
 
 
 def _ranks(rank: int, init: str, root: str) -> None:
+    from dlrm.errors import CheckpointError, ConfigError
+
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
     try:
         root_dir = Path(root)
@@ -76,9 +78,19 @@ def _ranks(rank: int, init: str, root: str) -> None:
         jobs["two_resumable"] = config(root_dir / "two_resumable", **RESUMED)
         jobs["hot_replicated"] = config(root_dir / "two_hot", **HOT)
         jobs["hot_replicated_hotline"] = config(root_dir / "two_hotline", **HOT_HOTLINE)
+        # one process's FAE and Hotline checkpoints resumed by two (issue 37)
+        jobs["fae_1_to_2"] = config(root_dir / "fae_1_to_2", **HOT, resume="auto")
+        jobs["hotline_1_to_2"] = config(root_dir / "hotline_1_to_2", **HOT_HOTLINE, resume="auto")
         for name, cfg in jobs.items():
             with CollectiveCounter() as counter:
-                out = result(cfg)
+                try:
+                    out = result(cfg)
+                except (ConfigError, CheckpointError) as e:  # alike on every rank, before a step
+                    out = {"error": str(e)}
+                    if rank == 0:
+                        torch.save(out, root_dir / f"{name}.pt")
+                    dist.barrier()
+                    continue
             out["sent"] = json.dumps(counter.per_step(1))
             if rank == 0:
                 torch.save({**out, "losses": json.dumps(out["losses"])}, root_dir / f"{name}.pt")
@@ -89,6 +101,8 @@ def _ranks(rank: int, init: str, root: str) -> None:
 
 def _load(path: Path) -> dict:
     got = torch.load(path, weights_only=True)
+    if "error" in got:
+        return got
     got["losses"] = {int(k): v for k, v in json.loads(got["losses"]).items()}
     got["sent"] = json.loads(got["sent"])  # collectives of the whole run, by kind
     return got
@@ -109,8 +123,12 @@ def runs(tmp_path_factory):
     one = {name: result(config(root / f"one_{name}", **kw)) for name, kw in KINDS.items()}
     one["resumable"] = result(config(root / "one_resumable", **RESUMED))
     _cut_at(root / "one_resumable", STEPS // 2, root / "one_to_two")
+    for name, kw in (("fae", HOT), ("hotline", HOT_HOTLINE)):
+        one[name] = result(config(root / f"one_{name}", **kw))
+        _cut_at(root / f"one_{name}", STEPS // 2, root / f"{name}_1_to_2")
     mp.spawn(_ranks, args=(f"file://{root / 'rendezvous'}", str(root)), nprocs=2)
-    names = [*KINDS, "resumed_1_to_2", "two_resumable", "hot_replicated", "hot_replicated_hotline"]
+    names = [*KINDS, "resumed_1_to_2", "two_resumable", "hot_replicated", "hot_replicated_hotline",
+             "fae_1_to_2", "hotline_1_to_2"]  # fmt: skip
     two = {name: _load(root / f"{name}.pt") for name in names}
     return root, one, two
 
@@ -201,6 +219,27 @@ def test_hotline_across_ranks_replicates_the_same_hot_rows_and_trains_the_same_r
         sent["all_reduce_replicated_tables"]
         == two["hot_replicated"]["sent"]["all_reduce_replicated_tables"]
     )
+
+
+def test_hot_replicated_checkpoints_across_world_sizes(runs, tmp_path):
+    """Issue 37: Hotline trains the batches in their order in one process and in several, so its
+    checkpoints resume across world sizes (1 -> 2 was refused with "optimizer state does not
+    fit"). FAE regroups the batches in one process only, so a checkpoint's data position names
+    other samples in the other: refused in one line either way (2 -> 1 trained silently on)."""
+    from dlrm.errors import ConfigError
+
+    root, one, two = runs
+    assert_same_run(one["resumable"], two["hotline_1_to_2"])
+    _cut_at(root / "two_hotline", STEPS // 2, tmp_path / "hotline_2_to_1")
+    resumed = result(config(tmp_path / "hotline_2_to_1", **HOT_HOTLINE, resume="auto"))
+    assert_same_run(one["resumable"], resumed)
+    _cut_at(root / "two_hot", STEPS // 2, tmp_path / "fae_2_to_1")
+    with pytest.raises(ConfigError) as e:
+        result(config(tmp_path / "fae_2_to_1", **HOT, resume="auto"))
+    refusals = [str(e.value), two["fae_1_to_2"]["error"]]
+    for said, (written, now) in zip(refusals, [(2, 1), (1, 2)]):
+        assert f"was written by {written} process(es) and is resumed by {now}: not with " \
+               "--placement fae" in said and "\n" not in said  # fmt: skip
 
 
 def test_a_damaged_shard_is_named(runs, tmp_path):
