@@ -206,7 +206,9 @@ class Trainer:
         is trained or written; `finished_summary` is that summary. A run killed after its final
         checkpoint has none yet: it only finishes (summary, model file)."""
         done = run_files.read_summary(self.run_dir, self.state.step)
-        if done is None:
+        # every rank decides alike (a collective): rank 0 may write the summary of a run it
+        # finishes before another rank has looked
+        if self.processes.mean(torch.tensor(float(done is not None))) < 1.0:
             return False
         if self.cfg.save_model and not Path(self.cfg.save_model).exists():
             self.save_model_file(Path(self.cfg.save_model))

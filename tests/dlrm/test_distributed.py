@@ -76,6 +76,8 @@ def _ranks(rank: int, init: str, root: str) -> None:
         jobs = {name: config(root_dir / f"two_{name}", **kw) for name, kw in KINDS.items()}
         jobs["resumed_1_to_2"] = config(root_dir / "one_to_two", **RESUMED, resume="auto")
         jobs["two_resumable"] = config(root_dir / "two_resumable", **RESUMED)
+        # resumed at its end: nothing trained or written (issue 37, 4)
+        jobs["two_finished"] = config(root_dir / "two_resumable", **RESUMED, resume="auto")
         jobs["hot_replicated"] = config(root_dir / "two_hot", **HOT)
         jobs["hot_replicated_hotline"] = config(root_dir / "two_hotline", **HOT_HOTLINE)
         # one process's FAE and Hotline checkpoints resumed by two (issue 37)
@@ -127,8 +129,8 @@ def runs(tmp_path_factory):
         one[name] = result(config(root / f"one_{name}", **kw))
         _cut_at(root / f"one_{name}", STEPS // 2, root / f"{name}_1_to_2")
     mp.spawn(_ranks, args=(f"file://{root / 'rendezvous'}", str(root)), nprocs=2)
-    names = [*KINDS, "resumed_1_to_2", "two_resumable", "hot_replicated", "hot_replicated_hotline",
-             "fae_1_to_2", "hotline_1_to_2"]  # fmt: skip
+    names = [*KINDS, "resumed_1_to_2", "two_resumable", "two_finished", "hot_replicated",
+             "hot_replicated_hotline", "fae_1_to_2", "hotline_1_to_2"]  # fmt: skip
     two = {name: _load(root / f"{name}.pt") for name in names}
     return root, one, two
 
@@ -169,6 +171,16 @@ def test_a_two_process_checkpoint_resumes_in_one_process(runs, tmp_path):
     _cut_at(root / "two_resumable", STEPS // 2, tmp_path / "two_to_one")
     resumed = result(config(tmp_path / "two_to_one", **RESUMED, resume="auto"))
     assert_same_run(one["resumable"], resumed)
+
+
+def test_a_finished_two_process_run_resumed_trains_and_writes_nothing(runs):
+    root, _, two = runs
+    again, first = two["two_finished"], two["two_resumable"]
+    assert again["losses"] == first["losses"] and again["auc"] == first["auc"]
+    for key, w in first["state"].items():
+        assert torch.equal(again["state"][key], w), key
+    events = (root / "two_resumable" / "metrics.jsonl").read_text()
+    assert '"event": "resume"' not in events
 
 
 def test_a_one_process_checkpoint_resumes_in_two(runs):
