@@ -96,7 +96,7 @@ def build_run(
     # The checkpoint is read and verified while the data and the model are built: reading
     # and checksumming gigabytes need not wait for table initialisation.
     store = _checkpoint_store(cfg, rank, world_size, checkpoints)
-    resuming = _background(store.resume_target, cfg.resume, cfg.run_dir) if cfg.resume else None
+    resuming = _background(_resume_target, store, cfg, world_size) if cfg.resume else None
     if cfg.threads:  # 0: the process's own counts (the command line chose them: dlrm/train.py)
         threads.apply(cfg.threads)
     set_flush_denormal(cfg.flush_denormal)  # before any parallel work: see set_flush_denormal
@@ -204,6 +204,15 @@ def _background(fn, *args) -> Future:
     future = pool.submit(fn, *args)
     pool.shutdown(wait=False)
     return future
+
+
+def _resume_target(store: CheckpointStore, cfg: TrainConfig, world_size: int):
+    """`--resume`'s checkpoint, checked against this run's number of processes."""
+    found = store.resume_target(cfg.resume, cfg.run_dir)
+    if found is None:
+        return None
+    path, data = found
+    return path, distributed.resumable_with(cfg, path, data, world_size)
 
 
 def _checkpoint_bytes(model: torch.nn.Module) -> int:

@@ -371,6 +371,30 @@ def check_supported(cfg: TrainConfig, world: int) -> None:
         )
 
 
+def resumable_with(cfg: TrainConfig, path: Path, data: dict, world: int) -> dict:
+    """A checkpoint written by `data["world_size"]` processes (1 for a single file), as `world`
+    processes resume it: the same run, or a ConfigError saying why not.
+
+    Tables resume across any world sizes (dlrm/sharded_checkpoint.py). `--placement fae` does
+    not between one process and several: one process regroups the batches into FAE's hot and
+    cold mini-batches, several train them in their order, so the data position would name
+    other samples. Hotline trains them in their order either way; the one-process transfer
+    counters have no counterpart in the replicated placement and start again."""
+    written = int(data.get("world_size", 1))
+    if (written == 1) == (world == 1):
+        return data
+    if cfg.placement == "fae":
+        raise ConfigError(
+            f"--resume: {path} was written by {written} process(es) and is resumed by {world}: "
+            "not with --placement fae (one process regroups the batches into FAE's schedule, "
+            f"several do not); resume it with {'one process' if written == 1 else 'several'}"
+        )
+    if world > 1:
+        extra = {k: v for k, v in data.get("embedding_extra", {}).items() if k != "placement_stats"}
+        data = dict(data, embedding_extra=extra)
+    return data
+
+
 def check_replicated(embeddings, rank: int) -> None:
     """With a process group of several ranks, every rank runs its own copy of the collection:
     refuse collections whose copies would drift apart (each rank updating its rows with its own

@@ -98,6 +98,17 @@ class RunFiles:
         ckpt.save_model_file(path, model, arch, state)
 
 
+def read_summary(run: Path, step: int) -> dict | None:
+    """`run`'s summary.json if it reports a run that ended at `step`, else None (read by every
+    rank: whether a resumed run has anything left to do is decided alike everywhere)."""
+    try:
+        summary = json.loads((run / "summary.json").read_bytes())
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(summary, dict) and summary.get("steps") == step and summary.get("stop_reason")
+    return summary if ok else None
+
+
 class NoRunFiles(RunFiles):
     """A rank other than 0: rank 0 writes the run's files."""
 

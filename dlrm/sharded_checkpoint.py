@@ -24,12 +24,18 @@ part each rank holds (embeddings/sharded.py). Every rank reads every file, which
 the tables this runs on; at terabyte scale each rank would read only the shards overlapping
 its own (docs/distributed.md: limits).
 
+Every save draws a random checkpoint id (rank 0's, broadcast), written into the index and into
+every rank's file with the step and the world size: a directory whose files come from different
+saves (a shard copied in from another step or run, a rank's file left from an earlier attempt)
+is refused naming the file, since each file on its own verifies.
+
 A shared file system is assumed between nodes (every rank writes into the same directory).
 """
 
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import Callable
 from pathlib import Path
 
@@ -46,7 +52,7 @@ from embeddings.optimizer import SparseOptimizer
 
 INDEX = "index.json"
 FORMAT = "hybrid-dlrm-sharded-checkpoint"
-VERSION = 1
+VERSION = 2  # 2: the checkpoint id in the index and every shard (1: none; still read)
 
 
 def shard_name(rank: int, world: int) -> str:
@@ -115,8 +121,10 @@ class ShardedCheckpoints(CheckpointStore):
             if s.rows is not None:
                 entry["rows"] = s.rows.detach().cpu()
             shards.append(entry)
+        cid = _checkpoint_id()
         obj: dict = {"format": ckpt.FORMAT, "version": ckpt.VERSION, "shard_of": state.step,
-                     "rank": rank, "world_size": world, "shards": shards}  # fmt: skip
+                     "checkpoint_id": cid, "rank": rank, "world_size": world,
+                     "shards": shards}  # fmt: skip
         if rank == 0:
             obj["common"] = state.contents(
                 table_prefix=_table_prefix(state.model), dense_model=_dense_state(state.model)
@@ -125,18 +133,29 @@ class ShardedCheckpoints(CheckpointStore):
         ckpt.save(obj, path, what=f"checkpoint shard of rank {rank}")
         dist.barrier()  # every rank's file is complete before the index says so
         if rank == 0:
-            _write_index(out, state.step, world, self.optimizer, emb.tables)
+            _write_index(out, state.step, cid, world, self.optimizer, emb.tables)
             ckpt.prune(self.directory, self.keep)
         return out
 
 
-def _write_index(out: Path, step: int, world: int, optimizer: str, tables) -> None:
+def _checkpoint_id() -> str:
+    """Rank 0's random id for this save, on every rank (drawn from the OS, not torch's RNG, so
+    the run's numbers do not depend on it)."""
+    t = torch.tensor([secrets.randbits(62)], dtype=torch.int64)
+    if dist.get_backend() == "nccl":
+        t = t.cuda()
+    dist.broadcast(t, 0)
+    return f"{int(t.item()):016x}"
+
+
+def _write_index(out: Path, step: int, cid: str, world: int, optimizer: str, tables) -> None:
     files = []
     for r in range(world):
         p = out / shard_name(r, world)
         files.append({"name": p.name, "bytes": p.stat().st_size})
     body = {
-        "format": FORMAT, "version": VERSION, "step": step, "world_size": world,
+        "format": FORMAT, "version": VERSION, "step": step, "checkpoint_id": cid,
+        "world_size": world,
         "optimizer": optimizer, "files": files,
         "tables": {t.name: [t.num_embeddings, t.embedding_dim] for t in tables},
     }  # fmt: skip
@@ -153,9 +172,23 @@ def read_index(path: Path) -> dict:
         raise CheckpointError(
             f"{index}: not a readable index of a sharded checkpoint ({e})"
         ) from None
-    check_header(body, index, format=FORMAT, versions=(VERSION,), kind="sharded checkpoint index",
+    check_header(body, index, format=FORMAT, versions=(1, VERSION), kind="sharded checkpoint index",
                  what="sharded checkpoint index", error=CheckpointError)  # fmt: skip
     return body
+
+
+def _check_belongs(shard: dict, index: dict, rank: int, file: Path) -> None:
+    """`file` (verified on its own) is rank `rank`'s part of the save the index describes."""
+    got = (shard.get("shard_of"), shard.get("world_size"), shard.get("checkpoint_id"))
+    want = (index["step"], index["world_size"], index.get("checkpoint_id"))
+    if got != want:
+        raise CheckpointError(
+            f"{file}: a shard of another checkpoint (step {got[0]}, {got[1]} processes, id "
+            f"{got[2]}), not of this one (step {want[0]}, {want[1]} processes, id {want[2]}): "
+            "the directory mixes the files of different saves"
+        )
+    if shard.get("rank") != rank:
+        raise CheckpointError(f"{file}: holds the shards of rank {shard.get('rank')}, not {rank}")
 
 
 def assemble(path: Path) -> dict:
@@ -180,8 +213,7 @@ def assemble(path: Path) -> dict:
         if not file.is_file() or file.stat().st_size != entry["bytes"]:
             raise CheckpointError(f"{file}: missing or not the size its index records")
         data = ckpt.load(file)
-        if data.get("rank") != r or data.get("world_size") != world:
-            raise CheckpointError(f"{file}: holds the shards of another rank or run")
+        _check_belongs(data, body, r, file)
         if r == 0:
             common = data.get("common")
         for s in data["shards"]:
@@ -229,4 +261,5 @@ def assemble(path: Path) -> dict:
         "pipeline": common.get("pipeline", {}),  # absent from older files
         "train_state": common["train_state"],
         "rng": common["rng"],
+        "world_size": world,  # how many processes wrote it (dlrm/distributed.py: resumable_with)
     }

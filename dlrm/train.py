@@ -61,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
             rank, world = distributed.init_from_env(cfg)
             cfg = distributed.first_attempt_resume(cfg)
         step_hooks.load_plugins()
-        summary = Trainer(cfg, rank, world, step_hook=step_hooks.hook_for(cfg)).fit()
+        trainer = Trainer(cfg, rank, world, step_hook=step_hooks.hook_for(cfg))
+        summary = trainer.fit()
         finished = True
     except (ConfigError, DataError, CheckpointError, ScmError) as e:
         sys.stderr.write(f"python -m dlrm.train: error: {_ranked(e, rank, world)}\n")
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if world > 1:
             distributed.shutdown(finished)
-    if rank == 0:
+    if rank == 0 and trainer.finished_summary is None:  # else it said "nothing to do"
         _print_summary(cfg, summary)
     return 0
 

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from dlrm import checkpoint as ckpt
-from dlrm import compose
+from dlrm import compose, run_files
 from dlrm.checkpoint_store import CheckpointState
 from dlrm.compose import set_flush_denormal  # noqa: F401  (its home before dlrm/compose.py)
 from dlrm.config import TrainConfig
@@ -122,6 +122,7 @@ class Trainer:
         self._progress, self._lines = run.progress, run.lines
         self._resume_changes = run.resume_changes
         self.state = TrainState()
+        self.finished_summary: dict | None = None  # fit() found the run finished: its summary
         self.timer = _Timer()
         self._lr = cfg.learning_rate
         self._warm_left, self._steady_since = WARMUP_STEPS, None  # this process's warm-up
@@ -173,14 +174,18 @@ class Trainer:
         """Train to the configured end (or the AUC threshold), evaluate, write the summary."""
         if self.cfg.inference_only:
             return self.evaluate_only()
-        self._open_run_dir()
         cfg, st = self.cfg, self.state
         per_epoch = self.steps_per_epoch()
         total = per_epoch * cfg.nepochs
+        # resumed at its end (a pipeline that skips inputs, Slipstream's, ends an epoch in fewer
+        # steps than it has batches: the epoch count says so, the step count does not)
+        stop = st.stop_reason != "" or st.step >= total or st.epoch >= cfg.nepochs
+        if stop and self._finished_before():
+            return self.finished_summary
+        self._open_run_dir()
         talk = Progress(total, st.step, cfg.nepochs, bar=self._progress,
                         lines=sys.stdout if self._lines else None)  # fmt: skip
         self._reported = (st.samples, st.train_time_s)
-        stop = st.stop_reason != "" or st.step >= total
         batches, clock = None, time.perf_counter()
         while not stop:
             if batches is None:
@@ -208,6 +213,21 @@ class Trainer:
         if cfg.save_model:
             self.save_model_file(Path(cfg.save_model))
         return self._write_summary()
+
+    def _finished_before(self) -> bool:
+        """A resumed run that had already finished (its summary written at this step): nothing
+        is trained or written; `finished_summary` is that summary. A run killed after its final
+        checkpoint has none yet: it only finishes (summary, model file)."""
+        done = run_files.read_summary(self.run_dir, self.state.step)
+        # every rank decides alike (a collective): rank 0 may write the summary of a run it
+        # finishes before another rank has looked
+        if self.processes.mean(torch.tensor(float(done is not None))) < 1.0:
+            return False
+        if self.cfg.save_model and not Path(self.cfg.save_model).exists():
+            self.save_model_file(Path(self.cfg.save_model))
+        log.warning("run already finished at step %d; nothing to do", self.state.step)
+        self.finished_summary = done
+        return True
 
     def _step(self, batches):
         """The pipeline's step; None when it found nothing left to train in this epoch (a

@@ -373,7 +373,110 @@ def probes() -> list[Probe]:
         lambda w: (taobao_world(w), edit(w / "UserBehavior.csv", swap_digit),
                    pipeline("preprocess", "--dataset", "taobao", "--raw", str(w / "UserBehavior.csv"), "--out", str(w / "tb"), "--ts-length", "4", "--points-per-user", "3", "--no-progress"))[2],
         says="from another raw file", keep=["tb/meta.json"])  # fmt: skip
+    p += _i37_ckpt_probes()
     return p
+
+
+# ===== issue 37 (i37-ckpt): finished runs, sharded checkpoints, resume across world sizes, the
+# library's ConfigError. The 2-process cases launch torchrun on 127.0.0.1 (about a minute each).
+
+SLIP37 = [*TINY, "--slipstream", "--slipstream-interval", "6", "--slipstream-warmup", "8",
+          "--slipstream-target-skip", "0.3", "--hot-budget", "1KB", "--profile-sample-rate", "0.2",
+          "--test-data-size", "256", "--data-size", "1280", "--test-freq", "7"]  # fmt: skip
+TWO = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+# probe name -> a check of the world after its command ("" when right)
+AFTER: dict[str, Callable[[Path], str]] = {}
+
+
+def _slip_run(w: Path, out: str) -> None:
+    subprocess.run(train(*SLIP37, "--out-dir", str(w / out), "--save-model", str(w / f"{out}.pt")),
+                   capture_output=True, check=True, cwd=w)  # fmt: skip
+
+
+def _killed_after_final_checkpoint(w: Path) -> list[str]:
+    """Slipstream run S finished; its copy T as if killed right after the final checkpoint."""
+    _slip_run(w, "S")
+    shutil.copytree(w / "S", w / "T")
+    (w / "T/summary.json").unlink()
+    return train(*SLIP37, "--out-dir", str(w / "T"), "--save-model", str(w / "T.pt"), "--resume")
+
+
+def _same_model_files(w: Path) -> str:
+    import torch
+
+    a, b = (torch.load(w / f, weights_only=True)["model"] for f in ("S.pt", "T.pt"))
+    same = a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    s, t = (json.loads((w / d / "summary.json").read_text()) for d in ("S", "T"))
+    if not same:
+        return "the resumed run's model differs from the uninterrupted run's"
+    if (s["test_auc"], s["steps"]) != (t["test_auc"], t["steps"]):
+        return f"summary differs: {s['test_auc'], s['steps']} vs {t['test_auc'], t['steps']}"
+    return ""
+
+
+def _two_process_run(w: Path, out: str, *extra: str) -> None:
+    """A 2-process run (torchrun) with checkpoints at steps 10 and 20."""
+    subprocess.run([*TWO, "-m", "dlrm.train", *TINY, "--num-batches", "20", "--test-freq", "10",
+                    "--test-data-size", "256", "--keep-checkpoints", "3", "--out-dir",
+                    str(w / out), *extra], capture_output=True, check=True, cwd=w)  # fmt: skip
+
+
+def _mixed_shards(w: Path) -> list[str]:
+    _two_process_run(w, "D")
+    steps = sorted((w / "D/checkpoints").iterdir())
+    name = "rank_00001-of-00002.pt"
+    shutil.copy(steps[0] / name, steps[1] / name)  # step 10's shard into step 20's directory
+    return train(*TINY, "--num-batches", "20", "--test-freq", "10", "--test-data-size", "256",
+                 "--out-dir", str(w / "E"), "--resume", str(steps[1]))  # fmt: skip
+
+
+def _library(code: str) -> list[str]:
+    """A TrainConfig call; its ConfigError as one line, exit 2 (anything else: a traceback)."""
+    wrapper = ("import sys\nfrom dlrm import ConfigError, TrainConfig\ntry:\n    " + code
+               + "\nexcept ConfigError as e:\n    sys.stderr.write(f'{e}\\n')\n    sys.exit(2)")  # fmt: skip
+    return [sys.executable, "-c", wrapper]
+
+
+def _i37_ckpt_probes() -> list[Probe]:
+    p: list[Probe] = []
+    a_files = ("A/summary.json", "A/metrics.jsonl", "A/config.json", "A.model.pt",
+               "A/checkpoints/step_000000030.pt")  # fmt: skip
+    p.append(Probe("--resume of a finished run: nothing trained or written", R,
+                   lambda w: train(*TINY, "--test-freq", "10", "--keep-checkpoints", "3",
+                                   "--out-dir", str(w / "A"), "--save-model",
+                                   str(w / "A.model.pt"), "--resume"),
+                   expect="survive", says="run already finished at step 30; nothing to do",
+                   keep=a_files))  # fmt: skip
+    p.append(Probe("Slipstream: --resume of a finished run: nothing trained or written", R,
+                   lambda w: (_slip_run(w, "S"),
+                              train(*SLIP37, "--out-dir", str(w / "S"), "--save-model",
+                                    str(w / "S.pt"), "--resume"))[1],
+                   expect="survive", says="nothing to do",
+                   keep=("S/summary.json", "S/metrics.jsonl", "S.pt")))  # fmt: skip
+    name = "Slipstream: killed right after the final checkpoint, --resume: the uninterrupted model"
+    p.append(Probe(name, R, _killed_after_final_checkpoint, expect="survive"))
+    AFTER[name] = _same_model_files
+    p.append(Probe("sharded checkpoint: a rank's shard from step 10 copied into step 20's", C,
+                   _mixed_shards, says="rank_00001-of-00002.pt: a shard of another checkpoint"))  # fmt: skip
+    p.append(Probe("--placement fae: a 2-process checkpoint resumed by 1 process", R,
+                   lambda w: (_two_process_run(w, "H", *FAE),
+                              train(*TINY, *FAE, "--num-batches", "20", "--test-freq", "10",
+                                    "--test-data-size", "256", "--out-dir", str(w / "H"),
+                                    "--resume"))[1],
+                   says="not with --placement fae"))  # fmt: skip
+    for name_, code in [
+        ("learning_rate", "TrainConfig(learning_rate='fast')"),
+        ("mini_batch_size", "TrainConfig(mini_batch_size='64')"),
+        ("arch_mlp_bot", "TrainConfig(arch_mlp_bot=[13, 'x'])"),
+        ("arch_embedding_size", "TrainConfig(arch_embedding_size=(10, None))"),
+        ("allow_changed", "TrainConfig(allow_changed=['lr', 3])"),
+    ]:
+        flag = "--" + name_.replace("_", "-")
+        p.append(Probe(f"library: {code}", M, lambda w, c=code: _library(c), says=f"{flag}: "))
+    return p
+
+
+# ===== end of issue 37 (i37-ckpt)
 
 
 WORLD_PATHS = ("A.model.pt", "A.model.pt/run", "A", "A.model.pt/m.pt", "nowhere", "nowhere.txt",
@@ -483,6 +586,8 @@ def run_probe(probe: Probe, world: Path, scratch: Path) -> None:
         problems.append("the pickle ran code")
     if probe.name.startswith("metrics.jsonl") and not problems:
         problems += [x for x in [check_one_run(w)] if x]
+    if probe.name in AFTER and not problems:
+        problems += [x for x in [AFTER[probe.name](w)] if x]
     shown = (
         lines[-1]
         if probe.expect == "error" and lines

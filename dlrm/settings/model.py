@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -15,6 +16,9 @@ MODELS = ("dlrm", "tbsm")
 def parse_widths(text: str | list[int] | tuple[int, ...], flag: str) -> tuple[int, ...]:
     """'13-512-256' -> (13, 512, 256), the reference's dash-separated layer widths."""
     if isinstance(text, (list, tuple)):
+        # whole numbers only: int(4.5) or int(None) would pass a float on or raise a TypeError
+        if not all(isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in text):
+            raise ConfigError(f"{flag}: expected a sequence of integers, got {text!r}")
         widths = tuple(int(x) for x in text)
     else:
         try:

@@ -160,7 +160,7 @@ class TrainingConfig(Section):
 
 def _comma_names(value: str | tuple | list, flag: str) -> tuple[str, ...]:
     """'lr,test-data-size' -> ('lr', 'test_data_size')."""
-    if not isinstance(value, (str, tuple, list)):
+    if not isinstance(value, (str, tuple, list)) or not all(isinstance(x, str) for x in value):
         return value  # the type check names it
     names = value.split(",") if isinstance(value, str) else value
     return tuple(x.strip().lstrip("-").replace("-", "_") for x in names if x.strip())

@@ -451,3 +451,26 @@ def test_a_verified_checkpoint_from_another_version_names_the_file(trained, make
         CheckpointError, match=f"^{path}: train state: unknown fields future_field$"
     ):
         Trainer(make_config(resume=str(path), out_dir=str(tmp_path / "r")))
+
+
+def test_resuming_a_finished_run_changes_nothing_and_says_so(trained, tmp_path, capsys, caplog):
+    # Issue 37, 4 (the general case): a finished plain run resumed trains nothing and writes
+    # nothing (metrics.jsonl gained a resume event, summary.json and config.json were written
+    # again), exit 0 with one line.
+    files = [p for p in sorted(tmp_path.rglob("*")) if p.is_file()]
+    before = {p: p.read_bytes() for p in files}
+    argv = ["--arch-embedding-size", "60-40-500-7", "--arch-sparse-feature-size", "4",
+            "--arch-mlp-bot", "13-16-4", "--arch-mlp-top", "16-1", "--mini-batch-size", "64",
+            "--data-size", str(64 * 30), "--test-data-size", "2048", "--learning-rate", "0.1", "--print-freq", "10",
+            "--test-freq", "10", "--keep-checkpoints", "3", "--out-dir", trained.out_dir,
+            "--save-model", trained.save_model, "--progress", "false", "--resume"]  # fmt: skip
+    with caplog.at_level(logging.INFO):
+        rc = main(argv)
+    out = capsys.readouterr()
+    assert rc == 0
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if r.levelno >= logging.WARNING]
+    assert said == [("WARNING", "run already finished at step 30; nothing to do")]
+    # the start-up line (threads) only: no summary
+    assert [x.split()[0] for x in out.out.splitlines()] == ["threads"]
+    assert "Traceback" not in out.err
+    assert {p: p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()} == before

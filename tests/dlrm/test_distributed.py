@@ -68,17 +68,31 @@ def result(cfg) -> dict:
 
 
 def _ranks(rank: int, init: str, root: str) -> None:
+    from dlrm.errors import CheckpointError, ConfigError
+
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
     try:
         root_dir = Path(root)
         jobs = {name: config(root_dir / f"two_{name}", **kw) for name, kw in KINDS.items()}
         jobs["resumed_1_to_2"] = config(root_dir / "one_to_two", **RESUMED, resume="auto")
         jobs["two_resumable"] = config(root_dir / "two_resumable", **RESUMED)
+        # resumed at its end: nothing trained or written (issue 37, 4)
+        jobs["two_finished"] = config(root_dir / "two_resumable", **RESUMED, resume="auto")
         jobs["hot_replicated"] = config(root_dir / "two_hot", **HOT)
         jobs["hot_replicated_hotline"] = config(root_dir / "two_hotline", **HOT_HOTLINE)
+        # one process's FAE and Hotline checkpoints resumed by two (issue 37)
+        jobs["fae_1_to_2"] = config(root_dir / "fae_1_to_2", **HOT, resume="auto")
+        jobs["hotline_1_to_2"] = config(root_dir / "hotline_1_to_2", **HOT_HOTLINE, resume="auto")
         for name, cfg in jobs.items():
             with CollectiveCounter() as counter:
-                out = result(cfg)
+                try:
+                    out = result(cfg)
+                except (ConfigError, CheckpointError) as e:  # alike on every rank, before a step
+                    out = {"error": str(e)}
+                    if rank == 0:
+                        torch.save(out, root_dir / f"{name}.pt")
+                    dist.barrier()
+                    continue
             out["sent"] = json.dumps(counter.per_step(1))
             if rank == 0:
                 torch.save({**out, "losses": json.dumps(out["losses"])}, root_dir / f"{name}.pt")
@@ -89,6 +103,8 @@ def _ranks(rank: int, init: str, root: str) -> None:
 
 def _load(path: Path) -> dict:
     got = torch.load(path, weights_only=True)
+    if "error" in got:
+        return got
     got["losses"] = {int(k): v for k, v in json.loads(got["losses"]).items()}
     got["sent"] = json.loads(got["sent"])  # collectives of the whole run, by kind
     return got
@@ -109,8 +125,12 @@ def runs(tmp_path_factory):
     one = {name: result(config(root / f"one_{name}", **kw)) for name, kw in KINDS.items()}
     one["resumable"] = result(config(root / "one_resumable", **RESUMED))
     _cut_at(root / "one_resumable", STEPS // 2, root / "one_to_two")
+    for name, kw in (("fae", HOT), ("hotline", HOT_HOTLINE)):
+        one[name] = result(config(root / f"one_{name}", **kw))
+        _cut_at(root / f"one_{name}", STEPS // 2, root / f"{name}_1_to_2")
     mp.spawn(_ranks, args=(f"file://{root / 'rendezvous'}", str(root)), nprocs=2)
-    names = [*KINDS, "resumed_1_to_2", "two_resumable", "hot_replicated", "hot_replicated_hotline"]
+    names = [*KINDS, "resumed_1_to_2", "two_resumable", "two_finished", "hot_replicated",
+             "hot_replicated_hotline", "fae_1_to_2", "hotline_1_to_2"]  # fmt: skip
     two = {name: _load(root / f"{name}.pt") for name in names}
     return root, one, two
 
@@ -151,6 +171,16 @@ def test_a_two_process_checkpoint_resumes_in_one_process(runs, tmp_path):
     _cut_at(root / "two_resumable", STEPS // 2, tmp_path / "two_to_one")
     resumed = result(config(tmp_path / "two_to_one", **RESUMED, resume="auto"))
     assert_same_run(one["resumable"], resumed)
+
+
+def test_a_finished_two_process_run_resumed_trains_and_writes_nothing(runs):
+    root, _, two = runs
+    again, first = two["two_finished"], two["two_resumable"]
+    assert again["losses"] == first["losses"] and again["auc"] == first["auc"]
+    for key, w in first["state"].items():
+        assert torch.equal(again["state"][key], w), key
+    events = (root / "two_resumable" / "metrics.jsonl").read_text()
+    assert '"event": "resume"' not in events
 
 
 def test_a_one_process_checkpoint_resumes_in_two(runs):
@@ -203,6 +233,27 @@ def test_hotline_across_ranks_replicates_the_same_hot_rows_and_trains_the_same_r
     )
 
 
+def test_hot_replicated_checkpoints_across_world_sizes(runs, tmp_path):
+    """Issue 37: Hotline trains the batches in their order in one process and in several, so its
+    checkpoints resume across world sizes (1 -> 2 was refused with "optimizer state does not
+    fit"). FAE regroups the batches in one process only, so a checkpoint's data position names
+    other samples in the other: refused in one line either way (2 -> 1 trained silently on)."""
+    from dlrm.errors import ConfigError
+
+    root, one, two = runs
+    assert_same_run(one["resumable"], two["hotline_1_to_2"])
+    _cut_at(root / "two_hotline", STEPS // 2, tmp_path / "hotline_2_to_1")
+    resumed = result(config(tmp_path / "hotline_2_to_1", **HOT_HOTLINE, resume="auto"))
+    assert_same_run(one["resumable"], resumed)
+    _cut_at(root / "two_hot", STEPS // 2, tmp_path / "fae_2_to_1")
+    with pytest.raises(ConfigError) as e:
+        result(config(tmp_path / "fae_2_to_1", **HOT, resume="auto"))
+    refusals = [str(e.value), two["fae_1_to_2"]["error"]]
+    for said, (written, now) in zip(refusals, [(2, 1), (1, 2)]):
+        assert f"was written by {written} process(es) and is resumed by {now}: not with " \
+               "--placement fae" in said and "\n" not in said  # fmt: skip
+
+
 def test_a_damaged_shard_is_named(runs, tmp_path):
     from dlrm import checkpoint as ckpt
     from dlrm.errors import CheckpointError
@@ -222,6 +273,33 @@ def test_a_damaged_shard_is_named(runs, tmp_path):
     index.write_text(index.read_text().replace('"step": 12', '"step": 13'))
     with pytest.raises(CheckpointError, match="index.json: corrupt"):
         ckpt.load(copy)
+
+
+def test_a_shard_from_another_checkpoint_is_refused_naming_it(runs, tmp_path):
+    # Issue 37, 6: rank 1's file of the step-6 checkpoint copied into step 12's directory (same
+    # size: the index's sizes cannot tell) was assembled, tables from step 6 under step 12's
+    # state. Every shard carries its checkpoint's id, step and world size, as the index does.
+    from dlrm import checkpoint as ckpt
+    from dlrm.errors import CheckpointError
+
+    root, _, _ = runs
+    run = root / "two_resumable" / "checkpoints"
+    early, late = run / f"step_{STEPS // 2:09d}", run / f"step_{STEPS:09d}"
+    name = "rank_00001-of-00002.pt"
+    assert (early / name).stat().st_size == (late / name).stat().st_size
+    mixed = tmp_path / late.name
+    shutil.copytree(late, mixed)
+    shutil.copy(early / name, mixed / name)
+    with pytest.raises(CheckpointError) as e:
+        ckpt.load(mixed)
+    assert str(e.value).startswith(f"{mixed / name}: ") and "\n" not in str(e.value)
+    assert "another checkpoint" in str(e.value)
+    # as --resume of the run directory: the mixed checkpoint is skipped, the one before is used
+    cut = tmp_path / "cut"
+    shutil.copytree(root / "two_resumable", cut)
+    shutil.copy(early / name, cut / "checkpoints" / late.name / name)
+    path, _ = ckpt.resume_target("auto", cut)
+    assert path.name == early.name
 
 
 def _free_port() -> int:

@@ -298,3 +298,34 @@ def test_slipstream_on_cuda_skips_and_resumes_exactly(make_config, tmp_path, mod
     assert abs(want["steps"] - got["steps"]) <= 1
     a, b = want["slipstream"]["samples_skipped"], got["slipstream"]["samples_skipped"]
     assert abs(a - b) <= 0.02 * max(a, 64)
+
+
+def test_a_kill_after_the_final_checkpoint_or_a_finished_run_trains_no_more(
+    make_config, tmp_path, caplog
+):
+    # Issue 37, 4: drop ends the epoch early, so the run ends with fewer steps than the epoch's
+    # batches; a resume from the final checkpoint took that for "not done" and trained a step.
+    common = {**SLIP, "slipstream_mode": "drop", "slipstream_target_skip": 0.3, "test_freq": 7,
+              "data_size": 64 * 20}  # fmt: skip
+    full = Trainer(make_config(**common, out_dir=str(tmp_path / "full")))
+    want = full.fit()
+    assert want["steps"] < 20 and want["slipstream"]["samples_skipped"] > 0
+    final = tmp_path / "full" / "checkpoints" / f"step_{want['steps']:09d}.pt"
+    # killed right after the final checkpoint: no summary yet; the resume only finishes the run
+    cut = tmp_path / "cut"
+    (cut / "checkpoints").mkdir(parents=True)
+    shutil.copy(final, cut / "checkpoints")
+    resumed = Trainer(make_config(**common, out_dir=str(cut), resume="auto"))
+    got = resumed.fit()
+    assert_same_model(full, resumed, 0.0)
+    for key in ["test_auc", "test_logloss", "steps", "samples", "epochs_completed", "slipstream"]:
+        assert want[key] == got[key], key
+    # resuming the finished run: nothing trained, nothing written, and it says so
+    run = tmp_path / "full"
+    before = {p: p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+    again = Trainer(make_config(**common, out_dir=str(run), resume="auto"))
+    with caplog.at_level("WARNING"):
+        assert again.fit() == json.loads((run / "summary.json").read_text())
+    assert f"run already finished at step {want['steps']}; nothing to do" in caplog.text
+    assert_same_model(full, again, 0.0)
+    assert {p: p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()} == before
