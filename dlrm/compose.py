@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from common.lock import DirectoryLock, LockError
 from dlrm import checkpoint as ckpt
 from dlrm import compile as compile_
 from dlrm import dense_step, distributed, run_checks
@@ -59,6 +60,7 @@ class Run:
     progress: bool  # a progress bar on this process
     resume_changes: dict[str, tuple]  # the settings a resume changed (dlrm/run_checks.py)
     resuming: Future | None = None  # the checkpoint to resume from, read in the background
+    lock: DirectoryLock | None = None  # the run directory, held by rank 0 (common/lock.py)
 
     def resume_target(self) -> tuple[Path, dict] | None:
         """The checkpoint to continue from with its verified contents; None: start afresh."""
@@ -88,6 +90,7 @@ def build_run(
         )
     device = resolve_device(cfg.device)
     leads = rank == 0  # rank 0 writes the run directory
+    lock = _lock_run_dir(cfg) if leads else None
     resume_changes = _check_paths(cfg, leads)
     # The checkpoint is read and verified while the data and the model are built: reading
     # and checksumming gigabytes need not wait for table initialisation.
@@ -117,7 +120,7 @@ def build_run(
     return Run(
         cfg, device, data, placement, model, dense_optimizer, compiled, pipeline,
         Processes(rank, world_size), RunFiles(cfg.run_dir) if leads else NoRunFiles(cfg.run_dir),
-        store, bool(show) and leads, resume_changes, resuming,
+        store, bool(show) and leads, resume_changes, resuming, lock,
     )  # fmt: skip
 
 
@@ -175,6 +178,17 @@ def _check_paths(cfg: TrainConfig, leads: bool) -> dict[str, tuple]:
             changes = run_checks.check_resume_settings(before, cfg, str(source))
     run_checks.check_run_dir_is_free(cfg)
     return changes
+
+
+def _lock_run_dir(cfg: TrainConfig) -> DirectoryLock:
+    """One process at a time writes a run directory: a second run started on it would mix its
+    files with the first's (issue 37). Rank 0 holds it for the run (the other ranks write no
+    run files, so they take no lock and wait for nothing)."""
+    run_checks.check_writable_dir(cfg.run_dir, "--out-dir")  # its own message first
+    try:
+        return DirectoryLock(cfg.run_dir).acquire("--out-dir")
+    except LockError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _background(fn, *args) -> Future:

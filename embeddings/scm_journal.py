@@ -33,7 +33,7 @@ import numpy as np
 from common.atomic import write_bytes
 from common.crc import crc32
 from embeddings.errors import ScmError
-from embeddings.scm_file import BLOCK
+from embeddings.scm_file import BLOCK, io_error
 
 _HEADER = struct.Struct("<4sI16sQ")  # magic, version, tier id, base generation
 _RECORD = struct.Struct("<4sIQ")  # magic, kind, block or generation
@@ -65,8 +65,21 @@ class UndoJournal:
         """A new journal whose base is `base` (atomically replacing any old one)."""
         self.close()
         header = _HEADER.pack(_MAGIC, VERSION, tier_id, base)
-        write_bytes(self.path, header + struct.pack("<I", crc32(header)))
-        self._f = open(self.path, "ab")
+        try:
+            write_bytes(self.path, header + struct.pack("<I", crc32(header)))
+            self._f = open(self.path, "ab")
+        except OSError as e:
+            raise io_error(e, self.path, "the tier's journal") from None
+
+    def _append(self, data: bytes) -> None:
+        """`data` at the end, durable when this returns (a full disk: one line, and at most a torn
+        last record, which the blocks it guards were never written after)."""
+        try:
+            self._f.write(data)
+            self._f.flush()
+            os.fsync(self._f.fileno())
+        except OSError as e:
+            raise io_error(e, self.path, "the tier's journal") from None
 
     def _record(self, kind: int, ident: int, payload: bytes = b"") -> bytes:
         head = _RECORD.pack(_REC, kind, ident)
@@ -77,19 +90,18 @@ class UndoJournal:
         if not len(blocks):
             return
         parts = [self._record(PREIMAGE, int(b), data[i].tobytes()) for i, b in enumerate(blocks)]
-        self._f.write(b"".join(parts))
-        self._f.flush()
-        os.fsync(self._f.fileno())
+        self._append(b"".join(parts))
 
     def prepare(self, generation: int) -> None:
-        self._f.write(self._record(PREPARE, generation))
-        self._f.flush()
-        os.fsync(self._f.fileno())
+        self._append(self._record(PREPARE, generation))
 
     def close(self) -> None:
         if self._f is not None:
-            self._f.close()
-            self._f = None
+            f, self._f = self._f, None
+            try:
+                f.close()
+            except OSError:  # a full disk: what the buffer held was never durable, nor relied on
+                pass
 
     # --- reading and rolling back ---------------------------------------------------------------
 
