@@ -99,6 +99,7 @@ def build_run(
     set_flush_denormal(cfg.flush_denormal)  # before any parallel work: see set_flush_denormal
     torch.manual_seed(cfg.seed)
     data = data if data is not None else build_data(cfg, rank, world_size)
+    _check_learning_fits(cfg, data)
     placement: PlacedEmbeddings | None = None
     if model is None:
         placement = build_placed_embeddings(cfg, data, device, world_size)
@@ -127,6 +128,19 @@ def build_run(
 def steps_per_epoch(cfg: TrainConfig, data: DataSplits) -> int:
     n = len(data.train)
     return min(n, cfg.num_batches) if cfg.num_batches else n
+
+
+def _check_learning_fits(cfg: TrainConfig, data: DataSplits) -> None:
+    """`--hotline-learn-batches N` plans from the first N mini-batches' lookups and trains the
+    rest with that plan: a run of N mini-batches or fewer would end with no hot row, silently."""
+    n, per_epoch = cfg.hotline_learn_batches, steps_per_epoch(cfg, data)
+    total = per_epoch * cfg.nepochs
+    if n and n >= total:
+        raise ConfigError(
+            f"--hotline-learn-batches {n}: the run has {total} mini-batches ({cfg.nepochs} "
+            f"epoch(s) of {per_epoch}), so no step would train with the learned plan and no row "
+            f"would be hot; give fewer than {total}"
+        )
 
 
 def make_dense_optimizer(

@@ -57,7 +57,7 @@ class JournalState:
 class UndoJournal:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self._f = None
+        self._fd = -1  # appended to with plain writes: no buffer left to flush after a failure
 
     # --- writing -----------------------------------------------------------------------------------
 
@@ -67,18 +67,26 @@ class UndoJournal:
         header = _HEADER.pack(_MAGIC, VERSION, tier_id, base)
         try:
             write_bytes(self.path, header + struct.pack("<I", crc32(header)))
-            self._f = open(self.path, "ab")
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
         except OSError as e:
             raise io_error(e, self.path, "the tier's journal") from None
 
     def _append(self, data: bytes) -> None:
-        """`data` at the end, durable when this returns (a full disk: one line, and at most a torn
-        last record, which the blocks it guards were never written after)."""
+        """`data` at the end, durable when this returns. A failed append (a full disk) is cut
+        off again, so the journal ends at its last whole record, and is one line; the blocks
+        it would have guarded are never written."""
+        end = os.lseek(self._fd, 0, os.SEEK_END)
         try:
-            self._f.write(data)
-            self._f.flush()
-            os.fsync(self._f.fileno())
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._fd, view) :]
+            os.fsync(self._fd)
         except OSError as e:
+            try:
+                os.ftruncate(self._fd, end)
+            except OSError:
+                pass  # what is left is a torn tail, which a rollback ignores
+            self.close()  # nothing more is appended after a failure
             raise io_error(e, self.path, "the tier's journal") from None
 
     def _record(self, kind: int, ident: int, payload: bytes = b"") -> bytes:
@@ -96,12 +104,9 @@ class UndoJournal:
         self._append(self._record(PREPARE, generation))
 
     def close(self) -> None:
-        if self._f is not None:
-            f, self._f = self._f, None
-            try:
-                f.close()
-            except OSError:  # a full disk: what the buffer held was never durable, nor relied on
-                pass
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            os.close(fd)
 
     # --- reading and rolling back ---------------------------------------------------------------
 
