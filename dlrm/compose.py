@@ -91,7 +91,7 @@ def build_run(
     device = resolve_device(cfg.device)
     leads = rank == 0  # rank 0 writes the run directory
     lock = _lock_run_dir(cfg) if leads else None
-    resume_changes = _check_paths(cfg, leads)
+    resume_changes = _check_paths(cfg)
     # The checkpoint is read and verified while the data and the model are built: reading
     # and checksumming gigabytes need not wait for table initialisation.
     store = _checkpoint_store(cfg, rank, world_size, checkpoints)
@@ -178,12 +178,10 @@ def set_flush_denormal(on: bool) -> bool:
 # --- the parts ----------------------------------------------------------------------------------
 
 
-def _check_paths(cfg: TrainConfig, leads: bool) -> dict[str, tuple]:
+def _check_paths(cfg: TrainConfig) -> dict[str, tuple]:
     """The run's paths and `--resume`'s settings, before any long work; the settings a resume
     changes (the checkpoint's own settings are checked again when it is loaded)."""
-    changes: dict[str, tuple] = {}
-    if leads:
-        run_checks.check_write_paths(cfg)
+    changes: dict[str, tuple] = {}  # the paths rank 0 writes were checked as it took the lock
     if cfg.resume:
         run_checks.check_resume_target(cfg)
         source = run_checks.resume_source_dir(cfg)
@@ -198,7 +196,7 @@ def _lock_run_dir(cfg: TrainConfig) -> DirectoryLock:
     """One process at a time writes a run directory: a second run started on it would mix its
     files with the first's (issue 37). Rank 0 holds it for the run (the other ranks write no
     run files, so they take no lock and wait for nothing)."""
-    run_checks.check_writable_dir(cfg.run_dir, "--out-dir")  # its own message first
+    run_checks.check_write_paths(cfg)  # before the lock makes the directory
     try:
         return DirectoryLock(cfg.run_dir).acquire("--out-dir")
     except LockError as e:
