@@ -238,6 +238,14 @@ class BlockFile:
                 return [str(io_error(OSError(-n, os.strerror(-n)), self.path, f"block {at}"))]
             if n < 0:
                 return [f"{self.path}: {what} of block {at} failed ({os.strerror(-n)})"]
+            if opcode == PWRITE:  # a short write: the rest, or the reason it cannot be written
+                p = int(pos[i])
+                try:
+                    view = memoryview(buf[p : p + int(count[i])].reshape(-1))
+                    self._write_all(view, at * BLOCK, n - n % BLOCK)
+                except OSError as e:
+                    return [str(io_error(e, self.path, f"block {at}"))]
+                return self._aio(opcode, buf, runs[bad[1:]]) if bad.size > 1 else []
             end = " (a truncated tier file)" if opcode == PREAD else ""
             return [
                 f"{self.path}: short {what} at offset {at * BLOCK}: {n} bytes, expected {want}{end}"
@@ -350,12 +358,9 @@ class BlockFile:
                     self._seal(buf, pos, count)
                     view = memoryview(buf[pos : pos + count].reshape(-1))
                     try:
-                        n = os.pwritev(self.fd, [view], first * BLOCK)
+                        self._write_all(view, first * BLOCK)
                     except OSError as e:
                         errors.append(str(io_error(e, self.path, f"block {first}")))
-                        return
-                    if n != count * BLOCK:
-                        errors.append(f"{self.path}: short write at offset {first * BLOCK}")
                         return
 
             self._parallel(work, runs)
@@ -363,6 +368,15 @@ class BlockFile:
             raise ScmError(errors[0])
         with self._lock:
             self.blocks_written += blocks.size
+
+    def _write_all(self, view: memoryview, offset: int, done: int = 0) -> None:
+        """`view[done:]` at `offset + done`: a short write (a file system filling up) goes on
+        until the rest is written or the system call says why not (ENOSPC)."""
+        while done < len(view):
+            n = os.pwritev(self.fd, [view[done:]], offset + done)
+            if n <= 0:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            done += n
 
     def fsync(self) -> None:
         try:
