@@ -25,7 +25,9 @@ def _holder(directory: Path, name: str = ".lock") -> subprocess.Popen:
         time.sleep(600)
     """)  # fmt: skip
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, env=env, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, env=env, text=True
+    )
     assert proc.stdout.readline().strip() == "held"
     return proc
 
@@ -52,18 +54,22 @@ def test_the_same_process_may_take_its_own_lock_again(tmp_path):
     a = DirectoryLock(tmp_path).acquire("--out-dir")
     b = DirectoryLock(tmp_path).acquire("--out-dir")
     a.release()
-    proc_code = f"from common.lock import DirectoryLock; DirectoryLock({str(tmp_path)!r}).acquire('x')"
+    proc_code = (
+        f"from common.lock import DirectoryLock; DirectoryLock({str(tmp_path)!r}).acquire('x')"
+    )
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    done = subprocess.run([sys.executable, "-c", proc_code], env=env, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-c", proc_code], env=env, capture_output=True, text=True
+    )
     assert done.returncode != 0 and "LockError" in done.stderr  # b still holds it
     b.release()
-    done = subprocess.run([sys.executable, "-c", proc_code], env=env, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-c", proc_code], env=env, capture_output=True, text=True
+    )
     assert done.returncode == 0, done.stderr
 
 
 def test_two_runs_in_the_same_out_dir_the_second_is_one_line(tmp_path):
-    from dlrm.train import main
-
     out = tmp_path / "run"
     out.mkdir()
     proc = _holder(out)
@@ -80,4 +86,3 @@ def test_two_runs_in_the_same_out_dir_the_second_is_one_line(tmp_path):
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-    assert main is not None
