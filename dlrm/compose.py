@@ -60,7 +60,7 @@ class Run:
     progress: bool  # a progress bar on this process
     resume_changes: dict[str, tuple]  # the settings a resume changed (dlrm/run_checks.py)
     resuming: Future | None = None  # the checkpoint to resume from, read in the background
-    lock: DirectoryLock | None = None  # the run directory, held by rank 0 (common/lock.py)
+    lock: DirectoryLock | None = None  # the run directory's, held by rank 0 (common/lock.py)
 
     def resume_target(self) -> tuple[Path, dict] | None:
         """The checkpoint to continue from with its verified contents; None: start afresh."""
@@ -90,7 +90,7 @@ def build_run(
         )
     device = resolve_device(cfg.device)
     leads = rank == 0  # rank 0 writes the run directory
-    lock = _lock_run_dir(cfg) if leads else None
+    lock = _lock_run_dir(cfg) if leads else DirectoryLock(cfg.run_dir)  # other ranks: not held
     resume_changes = _check_paths(cfg)
     # The checkpoint is read and verified while the data and the model are built: reading
     # and checksumming gigabytes need not wait for table initialisation.

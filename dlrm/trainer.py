@@ -110,6 +110,7 @@ class Trainer:
         self.run_dir, self.ckpt_dir = cfg.run_dir, run.checkpoints.directory
         self._progress = run.progress
         self._resume_changes = run.resume_changes
+        self._lock = run.lock  # the run directory's, held since build_run (common/lock.py)
         self.state = TrainState()
         self.timer = _Timer()
         self._lr = cfg.learning_rate
@@ -157,7 +158,14 @@ class Trainer:
         return compose.steps_per_epoch(self.cfg, self.data)
 
     def fit(self) -> dict:
-        """Train to the configured end (or the AUC threshold), evaluate, write the summary."""
+        """Train to the configured end (or the AUC threshold), evaluate, write the summary. The
+        run directory is free for another process afterwards, however this ends."""
+        try:
+            return self._fit()
+        finally:
+            self._lock.release()
+
+    def _fit(self) -> dict:
         if self.cfg.inference_only:
             return self.evaluate_only()
         self._open_run_dir()
