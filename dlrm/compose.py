@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from common.lock import DirectoryLock, LockError
 from dlrm import checkpoint as ckpt
 from dlrm import compile as compile_
 from dlrm import dense_step, distributed, run_checks, third_party, threads
@@ -62,6 +63,7 @@ class Run:
     resume_changes: dict[str, tuple]  # the settings a resume changed (dlrm/run_checks.py)
     resuming: Future | None = None  # the checkpoint to resume from, read in the background
     lines: bool = False  # progress lines on stdout (no terminal there: dlrm/progress.py)
+    lock: DirectoryLock | None = None  # the run directory's, held by rank 0 (common/lock.py)
 
     def resume_target(self) -> tuple[Path, dict] | None:
         """The checkpoint to continue from with its verified contents; None: start afresh."""
@@ -92,7 +94,8 @@ def build_run(
         )
     device = resolve_device(cfg.device)
     leads = rank == 0  # rank 0 writes the run directory
-    resume_changes = _check_paths(cfg, leads)
+    lock = _lock_run_dir(cfg) if leads else DirectoryLock(cfg.run_dir)  # other ranks: not held
+    resume_changes = _check_paths(cfg)
     # The checkpoint is read and verified while the data and the model are built: reading
     # and checksumming gigabytes need not wait for table initialisation.
     store = _checkpoint_store(cfg, rank, world_size, checkpoints)
@@ -102,6 +105,7 @@ def build_run(
     set_flush_denormal(cfg.flush_denormal)  # before any parallel work: see set_flush_denormal
     torch.manual_seed(cfg.seed)
     data = data if data is not None else build_data(cfg, rank, world_size)
+    _check_learning_fits(cfg, data)
     placement: PlacedEmbeddings | None = None
     if model is None:
         from dlrm.memory import check_memory
@@ -129,13 +133,26 @@ def build_run(
         RunFiles(cfg.run_dir, tensorboard_writer(cfg.tensorboard)) if leads
         else NoRunFiles(cfg.run_dir),
         store, bool(show) and leads, resume_changes, resuming,
-        leads and progress_lines(cfg.progress),
+        leads and progress_lines(cfg.progress), lock,
     )  # fmt: skip
 
 
 def steps_per_epoch(cfg: TrainConfig, data: DataSplits) -> int:
     n = len(data.train)
     return min(n, cfg.num_batches) if cfg.num_batches else n
+
+
+def _check_learning_fits(cfg: TrainConfig, data: DataSplits) -> None:
+    """`--hotline-learn-batches N` plans from the first N mini-batches' lookups and trains the
+    rest with that plan: a run of N mini-batches or fewer would end with no hot row, silently."""
+    n, per_epoch = cfg.hotline_learn_batches, steps_per_epoch(cfg, data)
+    total = per_epoch * cfg.nepochs
+    if n and n >= total:
+        raise ConfigError(
+            f"--hotline-learn-batches {n}: the run has {total} mini-batches ({cfg.nepochs} "
+            f"epoch(s) of {per_epoch}), so no step would train with the learned plan and no row "
+            f"would be hot; give fewer than {total}"
+        )
 
 
 def make_dense_optimizer(
@@ -182,12 +199,10 @@ def set_flush_denormal(on: bool) -> bool:
 # --- the parts ----------------------------------------------------------------------------------
 
 
-def _check_paths(cfg: TrainConfig, leads: bool) -> dict[str, tuple]:
+def _check_paths(cfg: TrainConfig) -> dict[str, tuple]:
     """The run's paths and `--resume`'s settings, before any long work; the settings a resume
     changes (the checkpoint's own settings are checked again when it is loaded)."""
-    changes: dict[str, tuple] = {}
-    if leads:
-        run_checks.check_write_paths(cfg)
+    changes: dict[str, tuple] = {}  # the paths rank 0 writes were checked as it took the lock
     if cfg.resume:
         run_checks.check_resume_target(cfg)
         source = run_checks.resume_source_dir(cfg)
@@ -196,6 +211,17 @@ def _check_paths(cfg: TrainConfig, leads: bool) -> dict[str, tuple]:
             changes = run_checks.check_resume_settings(before, cfg, str(source))
     run_checks.check_run_dir_is_free(cfg)
     return changes
+
+
+def _lock_run_dir(cfg: TrainConfig) -> DirectoryLock:
+    """One process at a time writes a run directory: a second run started on it would mix its
+    files with the first's (issue 37). Rank 0 holds it for the run (the other ranks write no
+    run files, so they take no lock and wait for nothing)."""
+    run_checks.check_write_paths(cfg)  # before the lock makes the directory
+    try:
+        return DirectoryLock(cfg.run_dir).acquire("--out-dir")
+    except LockError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _background(fn, *args) -> Future:

@@ -121,6 +121,7 @@ class Trainer:
         self.run_dir, self.ckpt_dir = cfg.run_dir, run.checkpoints.directory
         self._progress, self._lines = run.progress, run.lines
         self._resume_changes = run.resume_changes
+        self._lock = run.lock  # the run directory's, held since build_run (common/lock.py)
         self.state = TrainState()
         self.finished_summary: dict | None = None  # fit() found the run finished: its summary
         self.timer = _Timer()
@@ -171,7 +172,14 @@ class Trainer:
         return compose.steps_per_epoch(self.cfg, self.data)
 
     def fit(self) -> dict:
-        """Train to the configured end (or the AUC threshold), evaluate, write the summary."""
+        """Train to the configured end (or the AUC threshold), evaluate, write the summary. The
+        run directory is free for another process afterwards, however this ends."""
+        try:
+            return self._fit()
+        finally:
+            self._lock.release()
+
+    def _fit(self) -> dict:
         if self.cfg.inference_only:
             return self.evaluate_only()
         cfg, st = self.cfg, self.state

@@ -2,8 +2,11 @@
 by a pool of I/O threads, with the page cache bypassed (O_DIRECT) or not (`buffered`).
 
 Block b holds global rows b*rows_per_block ... (b+1)*rows_per_block - 1, each row its weights
-then its optimizer state (float32, little-endian), and ends in a 16-byte trailer:
-`block index (u64) | magic "SCM1" (u32) | CRC-32 of the 4092 bytes before it (u32)`. Rows never
+then its optimizer state (float32, little-endian), and ends in a 32-byte trailer:
+`block index (u64) | magic "SCM2" (u32) | era (u32) | generation (u32) | the tier's id (8 bytes)
+| CRC-32 of the 4092 bytes before it (u32)`. The id ties each block to its tier (another tier's
+file of the same layout is refused, not read); era and generation say when it was written, so the
+tier can tell a block its journal failed to roll back (scm_tier.py). Rows never
 straddle blocks, so one row is one aligned 4 KiB read. The file is created sparse at its full
 size (`ftruncate`): a block never written takes no disk space, and the tier knows from its
 `materialised` map (kept with every checkpoint) that its rows still have their initial values,
@@ -40,9 +43,10 @@ from embeddings.errors import ScmError
 from embeddings.scm_aio import PREAD, PWRITE, Aio
 
 BLOCK = 4096
-TRAILER = 16
+TRAILER = 32
 PAYLOAD = BLOCK - TRAILER
-MAGIC = 0x314D4353  # "SCM1"
+MAGIC = 0x324D4353  # "SCM2"
+_ERA, _GEN, _TAG = PAYLOAD + 12, PAYLOAD + 16, PAYLOAD + 20  # trailer fields after index, magic
 MAX_RUN = 32  # consecutive blocks per call: larger runs would leave threads idle
 IO_MODES = ("direct", "buffered")
 IO_ENGINES = ("auto", "aio", "threads")
@@ -71,6 +75,32 @@ def _fast_switching():
             _switching["users"] -= 1
             if not _switching["users"]:
                 sys.setswitchinterval(_switching["saved"])
+
+
+def io_error(e: OSError, path: Path, what: str) -> ScmError:
+    """One line for a failed write of the tier's files: a full file system named by its mount."""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        from data_pipeline.errors import mount_point
+
+        return ScmError(
+            f"{path}: no space left on the file system mounted at {mount_point(Path(path).parent)} "
+            f"while writing {what}; the last checkpoint is intact (free space, then --resume)"
+        )
+    return ScmError(f"{path}: could not write {what} ({e.strerror or e})")
+
+
+def stamp(buf: np.ndarray, era: int, generation: int) -> np.ndarray:
+    """Blocks `buf` [n, BLOCK] marked as written in `era` at `generation` (before `write`)."""
+    buf[:, _ERA : _ERA + 4].view(np.uint32)[:, 0] = era
+    buf[:, _GEN : _GEN + 4].view(np.uint32)[:, 0] = generation
+    return buf
+
+
+def stamps(buf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(era, generation) of each block of `buf` [n, BLOCK], from their trailers."""
+    era = buf[:, _ERA : _ERA + 4].copy().view(np.uint32).reshape(-1)
+    gen = buf[:, _GEN : _GEN + 4].copy().view(np.uint32).reshape(-1)
+    return era.astype(np.int64), gen.astype(np.int64)
 
 
 def aligned_blocks(n: int) -> np.ndarray:
@@ -103,7 +133,7 @@ class BlockFile:
 
     def __init__(
         self, path: Path, num_blocks: int, io: str = "direct", threads: int = 16, create=False,
-        engine: str = "auto", depth: int = 64,
+        engine: str = "auto", depth: int = 64, tag: bytes = bytes(8),
     ) -> None:  # fmt: skip
         if io not in IO_MODES:
             raise ScmError(f"--scm-io: expected one of {', '.join(IO_MODES)}, got {io!r}")
@@ -116,6 +146,7 @@ class BlockFile:
                 "--scm-io-engine aio needs --scm-io direct (AIO blocks on buffered files)"
             )
         self.path, self.num_blocks, self.io, self.threads = Path(path), num_blocks, io, threads
+        self.tag = np.frombuffer(bytes(tag)[:8].ljust(8, b"\0"), dtype=np.uint8)
         size = num_blocks * BLOCK
         flags = os.O_RDWR | (os.O_CREAT | os.O_TRUNC if create else 0)
         if io == "direct":
@@ -130,7 +161,11 @@ class BlockFile:
                 ) from None
             raise ScmError(f"{self.path}: cannot open the tier file ({e.strerror})") from None
         if create:
-            os.ftruncate(self.fd, size)
+            try:
+                os.ftruncate(self.fd, size)
+            except OSError as e:
+                os.close(self.fd)
+                raise io_error(e, self.path, "the tier file") from None
         actual = os.fstat(self.fd).st_size
         if actual != size:
             os.close(self.fd)
@@ -199,8 +234,18 @@ class BlockFile:
             i = int(bad[0])
             n, at, want = int(res[i]), int(first[i]), int(count[i]) * BLOCK
             what = "read" if opcode == PREAD else "write"
+            if n < 0 and opcode == PWRITE:
+                return [str(io_error(OSError(-n, os.strerror(-n)), self.path, f"block {at}"))]
             if n < 0:
                 return [f"{self.path}: {what} of block {at} failed ({os.strerror(-n)})"]
+            if opcode == PWRITE:  # a short write: the rest, or the reason it cannot be written
+                p = int(pos[i])
+                try:
+                    view = memoryview(buf[p : p + int(count[i])].reshape(-1))
+                    self._write_all(view, at * BLOCK, n - n % BLOCK)
+                except OSError as e:
+                    return [str(io_error(e, self.path, f"block {at}"))]
+                return self._aio(opcode, buf, runs[bad[1:]]) if bad.size > 1 else []
             end = " (a truncated tier file)" if opcode == PREAD else ""
             return [
                 f"{self.path}: short {what} at offset {at * BLOCK}: {n} bytes, expected {want}{end}"
@@ -270,6 +315,14 @@ class BlockFile:
                 f"{self.path}: block {b} at offset {b * BLOCK} holds block {int(index[wrong[0]])}'s "
                 "rows (a misplaced write)"
             )
+        other = np.flatnonzero((buf[:, _TAG : _TAG + 8] != self.tag).any(axis=1))
+        if other.size:
+            b = int(blocks[other[0]])
+            raise ScmError(
+                f"{self.path}: block {b} at offset {b * BLOCK} belongs to another tier (id "
+                f"{bytes(buf[other[0], _TAG : _TAG + 8]).hex()}..., this tier's is "
+                f"{bytes(self.tag).hex()}...): the file was replaced by another run's"
+            )
         with self._lock:
             self.blocks_read += blocks.size
             self.wall_s += wall
@@ -288,10 +341,11 @@ class BlockFile:
 
     def write(self, blocks: np.ndarray, buf: np.ndarray) -> None:
         """Write blocks `blocks` (sorted, unique) from `buf` [n, BLOCK] (aligned), setting their
-        trailers. Not durable until `fsync`."""
+        trailers (era and generation as `stamp` left them). Not durable until `fsync`."""
         blocks = np.asarray(blocks, dtype=np.int64)
         buf[:, PAYLOAD : PAYLOAD + 8].view(np.uint64)[:, 0] = blocks.astype(np.uint64)
         buf[:, PAYLOAD + 8 : PAYLOAD + 12].view(np.uint32)[:, 0] = MAGIC
+        buf[:, _TAG : _TAG + 8] = self.tag
         runs = _runs(blocks)
         if self.aio is not None:
             self._seal(buf, 0, blocks.size)
@@ -304,12 +358,9 @@ class BlockFile:
                     self._seal(buf, pos, count)
                     view = memoryview(buf[pos : pos + count].reshape(-1))
                     try:
-                        n = os.pwritev(self.fd, [view], first * BLOCK)
+                        self._write_all(view, first * BLOCK)
                     except OSError as e:
-                        errors.append(f"{self.path}: write of block {first} failed ({e.strerror})")
-                        return
-                    if n != count * BLOCK:
-                        errors.append(f"{self.path}: short write at offset {first * BLOCK}")
+                        errors.append(str(io_error(e, self.path, f"block {first}")))
                         return
 
             self._parallel(work, runs)
@@ -318,8 +369,20 @@ class BlockFile:
         with self._lock:
             self.blocks_written += blocks.size
 
+    def _write_all(self, view: memoryview, offset: int, done: int = 0) -> None:
+        """`view[done:]` at `offset + done`: a short write (a file system filling up) goes on
+        until the rest is written or the system call says why not (ENOSPC)."""
+        while done < len(view):
+            n = os.pwritev(self.fd, [view[done:]], offset + done)
+            if n <= 0:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            done += n
+
     def fsync(self) -> None:
-        os.fsync(self.fd)
+        try:
+            os.fsync(self.fd)
+        except OSError as e:
+            raise io_error(e, self.path, "the tier file") from None
 
     # --- statistics -------------------------------------------------------------------------------
 

@@ -33,7 +33,7 @@ import numpy as np
 from common.atomic import write_bytes
 from common.crc import crc32
 from embeddings.errors import ScmError
-from embeddings.scm_file import BLOCK
+from embeddings.scm_file import BLOCK, io_error
 
 _HEADER = struct.Struct("<4sI16sQ")  # magic, version, tier id, base generation
 _RECORD = struct.Struct("<4sIQ")  # magic, kind, block or generation
@@ -57,7 +57,7 @@ class JournalState:
 class UndoJournal:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self._f = None
+        self._fd = -1  # appended to with plain writes: no buffer left to flush after a failure
 
     # --- writing -----------------------------------------------------------------------------------
 
@@ -65,8 +65,29 @@ class UndoJournal:
         """A new journal whose base is `base` (atomically replacing any old one)."""
         self.close()
         header = _HEADER.pack(_MAGIC, VERSION, tier_id, base)
-        write_bytes(self.path, header + struct.pack("<I", crc32(header)))
-        self._f = open(self.path, "ab")
+        try:
+            write_bytes(self.path, header + struct.pack("<I", crc32(header)))
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        except OSError as e:
+            raise io_error(e, self.path, "the tier's journal") from None
+
+    def _append(self, data: bytes) -> None:
+        """`data` at the end, durable when this returns. A failed append (a full disk) is cut
+        off again, so the journal ends at its last whole record, and is one line; the blocks
+        it would have guarded are never written."""
+        end = os.lseek(self._fd, 0, os.SEEK_END)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._fd, view) :]
+            os.fsync(self._fd)
+        except OSError as e:
+            try:
+                os.ftruncate(self._fd, end)
+            except OSError:
+                pass  # what is left is a torn tail, which a rollback ignores
+            self.close()  # nothing more is appended after a failure
+            raise io_error(e, self.path, "the tier's journal") from None
 
     def _record(self, kind: int, ident: int, payload: bytes = b"") -> bytes:
         head = _RECORD.pack(_REC, kind, ident)
@@ -77,19 +98,15 @@ class UndoJournal:
         if not len(blocks):
             return
         parts = [self._record(PREIMAGE, int(b), data[i].tobytes()) for i, b in enumerate(blocks)]
-        self._f.write(b"".join(parts))
-        self._f.flush()
-        os.fsync(self._f.fileno())
+        self._append(b"".join(parts))
 
     def prepare(self, generation: int) -> None:
-        self._f.write(self._record(PREPARE, generation))
-        self._f.flush()
-        os.fsync(self._f.fileno())
+        self._append(self._record(PREPARE, generation))
 
     def close(self) -> None:
-        if self._f is not None:
-            self._f.close()
-            self._f = None
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            os.close(fd)
 
     # --- reading and rolling back ---------------------------------------------------------------
 

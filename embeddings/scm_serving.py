@@ -9,7 +9,7 @@ cache holds 3.8x more rows at int8 than at fp32.
 
 Files in `--scm-dir`:
 - `rows.dat`: each table's rows at its own stride in the training tier's checksummed 4 KiB blocks
-  (embeddings/scm_file.py: `floor(4080 / row bytes)` rows a block, rows never straddling blocks;
+  (embeddings/scm_file.py: `floor(4064 / row bytes)` rows a block, rows never straddling blocks;
   block index, magic and CRC-32 in every block's trailer), tables back to back, each starting on a
   block boundary. Every block read is verified: a damaged block is an ScmError naming the file,
   block and offset, never numbers.
@@ -40,9 +40,10 @@ from embeddings.quantized import QuantizedEmbeddingBagCollection, dequantize_row
 from embeddings.row_layout import table_row_base
 from embeddings.scm_cache import RowCache
 from embeddings.scm_file import BLOCK, PAYLOAD, BlockFile, aligned_blocks
+from embeddings.scm_tier import training_tier_owner
 from embeddings.transfer_stats import no_transfer_counters
 
-FORMAT, VERSION = "hybrid-dlrm/scm-serving", 1
+FORMAT, VERSION = "hybrid-dlrm/scm-serving", 2  # 2: the 32-byte block trailer
 MANIFEST, ROWS = "serving.json", "rows.dat"
 _COPY_BLOCKS = 4096  # blocks written at once while copying a table in (16 MiB)
 
@@ -91,6 +92,8 @@ class ServingTier:
             "row_bytes": self.widths, "rows_per_block": self.rpb, "num_blocks": self.num_blocks,
             "sources_sha256": [sha for _, sha in sources],
         }  # fmt: skip
+        if owner := training_tier_owner(self.dir):  # never copied over: that run could not resume
+            raise ScmError(f"--scm-dir {self.dir}: holds {owner}; give serving another directory")
         self.dir.mkdir(parents=True, exist_ok=True)
         self.copied_blocks = 0
         if self._matches():

@@ -6,7 +6,16 @@ Files in the directory:
 - `rows.dat`: every global row at a fixed stride in checksummed 4 KiB blocks (embeddings/scm_file.py),
   sparse: a block is written the first time one of its rows is;
 - `journal.log`: the undo journal that makes a checkpoint a consistent point (scm_journal.py);
-- `tier.json`: what the files hold (tables, width, optimizer, seed, layout) and the tier's id.
+- `tier.json`: what the files hold (tables, width, optimizer, seed, layout), the tier's id, its
+  owner (the training run's directory: `training_tier_owner` is what other users check) and its
+  eras (below);
+- `.lock`: held by the one process using the tier (common/lock.py).
+Every block carries the tier's id (another tier's `rows.dat` is refused) and the era and
+generation it was written in. An era ends at each rollback (`restore`), and tier.json lists the
+generation each era was rolled back to: a block written in an earlier era at or after that point
+should have been rolled back, so reading one means its pre-image was missing from the journal (a
+journal cut short or replaced), and it is refused, never used. Every block is read before its
+rows are used or patched, so the check costs nothing and misses no block.
 A row never written has its initial value, `row_init.hashed_rows` (a pure function of seed,
 table and row), and optimizer state zero; the map of written blocks is kept with each
 checkpoint (`materialised`).
@@ -40,17 +49,39 @@ import torch
 
 from common.atomic import write_json
 from common.header import check_header
+from common.lock import DirectoryLock, LockError
+from data_pipeline.errors import unwritable_dir
 from embeddings.config import SparseOptimizer, TableSpec
 from embeddings.errors import ScmError, TierError
 from embeddings.row_init import hashed_rows
 from embeddings.row_layout import table_row_base
 from embeddings.scm_cache import RowCache
-from embeddings.scm_file import BLOCK, PAYLOAD, BlockFile, aligned_blocks
+from embeddings.scm_file import BLOCK, PAYLOAD, BlockFile, aligned_blocks, io_error, stamp, stamps
 from embeddings.scm_journal import UndoJournal
 from embeddings.scm_writes import WriteQueue
 
-FORMAT, VERSION = "hybrid-dlrm/scm-tier", 1
+FORMAT, VERSION = "hybrid-dlrm/scm-tier", 2
 MANIFEST, ROWS, JOURNAL = "tier.json", "rows.dat", "journal.log"
+SERVING_MANIFEST = "serving.json"  # an artifact's serving copy (embeddings/scm_serving.py)
+
+
+def training_tier_owner(directory: str | Path) -> str | None:
+    """What a directory holds that no other user may write over: the training tier of a run
+    (described: its run directory and tier id), or None. The marker is `tier.json` (or a
+    training tier's `journal.log`, should tier.json be lost)."""
+    d = Path(directory)
+    if (d / MANIFEST).is_file():
+        try:
+            m = json.loads((d / MANIFEST).read_text())
+            owner, tid = str(m.get("owner") or "unknown"), str(m.get("tier_id", ""))[:16]
+        except (OSError, ValueError, AttributeError):
+            owner, tid = "unknown", "?"
+        return f"the SSD tier of the training run in {owner} (tier {tid})"
+    if (d / JOURNAL).is_file():
+        return "a training run's SSD tier (its tier.json is missing)"
+    return None
+
+
 _WRITE_CHUNK = 1 << 16  # rows per flush chunk
 WRITE_BLOCKS = 8192  # blocks per piece of a file write (32 MB, and their initial rows)
 
@@ -127,7 +158,8 @@ class ScmTier:
              "blocks_written", "rows_direct_writes", "preimage_blocks", "rows_recent"), 0
         )  # fmt: skip
         self.io_s = 0.0  # time in file reads and writes (on whichever thread)
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.era, self.restores = 0, []  # this era; the generation each earlier one ended at
+        self._take_directory()
         self._pending = resume and (self.dir / MANIFEST).is_file()
         if self._pending:
             self._open_existing()
@@ -159,23 +191,53 @@ class ScmTier:
 
     # --- files --------------------------------------------------------------------------------------
 
+    def _take_directory(self) -> None:
+        """The directory, made and locked for this process, checked before a byte is written:
+        tier files without their tier.json, or an artifact's serving copy, are not ours to
+        start afresh over."""
+        if problem := unwritable_dir(self.dir):
+            raise ScmError(f"--scm-dir: {problem}")
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ScmError(f"--scm-dir: {self.dir} cannot be made ({e.strerror or e})") from None
+        if (self.dir / SERVING_MANIFEST).exists():
+            raise ScmError(
+                f"--scm-dir {self.dir}: holds an artifact's serving copy (serving.json), not a "
+                "training tier; give this run another directory"
+            )
+        if not (self.dir / MANIFEST).exists():
+            found = [n for n in (ROWS, JOURNAL) if (self.dir / n).exists()]
+            if found:
+                raise ScmError(
+                    f"--scm-dir {self.dir}: holds {' and '.join(found)} but no {MANIFEST}: a tier "
+                    "whose description was lost is not started afresh over; restore "
+                    f"{MANIFEST}, or delete the directory to start a new tier"
+                )
+        try:
+            self._dir_lock = DirectoryLock(self.dir).acquire("--scm-dir")
+        except LockError as e:
+            raise ScmError(str(e)) from None
+
+    def _write_manifest(self) -> None:
+        manifest = {"format": FORMAT, "version": VERSION, "tier_id": self.tier_id.hex(),
+                    "owner": self.owner, "restores": self.restores, **self.layout}  # fmt: skip
+        try:
+            write_json(self.dir / MANIFEST, manifest)
+        except OSError as e:
+            raise io_error(e, self.dir / MANIFEST, "the tier's description") from None
+
     def _create(self) -> None:
         if getattr(self, "file", None) is not None:
             self.file.close()
         self._check_owner()
         self.tier_id = uuid.uuid4().bytes
-        manifest = {"format": FORMAT, "version": VERSION, "tier_id": self.tier_id.hex(),
-                    "owner": self.owner, **self.layout}  # fmt: skip
-        write_json(self.dir / MANIFEST, manifest)
+        self.era, self.restores = 0, []
+        self._write_manifest()
         self.file = BlockFile(
-            self.dir / ROWS,
-            self.num_blocks,
-            self.io,
-            self.io_threads,
-            True,
-            self.io_engine,
-            self.io_depth,
-        )
+            self.dir / ROWS, self.num_blocks, self.io, self.io_threads, True, self.io_engine,
+            self.io_depth, self.tier_id,
+        )  # fmt: skip
         self.materialised = np.zeros(self.num_blocks, dtype=bool)
         self.generation = 0
         self._journaled[:] = False
@@ -212,15 +274,14 @@ class ScmTier:
                 f"{path}: the tier was made for other tables or settings ({', '.join(diff)} differ)"
             )
         self.tier_id = bytes.fromhex(manifest["tier_id"])
+        restores = manifest.get("restores", [])
+        if not isinstance(restores, list) or not all(isinstance(g, int) for g in restores):
+            raise ScmError(f"{path}: `restores` is not a list of generations")
+        self.restores, self.era = restores, len(restores)
         self.file = BlockFile(
-            self.dir / ROWS,
-            self.num_blocks,
-            self.io,
-            self.io_threads,
-            False,
-            self.io_engine,
-            self.io_depth,
-        )
+            self.dir / ROWS, self.num_blocks, self.io, self.io_threads, False, self.io_engine,
+            self.io_depth, self.tier_id,
+        )  # fmt: skip
         self.materialised = np.zeros(self.num_blocks, dtype=bool)
 
     def _ready(self) -> None:
@@ -251,8 +312,16 @@ class ScmTier:
                 self.file.fsync()
             self.materialised = materialised.copy()
             self.generation = generation
+            # a new era: blocks the old one wrote at or after `generation` are rolled back now,
+            # so one read later means the journal lacked its pre-image (recorded before any write)
+            self.restores = [*self.restores, generation]
+            self.era = len(self.restores)
+            self._write_manifest()
             self._journaled[:] = False
             self.journal.start(self.tier_id, generation)
+            written = np.flatnonzero(self.materialised)
+            if written.size:  # another tier's rows.dat is named now, not at its first read
+                self._read_blocks(written[:1])
             self.cache = RowCache(
                 self.total_rows, self.row_floats, self.cache.capacity, self.cache.priority
             )
@@ -278,6 +347,7 @@ class ScmTier:
     def close(self) -> None:
         self.journal.close()
         self.file.close()
+        self._dir_lock.release()
 
     # --- rows ----------------------------------------------------------------------------------
 
@@ -419,7 +489,7 @@ class ScmTier:
                 init = torch.zeros(ids.numel(), self.row_floats)
                 init[ok] = self._initial(ids[ok])
                 self._rows_view(buf)[:] = init.view(ub.size, self.rpb, self.row_floats)
-                self.file.write(ub, buf)
+                self.file.write(ub, stamp(buf, self.era, self.generation))
                 self.materialised[ub] = True
             self.file.fsync()
             return int(todo.size)
@@ -439,6 +509,24 @@ class ScmTier:
         used = self.rpb * self.row_bytes
         return torch.from_numpy(buf[:, :used].view(np.float32)).view(-1, self.rpb, self.row_floats)
 
+    def _read_blocks(self, blocks: np.ndarray) -> np.ndarray:
+        """Blocks as the file holds them, verified (checksum, index, tier) and each from the
+        tier's present: written in this era, or before the point its era was rolled back to."""
+        buf = self.file.read(blocks)
+        era, gen = stamps(buf)
+        ends = np.asarray([*self.restores, 0], dtype=np.int64)[np.minimum(era, self.era)]
+        stale = np.flatnonzero((era > self.era) | ((era < self.era) & (gen >= ends)))
+        if stale.size:
+            i = int(stale[0])
+            b, e = int(blocks[i]), int(era[i])
+            raise ScmError(
+                f"{self.journal.path}: the journal was cut short or replaced: block {b} of "
+                f"{ROWS} was written at generation {int(gen[i])} of era {e}, after the point "
+                f"the tier was rolled back to, and no pre-image of it was there; the tier's rows "
+                "cannot be trusted (start the run afresh)"
+            )
+        return buf
+
     def _read_file(self, gids: torch.Tensor, count: bool = True) -> torch.Tensor:
         t0 = time.perf_counter()
         blocks = (gids // self.rpb).numpy()
@@ -450,7 +538,7 @@ class ScmTier:
         on_disk = np.flatnonzero(written)
         if on_disk.size:
             ub, pos = np.unique(blocks[on_disk], return_inverse=True)
-            buf = self.file.read(ub)
+            buf = self._read_blocks(ub)
             rows = self._rows_view(buf)
             at = torch.from_numpy(on_disk)
             out[at] = rows[torch.from_numpy(pos), gids[at] % self.rpb]
@@ -487,7 +575,7 @@ class ScmTier:
         view = self._rows_view(buf)
         old = np.flatnonzero(written)
         if old.size:
-            buf[old] = self.file.read(ub[old])
+            buf[old] = self._read_blocks(ub[old])
             self.counts["blocks_rmw"] += old.size
         new = np.flatnonzero(~written)
         if new.size:  # a block's first write: its other rows keep their initial values
@@ -503,7 +591,7 @@ class ScmTier:
             self._journaled[ub[need]] = True
             self.counts["preimage_blocks"] += need.size
         view[torch.from_numpy(pos), gids % self.rpb] = rows
-        self.file.write(ub, buf)
+        self.file.write(ub, stamp(buf, self.era, self.generation))
         self.materialised[ub] = True
         self.counts["rows_written"] += gids.numel()
         self.counts["blocks_written"] += ub.size

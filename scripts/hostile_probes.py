@@ -374,6 +374,7 @@ def probes() -> list[Probe]:
                    pipeline("preprocess", "--dataset", "taobao", "--raw", str(w / "UserBehavior.csv"), "--out", str(w / "tb"), "--ts-length", "4", "--points-per-user", "3", "--no-progress"))[2],
         says="from another raw file", keep=["tb/meta.json"])  # fmt: skip
     p += _i37_ckpt_probes()
+    p.extend(scm_probes())  # issue 37: the SSD tier and the run directory (its own block below)
     return p
 
 
@@ -477,6 +478,115 @@ def _i37_ckpt_probes() -> list[Probe]:
 
 
 # ===== end of issue 37 (i37-ckpt)
+
+
+# --- issue 37: the SSD tier and the run directory --------------------------------------------
+# (one block: a tiered run is made by each probe that needs one, so the shared world is unchanged)
+
+TIERED = ["--placement", "tiered", "--hot-budget", "2KB", "--profile-sample-rate", "0.2",
+          "--scm-cache", "2KB", "--scm-io", "buffered", "--device", "cpu", "--optimizer",
+          "adagrad", "--test-freq", "10"]  # fmt: skip
+RECORD = 16 + 4096 + 4  # a journal record with its pre-image (embeddings/scm_journal.py)
+
+
+def tiered(w: Path, name: str = "T", *extra: str) -> list[str]:
+    return train(*TINY, *TIERED, "--out-dir", str(w / name), *extra)
+
+
+def finished_tiered(w: Path, name: str = "T") -> None:
+    subprocess.run(tiered(w, name), capture_output=True, check=True, cwd=ROOT)
+
+
+def killed_tiered(w: Path) -> None:
+    """Tiered run T killed with -9 a moment after its first checkpoint: its journal holds the
+    pre-images of the blocks overwritten since."""
+    proc = subprocess.Popen(tiered(w, "T", "--data-size", str(64 * 200)), cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    metrics = w / "T/metrics.jsonl"
+    while proc.poll() is None and not (metrics.is_file() and '"checkpoint"' in metrics.read_text()):
+        time.sleep(0.05)
+    time.sleep(0.5)
+    proc.kill()
+    proc.wait()
+
+
+def cut_journal(w: Path, extra: int) -> None:
+    """T's journal cut after half its records (plus `extra` bytes into the next)."""
+    path = w / "T/scm/journal.log"
+    raw = path.read_bytes()
+    records = (len(raw) - 36) // RECORD
+    if records < 2:
+        raise SystemExit(f"the killed run's journal holds {records} records: kill it later")
+    path.write_bytes(raw[: 36 + records // 2 * RECORD + extra])
+
+
+def holding(w: Path, argv: list[str], lock: Path) -> None:
+    """`argv` started in the background; returns once it holds `lock` (it ends by itself)."""
+    subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    while not (lock.is_file() and lock.read_text().strip()):
+        time.sleep(0.05)
+
+
+def mounted(options: str) -> Path:
+    """A fresh tmpfs (root only), unmounted when the script ends."""
+    import atexit
+
+    where = Path(tempfile.mkdtemp(prefix="probe-tmpfs-"))
+    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], check=True,
+                   capture_output=True)  # fmt: skip
+    atexit.register(subprocess.run, ["umount", "-l", str(where)], check=False)
+    return where
+
+
+def scm_probes() -> list[Probe]:
+    p: list[Probe] = []
+
+    def add(name, section, make, expect="error", says="", keep=()):
+        p.append(Probe(name, section, make, expect, says, tuple(keep)))
+
+    rollback = ("T/scm/rows.dat", "T/scm/journal.log")
+    for label, extra in [("at a record boundary", 0), ("in the middle of a record", 100)]:
+        add(f"SSD tier: --resume after kill -9 with the journal cut {label}", C,
+            lambda w, x=extra: (killed_tiered(w), cut_journal(w, x),
+                                tiered(w, "T", "--data-size", str(64 * 200), "--resume"))[2],
+            says="journal.log: the journal was cut short or replaced")  # fmt: skip
+    add("SSD tier: --resume with another run's rows.dat of the same layout", C,
+        lambda w: (finished_tiered(w, "T"), finished_tiered(w, "U"),
+                   shutil.copy(w / "U/scm/rows.dat", w / "T/scm/rows.dat"),
+                   tiered(w, "T", "--nepochs", "2", "--resume"))[3],
+        says="belongs to another tier")  # fmt: skip
+    add("SSD tier: two runs at once in the same --out-dir", W_,
+        lambda w: (holding(w, tiered(w, "T", "--data-size", str(64 * 400)), w / "T/.lock"),
+                   tiered(w, "T"))[1],
+        says="is in use by another process (process ")  # fmt: skip
+    add("SSD tier: two runs at once on the same --scm-dir", W_,
+        lambda w: (holding(w, tiered(w, "T", "--data-size", str(64 * 400), "--scm-dir", str(w / "S")), w / "S/.lock"),
+                   tiered(w, "U", "--scm-dir", str(w / "S")))[1],
+        says="--scm-dir: ")  # fmt: skip
+    add("SSD tier: --resume with tier.json removed", W_,
+        lambda w: (finished_tiered(w), (w / "T/scm/tier.json").unlink(),
+                   tiered(w, "T", "--nepochs", "2", "--resume"))[2],
+        says="but no tier.json", keep=rollback)  # fmt: skip
+    add("SSD tier: --scm-dir names a file", M,
+        lambda w: ((w / "afile").write_text("x"), tiered(w, "T", "--scm-dir", str(w / "afile")))[1],
+        says="--scm-dir: ")  # fmt: skip
+    add("SSD tier: --scm-dir below a file", M,
+        lambda w: ((w / "afile").write_text("x"), tiered(w, "T", "--scm-dir", str(w / "afile/scm")))[1],
+        says="--scm-dir: ")  # fmt: skip
+    add("SSD tier: --scm-dir on a read-only file system", M,
+        lambda w: tiered(w, "T", "--scm-dir", str(mounted("size=64k,ro") / "scm")),
+        says="is not writable")  # fmt: skip
+    add("SSD tier: the tier's disk fills up during training", M,
+        lambda w: tiered(w, "T", "--scm-dir", str(mounted("size=16k") / "scm")),
+        says="no space left on the file system mounted at")  # fmt: skip
+    add("Hotline: --hotline-learn-batches longer than the run", M,
+        lambda w: train(*TINY, "--placement", "hotline", "--hot-budget", "2KB",
+                        "--hotline-learn-batches", "40", "--out-dir", str(w / "H")),
+        says="--hotline-learn-batches 40: the run has 30 mini-batches")  # fmt: skip
+    return p
+
+
+# --- end of issue 37's SSD tier block ---------------------------------------------------------
 
 
 WORLD_PATHS = ("A.model.pt", "A.model.pt/run", "A", "A.model.pt/m.pt", "nowhere", "nowhere.txt",

@@ -9,6 +9,7 @@ import torch
 
 from dlrm import Trainer
 from dlrm.embedding_setup import profile_training_sample
+from dlrm.errors import ConfigError
 from dlrm.hotline_pipeline import HotlineTrainPipeline
 from embeddings.placement import PlacementPlan, parse_bytes, plan_placement
 from embeddings.profile import AccessProfile
@@ -169,3 +170,13 @@ def test_hotline_on_cuda_trains_like_the_device_placement(make_config, tmp_path)
     assert round(a["test_auc"], 4) == round(b["test_auc"], 4)
     p = b["placement"]
     assert p["emb_bytes_h2d_gather"] > 0 and p["hotline_batches"] == 100
+
+
+@pytest.mark.parametrize("learn", [40, 41])
+def test_learning_longer_than_the_run_is_refused_at_the_start(make_config, tmp_path, learn):
+    # issue 37, item 20: learning popularity over every mini-batch of the run (or more) leaves
+    # no step to train with it: the run ended with zero hot rows and said nothing
+    cfg = make_config(**HOTLINE, data_size=64 * 20, nepochs=2, hotline_learn_batches=learn)
+    with pytest.raises(ConfigError, match=rf"^--hotline-learn-batches {learn}: the run has 40 "):
+        Trainer(cfg)
+    assert not (Path(cfg.out_dir) / "checkpoints").exists()

@@ -19,6 +19,7 @@ from dlrm import checkpoint as ckpt
 from dlrm.errors import ConfigError
 from dlrm.hotline_pipeline import HotlineTrainPipeline
 from dlrm.train import main
+from embeddings.errors import ScmError
 from embeddings.scm_file import BLOCK, BlockFile
 from embeddings.scm_tier import ROWS, ScmTier
 
@@ -314,3 +315,54 @@ def test_tiered_on_cuda_trains_like_the_device_placement(make_config, tmp_path):
         assert float((x.cpu() - y.cpu()).abs().max() / y.abs().max()) <= 1e-5  # CUDA's own order
     assert round(a["test_auc"], 4) == round(b["test_auc"], 4)
     assert b["placement"]["scm_rows_read"] > 0
+
+
+# --- issue 37: the tier's directory and its disk ----------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["a file", "below a file"])
+def test_a_scm_dir_that_cannot_be_a_directory_is_one_line(tmp_path, capsys, where):
+    (tmp_path / "f").write_text("x")
+    scm = tmp_path / "f" if where == "a file" else tmp_path / "f" / "scm"
+    assert main([*_cli_args(tmp_path / "run"), "--num-batches", "2", "--scm-dir", str(scm)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"--scm-dir: {scm} " in err[0], err
+
+
+def _fill(disk: Path) -> None:
+    """Every free byte of the file system at `disk` taken by one file."""
+    with open(disk / "filler", "wb") as f:
+        try:
+            while True:
+                f.write(bytes(1 << 16))
+                f.flush()
+        except OSError:
+            pass
+
+
+def test_a_full_disk_under_the_tier_is_one_line_and_the_last_checkpoint_resumes(
+    make_config, tmp_path, tmpfs, monkeypatch, uninterrupted
+):
+    # item 11: the disk fills up after the first checkpoint; the run ends in one line naming the
+    # file system, and once there is room again it resumes from that checkpoint, exactly
+    disk = tmpfs("size=2m")
+    cfg = dict(RESUMABLE, scm_dir=str(disk / "scm"))
+    real = ScmTier.commit
+
+    def commit(self, generation):
+        real(self, generation)
+        if generation == 1:
+            _fill(disk)
+
+    monkeypatch.setattr(ScmTier, "commit", commit)
+    with pytest.raises(ScmError) as e:
+        Trainer(make_config(**cfg, out_dir=str(tmp_path / "run"))).fit()
+    msg = str(e.value)
+    assert "\n" not in msg and f"no space left on the file system mounted at {disk}" in msg, msg
+    monkeypatch.undo()
+    (disk / "filler").unlink()
+    resumed = Trainer(make_config(**cfg, out_dir=str(tmp_path / "run"), resume="auto"))
+    summary = resumed.fit()
+    full, full_summary, full_evals = uninterrupted
+    same_tables(full, resumed)
+    assert all(full_summary[k] == summary[k] for k in ["test_auc", "test_logloss", "steps"])

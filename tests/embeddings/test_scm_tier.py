@@ -339,3 +339,173 @@ def test_writes_of_many_blocks_go_in_pieces_with_the_same_result(tmp_path, monke
         assert c["scm_writeback_bytes"] > 3 * BLOCK
     (a, *ca), (b, *cb) = results
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) and ca == cb
+
+
+# --- issue 37: a tier's files are its own, whole, and used by one process ----------------------
+
+
+def _killed_mid_interval(path):
+    """A tier checkpointed at generation 1, then overwritten in place (pre-images journaled) and
+    left as a kill -9 leaves it. Returns what restoring generation 1 needs, and its rows."""
+    t = tier(path, cache_rows=0)
+    ids = torch.arange(0, 2300, 5)
+    w1, s1 = random_rows(ids.numel(), seed=1)
+    t.write_rows(ids, w1, s1)
+    g1 = t.prepare()
+    t.commit(g1)
+    m1 = t.materialised.copy()
+    t.write_rows(ids, *random_rows(ids.numel(), seed=2))  # every block overwritten
+    t.flush()
+    t.close()
+    return (g1, t.tier_id, m1), ids, w1, s1
+
+
+@pytest.mark.parametrize("cut", ["at a record boundary", "mid-record", "to its header"])
+def test_a_journal_cut_short_is_refused_naming_it_never_used(tmp_path, cut):
+    # item 1: the rollback would miss the lost pre-images; the blocks they guarded still carry
+    # the killed era's writes and are refused when read, the journal named
+    point, ids, w1, s1 = _killed_mid_interval(tmp_path / "scm")
+    path = tmp_path / "scm" / JOURNAL
+    raw = path.read_bytes()
+    record = 16 + BLOCK + 4
+    keep = {"at a record boundary": 36 + 3 * record, "mid-record": 36 + 3 * record + 100,
+            "to its header": 36}[cut]  # fmt: skip
+    assert len(raw) > keep + record  # more pre-images were there
+    path.write_bytes(raw[:keep])
+    back = tier(tmp_path / "scm", resume=True)
+    with pytest.raises(ScmError, match=r"journal.log: the journal was cut short or replaced"):
+        back.restore(*point)
+        back.read_rows(ids)
+    back.close()
+
+
+def test_an_intact_journal_still_rolls_back_exactly(tmp_path):
+    point, ids, w1, s1 = _killed_mid_interval(tmp_path / "scm")
+    back = tier(tmp_path / "scm", resume=True)
+    back.restore(*point)
+    w, s = back.read_rows(ids)
+    assert torch.equal(w, w1) and torch.equal(s, s1)
+    back.write_rows(ids[:10], *random_rows(10, seed=4))  # the new era's own writes read back
+    back.flush()
+    back.cache.__init__(back.total_rows, back.row_floats, 0)
+    assert torch.equal(back.read_rows(ids[:10])[0], random_rows(10, seed=4)[0])
+    back.close()
+
+
+def test_another_tiers_rows_file_of_the_same_layout_is_refused(tmp_path):
+    # item 2: a rows.dat copied from another run (same tables, same layout)
+    points = {}
+    for name, seed in [("mine", 1), ("other", 2)]:  # two finished runs: nothing to roll back
+        t = tier(tmp_path / name, cache_rows=0)
+        t.write_rows(torch.arange(0, 2300, 5), *random_rows(460, seed=seed))
+        g = t.prepare()
+        t.commit(g)
+        points[name] = (g, t.tier_id, t.materialised.copy())
+        t.close()
+    point = points["mine"]
+    (tmp_path / "mine" / ROWS).write_bytes((tmp_path / "other" / ROWS).read_bytes())
+    back = tier(tmp_path / "mine", resume=True)
+    with pytest.raises(
+        ScmError, match=r"rows.dat: block \d+ at offset \d+ belongs to another tier"
+    ):
+        back.restore(*point)
+    back.close()
+
+
+def _digests(d):
+    import hashlib
+
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in d.iterdir() if p.is_file()}
+
+
+@pytest.mark.parametrize("resume", [True, False])
+def test_tier_files_without_their_description_are_refused_untouched(tmp_path, resume):
+    # item 10: tier.json lost; the rows and the journal are not started afresh over
+    _killed_mid_interval(tmp_path / "scm")
+    (tmp_path / "scm" / "tier.json").unlink()
+    before = _digests(tmp_path / "scm")
+    with pytest.raises(ScmError, match=r"holds rows.dat and journal.log but no tier.json"):
+        tier(tmp_path / "scm", resume=resume)
+    assert _digests(tmp_path / "scm") == before and (tmp_path / "scm" / ROWS).stat().st_size > 0
+
+
+def test_the_training_tier_records_its_owner_and_serving_refuses_it(tmp_path):
+    # item 9: the marker serving checks, and the serving tier checking it before any write
+    from embeddings.scm_serving import ServingTier
+    from embeddings.scm_tier import training_tier_owner
+
+    o = SparseOptimizer("adagrad", 0.1)
+    t = ScmTier(tmp_path / "scm", TABLES, o, 5, 4096, io="buffered", owner=str(tmp_path / "run"))
+    t.write_rows(torch.tensor([3]), *random_rows(1))
+    t.prepare()
+    t.close()
+    said = training_tier_owner(tmp_path / "scm")
+    assert (
+        said
+        == f"the SSD tier of the training run in {tmp_path / 'run'} (tier {t.tier_id.hex()[:16]})"
+    )
+    assert training_tier_owner(tmp_path) is None
+    before = _digests(tmp_path / "scm")
+    with pytest.raises(ScmError, match=r"--scm-dir .*scm: holds the SSD tier of the training run"):
+        ServingTier(tmp_path / "scm", TABLES, ["int8", "int8"], [], 4096, io="buffered")
+    assert _digests(tmp_path / "scm") == before
+
+
+@pytest.mark.parametrize("where", ["a file", "below a file"])
+def test_a_tier_directory_that_cannot_be_one_is_one_line(tmp_path, where):
+    # item 11
+    (tmp_path / "f").write_text("x")
+    path = tmp_path / "f" if where == "a file" else tmp_path / "f" / "scm"
+    with pytest.raises(ScmError, match=r"^--scm-dir: .*f(/scm)? (is a file|cannot be created)"):
+        tier(path)
+
+
+def test_a_tier_on_a_read_only_file_system_is_one_line(tmpfs):
+    ro = tmpfs("size=64k,ro")
+    with pytest.raises(ScmError, match=r"^--scm-dir: .*scm cannot be written: .* is not writable"):
+        tier(ro / "scm")
+
+
+def test_a_tier_is_used_by_one_process_at_a_time(tmp_path):
+    # item 3, the tier's side: its directory's lock (tests/dlrm/test_run_lock.py has the rest)
+    import subprocess
+    import textwrap
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    code = textwrap.dedent(f"""
+        import time
+        from common.lock import DirectoryLock
+        DirectoryLock({str(tmp_path / "scm")!r}).acquire("--scm-dir")
+        print("held", flush=True)
+        time.sleep(600)
+    """)  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=str(root))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, env=env, text=True
+    )
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        with pytest.raises(ScmError, match=rf"^--scm-dir: .*scm is in use .*process {proc.pid}"):
+            tier(tmp_path / "scm")
+        assert not (tmp_path / "scm" / ROWS).exists()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.parametrize("io,engine", [("buffered", "threads"), ("direct", "threads")])
+def test_a_full_disk_under_the_tier_is_one_line_naming_it(tmpfs, io, engine):
+    # item 11: a file system filling up gives short writes, then ENOSPC: either is the one line
+    disk = tmpfs("size=16k")
+    try:
+        t = tier(disk / "scm", cache_rows=0, io=io, engine=engine)
+    except ScmError as e:  # tmpfs without O_DIRECT: the buffered case covers it
+        pytest.skip(str(e))
+    with pytest.raises(
+        ScmError, match=rf"^{disk}/scm/\S+: no space left on the file system mounted at {disk} "
+    ):
+        for a in range(0, 2000, 500):  # several blocks in one write: a short one when full
+            t.write_rows(torch.arange(a, a + 500), *random_rows(500))
+            t.flush()
+    t.close()

@@ -1,0 +1,88 @@
+"""One process at a time in a run directory and in an SSD tier (issue 37, item 3): the second gets
+one line naming the directory and the holder's process id; a killed holder leaves nothing stuck."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from common.lock import DirectoryLock, LockError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _holder(directory: Path, name: str = ".lock") -> subprocess.Popen:
+    """Another process that holds the lock of `directory` until it is killed."""
+    code = textwrap.dedent(f"""
+        import sys, time
+        from common.lock import DirectoryLock
+        DirectoryLock({str(directory)!r}, {name!r}).acquire("--out-dir")
+        print("held", flush=True)
+        time.sleep(600)
+    """)  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, env=env, text=True
+    )
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_a_second_process_is_refused_in_one_line_and_a_killed_holder_frees_the_directory(tmp_path):
+    proc = _holder(tmp_path)
+    try:
+        with pytest.raises(LockError) as e:
+            DirectoryLock(tmp_path).acquire("--out-dir")
+        msg = str(e.value)
+        assert "\n" not in msg and str(tmp_path) in msg and f"process {proc.pid}" in msg
+        assert msg.startswith("--out-dir: ")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    lock = DirectoryLock(tmp_path).acquire("--out-dir")  # the kernel released the killed one's
+    assert (tmp_path / ".lock").read_text().strip() == str(os.getpid())
+    lock.release()
+
+
+def test_the_same_process_may_take_its_own_lock_again(tmp_path):
+    # in-process tools and tests build a second Trainer on the same directory (a resume after an
+    # exception): the lock is against other processes
+    a = DirectoryLock(tmp_path).acquire("--out-dir")
+    b = DirectoryLock(tmp_path).acquire("--out-dir")
+    a.release()
+    proc_code = (
+        f"from common.lock import DirectoryLock; DirectoryLock({str(tmp_path)!r}).acquire('x')"
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    done = subprocess.run(
+        [sys.executable, "-c", proc_code], env=env, capture_output=True, text=True
+    )
+    assert done.returncode != 0 and "LockError" in done.stderr  # b still holds it
+    b.release()
+    done = subprocess.run(
+        [sys.executable, "-c", proc_code], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_two_runs_in_the_same_out_dir_the_second_is_one_line(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    proc = _holder(out)
+    try:
+        args = ["--arch-embedding-size", "60-40-500-7", "--arch-sparse-feature-size", "4",
+                "--arch-mlp-bot", "13-16-4", "--arch-mlp-top", "16-1", "--data-size", "128",
+                "--progress", "false", "--out-dir", str(out)]  # fmt: skip
+        done = subprocess.run([sys.executable, "-m", "dlrm.train", *args], capture_output=True,
+                              text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))  # fmt: skip
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2 and len(lines) == 1, done.stderr
+        assert f"--out-dir: {out}" in lines[0] and f"process {proc.pid}" in lines[0]
+        assert sorted(p.name for p in out.iterdir()) == [".lock"]  # nothing written
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
