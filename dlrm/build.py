@@ -7,10 +7,11 @@ import torch
 
 from dlrm.config import TrainConfig
 from dlrm.data import DataSplits
-from dlrm.embedding_setup import PlacedEmbeddings, build_embeddings
+from dlrm.embedding_setup import build_embeddings
 from dlrm.errors import ArchError, ConfigError
 from dlrm.models.dlrm import DLRM, DLRMArch
 from dlrm.models.tbsm import TBSM, TBSMArch
+from dlrm.plan_setup import PlacedEmbeddings
 from embeddings import tables_for_features
 
 # the command-line flag of each architecture field, for messages

@@ -230,13 +230,15 @@ def _read_error(e: Exception) -> str:
     return reason
 
 
-def load(path: Path) -> dict:
-    """A checkpoint or model file, verified against its checksums; CheckpointError naming the
-    file (and the tensor, where one is to blame) otherwise."""
-    if path.is_dir() and _SHARDED.match(path.name):
-        from dlrm.sharded_checkpoint import assemble
+def is_sharded(path: Path) -> bool:
+    """A sharded checkpoint's directory (dlrm/sharded_checkpoint.py), complete (its index
+    written)."""
+    return bool(_SHARDED.match(path.name)) and (path / "index.json").is_file()
 
-        return assemble(path)
+
+def load(path: Path) -> dict:
+    """A checkpoint file or model file (a sharded checkpoint: dlrm/checkpoint_store.py's `read`), verified against its checksums; CheckpointError naming the
+    file (and the tensor, where one is to blame) otherwise."""
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
     try:
@@ -307,7 +309,7 @@ def list_checkpoints(directory: Path) -> list[Path]:
         return []
     return sorted(
         (p for p in directory.iterdir()
-         if _NAME.match(p.name) or (_SHARDED.match(p.name) and (p / "index.json").is_file())),
+         if _NAME.match(p.name) or is_sharded(p)),
         key=lambda p: p.name.removesuffix(".pt"),
     )  # fmt: skip
 
@@ -320,52 +322,6 @@ def prune(directory: Path, keep: int) -> None:
         else:
             old.unlink()
     remove_temporaries(directory)
-
-
-def resume_target(resume: str, run_dir: Path) -> tuple[Path, dict] | None:
-    """`--resume` accepts a checkpoint file, a run directory, or `auto` (this run's directory).
-
-    A file is loaded as it is (a corrupt one is an error). In a directory the newest checkpoint
-    that verifies is used; corrupt newer ones are skipped with one warning naming them. None: the
-    directory holds a run that stopped before its first complete checkpoint, which is then
-    started from the beginning (nothing was saved that could be continued, and refusing would
-    leave the user no way but deleting the run directory by hand)."""
-    target = run_dir if resume == "auto" else Path(resume)
-    if target.is_file() or (_SHARDED.match(target.name) and (target / "index.json").is_file()):
-        return target, load(target)
-    directory = target / "checkpoints"
-    if not list_checkpoints(directory) and list_checkpoints(target):
-        directory = target  # a directory of checkpoints rather than a run directory
-    if target.resolve() == run_dir.resolve():  # never another run's directory
-        remove_temporaries(directory)
-    skipped: list[str] = []
-    for path in reversed(list_checkpoints(directory)):
-        try:
-            data = load(path)
-        except CheckpointError as e:
-            skipped.append(str(e))
-            continue
-        if skipped:
-            log.warning(
-                "--resume: skipped %d corrupt checkpoint(s) (%s); resuming from %s",
-                len(skipped),
-                "; ".join(skipped),
-                path,
-            )
-        return path, data
-    if skipped:
-        raise CheckpointError(
-            f"--resume: no checkpoint in {directory} verifies ({'; '.join(skipped)}); "
-            "move them away to start the run again"
-        )
-    if (target / "config.json").is_file():
-        log.warning(
-            "--resume: %s stopped before its first complete checkpoint; starting it from the "
-            "beginning",
-            target,
-        )
-        return None
-    raise CheckpointError(f"--resume: no checkpoint found at {target}")
 
 
 def rng_state() -> dict:

@@ -28,15 +28,20 @@ from dlrm import checkpoint as ckpt
 from dlrm import compile as compile_
 from dlrm import dense_step, distributed, run_checks, third_party, threads
 from dlrm.build import build_model, build_placed_embeddings, resolve_device
-from dlrm.checkpoint_store import CheckpointStore, FileCheckpoints, NoCheckpoints
+from dlrm.checkpoint_store import (
+    CheckpointStore,
+    FileCheckpoints,
+    NoCheckpoints,
+    ShardedCheckpoints,
+)
 from dlrm.config import TrainConfig
 from dlrm.data import DataSplits, build_data
 from dlrm.distributed import Processes
-from dlrm.embedding_setup import PlacedEmbeddings, schedule_training_data
+from dlrm.embedding_setup import schedule_training_data
 from dlrm.errors import ConfigError
+from dlrm.plan_setup import PlacedEmbeddings
 from dlrm.progress import wanted_lines as progress_lines
 from dlrm.run_files import NoRunFiles, RunFiles, tensorboard_writer
-from dlrm.sharded_checkpoint import ShardedCheckpoints
 from dlrm.train_pipeline import PlainTrainPipeline, StepHook, TrainPipeline
 from embeddings.optimizer import SparseOptimizer
 from embeddings.staging import stages
@@ -292,8 +297,8 @@ def _pipeline(
     compiled dense step, if any, runs inside it."""
     args = (model, dense_optimizer, device, cfg.precision, cfg.loss_function, hook)
     if stages(model.embeddings):  # cold rows staged per mini-batch, ahead of the step
-        from dlrm.embedding_setup import learned_plan
         from dlrm.hotline_pipeline import HotlineTrainPipeline
+        from dlrm.plan_setup import learned_plan
 
         return HotlineTrainPipeline(
             *args,
@@ -316,7 +321,7 @@ def _slipstream(
     device: torch.device,
 ) -> TrainPipeline:
     """`--slipstream`: the placement's pipeline wrapped in Slipstream's."""
-    from dlrm.embedding_setup import profiled_batches, tracked_plan
+    from dlrm.plan_setup import profiled_batches, tracked_plan
     from dlrm.slipstream_pipeline import SlipstreamTrainPipeline
     from embeddings.staleness import StalenessTracker
 

@@ -284,7 +284,7 @@ def sharded_embeddings(cfg: TrainConfig, tables, device: torch.device):
     """The collection of a multi-process run: every table sharded by torchrec's planner
     (`--sharding`), or with `--placement fae|hotline` the hot rows replicated and the cold rows
     sharded; the plan is logged, and written to the run directory by rank 0."""
-    from dlrm.embedding_setup import PlacedEmbeddings
+    from dlrm.plan_setup import PlacedEmbeddings
     from embeddings import SparseOptimizer
     from embeddings.sharded import ShardedEmbeddingBagCollection, ShardingError
 
@@ -315,7 +315,7 @@ def hot_rows(cfg: TrainConfig, tables, opt) -> list:
     import numpy as np
 
     from dlrm.data import build_data
-    from dlrm.embedding_setup import obtain_plan
+    from dlrm.plan_setup import obtain_plan
     from embeddings.errors import PlacementError, ProfileError
 
     counts = torch.full((len(tables),), -1, dtype=torch.int64)

@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 
 from dlrm.config import TrainConfig
-from dlrm.embedding_setup import PLAN_NAME, PROFILE_NAME, PlacedEmbeddings, obtain_plan
 from dlrm.errors import ConfigError
+from dlrm.plan_setup import PLAN_NAME, PROFILE_NAME, PlacedEmbeddings, obtain_plan
 from embeddings.config import SparseOptimizer, TableSpec
 from embeddings.errors import PlacementError, ProfileError, ScmError
 from embeddings.memory import Needs, fmt_bytes

@@ -46,7 +46,6 @@ from common.atomic import write_json
 from common.header import check_header
 from common.manifest import Damaged, seal, unseal
 from dlrm import checkpoint as ckpt
-from dlrm.checkpoint_store import CheckpointState, CheckpointStore
 from dlrm.errors import CheckpointError
 from embeddings.optimizer import SparseOptimizer
 
@@ -86,56 +85,46 @@ def _dense_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-class ShardedCheckpoints(CheckpointStore):
-    """Every rank writes the shards it holds; rank 0 then writes the index and prunes."""
-
-    def __init__(self, directory: Path, keep: int, rank: int, world: int, optimizer: str) -> None:
-        super().__init__(directory, keep)
-        self.rank, self.world, self.optimizer = rank, world, optimizer
-
-    def save(self, state: Callable[[], CheckpointState]) -> Path | None:
-        """Every rank: write this rank's file; rank 0 then writes the index. The directory."""
-        taken = state()
-        written = False
-        try:
-            out = self._write(taken)
-            written = True
-        finally:
-            taken.model.embeddings.end_checkpoint(written)
-        self.last_good = out
-        return out
-
-    def _write(self, state: CheckpointState) -> Path:
-        rank, world = self.rank, self.world
-        emb = state.model.embeddings
-        out = directory(self.directory, state.step)
-        out.mkdir(parents=True, exist_ok=True)
-        shards = []
-        for s in emb.local_shards():
-            if s.replicated and rank != 0:  # a data-parallel table: rank 0's copy is everyone's
-                continue
-            entry = {"table": emb.tables[s.table].name, "row0": s.row0, "col0": s.col0,
-                     "weight": s.weight.detach()}  # fmt: skip
-            if s.state is not None:
-                entry["state"] = s.state.detach()
-            if s.rows is not None:
-                entry["rows"] = s.rows.detach().cpu()
-            shards.append(entry)
-        cid = _checkpoint_id()
-        obj: dict = {"format": ckpt.FORMAT, "version": ckpt.VERSION, "shard_of": state.step,
-                     "checkpoint_id": cid, "rank": rank, "world_size": world,
-                     "shards": shards}  # fmt: skip
-        if rank == 0:
-            obj["common"] = state.contents(
-                table_prefix=_table_prefix(state.model), dense_model=_dense_state(state.model)
-            )
-        path = out / shard_name(rank, world)
-        ckpt.save(obj, path, what=f"checkpoint shard of rank {rank}")
-        dist.barrier()  # every rank's file is complete before the index says so
-        if rank == 0:
-            _write_index(out, state.step, cid, world, self.optimizer, emb.tables)
-            ckpt.prune(self.directory, self.keep)
-        return out
+def write(
+    ckpt_dir: Path,
+    step: int,
+    rank: int,
+    world: int,
+    optimizer: str,
+    keep: int,
+    model: torch.nn.Module,
+    common: Callable[..., dict],
+) -> Path:
+    """This rank's file of the checkpoint at `step` (every rank calls it); rank 0 then writes
+    the index and prunes. `common(table_prefix=, dense_model=)`: the checkpoint's contents
+    around the tables (dlrm/checkpoint_store.py's CheckpointState), taken on rank 0 only."""
+    emb = model.embeddings
+    out = directory(ckpt_dir, step)
+    out.mkdir(parents=True, exist_ok=True)
+    shards = []
+    for s in emb.local_shards():
+        if s.replicated and rank != 0:  # a data-parallel table: rank 0's copy is everyone's
+            continue
+        entry = {"table": emb.tables[s.table].name, "row0": s.row0, "col0": s.col0,
+                 "weight": s.weight.detach()}  # fmt: skip
+        if s.state is not None:
+            entry["state"] = s.state.detach()
+        if s.rows is not None:
+            entry["rows"] = s.rows.detach().cpu()
+        shards.append(entry)
+    cid = _checkpoint_id()
+    obj: dict = {"format": ckpt.FORMAT, "version": ckpt.VERSION, "shard_of": step,
+                 "checkpoint_id": cid, "rank": rank, "world_size": world,
+                 "shards": shards}  # fmt: skip
+    if rank == 0:
+        obj["common"] = common(table_prefix=_table_prefix(model), dense_model=_dense_state(model))
+    path = out / shard_name(rank, world)
+    ckpt.save(obj, path, what=f"checkpoint shard of rank {rank}")
+    dist.barrier()  # every rank's file is complete before the index says so
+    if rank == 0:
+        _write_index(out, step, cid, world, optimizer, emb.tables)
+        ckpt.prune(ckpt_dir, keep)
+    return out
 
 
 def _checkpoint_id() -> str:

@@ -19,6 +19,7 @@ from torchrec.datasets.utils import Batch
 
 from common.manifest import sha256_file
 from dlrm import checkpoint as ckpt
+from dlrm import checkpoint_store
 from dlrm.errors import ArchError, CheckpointError, ConfigError
 from dlrm.models.dlrm import DLRMArch
 from dlrm.models.quantized import embedding_prefix
@@ -50,7 +51,7 @@ def _newest_verified(directory: Path) -> tuple[Path, dict]:
     skipped = []
     for path in reversed(ckpt.list_checkpoints(folder)):
         try:
-            return path, ckpt.load(path)
+            return path, checkpoint_store.read(path)
         except CheckpointError as e:
             skipped.append(str(e))
             log.warning("skipping %s", e)
@@ -64,7 +65,7 @@ def load_source(where: str | Path) -> Source:
     if where.is_dir():
         path, data = _newest_verified(where)
     elif where.is_file():
-        path, data = where, ckpt.load(where)
+        path, data = where, checkpoint_store.read(where)
     else:
         raise CheckpointError(f"{where}: no such run directory, checkpoint or model file")
     sig = data.get("arch") or {}

@@ -255,7 +255,7 @@ def test_hot_replicated_checkpoints_across_world_sizes(runs, tmp_path):
 
 
 def test_a_damaged_shard_is_named(runs, tmp_path):
-    from dlrm import checkpoint as ckpt
+    from dlrm import checkpoint_store
     from dlrm.errors import CheckpointError
 
     root, _, _ = runs
@@ -268,18 +268,18 @@ def test_a_damaged_shard_is_named(runs, tmp_path):
     data[data.find(weight.numpy().tobytes()) + 5] ^= 0x10  # one bit of a table's weights
     shard.write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match="rank_00001-of-00002.pt"):
-        ckpt.load(copy)
+        checkpoint_store.read(copy)
     index = copy / "index.json"
     index.write_text(index.read_text().replace('"step": 12', '"step": 13'))
     with pytest.raises(CheckpointError, match="index.json: corrupt"):
-        ckpt.load(copy)
+        checkpoint_store.read(copy)
 
 
 def test_a_shard_from_another_checkpoint_is_refused_naming_it(runs, tmp_path):
     # Issue 37, 6: rank 1's file of the step-6 checkpoint copied into step 12's directory (same
     # size: the index's sizes cannot tell) was assembled, tables from step 6 under step 12's
     # state. Every shard carries its checkpoint's id, step and world size, as the index does.
-    from dlrm import checkpoint as ckpt
+    from dlrm import checkpoint_store
     from dlrm.errors import CheckpointError
 
     root, _, _ = runs
@@ -291,14 +291,14 @@ def test_a_shard_from_another_checkpoint_is_refused_naming_it(runs, tmp_path):
     shutil.copytree(late, mixed)
     shutil.copy(early / name, mixed / name)
     with pytest.raises(CheckpointError) as e:
-        ckpt.load(mixed)
+        checkpoint_store.read(mixed)
     assert str(e.value).startswith(f"{mixed / name}: ") and "\n" not in str(e.value)
     assert "another checkpoint" in str(e.value)
     # as --resume of the run directory: the mixed checkpoint is skipped, the one before is used
     cut = tmp_path / "cut"
     shutil.copytree(root / "two_resumable", cut)
     shutil.copy(early / name, cut / "checkpoints" / late.name / name)
-    path, _ = ckpt.resume_target("auto", cut)
+    path, _ = checkpoint_store.resume_target("auto", cut)
     assert path.name == early.name
 
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from dlrm import Trainer
-from dlrm.embedding_setup import profile_training_sample
 from dlrm.errors import ConfigError
 from dlrm.hotline_pipeline import HotlineTrainPipeline
+from dlrm.plan_setup import profile_training_sample
 from embeddings.placement import PlacementPlan, parse_bytes, plan_placement
 from embeddings.profile import AccessProfile
 

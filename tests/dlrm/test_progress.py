@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from dlrm import checkpoint as ckpt
+from dlrm import checkpoint_store
 from dlrm.progress import duration, wanted_lines
 from dlrm.train import config_from_args
 from dlrm.trainer import Trainer
@@ -82,12 +83,14 @@ def test_ctrl_c_says_where_the_last_checkpoint_is_and_how_to_resume(tmp_path):
     # no temporary left beside the checkpoints, and each one verifies
     assert sorted(x.name for x in (run / "checkpoints").iterdir()) == [x.name for x in found]
     for c in found:
-        ckpt.load(c)
+        checkpoint_store.read(c)
     command = shlex.split(line.split("resume with: ")[1])
     assert command[:3] == ["python", "-m", "dlrm.train"]
     cfg = config_from_args(command[3:])
     assert cfg.resume == "auto" and Path(cfg.out_dir) == run
-    assert ckpt.resume_target(cfg.resume, cfg.run_dir)[0] == named  # it resumes from that one
+    assert (
+        checkpoint_store.resume_target(cfg.resume, cfg.run_dir)[0] == named
+    )  # it resumes from that one
 
 
 def test_ctrl_c_while_a_checkpoint_is_written_leaves_the_earlier_ones_whole(
