@@ -97,7 +97,8 @@ class ServingTier:
             self.file = BlockFile(self.dir / ROWS, self.num_blocks, io, io_threads)
         else:
             self._copy_in(sources, io, io_threads)
-        capacity = max(0, int(cache_bytes) // self.width)
+        # slots beyond the rows there are would hold nothing and only cost their allocation
+        capacity = min(max(0, int(cache_bytes) // self.width), self.total_rows)
         self.cache = RowCache(self.total_rows, 0, capacity)  # bookkeeping; the bytes are here:
         self.data = torch.zeros(capacity, self.width, dtype=torch.uint8)
         self._lock = threading.Lock()
