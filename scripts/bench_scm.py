@@ -210,6 +210,12 @@ def _tiered_cfg(args, base: TrainConfig, profile: Path, name: str = "tiered") ->
 
 
 def bench_kaggle(args) -> dict:
+    needed = args.warmup_steps + args.rounds * args.round_steps
+    if -(-args.train_samples // 2048) < needed:  # the streams would run dry mid-comparison
+        raise SystemExit(
+            f"bench_scm.py: error: --train-samples {args.train_samples}: fewer than the "
+            f"{needed} batches of 2048 that --warmup-steps + --rounds x --round-steps take"
+        )
     setup = _setup()  # the load before any work
     base = kaggle_base(args)
     profile = _profile(args, base)
