@@ -138,7 +138,9 @@ def main() -> None:
     p.add_argument("--resume-pairs", type=int, default=0, help="end-to-end resumes of each kind")
     args = p.parse_args(argv)
     if args.resume_pairs and not train_flags:
-        p.error("--resume-pairs: give the run's dlrm.train flags after --, e.g. -- --out-dir runs/a")
+        p.error(
+            "--resume-pairs: give the run's dlrm.train flags after --, e.g. -- --out-dir runs/a"
+        )
     if args.resume_pairs:
         report = resume_pairs(args.resume_pairs, train_flags)
     elif args.path is None:
