@@ -2,8 +2,9 @@
 
     preprocess  raw Criteo Kaggle/Terabyte files -> a preprocessed directory (resumable), or
                 a Taobao UserBehavior.csv -> a TBSM window directory (--dataset taobao)
-    synth       write synthetic raw files in either layout (for trying things and tests)
-    info        print a preprocessed directory's summary as JSON
+    synth       write synthetic raw files: Criteo's Kaggle or Terabyte layout, or a planted
+                Taobao UserBehavior.csv (--layout taobao; for trying things and tests)
+    info        print a preprocessed directory's summary as JSON (Criteo or Taobao)
 
 A data or option mistake prints one line `error: ...` and exits with code 2.
 """
@@ -16,7 +17,7 @@ import logging
 import sys
 from pathlib import Path
 
-from .dataset_meta import load_meta
+from .dataset_meta import load_meta, read_json
 from .errors import DataError
 from .preprocess import DATASETS, PreprocessOptions, preprocess
 from .synthetic_raw import SyntheticSpec, write_kaggle, write_terabyte
@@ -40,6 +41,42 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:
         sys.stderr.write(f"{self.prog}: error: {message}\n")
         sys.exit(2)
+
+
+def _synth_taobao(args: argparse.Namespace) -> Path:
+    """A planted UserBehavior.csv (data_pipeline/taobao_synthetic.py): the next category
+    follows the recent ones, so a history model has something to learn."""
+    from .taobao_synthetic import BAD_KINDS, PlantedBehavior, write_user_behavior
+
+    if args.users < 1:
+        raise DataError(f"--users: expected a positive number of users, got {args.users}")
+    bad = _bad_lines(args.bad_lines)
+    unknown = sorted(set(bad) - set(BAD_KINDS))
+    if unknown:
+        raise DataError(f"--bad-lines: taobao kinds are {', '.join(BAD_KINDS)}, got {unknown[0]}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / "UserBehavior.csv"
+    write_user_behavior(path, PlantedBehavior(num_users=args.users, seed=args.seed), bad_lines=bad)
+    return path
+
+
+def _info(directory: Path) -> dict:
+    """The summary of a preprocessed Criteo or Taobao directory (told apart by meta.json's
+    format; each loader checks its own header)."""
+    from .taobao import FORMAT as TAOBAO_FORMAT
+    from .taobao import load_taobao_meta
+
+    path = directory / "meta.json"
+    meta = read_json(path) if path.is_file() else {}
+    if meta.get("format") == TAOBAO_FORMAT:
+        meta = load_taobao_meta(directory)
+        rows = {split: v["rows"] for split, v in meta["splits"].items()}
+        keys = ("dataset", "settings", "table_sizes", "ts_length", "index_dtype", "bad_lines",
+                "made_by")  # fmt: skip
+        return {**{k: meta[k] for k in keys}, "rows": rows}
+    meta = load_meta(directory)
+    keys = ("dataset", "settings", "table_sizes", "index_dtype", "rows", "bad_lines", "made_by")
+    return {k: meta[k] for k in keys}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -89,11 +126,16 @@ def _parser() -> argparse.ArgumentParser:
         "--memory-mb", type=int, default=2048, help="taobao: working-set bound (sets the buckets)"
     )
 
-    syn = sub.add_parser("synth", help="write synthetic raw Criteo files")
-    syn.add_argument("--layout", required=True, choices=DATASETS)
-    syn.add_argument("--out", required=True, type=Path)
+    syn = sub.add_parser("synth", help="write synthetic raw Criteo or Taobao files")
+    syn.add_argument("--layout", required=True, choices=(*DATASETS, "taobao"))
     syn.add_argument(
-        "--lines", required=True, type=int, help="kaggle: train lines; terabyte: per day"
+        "--out", required=True, type=Path, help="a directory (taobao: DIR/UserBehavior.csv)"
+    )
+    syn.add_argument(
+        "--lines", type=int, help="kaggle: train lines; terabyte: per day (required for both)"
+    )
+    syn.add_argument(
+        "--users", type=int, default=2000, help="taobao: users (each 30-60 events by default)"
     )
     syn.add_argument("--test-lines", type=int, default=0, help="kaggle: unlabelled test.txt lines")
     syn.add_argument("--days", type=int, default=24, help="terabyte: number of day files")
@@ -101,7 +143,8 @@ def _parser() -> argparse.ArgumentParser:
     syn.add_argument("--seed", type=int, default=0)
     syn.add_argument("--vocab-cap", type=int, default=100_000, help="distinct values per feature")
     syn.add_argument(
-        "--bad-lines", help="inject malformed lines: KIND=COUNT,... (kaggle train.txt)"
+        "--bad-lines",
+        help="inject malformed lines: KIND=COUNT,... (kaggle train.txt, taobao's CSV)",
     )
 
     info = sub.add_parser("info", help="summary of a preprocessed directory")
@@ -145,7 +188,13 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 json.dumps({"out": str(out), "rows": meta["rows"], "bad_lines": meta["bad_lines"]})
             )
+        elif args.command == "synth" and args.layout == "taobao":
+            print(json.dumps({"written": [str(_synth_taobao(args))]}))
         elif args.command == "synth":
+            if args.lines is None or args.lines < 1:
+                raise DataError(
+                    f"--lines: expected a positive number of lines for --layout {args.layout}"
+                )
             spec = SyntheticSpec(seed=args.seed, vocab_cap=args.vocab_cap)
             if args.layout == "kaggle":
                 files = write_kaggle(
@@ -164,17 +213,7 @@ def main(argv: list[str] | None = None) -> int:
                 written = [str(f.path) for f in infos]
             print(json.dumps({"written": written}))
         else:
-            meta = load_meta(args.directory)
-            keys = (
-                "dataset",
-                "settings",
-                "table_sizes",
-                "index_dtype",
-                "rows",
-                "bad_lines",
-                "made_by",
-            )
-            print(json.dumps({k: meta[k] for k in keys}, indent=1))
+            print(json.dumps(_info(args.directory), indent=1))
     except DataError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -3,7 +3,8 @@
     from dlrm import Trainer, TrainConfig
     summary = Trainer(TrainConfig(num_batches=100, out_dir="runs/demo")).fit()
 
-`Trainer` is imported on first use: parsing a command line (`dlrm.train`, `dlrm.config`) must not
+`Trainer` and `DataSplits` (a user's own batches, `DataSplits.from_batches`) are imported on
+first use: parsing a command line (`dlrm.train`, `dlrm.config`) must not
 pay for importing torchrec and fbgemm. Serving a trained model (`Predictor`) is the `serving`
 package, which builds on this one.
 """
@@ -11,7 +12,7 @@ package, which builds on this one.
 from dlrm.config import TrainConfig
 from dlrm.errors import ConfigError
 
-__all__ = ["ConfigError", "TrainConfig", "Trainer"]
+__all__ = ["ConfigError", "DataSplits", "TrainConfig", "Trainer"]
 
 
 def __getattr__(name: str):
@@ -19,4 +20,8 @@ def __getattr__(name: str):
         from dlrm.trainer import Trainer
 
         return Trainer
+    if name == "DataSplits":  # a user's own batches: DataSplits.from_batches(train=, test=, ...)
+        from dlrm.data import DataSplits
+
+        return DataSplits
     raise AttributeError(f"module 'dlrm' has no attribute {name!r}")

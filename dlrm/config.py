@@ -27,10 +27,11 @@ from dlrm.settings.placement import (
 )
 from dlrm.settings.sections import DataConfig, DistributedConfig, RunConfig, TrainingConfig
 
-# The reference configurations (facebookresearch/dlrm's bench scripts for Criteo Kaggle and
-# Terabyte, facebookresearch/tbsm's for Taobao) for the fields a run does not set. The synthetic
-# data is Kaggle-shaped and takes Kaggle's; DLRM on Taobao is the candidate-step baseline TBSM is
-# compared with (scripts/bench_tbsm_vs_dlrm.py).
+# The reference recipes (facebookresearch/dlrm's bench/dlrm_s_criteo_kaggle.sh and
+# dlrm_s_criteo_terabyte.sh, facebookresearch/tbsm's bench/tbsm_bench.sh) for the fields a run
+# does not set: the architecture and the training step. The synthetic data is Kaggle-shaped and
+# takes Kaggle's architecture; DLRM on Taobao is the candidate-step baseline TBSM is compared
+# with (scripts/bench_tbsm_vs_dlrm.py), trained as TBSM is.
 _KAGGLE = dict(
     arch_sparse_feature_size=16, arch_mlp_bot=(13, 512, 256, 64, 16), arch_mlp_top=(512, 256, 1)
 )
@@ -63,6 +64,29 @@ REFERENCE_BY_INTERACTION: dict[tuple[str, str, str], dict] = {
         max_ind_range=40_000_000, dcn_num_layers=3, dcn_low_rank_dim=512, optimizer="adagrad",
     ),
 }  # fmt: skip
+
+def _step(batch: int, test_batch: int, optimizer: str, lr: float, warmup=0, decay_start=0, decay=0):
+    return dict(
+        mini_batch_size=batch, test_mini_batch_size=test_batch, optimizer=optimizer,
+        learning_rate=lr, lr_num_warmup_steps=warmup, lr_decay_start_step=decay_start,
+        lr_num_decay_steps=decay,
+    )  # fmt: skip
+
+
+# The training step of each reference run (neither dlrm script sets --optimizer or a schedule:
+# the reference's defaults, SGD and a constant rate; tbsm_pytorch.py always trains with Adagrad
+# and one batch size for training and evaluation).
+_TBSM_STEP = _step(256, -1, "adagrad", 0.05)
+REFERENCE_TRAINING: dict[tuple[str, str], dict] = {
+    ("dlrm", "kaggle"): _step(128, 16384, "sgd", 0.1),
+    ("dlrm", "terabyte"): _step(2048, 16384, "sgd", 0.1),
+    ("dlrm", "taobao"): _TBSM_STEP,
+    ("tbsm", "taobao"): _TBSM_STEP,
+}
+# The synthetic data set is this project's demonstration, not a reference run: a large batch,
+# so the default run finishes in about a minute. Not printed (no reference to name).
+PLAIN_TRAINING = _step(2048, -1, "sgd", 0.1)
+
 
 # The sections, in the order --help and the docs list them: attribute -> class. No attribute
 # is also a flat name (`placement` and `slipstream` are flags, hence `placing`, `slipstreaming`).
@@ -142,9 +166,11 @@ class TrainConfig:
     def _fill_reference_defaults(self) -> dict:
         """Fields left None take the data set's reference configuration; returns what was filled
         (so it can be printed at start)."""
-        reference = REFERENCE_ARCH.get(
-            (self.model, self.data_set), REFERENCE_ARCH[("dlrm", "kaggle")]
-        )
+        key = (self.model, self.data_set)
+        reference = {
+            **REFERENCE_ARCH.get(key, REFERENCE_ARCH[("dlrm", "kaggle")]),
+            **REFERENCE_TRAINING.get(key, {}),
+        }
         by_op = REFERENCE_BY_INTERACTION.get((self.model, self.data_set, self.arch_interaction_op))
         if by_op and all(getattr(self, n) is None for n in ARCH_GIVEN):
             reference = {**reference, **by_op}  # only without other architecture flags
@@ -153,6 +179,9 @@ class TrainConfig:
             if getattr(self, name) is None:
                 setattr(self, name, value)
                 filled[name] = value
+        for name, value in PLAIN_TRAINING.items():
+            if getattr(self, name) is None:
+                setattr(self, name, value)
         return filled
 
     def describe_reference_defaults(self) -> str:
@@ -166,7 +195,9 @@ class TrainConfig:
         return f"{self.model} on {self.data_set}: reference settings {' '.join(shown)}"
 
     def check(self) -> None:
-        """The rules between sections (each section checked its own when it was made)."""
+        """The rules between sections (each section checked its own when it was made), and the
+        training section's again now that the recipe filled what it was not given."""
+        self.training.check()
         if self.slipstream and self.hotline_learn_batches:
             raise ConfigError(
                 "--slipstream: tracks the plan's hot rows, which --hotline-learn-batches only "

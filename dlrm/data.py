@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from torchrec.datasets.utils import Batch
 
 from data_pipeline.source import BatchSource
 from data_pipeline.synthetic import (
@@ -18,11 +21,23 @@ from dlrm.config import ConfigError, TrainConfig
 
 @dataclass
 class DataSplits:
+    """What a run trains and evaluates on (`Trainer(cfg, data=...)`): built from the config, or
+    from a user's own batches with `DataSplits.from_batches`."""
+
     train: BatchSource
     test: BatchSource
     table_sizes: list[int]
     num_dense: int
     feature_names: list[str]
+
+    @classmethod
+    def from_batches(
+        cls, train: Iterable[Batch], test: Iterable[Batch], table_sizes: Sequence[int]
+    ) -> DataSplits:
+        """A training and a test iterable of torchrec `Batch` (dlrm/user_data.py)."""
+        from dlrm.user_data import splits_from_batches
+
+        return splits_from_batches(cls, train, test, table_sizes)
 
 
 def build_data(cfg: TrainConfig, rank: int = 0, world_size: int = 1) -> DataSplits:

@@ -143,7 +143,8 @@ class ScmTier:
         self.io_engine, self.io_depth = io_engine, io_depth
         self.backend = f"ssd({io})"
         self.row_bytes = 4 * self.row_floats
-        capacity = max(0, int(cache_bytes) // self.row_bytes)
+        # slots beyond the tier's rows would hold nothing and only cost their allocation
+        capacity = min(max(0, int(cache_bytes) // self.row_bytes), self.total_rows)
         self.cache = RowCache(self.total_rows, self.row_floats, capacity, priority)
         self._lock = threading.RLock()
         self._depth = 0  # nesting of `_locked` in the thread holding the lock

@@ -89,7 +89,10 @@ def resume_pairs(pairs: int, train_flags: list[str]) -> dict:
     for _ in range(pairs):
         for mode in runs:
             argv = [sys.executable, "-c", _RESUME, mode, *train_flags]
-            out = subprocess.run(argv, capture_output=True, text=True, env=env, check=True)
+            out = subprocess.run(argv, capture_output=True, text=True, env=env)
+            if out.returncode:  # dlrm.train's own one-line error is its last stderr line
+                last = (out.stderr.strip().splitlines() or ["no output"])[-1]
+                raise SystemExit(f"bench_checkpoint.py: the resumed run ({mode}) failed: {last}")
             result = json.loads(out.stdout.strip().splitlines()[-1])
             assert result["rc"] == 0, out.stderr
             runs[mode].append(result)
@@ -134,6 +137,10 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--resume-pairs", type=int, default=0, help="end-to-end resumes of each kind")
     args = p.parse_args(argv)
+    if args.resume_pairs and not train_flags:
+        p.error(
+            "--resume-pairs: give the run's dlrm.train flags after --, e.g. -- --out-dir runs/a"
+        )
     if args.resume_pairs:
         report = resume_pairs(args.resume_pairs, train_flags)
     elif args.path is None:

@@ -75,6 +75,7 @@ def train_rounds(rounds: int, steps: int, directory: str) -> dict:
         real_verify(self, part, sparse)
         calls.append(time.perf_counter() - t0)
 
+    Path(directory).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=directory) as tmp:
         write_kaggle(Path(tmp) / "raw", 7 * 30_000, 0, SyntheticSpec(seed=1, vocab_cap=20_000))
         data = preprocess("kaggle", Path(tmp) / "raw", Path(tmp) / "data",
@@ -122,6 +123,7 @@ def main() -> None:
         print(json.dumps(train_rounds(args.train_rounds, args.steps, args.dir), indent=2))
         return
     sizes = np.asarray(KAGGLE_TABLE_SIZES)
+    Path(args.dir).mkdir(parents=True, exist_ok=True)
     path = Path(args.dir) / f"bench_verify_{os.getpid()}.npy"
     rng = np.random.default_rng(0)
     out = np.lib.format.open_memmap(path, "w+", np.int32, (args.rows, len(sizes)))

@@ -96,8 +96,9 @@ def count_step_collectives(args, kind: str, root: Path, rank: int, model) -> dic
     from dlrm import Trainer
     from perfmodel.collectives import CollectiveCounter
 
-    trainer = Trainer(config(args, root / f"count-{kind.replace(':', '-')}", kind), rank, 2,
-                      checkpoints=False)  # fmt: skip
+    # two warm-up steps, then the counted ones: the epoch must hold them all (--steps may be fewer)
+    cfg = config(args, root / f"count-{kind.replace(':', '-')}", kind, steps=args.count_steps + 2)
+    trainer = Trainer(cfg, rank, 2, checkpoints=False)
     ddp = trainer.pipeline.forward  # the dense part's DDP: a Python hook so its buckets count
     ddp.register_comm_hook(dist.group.WORLD, allreduce_hook)
     batches = trainer.data.train.batches(0)

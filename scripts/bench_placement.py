@@ -149,7 +149,8 @@ def run_one(
     }
     if placement in ("fae", "hotline"):
         out.update(hot_rows=p["hot_rows"], device_tier_bytes=p["device_tier_bytes"],
-                   plan_hot_input_share_in_sample=p["plan_hot_input_share_sample"])  # fmt: skip
+                   # a plan learned online has no sample to measure it on
+                   plan_hot_input_share_in_sample=p.get("plan_hot_input_share_sample"))  # fmt: skip
     if name == "hotline_learned":
         out.update(learned_batches=p["learned_batches"],
                    hot_set_overlap_with_offline=p.get("hot_set_overlap_with_offline"))  # fmt: skip
@@ -232,7 +233,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--oracle-only", action="store_true", help="only the bound from the true distribution"
     )
-    p.add_argument("--out-dir", default="runs/bench_placement")
+    p.add_argument(
+        "--out-dir", help="a new directory for the runs (default: runs/bench_placement-<time>)"
+    )
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
@@ -240,6 +243,13 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(runs) - set(RUNS))
     if unknown:
         p.error(f"--runs: unknown {', '.join(unknown)}; expected some of {', '.join(RUNS)}")
+    if args.out_dir is None:
+        args.out_dir = f"runs/bench_placement-{time.strftime('%Y%m%d-%H%M%S')}"
+    taken = [r for r in RUNS if (Path(args.out_dir) / r).exists()]
+    if taken:  # the runs would refuse one by one, after minutes of work
+        sys.stderr.write(f"{p.prog}: error: --out-dir {args.out_dir}: already holds runs "
+                         f"({', '.join(taken)}); choose a new one\n")  # fmt: skip
+        return 2
     sizes = KAGGLE_TABLE_SIZES if args.table_scale == 1.0 else scaled_table_sizes(args.table_scale)
     base = TrainConfig(
         arch_embedding_size=tuple(sizes), arch_sparse_feature_size=args.dim,
@@ -318,7 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     hl = results.get("hotline")
     if hl:
         per = hl["emb_bytes_per_sample"]
-        cmp = {"bytes_per_sample_vs_oracle": round(per / report["hotline_oracle"]["emb_bytes_per_sample"], 3),
+        oracle = report["hotline_oracle"]["emb_bytes_per_sample"]  # 0: the budget holds every row
+        cmp = {"bytes_per_sample_vs_oracle": round(per / oracle, 3) if oracle else None,
                "hidden_share": hl["hidden_share"],
                "target_hidden_share_0.8_met": (hl["hidden_share"] or 0) >= 0.8}  # fmt: skip
         if host:

@@ -98,9 +98,11 @@ def bench_disk(args) -> dict:
     size = int(args.file_gb * 2**30) // BLOCK * BLOCK
     t0 = time.perf_counter()
     chunk = np.random.default_rng(0).integers(0, 255, 64 * 2**20, dtype=np.uint8).tobytes()
+    if size < BLOCK:
+        raise SystemExit(f"bench_scm.py: error: --file-gb {args.file_gb}: smaller than one block")
     with open(path, "wb") as f:
-        for _ in range(size // len(chunk)):
-            f.write(chunk)
+        for at in range(0, size, len(chunk)):  # the last chunk cut: reads stay inside the file
+            f.write(chunk[: size - at])
         f.flush()
         os.fsync(f.fileno())
     os.posix_fadvise(os.open(path, os.O_RDONLY), 0, 0, os.POSIX_FADV_DONTNEED)
@@ -208,6 +210,12 @@ def _tiered_cfg(args, base: TrainConfig, profile: Path, name: str = "tiered") ->
 
 
 def bench_kaggle(args) -> dict:
+    needed = args.warmup_steps + args.rounds * args.round_steps
+    if -(-args.train_samples // 2048) < needed:  # the streams would run dry mid-comparison
+        raise SystemExit(
+            f"bench_scm.py: error: --train-samples {args.train_samples}: fewer than the "
+            f"{needed} batches of 2048 that --warmup-steps + --rounds x --round-steps take"
+        )
     setup = _setup()  # the load before any work
     base = kaggle_base(args)
     profile = _profile(args, base)

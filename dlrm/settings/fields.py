@@ -109,7 +109,9 @@ _NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or 
 
 def _type_name(hint: Any) -> str:
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        return " or ".join(_type_name(a) for a in typing.get_args(hint))
+        # None is "not given" (filled from a default elsewhere), never what a user should write
+        named = [a for a in typing.get_args(hint) if a is not type(None)]
+        return " or ".join(_type_name(a) for a in named)
     if typing.get_origin(hint) is tuple:
         return f"a tuple of {typing.get_args(hint)[0].__name__}"
     return "None" if hint is type(None) else _NAMES.get(hint, hint.__name__)

@@ -25,6 +25,8 @@ LOSSES = ("bce", "mse")
 PRECISIONS = ("fp32", "bf16")
 DEVICES = ("auto", "cpu", "cuda")
 RAW_DATA_SETS = ("kaggle", "terabyte", "taobao")
+# where a None default is filled from (REFERENCE_TRAINING in dlrm/config.py)
+RECIPE = "the data set's reference recipe (docs/training.md#defaults-per-data-set)"
 
 
 def sparse_optimizers() -> tuple[str, ...]:
@@ -102,30 +104,38 @@ class TrainingConfig(Section):
 
     title: ClassVar[str] = "Training"
 
-    mini_batch_size: int = setting(2048, "--mini-batch-size", "training batch", check=POSITIVE)
-    test_mini_batch_size: int = setting(
-        -1, "--test-mini-batch-size", "evaluation batch (-1: the training batch)",
+    mini_batch_size: int | None = setting(
+        None, "--mini-batch-size", "training batch", check=POSITIVE, shown_default=RECIPE
+    )
+    test_mini_batch_size: int | None = setting(
+        None, "--test-mini-batch-size", "evaluation batch (-1: the training batch)",
         check=Check(lambda v: v == -1 or v >= 1, "expected a positive integer"),
+        shown_default=RECIPE,
     )  # fmt: skip
     nepochs: int = setting(1, "--nepochs", "epochs", check=POSITIVE, free=True)
     num_batches: int = setting(
         0, "--num-batches", "batches per epoch (0: the whole epoch)", check=AT_LEAST_0
     )
-    learning_rate: float = setting(0.1, "--learning-rate", "learning rate", check=POSITIVE_FINITE)
-    optimizer: str = setting(
-        "sgd", "--optimizer", "the optimizer (the sparse part fused into backward)",
-        choices=sparse_optimizers,
+    learning_rate: float | None = setting(
+        None, "--learning-rate", "learning rate", check=POSITIVE_FINITE, shown_default=RECIPE
+    )
+    optimizer: str | None = setting(
+        None, "--optimizer", "the optimizer (the sparse part fused into backward)",
+        choices=sparse_optimizers, shown_default=RECIPE,
     )  # fmt: skip
     loss_function: str = setting("bce", "--loss-function", "the loss", choices=LOSSES)
-    lr_num_warmup_steps: int = setting(
-        0, "--lr-num-warmup-steps", "steps of linear learning-rate warm-up", check=AT_LEAST_0
-    )
-    lr_decay_start_step: int = setting(
-        0, "--lr-decay-start-step", "step where the polynomial decay starts", check=AT_LEAST_0
-    )
-    lr_num_decay_steps: int = setting(
-        0, "--lr-num-decay-steps", "steps of decay (0: none)", check=AT_LEAST_0
-    )
+    lr_num_warmup_steps: int | None = setting(
+        None, "--lr-num-warmup-steps", "steps of linear learning-rate warm-up", check=AT_LEAST_0,
+        shown_default=RECIPE,
+    )  # fmt: skip
+    lr_decay_start_step: int | None = setting(
+        None, "--lr-decay-start-step", "step where the polynomial decay starts", check=AT_LEAST_0,
+        shown_default=RECIPE,
+    )  # fmt: skip
+    lr_num_decay_steps: int | None = setting(
+        None, "--lr-num-decay-steps", "steps of decay (0: none)", check=AT_LEAST_0,
+        shown_default=RECIPE,
+    )  # fmt: skip
     precision: str = setting(
         "fp32", "--precision", "autocast of the dense part; embeddings stay fp32",
         choices=PRECISIONS,
@@ -154,7 +164,12 @@ class TrainingConfig(Section):
     )  # fmt: skip
 
     def check(self) -> None:
-        if self.lr_num_decay_steps and self.lr_decay_start_step < self.lr_num_warmup_steps:
+        # None: not given, filled from the data set's recipe (TrainConfig checks again then)
+        if (
+            self.lr_num_decay_steps
+            and None not in (self.lr_decay_start_step, self.lr_num_warmup_steps)
+            and self.lr_decay_start_step < self.lr_num_warmup_steps
+        ):
             raise ConfigError("--lr-decay-start-step: the decay must start after the warm-up ends")
 
 

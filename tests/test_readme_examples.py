@@ -1,0 +1,84 @@
+"""The README's command sequences run as written (at tiny sizes, in-process): the placement
+examples show what their comments claim, and the quantize -> predict sequence starts from data a
+user can make and ends in a submission file."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import torch
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+TINY = ["--num-batches", "2", "--data-size", "4096", "--test-data-size", "1024",
+        "--mini-batch-size", "512", "--progress=false", "--print-freq", "0"]  # fmt: skip
+
+
+def _commands(marker: str) -> list[tuple[list[str], str]]:
+    """(argv after `python -m`, the comment) of every line of the README's bash block holding
+    `marker`."""
+    blocks = re.findall(r"```bash\n(.*?)```", README.read_text(), re.S)
+    block = next(b for b in blocks if marker in b)
+    out = []
+    for line in block.splitlines():
+        code, _, comment = line.partition(" #")
+        if code.startswith("python -m "):
+            out.append((shlex.split(code)[2:], comment.strip()))
+    return out
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny runs: extra threads only wait on a shared machine
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_placement_examples_do_what_their_comments_say(tmp_path, monkeypatch, capsys):
+    from dlrm.train import main
+
+    monkeypatch.chdir(tmp_path)
+    ran = 0
+    for i, (argv, comment) in enumerate(_commands("--placement auto")):
+        if argv[0] != "dlrm.train" or "--hot-budget" not in argv:
+            continue  # the budget's examples: what the tables' size makes them show
+        argv = [a.replace("/ssd/", f"{tmp_path}/ssd/") for a in argv[1:]]
+        assert main([*argv, *TINY, "--out-dir", f"run{i}"]) == 0, (argv, capsys.readouterr().err)
+        placement = json.loads((tmp_path / f"run{i}" / "summary.json").read_text())["placement"]
+        kind = argv[argv.index("--placement") + 1]
+        if kind == "auto":  # "...: fae" or "...: device"
+            assert placement["kind"] == comment.rsplit(": ", 1)[1], (argv, placement["kind"])
+        if placement["kind"] != "device":  # a budget below the tables: rows stay off the device
+            assert placement["device_tier_bytes"] < placement["embedding_bytes"], argv
+        ran += 1
+    assert ran == 5
+
+
+def test_the_quantize_predict_sequence_runs_as_pasted(tmp_path, monkeypatch, capsys):
+    from data_pipeline.__main__ import main as data_pipeline
+    from dlrm.train import main as train
+    from serving.predict import main as predict
+    from serving.quantize import main as quantize
+
+    monkeypatch.chdir(tmp_path)
+    entry = {"data_pipeline": data_pipeline, "dlrm.train": train, "serving.quantize": quantize,
+             "serving.predict": predict}  # fmt: skip
+    commands = _commands("serving.predict")
+    assert [a[0] for a, _ in commands] == ["data_pipeline", "dlrm.train", "serving.quantize",
+                                           "serving.predict", "serving.predict"]  # fmt: skip
+    for argv, _ in commands:
+        argv = [a.replace("/ssd/", f"{tmp_path}/ssd/") for a in argv]
+        module, args = argv[0], argv[1:]
+        if module == "data_pipeline":  # the sample at a tiny size
+            args[args.index("--lines") + 1], args[args.index("--test-lines") + 1] = "3000", "300"
+        if module == "dlrm.train":
+            args += ["--num-batches", "8", "--progress=false", "--print-freq", "0"]
+        assert entry[module](args) == 0, (argv, capsys.readouterr().err)
+    for name in ("submission.csv", "s.csv"):
+        lines = (tmp_path / name).read_text().splitlines()
+        assert lines[0] == "Id,Predicted" and len(lines) == 301
+    assert (tmp_path / "submission.csv").read_text() == (tmp_path / "s.csv").read_text()
