@@ -84,9 +84,13 @@ def test_fallback_to_eager_when_inductor_cannot_build(tmp_path, monkeypatch, cap
 
     torch._dynamo.reset()
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "empty-cache"))
-    monkeypatch.setattr(inductor_config, "fx_graph_cache", False)
-    monkeypatch.setattr(inductor_config.cpp, "cxx", ("no-such-c++-compiler",))
-    with caplog.at_level(logging.WARNING, logger="dlrm.compile"):
+    # torch's own patch: monkeypatch's undo deletes a config entry rather than restoring it,
+    # and every later compile in the session then fails ("fx_graph_cache does not exist")
+    no_compiler = {"fx_graph_cache": False, "cpp.cxx": ("no-such-c++-compiler",)}
+    with (
+        inductor_config.patch(no_compiler),
+        caplog.at_level(logging.WARNING, logger="dlrm.compile"),
+    ):
         fell_back, t1 = _fit(tmp_path / "a", compile=True, num_batches=3)
     lines = [r.getMessage() for r in caplog.records if r.name == "dlrm.compile"]
     assert len(lines) == 1 and "runs eager" in lines[0] and "no-such-c++-compiler" in lines[0]
