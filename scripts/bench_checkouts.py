@@ -50,9 +50,17 @@ def _last_json(text: str) -> dict:
             continue
         if isinstance(value, dict):
             return value
-    # a pretty-printed object spans lines: try the whole tail from its first brace
-    start = text.find("{")
-    return json.loads(text[start:]) if start >= 0 else {}
+    # a pretty-printed object spans lines: the tail from the last line that opens one
+    lines = text.splitlines(keepends=True)
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].startswith("{"):
+            try:
+                value = json.loads("".join(lines[i:]))
+            except json.JSONDecodeError:
+                continue
+            if isinstance(value, dict):
+                return value
+    return {}
 
 
 def run_once(root: Path, script: str, args: list[str]) -> dict[str, float]:
