@@ -11,7 +11,11 @@ Rows are scored by `Predictor.predict_rows` (ids as arrays, no KeyedJaggedTensor
 never imports torchrec, whose import costs seconds.
 
 Output (CSV, written to a temporary file and renamed at the end, so an earlier file of that name
-survives a failed run):
+survives a failed run; `--out -` writes to stdout and the summary to stderr). What is there is
+never destroyed by mistake: an existing `--out` is refused unless `--overwrite`; the input, the
+artifact (and the SSD tier) are never written over, whatever their name (resolved paths, and
+device and inode for hard links); anything not a regular file (a symbolic link, a device such as
+/dev/null, a FIFO, a directory) is refused, with `--overwrite` too.
 - raw lines without a label: the Kaggle submission layout `Id,Predicted`, Id = 60000000 + the
   line's 0-based index (Kaggle's test ids);
 - raw lines with a label: `line,label,predicted` (1-based line numbers);
@@ -25,10 +29,12 @@ skipped, counted and reported at the end.
 from __future__ import annotations
 
 import argparse
+import errno
 import gzip
 import json
 import logging
 import os
+import stat
 import sys
 import time
 from pathlib import Path
@@ -37,7 +43,7 @@ import numpy as np
 import torch
 
 from common.atomic import AtomicFile
-from data_pipeline.errors import DataError
+from data_pipeline.errors import DataError, mount_point
 from dlrm.train import EXIT_USAGE, OneLineParser
 
 PROG = "python -m serving.predict"
@@ -49,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog=PROG, description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="inference artifact (python -m serving.quantize)")
     p.add_argument("--data", required=True, help="raw Criteo file, or preprocessed data set")
-    p.add_argument("--out", required=True, help="CSV file to write")
+    p.add_argument("--out", required=True, help="CSV file to write (-: stdout)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     p.add_argument("--split", default="test", help="split of a preprocessed data set")
     p.add_argument("--on-bad-line", default="error", help="error (default) or skip")
     p.add_argument("--batch-size", type=int, default=2048)
@@ -113,34 +120,102 @@ def format_csv(columns: list[np.ndarray | None], probabilities: np.ndarray) -> b
 # --- scoring ----------------------------------------------------------------------------------------
 
 
-class _Output:
-    """The CSV, written to a temporary file renamed over `path` at the end."""
+_KINDS = {stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+          stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory",
+          stat.S_IFLNK: "a symbolic link"}  # fmt: skip
 
-    def __init__(self, path: Path, header: str) -> None:
+
+def check_out(out: str, overwrite: bool, protected: list[Path]) -> Path | None:
+    """The file `--out` names (None: stdout), or ConfigError when writing it could destroy
+    something: an existing file without `overwrite`, anything but a regular file, or any of
+    `protected` (the input, the artifact, the tier: files or directories, by resolved path and
+    by device and inode)."""
+    from dlrm.errors import ConfigError
+
+    if out == "-":
+        return None
+    path = Path(out)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    except OSError as e:
+        raise ConfigError(f"--out: {path}: cannot be examined ({e.strerror or e})") from None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        kind = _KINDS.get(stat.S_IFMT(st.st_mode), "not a regular file")
+        raise ConfigError(f"--out: {path} is {kind}; expected a CSV file name (or - for stdout)")
+    if not path.parent.is_dir():
+        raise ConfigError(f"--out: {path.parent} does not exist")
+    target = path.parent.resolve() / path.name
+    inodes = {(st.st_dev, st.st_ino)} if st is not None else set()
+    for p in protected:
+        if not p.exists():
+            continue
+        rp = p.resolve()
+        files = [f for f in rp.rglob("*") if f.is_file()] if rp.is_dir() else [rp]
+        if (
+            target == rp
+            or rp in target.parents
+            or any((f.stat().st_dev, f.stat().st_ino) in inodes for f in files)
+        ):
+            raise ConfigError(
+                f"--out: {path} is {p} or inside it (the input, the artifact or the SSD tier), "
+                "never written over; choose another name"
+            )
+    if st is not None and not overwrite:
+        raise ConfigError(
+            f"--out: {path} already exists; pass --overwrite to replace it, or choose another name"
+        )
+    return path
+
+
+class _Output:
+    """The CSV, written to a temporary file renamed over `path` at the end (None: stdout)."""
+
+    def __init__(self, path: Path | None, header: str) -> None:
         self.path = path
+        self.out = None
+        self.rows = 0
         try:
-            self.out = AtomicFile(path)
-            self.f = self.out.file
+            if path is None:
+                self.f = sys.stdout.buffer
+            else:
+                self.out = AtomicFile(path)
+                self.f = self.out.file
             self.f.write(header.encode() + b"\n")
         except OSError as e:
-            raise DataError(f"{path}: cannot be written ({e.strerror or e})") from None
-        self.rows = 0
+            raise self._error(e) from None
+
+    def _error(self, e: OSError) -> DataError:
+        """The one line for a failed write; the temporary is removed."""
+        self.abort()
+        where = self.path or "stdout"
+        if e.errno in (errno.ENOSPC, errno.EDQUOT) and self.path is not None:
+            return DataError(
+                f"{where}: no space left on the file system mounted at "
+                f"{mount_point(self.path.parent)}; nothing kept"
+            )
+        return DataError(f"{where}: cannot be written ({e.strerror or e}); nothing kept")
 
     def write(self, data: bytes, rows: int) -> None:
         try:
             self.f.write(data)
         except OSError as e:
-            self.abort()
-            raise DataError(
-                f"{self.path}: cannot be written ({e.strerror or e}); nothing kept"
-            ) from None
+            raise self._error(e) from None
         self.rows += rows
 
     def finish(self) -> None:
-        self.out.commit()
+        try:
+            if self.out is None:
+                self.f.flush()
+            else:
+                self.out.commit()
+        except OSError as e:
+            raise self._error(e) from None
 
     def abort(self) -> None:
-        self.out.abort()
+        if self.out is not None:
+            self.out.abort()
 
 
 def _score(predictor, dense: np.ndarray, sparse: np.ndarray, batch_size: int) -> np.ndarray:
@@ -172,7 +247,7 @@ def _has_label(path: Path) -> bool:
     return fields == 40
 
 
-def predict_raw(predictor, path: Path, out: Path, on_bad_line: str, batch_size: int,
+def predict_raw(predictor, path: Path, out: Path | None, on_bad_line: str, batch_size: int,
                 workers: int, block_bytes: int) -> dict:  # fmt: skip
     from data_pipeline.block_pipeline import BadLineLog, BlockPipeline
     from data_pipeline.preprocess_worker import TaskResult, TaskSpec
@@ -184,7 +259,12 @@ def predict_raw(predictor, path: Path, out: Path, on_bad_line: str, batch_size: 
             f"{predictor.artifact.path}: carries no categorical mapping (the model was not trained "
             "on Criteo data): score a preprocessed data set instead"
         )
-    if not path.is_file():
+    if path.is_dir():
+        raise DataError(
+            f"{path}: a directory without meta.json, so not a preprocessed data set; expected "
+            "raw Criteo lines (a file, plain or .gz) or a preprocessed data set's directory"
+        )
+    if not path.exists():
         raise DataError(f"{path}: not found (expected raw Criteo lines or a preprocessed data set)")
     labelled = _has_label(path)
     part = RawPart("predict", path, has_label=labelled)
@@ -231,7 +311,9 @@ def predict_raw(predictor, path: Path, out: Path, on_bad_line: str, batch_size: 
     return {"lines": lines_before, "rows": writer.rows, "bad_lines": bad.counts}
 
 
-def predict_dataset(predictor, directory: Path, split: str, out: Path, batch_size: int) -> dict:
+def predict_dataset(
+    predictor, directory: Path, split: str, out: Path | None, batch_size: int
+) -> dict:
     meta = json.loads((directory / "meta.json").read_text())
     tbsm = predictor.manifest["model"]["model"] == "tbsm"
     if meta.get("dataset") == "taobao":
@@ -283,11 +365,12 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(
                 "--batch-size, --workers, --block-mb, --threads: expected positive numbers"
             )
-        out = Path(a.out)
-        if out.is_dir():
-            raise ConfigError(f"--out: {out} is a directory; expected a CSV file name")
-        if not out.parent.is_dir():
-            raise ConfigError(f"--out: {out.parent} does not exist")
+        if a.embedding_backend not in ("auto", "fbgemm", "torch"):
+            raise ConfigError(
+                f"--embedding-backend: expected auto, fbgemm or torch, got {a.embedding_backend!r}"
+            )
+        protected = [Path(a.model), Path(a.data), *([Path(a.scm_dir)] if a.scm_dir else [])]
+        out = check_out(a.out, a.overwrite, protected)
         from serving.predictor import Predictor
 
         predictor = Predictor.load(
@@ -312,11 +395,11 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"{PROG}: error: {e}\n")
         return EXIT_USAGE
     seconds = time.perf_counter() - t0
-    stats.update(out=str(out), seconds=round(seconds, 3))
+    stats.update(out=str(out) if out else "-", seconds=round(seconds, 3))
     skipped = sum(stats.get("bad_lines", {}).values())
     if skipped:
         sys.stderr.write(f"{PROG}: skipped {skipped} malformed lines ({stats['bad_lines']})\n")
-    print(json.dumps(stats))
+    print(json.dumps(stats), file=sys.stdout if out else sys.stderr)
     return 0
 
 
