@@ -96,6 +96,7 @@ class Predictor:
             dense, sparse = batch
         else:
             dense, sparse = batch.dense_features, batch.sparse_features
+        self.check_ids(sparse)
         return self.model(dense.to(self.device), sparse.to(self.device)).float()
 
     def predict(self, batch: Batch | tuple[torch.Tensor, KeyedJaggedTensor]) -> torch.Tensor:
@@ -115,6 +116,26 @@ class Predictor:
         offsets = torch.arange(batch * tables + 1, dtype=values.dtype, device=self.device)
         pooled = self.model.embeddings.pooled(values, offsets, batch)
         return torch.sigmoid(self.model.dense_forward(dense.to(self.device), pooled).float())
+
+    def check_ids(self, sparse: KeyedJaggedTensor) -> None:
+        """ValueError naming the first id of `sparse` outside its table (its sample, feature and
+        table): a lookup past a table's end is a raw kernel error, and -1 no error at all."""
+        tables = {t.feature_name: t for t in self.artifact.tables}
+        values, offsets = sparse.values().cpu(), sparse.offsets().cpu()
+        stride, start = sparse.stride(), 0
+        for k, (key, n) in enumerate(zip(sparse.keys(), sparse.length_per_key())):
+            t = tables.get(key)
+            if t is not None and n:
+                v = values[start : start + n]
+                bad = torch.nonzero((v < 0) | (v >= t.num_embeddings))
+                if bad.numel():
+                    i = start + int(bad[0, 0])
+                    bag = int(torch.searchsorted(offsets, torch.tensor(i), right=True)) - 1
+                    raise ValueError(
+                        f"row {bag - k * stride}: id {int(values[i])} of feature {key} is "
+                        f"outside table {t.name} ({t.num_embeddings} rows)"
+                    )
+            start += n
 
     def check_rows(self, dense: torch.Tensor, ids: torch.Tensor) -> None:
         """ValueError naming what does not fit: a column count, or the first id outside its

@@ -291,3 +291,19 @@ def test_a_block_of_bad_lines_skipped_is_no_crash(world, tmp_path, capsys):
     assert rc == 0, capsys.readouterr().err
     assert len((tmp_path / "p.csv").read_text().splitlines()) == 4
     assert json.loads(capsys.readouterr().out)["bad_lines"]["integer"] == 6000
+
+
+def test_every_id_of_a_keyed_jagged_batch_is_checked_too(world):
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    p = Predictor.load(world / "art")
+    values = torch.zeros(26 * 3, dtype=torch.int64)
+    values[5 * 3 + 1] = -1  # feature cat_5, sample 1
+    kjt = KeyedJaggedTensor(keys=p.feature_names, values=values,
+                            lengths=torch.ones(26 * 3, dtype=torch.int32))  # fmt: skip
+    with pytest.raises(ValueError, match=r"row 1: id -1 of feature cat_5 is outside table t_cat_5"):
+        p.predict((torch.zeros(3, 13), kjt))
+    values[5 * 3 + 1] = 0
+    values[25 * 3 + 2] = 97
+    with pytest.raises(ValueError, match=r"row 2: id 97 of feature cat_25 is outside table"):
+        p.predict((torch.zeros(3, 13), kjt))
