@@ -28,6 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import hostile_probes_serving as serving  # scripts/, beside this file
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--arch-embedding-size", "60-40-500-7", "--arch-sparse-feature-size", "4",
         "--arch-mlp-bot", "13-16-4", "--arch-mlp-top", "16-1", "--mini-batch-size", "64",
@@ -373,6 +375,7 @@ def probes() -> list[Probe]:
         lambda w: (taobao_world(w), edit(w / "UserBehavior.csv", swap_digit),
                    pipeline("preprocess", "--dataset", "taobao", "--raw", str(w / "UserBehavior.csv"), "--out", str(w / "tb"), "--ts-length", "4", "--points-per-user", "3", "--no-progress"))[2],
         says="from another raw file", keep=["tb/meta.json"])  # fmt: skip
+    serving.add_probes(add, C, W_, M)  # issue 37: artifacts, prediction, the serving tier
     return p
 
 
@@ -507,6 +510,8 @@ def main() -> None:
         if not (world / "A/summary.json").exists():
             world.mkdir(parents=True, exist_ok=True)
             build_world(world)
+        if not (world / serving.ART / "manifest.json").exists():
+            serving.build(world, ROOT)
         for q in chosen:
             run_probe(q, world, Path(tmp))
             print(f"{'ok ' if q.result['ok'] else 'BAD'} {q.name}: {q.result['shown'][:160]}",

@@ -125,11 +125,11 @@ _KINDS = {stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
           stat.S_IFLNK: "a symbolic link"}  # fmt: skip
 
 
-def check_out(out: str, overwrite: bool, protected: list[Path]) -> Path | None:
+def check_out(out: str, overwrite: bool, protected: dict[str, Path]) -> Path | None:
     """The file `--out` names (None: stdout), or ConfigError when writing it could destroy
     something: an existing file without `overwrite`, anything but a regular file, or any of
-    `protected` (the input, the artifact, the tier: files or directories, by resolved path and
-    by device and inode)."""
+    `protected` (flag -> the input, the artifact, the tier: files or directories, by resolved
+    path and by device and inode)."""
     from dlrm.errors import ConfigError
 
     if out == "-":
@@ -148,7 +148,7 @@ def check_out(out: str, overwrite: bool, protected: list[Path]) -> Path | None:
         raise ConfigError(f"--out: {path.parent} does not exist")
     target = path.parent.resolve() / path.name
     inodes = {(st.st_dev, st.st_ino)} if st is not None else set()
-    for p in protected:
+    for flag, p in protected.items():
         if not p.exists():
             continue
         rp = p.resolve()
@@ -158,9 +158,9 @@ def check_out(out: str, overwrite: bool, protected: list[Path]) -> Path | None:
             or rp in target.parents
             or any((f.stat().st_dev, f.stat().st_ino) in inodes for f in files)
         ):
+            what = "is" if rp.is_file() else "is inside"
             raise ConfigError(
-                f"--out: {path} is {p} or inside it (the input, the artifact or the SSD tier), "
-                "never written over; choose another name"
+                f"--out: {path} {what} {flag} {p}, which is never written over; choose another name"
             )
     if st is not None and not overwrite:
         raise ConfigError(
@@ -369,7 +369,9 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(
                 f"--embedding-backend: expected auto, fbgemm or torch, got {a.embedding_backend!r}"
             )
-        protected = [Path(a.model), Path(a.data), *([Path(a.scm_dir)] if a.scm_dir else [])]
+        protected = {"--data": Path(a.data), "--model": Path(a.model)}
+        if a.scm_dir:
+            protected["--scm-dir"] = Path(a.scm_dir)
         out = check_out(a.out, a.overwrite, protected)
         from serving.predictor import Predictor
 

@@ -37,7 +37,7 @@ def _training_owner(manifest: Path) -> str:
     except (OSError, ValueError):
         return ""
     if isinstance(meta, dict) and meta.get("format") == scm_tier.FORMAT:
-        return f" of the run in {meta['owner']}" if meta.get("owner") else ""
+        return f" in {meta['owner']}" if meta.get("owner") else ""
     return ""
 
 
@@ -67,7 +67,7 @@ def claim(directory: str | Path) -> Path:
     if scm_tier.MANIFEST in names or scm_tier.JOURNAL in names:
         owner = _training_owner(d / scm_tier.MANIFEST)
         raise _error(
-            d, f"holds the SSD tier of a training run{owner} (tier.json, journal.log); a "
+            d, f"holds the SSD tier of the training run{owner} (tier.json, journal.log); a "
             "predictor serves only from a directory of its own: give it another one"
         )  # fmt: skip
     foreign = [
