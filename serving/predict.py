@@ -10,12 +10,9 @@ arrays. A value never seen in training gets the out-of-vocabulary id, as in prep
 Rows are scored by `Predictor.predict_rows` (ids as arrays, no KeyedJaggedTensor): this command
 never imports torchrec, whose import costs seconds.
 
-Output (CSV, written to a temporary file and renamed at the end, so an earlier file of that name
-survives a failed run; `--out -` writes to stdout and the summary to stderr). What is there is
-never destroyed by mistake: an existing `--out` is refused unless `--overwrite`; the input, the
-artifact (and the SSD tier) are never written over, whatever their name (resolved paths, and
-device and inode for hard links); anything not a regular file (a symbolic link, a device such as
-/dev/null, a FIFO, a directory) is refused, with `--overwrite` too.
+Output (CSV; serving/output.py: an existing `--out` needs `--overwrite`, the input and the
+artifact are never written over, only regular files are, `-` is stdout with the summary on
+stderr, and an earlier file of that name survives a failed run):
 - raw lines without a label: the Kaggle submission layout `Id,Predicted`, Id = 60000000 + the
   line's 0-based index (Kaggle's test ids);
 - raw lines with a label: `line,label,predicted` (1-based line numbers);
@@ -29,12 +26,10 @@ skipped, counted and reported at the end.
 from __future__ import annotations
 
 import argparse
-import errno
 import gzip
 import json
 import logging
 import os
-import stat
 import sys
 import time
 from pathlib import Path
@@ -42,9 +37,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common.atomic import AtomicFile
-from data_pipeline.errors import DataError, mount_point
+from data_pipeline.errors import DataError
 from dlrm.train import EXIT_USAGE, OneLineParser
+from serving.output import CsvOutput, check_out
 
 PROG = "python -m serving.predict"
 KAGGLE_FIRST_ID = 60_000_000
@@ -120,104 +115,6 @@ def format_csv(columns: list[np.ndarray | None], probabilities: np.ndarray) -> b
 # --- scoring ----------------------------------------------------------------------------------------
 
 
-_KINDS = {stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
-          stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory",
-          stat.S_IFLNK: "a symbolic link"}  # fmt: skip
-
-
-def check_out(out: str, overwrite: bool, protected: dict[str, Path]) -> Path | None:
-    """The file `--out` names (None: stdout), or ConfigError when writing it could destroy
-    something: an existing file without `overwrite`, anything but a regular file, or any of
-    `protected` (flag -> the input, the artifact, the tier: files or directories, by resolved
-    path and by device and inode)."""
-    from dlrm.errors import ConfigError
-
-    if out == "-":
-        return None
-    path = Path(out)
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        st = None
-    except OSError as e:
-        raise ConfigError(f"--out: {path}: cannot be examined ({e.strerror or e})") from None
-    if st is not None and not stat.S_ISREG(st.st_mode):
-        kind = _KINDS.get(stat.S_IFMT(st.st_mode), "not a regular file")
-        raise ConfigError(f"--out: {path} is {kind}; expected a CSV file name (or - for stdout)")
-    if not path.parent.is_dir():
-        raise ConfigError(f"--out: {path.parent} does not exist")
-    target = path.parent.resolve() / path.name
-    inodes = {(st.st_dev, st.st_ino)} if st is not None else set()
-    for flag, p in protected.items():
-        if not p.exists():
-            continue
-        rp = p.resolve()
-        files = [f for f in rp.rglob("*") if f.is_file()] if rp.is_dir() else [rp]
-        if (
-            target == rp
-            or rp in target.parents
-            or any((f.stat().st_dev, f.stat().st_ino) in inodes for f in files)
-        ):
-            what = "is" if rp.is_file() else "is inside"
-            raise ConfigError(
-                f"--out: {path} {what} {flag} {p}, which is never written over; choose another name"
-            )
-    if st is not None and not overwrite:
-        raise ConfigError(
-            f"--out: {path} already exists; pass --overwrite to replace it, or choose another name"
-        )
-    return path
-
-
-class _Output:
-    """The CSV, written to a temporary file renamed over `path` at the end (None: stdout)."""
-
-    def __init__(self, path: Path | None, header: str) -> None:
-        self.path = path
-        self.out = None
-        self.rows = 0
-        try:
-            if path is None:
-                self.f = sys.stdout.buffer
-            else:
-                self.out = AtomicFile(path)
-                self.f = self.out.file
-            self.f.write(header.encode() + b"\n")
-        except OSError as e:
-            raise self._error(e) from None
-
-    def _error(self, e: OSError) -> DataError:
-        """The one line for a failed write; the temporary is removed."""
-        self.abort()
-        where = self.path or "stdout"
-        if e.errno in (errno.ENOSPC, errno.EDQUOT) and self.path is not None:
-            return DataError(
-                f"{where}: no space left on the file system mounted at "
-                f"{mount_point(self.path.parent)}; nothing kept"
-            )
-        return DataError(f"{where}: cannot be written ({e.strerror or e}); nothing kept")
-
-    def write(self, data: bytes, rows: int) -> None:
-        try:
-            self.f.write(data)
-        except OSError as e:
-            raise self._error(e) from None
-        self.rows += rows
-
-    def finish(self) -> None:
-        try:
-            if self.out is None:
-                self.f.flush()
-            else:
-                self.out.commit()
-        except OSError as e:
-            raise self._error(e) from None
-
-    def abort(self) -> None:
-        if self.out is not None:
-            self.out.abort()
-
-
 def _score(predictor, dense: np.ndarray, sparse: np.ndarray, batch_size: int) -> np.ndarray:
     """Probabilities of rows given as dense [n, 13] and ids [n, 26] (feature order)."""
     out = np.empty(len(dense), dtype=np.float64)
@@ -275,7 +172,7 @@ def predict_raw(predictor, path: Path, out: Path | None, on_bad_line: str, batch
         # int32 where every table fits: half the bytes through the workers' pipes and the copies
         index_dtype="int32" if max(t.num_embeddings for t in predictor.artifact.tables) < 2**31 else "int64",
     )  # fmt: skip
-    writer = _Output(out, "line,label,predicted" if labelled else "Id,Predicted")
+    writer = CsvOutput(out, "line,label,predicted" if labelled else "Id,Predicted")
     bad = BadLineLog(part, on_bad_line)
     lines_before = 0
 
@@ -326,7 +223,7 @@ def predict_dataset(
 
         source = CriteoBatchSource(directory, split, batch_size)
     kaggle = split == "inference"
-    writer = _Output(out, "Id,Predicted" if kaggle else "row,label,predicted")
+    writer = CsvOutput(out, "Id,Predicted" if kaggle else "row,label,predicted")
     row = 0
     try:
         for batch in source.batches(0):
