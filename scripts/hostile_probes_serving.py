@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ART, TIER_RUN = "art", "T"
+ART, TIER_RUN = "serve_art", "serve_tier_run"  # names no earlier probe uses
 _ARCH = ["--arch-sparse-feature-size", "4", "--arch-mlp-bot", "13-8-4", "--arch-mlp-top", "8-1",
          "--mini-batch-size", "32", "--progress", "false"]  # fmt: skip
 _TIERED = ["--arch-embedding-size", "60-40-500-7", "--arch-sparse-feature-size", "4",
@@ -22,8 +22,8 @@ _TIERED = ["--arch-embedding-size", "60-40-500-7", "--arch-sparse-feature-size",
 
 
 def build(base: Path, root: Path) -> None:
-    """The artifact `art` (a Kaggle-shaped run on the world's `kdata`, quantized) and a tiered
-    run `T` with its tier in `T/scm`."""
+    """The artifact ART (a Kaggle-shaped run on the world's `kdata`, quantized) and a tiered run
+    TIER_RUN with its tier in TIER_RUN/scm."""
 
     def run(argv: list[str]) -> None:
         done = subprocess.run(argv, capture_output=True, text=True, cwd=root)
@@ -32,8 +32,8 @@ def build(base: Path, root: Path) -> None:
 
     py = sys.executable
     run([py, "-m", "dlrm.train", *_ARCH, "--data-set", "kaggle", "--processed-data-file",
-         str(base / "kdata"), "--num-batches", "4", "--out-dir", str(base / "KA")])  # fmt: skip
-    run([py, "-m", "serving.quantize", str(base / "KA"), "--out", str(base / ART)])
+         str(base / "kdata"), "--num-batches", "4", "--out-dir", str(base / "serve_run")])  # fmt: skip
+    run([py, "-m", "serving.quantize", str(base / "serve_run"), "--out", str(base / ART)])
     run([py, "-m", "dlrm.train", *_TIERED, "--out-dir", str(base / TIER_RUN)])
 
 
@@ -81,7 +81,7 @@ def device_node(path: Path) -> None:
 
 
 def fake_training_tier(w: Path) -> None:
-    """The tier of run T with its tier.json removed (a damaged run's directory)."""
+    """The tiered run's tier with its tier.json removed (a damaged run's directory)."""
     (w / TIER_RUN / "scm" / "tier.json").unlink()
 
 
