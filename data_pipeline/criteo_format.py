@@ -1,6 +1,9 @@
 """The Criteo raw line format and its vectorised parser.
 
-A line is `label \\t I1..I13 \\t C1..C26 \\n` (the Kaggle `test.txt` has no label):
+A line is `label \\t I1..I13 \\t C1..C26 \\n` (the Kaggle `test.txt` has no label), or ends with
+`\\r\\n` (a file that went through Windows): the `\\r` before a newline is part of the line end,
+never of the last field, in the reference and the fast path alike, and a line's offset is still
+where it starts in the file. A `\\r` anywhere else is a bad field.
 
 - label: exactly `0` or `1`;
 - I1..I13: empty, or an optional `-` followed by 1 to 18 decimal digits (18 digits always fit
@@ -108,10 +111,7 @@ def check_line(
     Returns (label, ints, cats) with INT_MISSING / CAT_MISSING for empty fields, or a BadLine
     (index 0) naming the first problem.
     """
-    result = _check_line(line, has_label)
-    if isinstance(result, BadLine) and line.endswith(b"\r"):
-        result.message += " (Windows line ends? convert the file with dos2unix)"
-    return result
+    return _check_line(line[:-1] if line.endswith(b"\r") else line, has_label)
 
 
 def _check_line(line: bytes, has_label: bool) -> tuple[int | None, list[int], list[int]] | BadLine:
@@ -312,7 +312,7 @@ def _sub_block(data, codes, u64, lo, hi, has_label, out, row0, line0, bad):
 def _describe(data, start, end, line_index, has_label) -> BadLine:
     """Ask the reference parser what is wrong with the line at codes[start:end]."""
     raw = bytes(data[start - _PAD : end - _PAD])
-    result = check_line(raw, has_label)
+    result = _check_line(raw, has_label)  # its line end, \r included, is gone
     if not isinstance(result, BadLine):  # the fast path and the reference disagree: a bug
         raise AssertionError(f"parser rejected a valid line: {raw!r}")
     result.index = int(line_index)
@@ -329,6 +329,12 @@ def parse_block(
     """
     if data and not data.endswith(b"\n"):
         raise ValueError("parse_block needs whole lines ending with a newline")
+    if b"\r\n" in data:  # rare: parse the lines without their \r, then put the offsets back
+        return _without_cr(data, has_label, sub_block_bytes)
+    return _parse_lines(data, has_label, sub_block_bytes)
+
+
+def _parse_lines(data: bytes | bytearray, has_label: bool, sub_block_bytes: int) -> ParsedBlock:
     num_lines = int(np.count_nonzero(np.frombuffer(data, dtype=np.uint8) == 10))
     out = ParsedBlock(
         labels=np.empty(num_lines, dtype=np.int8) if has_label else None,
@@ -362,6 +368,18 @@ def parse_block(
         out.labels = out.labels[:rows] if has_label else None
         out.ints, out.cats = out.ints[:rows], out.cats[:rows]
         out.lines, out.offsets = out.lines[:rows], out.offsets[:rows]
+    return out
+
+
+def _without_cr(data: bytes | bytearray, has_label: bool, sub_block_bytes: int) -> ParsedBlock:
+    raw = np.frombuffer(data, dtype=np.uint8)
+    newlines = np.flatnonzero(raw == 10)
+    cr = np.zeros(len(newlines), dtype=np.int64)
+    inside = newlines > 0
+    cr[inside] = raw[newlines[inside] - 1] == 13
+    before = np.concatenate(([0], np.cumsum(cr)[:-1]))  # \r dropped before each line's start
+    out = _parse_lines(bytes(data).replace(b"\r\n", b"\n"), has_label, sub_block_bytes)
+    out.offsets += before[out.lines]
     return out
 
 

@@ -83,7 +83,8 @@ def write_result(stream: BinaryIO, result: TaskResult) -> None:
     }
     stream.write(json.dumps(header).encode() + b"\n")
     for _, a in arrays:
-        stream.write(memoryview(a).cast("B"))
+        if a.size:  # a block whose every line was bad: no bytes (and a zero-size view has no cast)
+            stream.write(memoryview(a).cast("B"))
     stream.flush()
 
 

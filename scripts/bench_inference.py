@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from data_pipeline.synthetic_raw import SyntheticSpec, write_kaggle, write_raw_file
+from serving.artifact import read_manifest
 
 ROOT = Path(__file__).resolve().parent.parent
 KAGGLE_ARCH = ["--arch-sparse-feature-size", "16", "--arch-mlp-bot", "13-512-256-64-16",
@@ -347,7 +348,7 @@ def bench_predict(work: Path, art: Path, lines: int, rounds: int) -> dict:
         write_raw_file(test_txt, lines, spec, stream=7, with_label=False)
     if not train_txt.is_file():
         write_raw_file(train_txt, lines, spec, stream=7)
-    manifest = json.loads((art / "manifest.json").read_text())
+    manifest = read_manifest(art)
     mode = manifest["categorical"]
     prep_flags = (["--max-ind-range", str(mode["max_ind_range"])] if mode["mode"] == "hash"
                   else ["--frequency-threshold", str(mode["threshold"])])  # fmt: skip
@@ -429,7 +430,7 @@ def predict_cpu_floor(art: Path, raw: Path, lines: int) -> dict:
             f"import serving.predict; from serving import Predictor; Predictor.load({str(art)!r})",
         ]
     )
-    mapping = json.loads((art / "manifest.json").read_text())["categorical"]
+    mapping = read_manifest(art)["categorical"]
     hashed = mapping["mode"] == "hash"
     parse = child_cpu(["-c", _PARSE_PASS, str(raw), str(mapping["max_ind_range"] if hashed else 0),
                        "" if hashed else str(art / mapping["dir"])])  # fmt: skip

@@ -28,6 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import hostile_probes_serving as serving  # scripts/, beside this file
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--arch-embedding-size", "60-40-500-7", "--arch-sparse-feature-size", "4",
         "--arch-mlp-bot", "13-16-4", "--arch-mlp-top", "16-1", "--mini-batch-size", "64",
@@ -337,11 +339,13 @@ def probes() -> list[Probe]:
             says=says, keep=["A.model.pt", "A/summary.json"])  # fmt: skip
     add("--max-ind-range -5 (the reference's 'no hashing')", M,
         lambda w: train(*TINY, "--out-dir", str(w / "B"), "--max-ind-range", "-5"), expect="survive")  # fmt: skip
-    for label, damage in [("CRLF line ends", lambda r: r.replace(b"\n", b"\r\n")),
-                          ("gzip data named .txt", lambda r: gzip.compress(bytes(r)))]:  # fmt: skip
-        add(f"--on-bad-line skip, every line bad: {label}", M,
-            lambda w, d=damage: (edit(w / "kraw/train.txt", d), pipeline("preprocess", "--dataset", "kaggle", "--raw", str(w / "kraw/train.txt"), "--out", str(w / "k2"), "--on-bad-line", "skip", "--no-progress"))[1],
-            says="train.txt")  # fmt: skip
+    add("--on-bad-line skip, every line bad: gzip data named .txt", M,
+        lambda w: (edit(w / "kraw/train.txt", lambda r: gzip.compress(bytes(r))), pipeline("preprocess", "--dataset", "kaggle", "--raw", str(w / "kraw/train.txt"), "--out", str(w / "k2"), "--on-bad-line", "skip", "--no-progress"))[1],
+        says="train.txt")  # fmt: skip
+    # issue 37, 14: CRLF is the Criteo files' line-end variant, read as the LF lines it ends
+    add("CRLF line ends: preprocessed as their LF lines", M,
+        lambda w: (edit(w / "kraw/train.txt", lambda r: r.replace(b"\n", b"\r\n")), pipeline("preprocess", "--dataset", "kaggle", "--raw", str(w / "kraw/train.txt"), "--out", str(w / "k2"), "--no-progress"))[1],
+        expect="survive")  # fmt: skip
     for label, args, says in [
         ("preprocess: --raw that does not exist", ["preprocess", "--dataset", "kaggle", "--raw", "nowhere", "--out", "k2"], "nowhere: not found"),
         ("preprocess: --out that is a file", ["preprocess", "--dataset", "kaggle", "--raw", "kraw/train.txt", "--out", "A.model.pt"], "A.model.pt is a file"),
@@ -373,6 +377,7 @@ def probes() -> list[Probe]:
         lambda w: (taobao_world(w), edit(w / "UserBehavior.csv", swap_digit),
                    pipeline("preprocess", "--dataset", "taobao", "--raw", str(w / "UserBehavior.csv"), "--out", str(w / "tb"), "--ts-length", "4", "--points-per-user", "3", "--no-progress"))[2],
         says="from another raw file", keep=["tb/meta.json"])  # fmt: skip
+    serving.add_probes(add, C, W_, M)  # issue 37: artifacts, prediction, the serving tier
     p += _i37_ckpt_probes()
     p.extend(scm_probes())  # issue 37: the SSD tier and the run directory (its own block below)
     return p
@@ -722,6 +727,8 @@ def main() -> None:
         if not (world / "A/summary.json").exists():
             world.mkdir(parents=True, exist_ok=True)
             build_world(world)
+        if not (world / serving.ART / "manifest.json").exists():
+            serving.build(world, ROOT)
         for q in chosen:
             run_probe(q, world, Path(tmp))
             print(f"{'ok ' if q.result['ok'] else 'BAD'} {q.name}: {q.result['shown'][:160]}",

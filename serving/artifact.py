@@ -1,6 +1,7 @@
 """The inference artifact: a directory a model is served from, which cannot run code when loaded.
 
-    ARTIFACT/manifest.json          what it is (below), with the SHA-256 of every other file
+    ARTIFACT/manifest.json          what it is (below), with the SHA-256 of every other file,
+                                    sealed: its body and the CRC-32 of the body (common/manifest)
     ARTIFACT/tables/<table>.npy     uint8 [rows, row bytes]: the table at its precision
                                     (embeddings/quantized.py has the row layout)
     ARTIFACT/dense/<name>.npy       the dense weights (serving/model_tensors.py: int8 layers as
@@ -13,7 +14,11 @@
 The manifest (JSON) holds the format version, the architecture, the feature names, every table's
 size and precision, every layer's precision, the calibration metrics, the categorical mapping's
 parameters, the SHA-256 of the source checkpoint, and per file its SHA-256, size, dtype and shape.
-Only `.npy` (read with `allow_pickle=False`) and JSON: no pickle anywhere.
+Only `.npy` (read with `allow_pickle=False`) and JSON: no pickle anywhere. The manifest is
+`{"format", "format_version", "body", "crc32"}`: every value the results depend on (the hashing
+modulus, a table's rows or precision) is covered, so an edited manifest is refused, never served.
+Version 1 manifests carried no checksum: they are refused with "re-export" (not served read-only
+with a warning: one edited value there silently changes every prediction).
 
 `load` checks every listed file before returning anything: present, of its recorded size (a
 truncated file), of its SHA-256 (a changed byte), of the dtype and shape in the manifest, and
@@ -41,14 +46,19 @@ import torch
 
 from common.atomic import publish
 from common.header import check_header
+from common.manifest import (
+    Damaged,
+    seal,
+    sha256_file,  # noqa: F401 (tests import it from here)
+    unseal,
+)
 from common.manifest import digests as file_digests
-from common.manifest import sha256_file  # noqa: F401 (tests import it from here)
 from data_pipeline.errors import mount_point
 from embeddings.config import TableSpec
 from embeddings.quantized import check_precision, row_bytes
 
 FORMAT = "hybrid-dlrm-inference-artifact"
-VERSION = 1
+VERSION = 2  # 1: the manifest unsealed
 MANIFEST = "manifest.json"
 
 
@@ -143,8 +153,9 @@ class ArtifactWriter:
         digests = file_digests([self.tmp / r for r in rels], "sha256")
         for rel, digest in zip(rels, digests):
             self.files[rel].update(sha256=digest, bytes=(self.tmp / rel).stat().st_size)
-        manifest = {"format": FORMAT, "format_version": VERSION, **manifest, "files": self.files}
-        manifest.setdefault("made_by", {})["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        body = {**manifest, "files": self.files}
+        body.setdefault("made_by", {})["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        manifest = {"format": FORMAT, "format_version": VERSION, **seal(body)}
         try:
             (self.tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
             for p in [*(self.tmp / r for r in rels), self.tmp / MANIFEST]:
@@ -180,6 +191,7 @@ class Artifact:
 
 
 def read_manifest(path: Path) -> dict:
+    """The manifest's header and body, the body's checksum and structure checked."""
     path = Path(path)
     where = path / MANIFEST
     if not path.is_dir():
@@ -190,12 +202,63 @@ def read_manifest(path: Path) -> dict:
         manifest = json.loads(where.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ArtifactError(f"{where}: corrupt: not valid JSON ({e})") from None
+    if isinstance(manifest, dict) and manifest.get("format") == FORMAT:
+        if manifest.get("format_version") == 1:
+            raise ArtifactError(
+                f"{where}: artifact format version 1, whose manifest carries no checksum; "
+                "re-export it with python -m serving.quantize"
+            )
     check_header(manifest, where, format=FORMAT, versions=(VERSION,), kind="artifact format",
                  what="hybrid-dlrm inference artifact", error=ArtifactError, version_key="format_version")  # fmt: skip
-    for key in ("model", "tables", "dense", "files"):
-        if key not in manifest:
-            raise ArtifactError(f"{where}: corrupt: no {key!r} entry")
-    return manifest
+    try:
+        body = unseal(manifest)
+    except Damaged as e:
+        raise ArtifactError(f"{where}: corrupt: {e} (edited or damaged)") from None
+    except (KeyError, TypeError):
+        raise ArtifactError(
+            f"{where}: corrupt: not a sealed manifest (no body and crc32)"
+        ) from None
+    if not isinstance(body, dict):
+        raise ArtifactError(f"{where}: corrupt: its body is not a JSON object")
+    problem = structure_problem(body)
+    if problem:
+        raise ArtifactError(f"{where}: corrupt: {problem}")
+    return {"format": FORMAT, "format_version": VERSION, **body}
+
+
+_TABLE_KEYS = {"name": str, "feature": str, "precision": str, "file": str, "rows": int, "dim": int}
+
+
+def structure_problem(m: dict) -> str | None:
+    """What is structurally wrong with a manifest body (missing entries, wrong types, tables that
+    do not match the architecture or name files not listed), or None."""
+    for key, kind in (("model", dict), ("tables", list), ("dense", dict), ("files", dict)):
+        if not isinstance(m.get(key), kind):
+            found = type(m[key]).__name__ if key in m else "nothing"
+            return f"{key!r}: expected a JSON {'object' if kind is dict else 'list'}, found {found}"
+    files = m["files"]
+    for rel, rec in files.items():
+        if not isinstance(rec, dict):
+            return f"files[{rel!r}]: expected a JSON object"
+    for i, rec in enumerate(m["tables"]):
+        if not isinstance(rec, dict):
+            return f"tables[{i}]: expected a JSON object"
+        for key, kind in _TABLE_KEYS.items():
+            value = rec.get(key)
+            if not isinstance(value, kind) or isinstance(value, bool):
+                return f"tables[{i}][{key!r}]: expected {kind.__name__}, found {value!r}"
+        if rec["file"] not in files:
+            return f"tables[{i}]: its file {rec['file']!r} is not listed in 'files'"
+    num_sparse = m["model"].get("num_sparse")
+    if num_sparse is not None and num_sparse != len(m["tables"]):
+        return f"'tables': {len(m['tables'])} entries, the model has {num_sparse} tables"
+    dense = m["dense"].get("files")
+    if not isinstance(dense, dict):
+        return f"'dense': its 'files' should be a JSON object, found {type(dense).__name__}"
+    for key, rel in dense.items():
+        if rel not in files:
+            return f"dense file {key!r}: {rel!r} is not listed in 'files'"
+    return None
 
 
 def verify_files(path: Path, manifest: dict) -> None:

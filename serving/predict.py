@@ -10,8 +10,9 @@ arrays. A value never seen in training gets the out-of-vocabulary id, as in prep
 Rows are scored by `Predictor.predict_rows` (ids as arrays, no KeyedJaggedTensor): this command
 never imports torchrec, whose import costs seconds.
 
-Output (CSV, written to a temporary file and renamed at the end, so an earlier file of that name
-survives a failed run):
+Output (CSV; serving/output.py: an existing `--out` needs `--overwrite`, the input and the
+artifact are never written over, only regular files are, `-` is stdout with the summary on
+stderr, and an earlier file of that name survives a failed run):
 - raw lines without a label: the Kaggle submission layout `Id,Predicted`, Id = 60000000 + the
   line's 0-based index (Kaggle's test ids);
 - raw lines with a label: `line,label,predicted` (1-based line numbers);
@@ -36,9 +37,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common.atomic import AtomicFile
 from data_pipeline.errors import DataError
 from dlrm.train import EXIT_USAGE, OneLineParser
+from serving.output import CsvOutput, check_out
 
 PROG = "python -m serving.predict"
 KAGGLE_FIRST_ID = 60_000_000
@@ -49,7 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog=PROG, description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="inference artifact (python -m serving.quantize)")
     p.add_argument("--data", required=True, help="raw Criteo file, or preprocessed data set")
-    p.add_argument("--out", required=True, help="CSV file to write")
+    p.add_argument("--out", required=True, help="CSV file to write (-: stdout)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     p.add_argument("--split", default="test", help="split of a preprocessed data set")
     p.add_argument("--on-bad-line", default="error", help="error (default) or skip")
     p.add_argument("--batch-size", type=int, default=2048)
@@ -113,36 +115,6 @@ def format_csv(columns: list[np.ndarray | None], probabilities: np.ndarray) -> b
 # --- scoring ----------------------------------------------------------------------------------------
 
 
-class _Output:
-    """The CSV, written to a temporary file renamed over `path` at the end."""
-
-    def __init__(self, path: Path, header: str) -> None:
-        self.path = path
-        try:
-            self.out = AtomicFile(path)
-            self.f = self.out.file
-            self.f.write(header.encode() + b"\n")
-        except OSError as e:
-            raise DataError(f"{path}: cannot be written ({e.strerror or e})") from None
-        self.rows = 0
-
-    def write(self, data: bytes, rows: int) -> None:
-        try:
-            self.f.write(data)
-        except OSError as e:
-            self.abort()
-            raise DataError(
-                f"{self.path}: cannot be written ({e.strerror or e}); nothing kept"
-            ) from None
-        self.rows += rows
-
-    def finish(self) -> None:
-        self.out.commit()
-
-    def abort(self) -> None:
-        self.out.abort()
-
-
 def _score(predictor, dense: np.ndarray, sparse: np.ndarray, batch_size: int) -> np.ndarray:
     """Probabilities of rows given as dense [n, 13] and ids [n, 26] (feature order)."""
     out = np.empty(len(dense), dtype=np.float64)
@@ -172,7 +144,7 @@ def _has_label(path: Path) -> bool:
     return fields == 40
 
 
-def predict_raw(predictor, path: Path, out: Path, on_bad_line: str, batch_size: int,
+def predict_raw(predictor, path: Path, out: Path | None, on_bad_line: str, batch_size: int,
                 workers: int, block_bytes: int) -> dict:  # fmt: skip
     from data_pipeline.block_pipeline import BadLineLog, BlockPipeline
     from data_pipeline.preprocess_worker import TaskResult, TaskSpec
@@ -184,7 +156,12 @@ def predict_raw(predictor, path: Path, out: Path, on_bad_line: str, batch_size: 
             f"{predictor.artifact.path}: carries no categorical mapping (the model was not trained "
             "on Criteo data): score a preprocessed data set instead"
         )
-    if not path.is_file():
+    if path.is_dir():
+        raise DataError(
+            f"{path}: a directory without meta.json, so not a preprocessed data set; expected "
+            "raw Criteo lines (a file, plain or .gz) or a preprocessed data set's directory"
+        )
+    if not path.exists():
         raise DataError(f"{path}: not found (expected raw Criteo lines or a preprocessed data set)")
     labelled = _has_label(path)
     part = RawPart("predict", path, has_label=labelled)
@@ -195,7 +172,7 @@ def predict_raw(predictor, path: Path, out: Path, on_bad_line: str, batch_size: 
         # int32 where every table fits: half the bytes through the workers' pipes and the copies
         index_dtype="int32" if max(t.num_embeddings for t in predictor.artifact.tables) < 2**31 else "int64",
     )  # fmt: skip
-    writer = _Output(out, "line,label,predicted" if labelled else "Id,Predicted")
+    writer = CsvOutput(out, "line,label,predicted" if labelled else "Id,Predicted")
     bad = BadLineLog(part, on_bad_line)
     lines_before = 0
 
@@ -231,7 +208,9 @@ def predict_raw(predictor, path: Path, out: Path, on_bad_line: str, batch_size: 
     return {"lines": lines_before, "rows": writer.rows, "bad_lines": bad.counts}
 
 
-def predict_dataset(predictor, directory: Path, split: str, out: Path, batch_size: int) -> dict:
+def predict_dataset(
+    predictor, directory: Path, split: str, out: Path | None, batch_size: int
+) -> dict:
     meta = json.loads((directory / "meta.json").read_text())
     tbsm = predictor.manifest["model"]["model"] == "tbsm"
     if meta.get("dataset") == "taobao":
@@ -244,7 +223,7 @@ def predict_dataset(predictor, directory: Path, split: str, out: Path, batch_siz
 
         source = CriteoBatchSource(directory, split, batch_size)
     kaggle = split == "inference"
-    writer = _Output(out, "Id,Predicted" if kaggle else "row,label,predicted")
+    writer = CsvOutput(out, "Id,Predicted" if kaggle else "row,label,predicted")
     row = 0
     try:
         for batch in source.batches(0):
@@ -283,11 +262,14 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(
                 "--batch-size, --workers, --block-mb, --threads: expected positive numbers"
             )
-        out = Path(a.out)
-        if out.is_dir():
-            raise ConfigError(f"--out: {out} is a directory; expected a CSV file name")
-        if not out.parent.is_dir():
-            raise ConfigError(f"--out: {out.parent} does not exist")
+        if a.embedding_backend not in ("auto", "fbgemm", "torch"):
+            raise ConfigError(
+                f"--embedding-backend: expected auto, fbgemm or torch, got {a.embedding_backend!r}"
+            )
+        protected = {"--data": Path(a.data), "--model": Path(a.model)}
+        if a.scm_dir:
+            protected["--scm-dir"] = Path(a.scm_dir)
+        out = check_out(a.out, a.overwrite, protected)
         from serving.predictor import Predictor
 
         predictor = Predictor.load(
@@ -312,11 +294,11 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"{PROG}: error: {e}\n")
         return EXIT_USAGE
     seconds = time.perf_counter() - t0
-    stats.update(out=str(out), seconds=round(seconds, 3))
+    stats.update(out=str(out) if out else "-", seconds=round(seconds, 3))
     skipped = sum(stats.get("bad_lines", {}).values())
     if skipped:
         sys.stderr.write(f"{PROG}: skipped {skipped} malformed lines ({stats['bad_lines']})\n")
-    print(json.dumps(stats))
+    print(json.dumps(stats), file=sys.stdout if out else sys.stderr)
     return 0
 
 

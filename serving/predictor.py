@@ -27,6 +27,8 @@ from dlrm.models.quantized import build_model, convert_dense
 from serving import artifact as art
 from serving.model_tensors import arch_from_json, load_dense_tensors
 
+BACKENDS = ("auto", "fbgemm", "torch")
+
 if TYPE_CHECKING:  # torchrec costs seconds to import; scoring raw lines (predict_rows) needs none
     from torchrec.datasets.utils import Batch
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
@@ -52,7 +54,9 @@ class Predictor:
         """Read and verify the artifact at `path` and build its model on `device` (`backend`:
         auto, fbgemm or torch for the tables; `scm_dir`: the tables served from the SSD tier
         there, through a row cache of `scm_cache` bytes). ArtifactError names any file that is
-        wrong."""
+        wrong; a wrong argument is a ValueError naming it."""
+        if backend not in BACKENDS:
+            raise ValueError(f"backend: expected auto, fbgemm or torch, got {backend!r}")
         a = art.load(path, map_tables=scm_dir is not None)
         device = torch.device(device)
         embeddings = None
@@ -69,11 +73,12 @@ class Predictor:
             model = build_model(arch, a.tables, a.precisions, a.rows, device, backend, embeddings)
             convert_dense(model, precision)
             load_dense_tensors(model, a.dense)
-        except (KeyError, TypeError, ValueError) as e:
+        except (KeyError, TypeError, ValueError, RuntimeError) as e:
             if isinstance(e, art.ArtifactError):
                 raise
+            why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise art.ArtifactError(
-                f"{a.path / art.MANIFEST}: does not describe its tensors ({e})"
+                f"{a.path / art.MANIFEST}: does not describe its tensors ({why})"
             ) from None
         return cls(a, model.eval(), device)
 
@@ -91,6 +96,7 @@ class Predictor:
             dense, sparse = batch
         else:
             dense, sparse = batch.dense_features, batch.sparse_features
+        self.check_ids(sparse)
         return self.model(dense.to(self.device), sparse.to(self.device)).float()
 
     def predict(self, batch: Batch | tuple[torch.Tensor, KeyedJaggedTensor]) -> torch.Tensor:
@@ -104,11 +110,60 @@ class Predictor:
         as `predict` on the equivalent KeyedJaggedTensor, without building one (DLRM only)."""
         if not isinstance(self.model, DLRM):
             raise TypeError("predict_rows scores DLRM rows; a TBSM sample is a sequence (predict)")
+        self.check_rows(dense, ids)
         batch, tables = ids.shape
         values = ids.to(self.device).t().reshape(-1)  # feature-major, as a KJT holds them
         offsets = torch.arange(batch * tables + 1, dtype=values.dtype, device=self.device)
         pooled = self.model.embeddings.pooled(values, offsets, batch)
         return torch.sigmoid(self.model.dense_forward(dense.to(self.device), pooled).float())
+
+    def check_ids(self, sparse: KeyedJaggedTensor) -> None:
+        """ValueError naming the first id of `sparse` outside its table (its sample, feature and
+        table): a lookup past a table's end is a raw kernel error, and -1 no error at all."""
+        tables = {t.feature_name: t for t in self.artifact.tables}
+        values, offsets = sparse.values().cpu(), sparse.offsets().cpu()
+        stride, start = sparse.stride(), 0
+        for k, (key, n) in enumerate(zip(sparse.keys(), sparse.length_per_key())):
+            t = tables.get(key)
+            if t is not None and n:
+                v = values[start : start + n]
+                bad = torch.nonzero((v < 0) | (v >= t.num_embeddings))
+                if bad.numel():
+                    i = start + int(bad[0, 0])
+                    bag = int(torch.searchsorted(offsets, torch.tensor(i), right=True)) - 1
+                    raise ValueError(
+                        f"row {bag - k * stride}: id {int(values[i])} of feature {key} is "
+                        f"outside table {t.name} ({t.num_embeddings} rows)"
+                    )
+            start += n
+
+    def check_rows(self, dense: torch.Tensor, ids: torch.Tensor) -> None:
+        """ValueError naming what does not fit: a column count, or the first id outside its
+        table (its row of the batch, its feature and table)."""
+        tables = self.artifact.tables
+        num_dense = self.artifact.manifest["model"].get("num_dense")
+        if ids.dim() != 2 or ids.shape[1] != len(tables):
+            raise ValueError(
+                f"ids: expected {len(tables)} columns (one per table), found "
+                f"{ids.shape[1] if ids.dim() == 2 else f'{ids.dim()} dimensions'}"
+            )
+        if dense.dim() != 2 or (num_dense is not None and dense.shape[1] != num_dense):
+            found = dense.shape[1] if dense.dim() == 2 else f"{dense.dim()} dimensions"
+            raise ValueError(f"dense: expected {num_dense} columns, found {found}")
+        if dense.shape[0] != ids.shape[0]:
+            raise ValueError(f"{ids.shape[0]} rows of ids, {dense.shape[0]} of dense")
+        if ids.dtype.is_floating_point or ids.dtype == torch.bool:
+            raise ValueError(f"ids: expected integers, found {ids.dtype}")
+        sizes = torch.tensor([t.num_embeddings for t in tables], dtype=torch.int64)
+        ids = ids.cpu().long()
+        bad = torch.nonzero((ids < 0) | (ids >= sizes), as_tuple=False)
+        if bad.numel():
+            row, col = int(bad[0, 0]), int(bad[0, 1])
+            t = tables[col]
+            raise ValueError(
+                f"row {row}: id {int(ids[row, col])} of feature {t.feature_name} is outside "
+                f"table {t.name} ({t.num_embeddings} rows)"
+            )
 
 
 def _serve_from_tier(a: art.Artifact, device, scm_dir, scm_cache, scm_io, scm_io_threads):
@@ -118,8 +173,11 @@ def _serve_from_tier(a: art.Artifact, device, scm_dir, scm_cache, scm_io, scm_io
 
     files = a.manifest["files"]
     sources = [(a.path / t["file"], files[t["file"]]["sha256"]) for t in a.manifest["tables"]]
+    from serving.tier_dir import claim
+
     try:
         cache = parse_bytes(scm_cache, "--scm-cache")
+        scm_dir = claim(scm_dir)
         tier = ServingTier(scm_dir, a.tables, a.precisions, sources, cache, scm_io, scm_io_threads)
     except (ScmError, ValueError) as e:
         raise art.ArtifactError(str(e)) from None

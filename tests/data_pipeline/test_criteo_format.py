@@ -99,7 +99,7 @@ def test_unlabelled_lines_have_39_fields() -> None:
         (14, b"g0000000", "categorical"),
         (20, b"-1", "categorical"),
         (20, b"0x12", "categorical"),
-        (39, b"1234567\r", "categorical"),  # a Windows line end
+        (38, b"1234567\r", "categorical"),  # a \r that is not a line end
     ],
 )
 def test_each_kind_of_bad_field_is_rejected(field: int, value: bytes, reason: str) -> None:
@@ -237,3 +237,23 @@ def test_any_line_is_parsed_exactly_or_rejected(lines, has_label, sub_block) -> 
 def test_arbitrary_bytes_are_never_a_wrong_row(lines) -> None:
     _assert_matches_reference(lines, True, 1 << 19)
     _assert_matches_reference(lines, False, 1 << 19)
+
+
+@pytest.mark.parametrize("sub_block", [64, 1 << 18])
+def test_crlf_lines_parse_as_their_lf_lines_at_their_own_offsets(sub_block) -> None:
+    # issue 37: \r\n is the Criteo line end's Windows variant, in both parsers
+    lines = [line for line, *_ in LINES]
+    lf = b"".join(line + b"\n" for line in lines)
+    mixed = b"".join(line + (b"\r\n" if i % 2 == 0 else b"\n") for i, line in enumerate(lines))
+    a, b = parse_block(lf, True, sub_block), parse_block(mixed, True, sub_block)
+    assert b.bad == [] and b.num_lines == a.num_lines
+    for name in ("labels", "ints", "cats", "lines"):
+        np.testing.assert_array_equal(getattr(b, name), getattr(a, name))
+    starts = [0]
+    for i, line in enumerate(lines[:-1]):
+        starts.append(starts[-1] + len(line) + (2 if i % 2 == 0 else 1))
+    np.testing.assert_array_equal(b.offsets, starts)
+    assert check_line(lines[0] + b"\r") == check_line(lines[0])
+    # a \r before the end of the line is still a bad field
+    bad = parse_block(lines[0] + b"\r\r\n")
+    assert [x.reason for x in bad.bad] == ["categorical"]

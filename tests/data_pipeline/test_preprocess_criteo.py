@@ -379,6 +379,22 @@ def test_cli(kaggle_raw, tmp_path, capsys) -> None:
     assert (tmp_path / "t" / "day_1").read_bytes().count(b"\n") == 3
 
 
+def test_windows_line_ends_are_the_criteo_line_end_variant(kaggle_raw, kaggle_freq, tmp_path):
+    # issue 37: a CRLF copy of the raw files preprocesses to the same data set (serving.predict
+    # scores such lines as their LF lines: tests/serving/test_refusals.py)
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for name in ("train.txt", "test.txt"):
+        (raw / name).write_bytes((kaggle_raw / name).read_bytes().replace(b"\n", b"\r\n"))
+    out = preprocess("kaggle", raw, tmp_path / "out", PreprocessOptions(test_raw=raw / "test.txt"))
+    arrays = sorted(str(f.relative_to(kaggle_freq)) for f in kaggle_freq.rglob("*.npy"))
+    assert arrays == sorted(str(f.relative_to(out)) for f in out.rglob("*.npy")) and arrays
+    for name in arrays:
+        assert (out / name).read_bytes() == (kaggle_freq / name).read_bytes(), name
+    meta, lf = (json.loads((d / "meta.json").read_text()) for d in (out, kaggle_freq))
+    assert meta["rows"] == lf["rows"] and meta["table_sizes"] == lf["table_sizes"]
+
+
 def test_corrupt_gzip_and_windows_line_ends_are_named(tmp_path) -> None:
     write_terabyte(tmp_path / "raw", 10, SyntheticSpec(seed=1, vocab_cap=10), compressed_days=[4])
     gz = tmp_path / "raw" / "day_4.gz"
@@ -386,8 +402,8 @@ def test_corrupt_gzip_and_windows_line_ends_are_named(tmp_path) -> None:
     with pytest.raises(DataError, match=r"day_4.gz: a truncated or corrupt gzip file"):
         preprocess("terabyte", tmp_path / "raw", tmp_path / "a")
     gz.unlink()
-    (tmp_path / "raw" / "day_4").write_bytes(b"1" + b"\t" * 39 + b"\r\n")
-    with pytest.raises(DataError, match=r"day_4:1: .*Windows line ends"):
+    (tmp_path / "raw" / "day_4").write_bytes(b"1" + b"\t" * 39 + b"x\n")
+    with pytest.raises(DataError, match=r"day_4:1: field 40 \(C26\)"):
         preprocess("terabyte", tmp_path / "raw", tmp_path / "b")
     with pytest.raises(
         DataError, match=r"raw\.day_4\.bytes: 42 there, 41 asked"

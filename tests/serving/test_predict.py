@@ -113,7 +113,8 @@ def test_malformed_lines_are_named_or_skipped_and_nothing_is_lost(kaggle, tmp_pa
     raw.write_text("\n".join(lines) + "\n")
     out = tmp_path / "out.csv"
     out.write_text("an earlier result\n")
-    assert predict(["--model", str(art), "--data", str(raw), "--out", str(out)]) == 2
+    # --overwrite: the existing file may be replaced, and still survives a failed run
+    assert predict(["--model", str(art), "--data", str(raw), "--out", str(out), "--overwrite"]) == 2
     err = capsys.readouterr().err
     assert err.startswith(
         f"python -m serving.predict: error: {raw}:7: field 2 (I2): expected an integer"
@@ -121,20 +122,14 @@ def test_malformed_lines_are_named_or_skipped_and_nothing_is_lost(kaggle, tmp_pa
     assert err.count("\n") == 1
     assert out.read_text() == "an earlier result\n"
     assert not list(tmp_path.glob(".out.csv.tmp-*"))
-    assert (
-        predict(
-            ["--model", str(art), "--data", str(raw), "--out", str(out), "--on-bad-line", "skip"]
-        )
-        == 0
-    )
+    again = ["--model", str(art), "--data", str(raw), "--out", str(out), "--overwrite"]
+    assert predict([*again, "--on-bad-line", "skip"]) == 0
     _, rows = _csv(out)
     assert len(rows) == 19 and int(rows[6][0]) == KAGGLE_FIRST_ID + 7  # line 7 skipped, ids kept
     assert json.loads(capsys.readouterr().out)["bad_lines"]["integer"] == 1
     (tmp_path / "short.txt").write_text("1\t2\t3\n")
-    assert (
-        predict(["--model", str(art), "--data", str(tmp_path / "short.txt"), "--out", str(out)])
-        == 2
-    )
+    short = ["--model", str(art), "--data", str(tmp_path / "short.txt"), "--out", str(out)]
+    assert predict([*short, "--overwrite"]) == 2
     assert "short.txt:1: expected 40 tab-separated fields" in capsys.readouterr().err
 
 

@@ -10,6 +10,7 @@ import torch
 import torch.ao.nn.quantized.dynamic as nnqd
 from torch import nn
 
+from common.manifest import seal
 from dlrm import TrainConfig, Trainer
 from dlrm.models.dlrm import NarrowInputLinear
 from dlrm.models.quantized import Bf16Linear, convert_dense, from_float_state, linear_paths
@@ -17,7 +18,7 @@ from dlrm.models.tbsm import TBSM, TBSMArch
 from embeddings.config import tables_for_features
 from embeddings.fused import FusedEmbeddingBagCollection
 from serving import Predictor
-from serving.artifact import ArtifactError
+from serving.artifact import ArtifactError, read_manifest
 from serving.artifact import load as load_artifact
 from serving.inference_data import data_source, load_source, take_batches
 from serving.quantize import main
@@ -135,10 +136,9 @@ def test_tbsm_exports_and_reloads_the_same_predictions(tmp_path):
 
 
 def test_export_writes_a_verifiable_artifact_that_predicts_as_the_model(run, int8):
-    manifest = json.loads((int8 / "manifest.json").read_text())
-    assert (
-        manifest["format"] == "hybrid-dlrm-inference-artifact" and manifest["format_version"] == 1
-    )
+    sealed = json.loads((int8 / "manifest.json").read_text())
+    assert sealed["format"] == "hybrid-dlrm-inference-artifact" and sealed["format_version"] == 2
+    manifest = read_manifest(int8)  # the sealed body, its CRC-32 checked
     assert [t["precision"] for t in manifest["tables"]] == ["int8"] * 4
     assert [t["rows"] for t in manifest["tables"]] == [60, 40, 500, 8]
     assert set(manifest["dense"]["layers"].values()) == {"int8"}
@@ -185,12 +185,13 @@ def test_a_tampered_truncated_or_mismatched_artifact_is_refused(int8, tmp_path, 
     # a consistent file of the wrong table: hashes right, shape wrong for the architecture
     other = _copy(int8, tmp_path / "other")
     np.save(other / table, np.zeros((7, 8), dtype=np.uint8))
-    manifest = json.loads((other / "manifest.json").read_text())
+    manifest = read_manifest(other)
     from serving.artifact import sha256_file
 
     manifest["files"][table].update(sha256=sha256_file(other / table), shape=[7, 8],
                                     bytes=(other / table).stat().st_size)  # fmt: skip
-    (other / "manifest.json").write_text(json.dumps(manifest))
+    head = {k: manifest.pop(k) for k in ("format", "format_version")}
+    (other / "manifest.json").write_text(json.dumps({**head, **seal(manifest)}))  # resealed
     with pytest.raises(
         ArtifactError, match=r"t_cat_2.npy: torch.uint8 \(7, 8\) does not fit table"
     ):
@@ -233,7 +234,7 @@ def test_per_table_overrides_and_model_files(run, capsys):
     out = run / "mixed"
     assert main([str(run / "model.pt"), "--out", str(out), "--emb-precision", "int4",
                  "--emb-precision-table", "cat_0=fp16,t_cat_3=int2"]) == 0  # fmt: skip
-    manifest = json.loads((out / "manifest.json").read_text())
+    manifest = read_manifest(out)
     assert [t["precision"] for t in manifest["tables"]] == ["fp16", "int4", "int4", "int2"]
     assert manifest["calibration"] is None  # a model file does not say where its data is
 
@@ -254,7 +255,7 @@ def test_auto_search_stays_within_budget_and_writes_its_record(run):
     assert record["choice"]["cat_1"] == "int8"  # pinned
     final = record["verification"][-1]
     assert record["within_budget"] and final["ne_change"] <= record["budget"] == 0.001
-    manifest = json.loads((out / "manifest.json").read_text())
+    manifest = read_manifest(out)
     assert {t["feature"]: t["precision"] for t in manifest["tables"]} == record["choice"]
     # the exported model measured on the calibration batches: the search's own figure
     cal = manifest["calibration"]
