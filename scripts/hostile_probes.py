@@ -342,10 +342,6 @@ def probes() -> list[Probe]:
     add("--on-bad-line skip, every line bad: gzip data named .txt", M,
         lambda w: (edit(w / "kraw/train.txt", lambda r: gzip.compress(bytes(r))), pipeline("preprocess", "--dataset", "kaggle", "--raw", str(w / "kraw/train.txt"), "--out", str(w / "k2"), "--on-bad-line", "skip", "--no-progress"))[1],
         says="train.txt")  # fmt: skip
-    # issue 37, 14: CRLF is the Criteo files' line-end variant, read as the LF lines it ends
-    add("CRLF line ends: preprocessed as their LF lines", M,
-        lambda w: (edit(w / "kraw/train.txt", lambda r: r.replace(b"\n", b"\r\n")), pipeline("preprocess", "--dataset", "kaggle", "--raw", str(w / "kraw/train.txt"), "--out", str(w / "k2"), "--no-progress"))[1],
-        expect="survive")  # fmt: skip
     for label, args, says in [
         ("preprocess: --raw that does not exist", ["preprocess", "--dataset", "kaggle", "--raw", "nowhere", "--out", "k2"], "nowhere: not found"),
         ("preprocess: --out that is a file", ["preprocess", "--dataset", "kaggle", "--raw", "kraw/train.txt", "--out", "A.model.pt"], "A.model.pt is a file"),
