@@ -25,6 +25,7 @@ from dlrm.models.dlrm import DLRMArch
 from dlrm.models.quantized import embedding_prefix
 from dlrm.models.tbsm import TBSMArch
 from embeddings.config import TableSpec
+from serving.tiered_source import is_tiered, tiered_tables
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,9 @@ def load_source(where: str | Path) -> Source:
     state = data["model"]
     model = sig.get("model", "dlrm")
     prefix = "step.embeddings." if model == "tbsm" else "embeddings."
+    if is_tiered(state, prefix):  # the cold rows are in the run's SSD tier, not the checkpoint
+        state = {k: v for k, v in state.items() if not k.startswith(f"{prefix}tiered.")}
+        state.update(tiered_tables(path, data, prefix))
     weights = [(k, v) for k, v in state.items() if k.startswith(prefix) and k.endswith(".weight")]
     if not weights:
         raise CheckpointError(f"{path}: holds no embedding tables under {prefix!r}")
