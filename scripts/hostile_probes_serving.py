@@ -162,6 +162,16 @@ def add_probes(add, C: str, W_: str, M: str) -> None:
     add("predict --scm-dir: a path below a file", M,
         lambda w: predict(w, "--out", str(w / "p.csv"), "--scm-dir", str(w / "kraw/train.txt/scm")),
         says="is a file, not a directory", keep=["kraw/train.txt"])  # fmt: skip
+    # 18: quantizing a tiered run reads the cold rows from its tier, which it leaves as it was
+    tier_files = [f"{TIER_RUN}/scm/{n}" for n in ("rows.dat", "journal.log", "tier.json")]
+    add("quantize: a tiered run's directory", M,
+        lambda w: [sys.executable, "-m", "serving.quantize", str(w / TIER_RUN), "--out", str(w / "qt"),
+                   "--emb-precision", "int8"],
+        expect="survive", keep=tier_files)  # fmt: skip
+    add("quantize: a tiered run whose tier lost its rows.dat", C,
+        lambda w: ((w / TIER_RUN / "scm" / "rows.dat").unlink(),
+                   [sys.executable, "-m", "serving.quantize", str(w / TIER_RUN), "--out", str(w / "qt")])[1],
+        says="rows.dat: the run's SSD tier file is missing")  # fmt: skip
     # 17: --data
     add("predict --data: a directory that is not a data set", M,
         lambda w: ((w / "somedir").mkdir(), predict(w, "--out", str(w / "p.csv"), data="somedir"))[1],

@@ -51,11 +51,13 @@ def tiered_tables(path: Path, data: dict, prefix: str) -> dict[str, torch.Tensor
         for where, flag in ((run, "run directory"), (scm, "--scm-dir")):
             locks.append(DirectoryLock(where).acquire(f"{flag} {where}"))
         with tempfile.TemporaryDirectory(prefix="quantize-tier-") as scratch:
-            return _read_tables(path, data, prefix, run, scm, config, Path(scratch))
+            try:
+                return _read_tables(path, data, prefix, run, scm, config, Path(scratch))
+            except (ScmError, ConfigError) as e:  # naming the run's files, not the copies
+                why = str(e).replace(str(Path(scratch) / "scm"), str(scm))
+                raise CheckpointError(f"{path}: its SSD tier cannot be read: {why}") from None
     except LockError as e:
         raise CheckpointError(f"{path}: {e}") from None
-    except (ScmError, ConfigError) as e:
-        raise CheckpointError(f"{path}: its SSD tier cannot be read: {e}") from None
     finally:
         for lock in reversed(locks):
             lock.release()

@@ -69,6 +69,18 @@ def test_a_tier_without_its_rows_is_one_line_naming_the_file(runs, tmp_path, cap
     assert not (tmp_path / "a").exists()
 
 
+def test_a_damaged_block_of_the_tier_is_one_line_naming_the_runs_file(runs, tmp_path, capsys):
+    copy = tmp_path / "run"
+    shutil.copytree(runs / "tiered", copy, ignore=shutil.ignore_patterns(".lock"))
+    rows = copy / "scm" / "rows.dat"
+    raw = bytearray(rows.read_bytes())
+    raw[100] ^= 0xFF  # in block 0, which the tier holds written rows of
+    rows.write_bytes(bytes(raw))
+    assert main([str(copy), "--out", str(tmp_path / "a"), "--emb-precision", "int8"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and f"{rows}: block 0" in err and "damaged" in err
+
+
 def test_a_run_in_use_is_refused_in_one_line(runs, tmp_path, capsys):
     copy = tmp_path / "run"
     shutil.copytree(runs / "tiered", copy, ignore=shutil.ignore_patterns(".lock"))
