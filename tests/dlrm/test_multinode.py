@@ -43,9 +43,25 @@ def _torchrun(*args: str, log: Path) -> subprocess.Popen:
 
 
 def _node(rank: int, port: int, backend: str, *train: str, log: Path) -> subprocess.Popen:
+    # read_timeout: on a loaded 2-core machine an agent can take longer than torchrun's default
+    # 60 s to reach the store
     return _torchrun("--nnodes", "2", "--node-rank", str(rank), "--nproc_per_node", "1",
                      "--rdzv-backend", backend, "--rdzv-endpoint", f"127.0.0.1:{port}",
-                     "--rdzv-id", "i37", "-m", "dlrm.train", *train, log=log)  # fmt: skip
+                     "--rdzv-conf", "read_timeout=300", "--rdzv-id", "i37", "-m", "dlrm.train",
+                     *train, log=log)  # fmt: skip
+
+
+def _nodes(port: int, backend: str, *train: str, logs: Path) -> list[subprocess.Popen]:
+    """Node 0, then node 1 once node 0's store listens: both agents on 127.0.0.1 would try to
+    host the store, and the one that loses the bind must find the other's already there."""
+    first = _node(0, port, backend, *train, log=logs / "node0.log")
+    deadline = time.time() + 240
+    while first.poll() is None and time.time() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                break
+        time.sleep(0.2)
+    return [first, _node(1, port, backend, *train, log=logs / "node1.log")]
 
 
 def _descendants(pid: int) -> list[int]:
@@ -81,16 +97,14 @@ def test_two_nodes_train_what_two_local_processes_do(tmp_path):
     train = [*TINY, "--data-size", str(64 * 12), "--test-freq", "6"]
     port = _free_port()
     nodes, two = tmp_path / "nodes", tmp_path / "two"
-    procs = [
-        _node(r, port, "c10d", *train, "--out-dir", str(nodes), "--save-model",
-              str(tmp_path / "nodes.pt"), log=tmp_path / f"node{r}.log")
-        for r in (0, 1)
-    ] + [
-        _torchrun("--standalone", "--nproc_per_node", "2", "-m", "dlrm.train", *train,
-                  "--out-dir", str(two), "--save-model", str(tmp_path / "two.pt"),
-                  log=tmp_path / "two.log")
-    ]  # fmt: skip
+    procs = _nodes(port, "c10d", *train, "--out-dir", str(nodes), "--save-model",
+                   str(tmp_path / "nodes.pt"), logs=tmp_path)  # fmt: skip
     _finish(procs, timeout=300)
+    # then the local pair (not beside the nodes: four workers on two cores slow all of them)
+    procs.append(_torchrun("--standalone", "--nproc_per_node", "2", "-m", "dlrm.train", *train,
+                           "--out-dir", str(two), "--save-model", str(tmp_path / "two.pt"),
+                           log=tmp_path / "two.log"))  # fmt: skip
+    _finish(procs[-1:], timeout=300)
     logs = {p.name: p.read_text()[-3000:] for p in tmp_path.glob("*.log")}
     assert [p.returncode for p in procs] == [0, 0, 0], logs
     a, b = (json.loads((d / "summary.json").read_text()) for d in (nodes, two))
@@ -113,7 +127,7 @@ def test_killing_one_node_ends_the_other_with_one_line(tmp_path):
     run = tmp_path / "run"
     train = [*TINY, "--data-size", str(64 * 100000), "--print-freq", "5", "--out-dir", str(run),
              "--dist-timeout", "60"]  # fmt: skip
-    procs = [_node(r, port, "static", *train, log=tmp_path / f"node{r}.log") for r in (0, 1)]
+    procs = _nodes(port, "static", *train, logs=tmp_path)
     try:
         metrics = run / "metrics.jsonl"
         deadline = time.time() + 240
