@@ -102,10 +102,15 @@ def check_memory(cfg: TrainConfig, data: DataSplits, device: torch.device, world
     placement = cfg.placement
     if placement == "auto":
         placement += f" ({resolve_placement(cfg, tables, SparseOptimizer(cfg.optimizer))})"
-    raise ConfigError(
-        f"--placement {placement}: {'; '.join(short)}; "
-        + _fixes(cfg, data, tables, base, room, on_cpu)
-    )
+    fixes = _fixes(cfg, data, tables, base, room, on_cpu)
+    if fixes is None:  # what to get more of: the tier that is short
+        more = (
+            "more free space under --scm-dir"
+            if set(short) == {"disk"}
+            else "a machine with more memory"
+        )
+        fixes = f"no placement fits: use {more}"
+    raise ConfigError(f"--placement {placement}: {'; '.join(short.values())}; {fixes}")
 
 
 def _size(value, flag: str) -> int | None:
@@ -119,11 +124,12 @@ def _with_placement(base: Needs, cfg: TrainConfig, tables: list[TableSpec]) -> N
     return needs
 
 
-def _short(needs: Needs, room: MemoryInventory, on_cpu: bool) -> list[str]:
-    """'needs X of TIER (items) but this process may use Y (source)' per tier that is short."""
+def _short(needs: Needs, room: MemoryInventory, on_cpu: bool) -> dict[str, str]:
+    """tier -> 'needs X of TIER (items) but this process may use Y (source)', per tier that is
+    short."""
     if on_cpu:
         needs = needs.device_on_host()
-    out = []
+    out = {}
     for tier in TIERS:
         have, need = room.on(tier), needs.on(tier)
         if have is None or need <= have.bytes:
@@ -132,7 +138,7 @@ def _short(needs: Needs, room: MemoryInventory, on_cpu: bool) -> list[str]:
         shown = ", ".join(f"{i.what} {fmt_bytes(i.bytes)}" for i in items[:4])
         more = f", +{len(items) - 4} more" if len(items) > 4 else ""
         where = f" under {needs.disk_dir}" if tier == "disk" else ""
-        out.append(
+        out[tier] = (
             f"needs {fmt_bytes(need)} of {TIER_NAMES[tier]}{where} ({shown}{more}) but this "
             f"process may use {fmt_bytes(have.bytes)} ({have.source})"
         )
@@ -142,7 +148,7 @@ def _short(needs: Needs, room: MemoryInventory, on_cpu: bool) -> list[str]:
 # --- the settings that would fit ----------------------------------------------------------------
 
 
-def _fixes(cfg, data, tables, base: Needs, room: MemoryInventory, on_cpu: bool) -> str:
+def _fixes(cfg, data, tables, base: Needs, room: MemoryInventory, on_cpu: bool) -> str | None:
     fits = []
     for tries in _candidates(cfg, tables, base, room, on_cpu):
         for over in tries:  # the first of each kind that fits
@@ -153,9 +159,7 @@ def _fixes(cfg, data, tables, base: Needs, room: MemoryInventory, on_cpu: bool) 
     m = _max_ind_range(cfg, tables, base, room, on_cpu)
     if m is not None:
         fits.append(f"a smaller --max-ind-range ({m} or less)")
-    if not fits:
-        return "no placement fits: use a machine with more memory"
-    return "settings that fit: " + ", or ".join(fits)
+    return "settings that fit: " + ", or ".join(fits) if fits else None
 
 
 SHRINK = (1.0, 0.7, 0.5, 0.35, 0.25, 0.15)  # budgets tried, as shares of the first guess
