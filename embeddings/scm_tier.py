@@ -554,7 +554,7 @@ class ScmTier:
     def _write_file(self, gids: torch.Tensor, rows: torch.Tensor) -> None:
         """Rows into their blocks, `WRITE_BLOCKS` blocks at a time: in one piece a batch of
         evictions (each row in a block of its own) takes 4 KiB per row at once, and more for the
-        new blocks' initial rows, outside any DRAM budget (docs/scm.md, Measured 5)."""
+        new blocks' initial rows, outside any DRAM budget (docs/measurements/scm.md)."""
         blocks = gids // self.rpb
         ub = torch.unique(blocks)
         if ub.numel() <= WRITE_BLOCKS:

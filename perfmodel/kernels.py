@@ -97,7 +97,7 @@ class KernelModels:
 
         Outer products have a key of their own: their output is written cache-cold inside a step,
         and their strides hold the layer's width, so a held-out width would fall back to the
-        GEMM-wide factor set by the big layers (docs/perfmodel-measurements.md).."""
+        GEMM-wide factor set by the big layers (docs/measurements/perfmodel.md).."""
         bf16 = any(d in ("c10::BFloat16", "c10::Half") for d in (k.get("dtypes") or []))
         dtype = "bf16" if bf16 else "fp32"
         kind = F.op_type(k["name"])
@@ -139,7 +139,7 @@ class KernelModels:
         With `slowdowns` (each trace's `machine_slowdown`), a key's factor comes from the traces
         measured on a steady machine (slowdown at most `steady`) when any has the key, and from
         all of them otherwise: a slow trace would carry its slowdown into every prediction of its
-        keys (docs/perfmodel-measurements.md).
+        keys (docs/measurements/perfmodel.md).
 
         Kernels other than GEMMs also keep their factor per size (`situ_size`): per trace and
         key, one point per distinct size (its measured over predicted total), weighted so that
@@ -219,7 +219,7 @@ class KernelModels:
         Per size, because a small kernel's inputs are still warm in the cache inside a step while a
         large one's come from DRAM; per step, because a kernel's inputs are colder the more the
         step streams through the caches between their writer and their reader (the figures are in
-        docs/perfmodel-measurements.md)."""
+        docs/measurements/perfmodel.md)."""
         for key in self.situ_keys(k):
             if key not in self.in_situ:
                 continue
