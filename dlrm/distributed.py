@@ -305,7 +305,7 @@ def sharded_embeddings(cfg: TrainConfig, tables, device: torch.device):
     if dist.get_rank() == 0:
         log.info("sharding plan:\n%s", coll.plan_text())
         write_plan(cfg.run_dir, coll.plan_text(), coll.plan_table())
-    return PlacedEmbeddings(coll, coll.placement_info()["kind"])
+    return PlacedEmbeddings(coll, cfg.placement)  # the placement asked for; the plan is none
 
 
 def hot_rows(cfg: TrainConfig, tables, opt) -> list:
