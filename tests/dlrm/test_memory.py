@@ -5,6 +5,7 @@ settings that fit, the settings it names fitting, and `--scm-cache` capped at th
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -132,7 +133,14 @@ def test_terabyte_tables_under_a_memory_limit_end_in_one_line(tmp_path, capsys, 
     assert re.search(
         r"but this process may use [\d.]+ GiB \((--memory-limit 24GiB|MemAvailable|cgroup)", err
     )
-    assert "settings that fit: --placement tiered --hot-budget " in err and "--scm-dir DIR" in err
+    # the tiered suggestion needs the tier's whole file (66.1 GiB) free on the run's disk; on a
+    # machine with less, the line says the disk is what is short (both are the check's answers)
+    if shutil.disk_usage(tmp_path).free > 68 * 2**30:
+        assert (
+            "settings that fit: --placement tiered --hot-budget " in err and "--scm-dir DIR" in err
+        )
+    else:
+        assert "settings that fit:" in err or "no placement fits: use " in err, err
 
 
 def _tiny(tmp_path, **kw) -> TrainConfig:
