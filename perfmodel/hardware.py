@@ -28,12 +28,13 @@ import hashlib
 import json
 import logging
 import os
-import platform
 import statistics
 import time
 from pathlib import Path
 
 import torch
+
+from common.machine import cpu_flag_list, cpu_model  # noqa: F401  (cpu_model: benchmarks import it from here)
 
 log = logging.getLogger(__name__)
 VERSION = 1
@@ -43,27 +44,12 @@ def cache_dir() -> Path:
     return Path(os.environ.get("HYBRID_DLRM_CACHE", Path.home() / ".cache" / "hybrid-dlrm"))
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def cpu_flags() -> list[str]:
     """The CPU's bf16/AMX/AVX-512 flags (what decides low-precision speed on this machine);
     benchmarks print them beside every bf16 figure."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return []
-    flags = next(
-        (ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("flags")), []
+    return sorted(
+        f for f in cpu_flag_list() if "bf16" in f or f.startswith("amx") or f == "avx512f"
     )
-    return sorted(f for f in flags if "bf16" in f or f.startswith("amx") or f == "avx512f")
 
 
 def has_bf16_units() -> bool:

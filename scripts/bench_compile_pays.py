@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _shared import cpu_flags, load_average  # noqa: E402
 
+from common.machine import cpu_model  # noqa: E402
 from dlrm import TrainConfig, Trainer  # noqa: E402
 
 
@@ -104,18 +105,11 @@ def main() -> None:
     import torch
 
     out = {"load_average_before": load_average(), "cpu_flags": cpu_flags(),
-           "cpu": _cpu_model(), "threads": torch.get_num_threads()}  # fmt: skip
+           "cpu": cpu_model(), "threads": torch.get_num_threads()}  # fmt: skip
     for bs in a.batch_sizes:
         out[str(bs)] = one(bs, a.rounds, a.steps)
     out["load_average_after"] = load_average()
     print(json.dumps(out, indent=1))
-
-
-def _cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "?"
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from common.machine import cpu_flag_list, cpu_model  # noqa: E402
 from dlrm import threads  # noqa: E402  (no torch: the children start their own OpenMP runtime)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,27 +64,9 @@ CLEARED = (*threads.WAIT_VARIABLES, "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA
 BUSY = "while True: pass"
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
-
-
 def cpu_flags() -> list[str]:
-    """The vector flags that decide this step's speed (scripts/_shared.py's cpu_flags imports
-    torch, which this parent does not need)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return []
-    flags = next(
-        (ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("flags")), []
-    )
-    return sorted(f for f in flags if f.startswith(("avx", "amx", "fma")))
+    """The vector flags that decide this step's speed."""
+    return sorted(f for f in cpu_flag_list() if f.startswith(("avx", "amx", "fma")))
 
 
 def load_average() -> list[float]:
