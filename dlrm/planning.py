@@ -1,0 +1,82 @@
+"""The placement planner's contract: a candidate placement, a predicted step time, and who predicts.
+
+`--placement auto` (dlrm/planner.py) lists candidates (device, host, FAE, Hotline, tiered, over a
+grid of hot budgets and DRAM cache sizes that fit the memory inventory), asks the registered
+predictor for each one's step time, and picks the fastest that fits. The predictor is the
+performance model's (perfmodel/placement_costs.py), which registers itself here when its plugin
+module is imported (`dlrm.step_hooks.load_plugins`), because `dlrm` never imports `perfmodel`
+(tests/test_layers.py). Without a predictor the planner still decides, by a fixed order of
+preference, and says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+KINDS = ("device", "host", "fae", "hotline", "tiered")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One placement the planner weighs: its kind and the sizes it is tuned by (bytes).
+
+    `hot_budget`: device-tier bytes of hot rows, weights + optimizer state (fae, hotline, tiered);
+    `scm_cache`: the tiered placement's DRAM row cache."""
+
+    placement: str
+    hot_budget: int = 0
+    scm_cache: int = 0
+
+    def __post_init__(self) -> None:
+        if self.placement not in KINDS:
+            raise ValueError(f"unknown placement {self.placement!r}; expected one of {KINDS}")
+
+    def settings(self) -> dict[str, Any]:
+        """The TrainConfig fields (flat names) that make a run use this candidate."""
+        out: dict[str, Any] = {"placement": self.placement}
+        if self.placement in ("fae", "hotline", "tiered"):
+            out["hot_budget"] = self.hot_budget
+        if self.placement == "tiered":
+            out["scm_cache"] = self.scm_cache
+        return out
+
+    def label(self) -> str:
+        from embeddings.memory import flag_bytes
+
+        parts = [self.placement]
+        if self.placement in ("fae", "hotline", "tiered"):
+            parts.append(f"hot {flag_bytes(self.hot_budget)}")
+        if self.placement == "tiered":
+            parts.append(f"cache {flag_bytes(self.scm_cache)}")
+        return ", ".join(parts)
+
+
+@dataclass
+class Prediction:
+    """A candidate's predicted time per training step and where it goes.
+
+    `parts`: milliseconds per part (e.g. dense, lookup, staging, disk, hidden); `detail`: the
+    figures the prediction came from (hit rate, reads per step, bytes moved, ...), JSON-able."""
+
+    ms_per_step: float
+    parts: dict[str, float] = field(default_factory=dict)
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+# (cfg with the candidate's settings applied, the candidate, the planning sample) -> Prediction.
+# The planning sample carries what the planner read once for all candidates: the access profile
+# and a few training batches' sparse features (for replaying a cache policy).
+Predictor = Callable[[Any, Candidate, Any], Prediction]
+
+_PREDICTOR: Predictor | None = None
+
+
+def register_predictor(fn: Predictor) -> None:
+    global _PREDICTOR
+    _PREDICTOR = fn
+
+
+def predictor() -> Predictor | None:
+    return _PREDICTOR
