@@ -10,50 +10,42 @@ not two: an OpenMP team that needs more CPU time than the quota is stopped whole
 each period (100 ms by default) with its threads waiting at a barrier, and a spinning thread
 spends the quota on waiting; one thread under the quota is never stopped.
 
-The wait policy: torch's CPU build runs on GNU OpenMP (torch/lib/libgomp.so.1; numba's `omp`
-threading layer loads a second copy, the system's, with its own team), whose idle threads spin
-about 300,000 times before sleeping. A spinning thread holds a core a busy neighbour needs while
-the thread its team waits for is descheduled: beside CPU-bound processes on 2 cores the default
-run fell to about a tenth of a one-thread run. `OMP_WAIT_POLICY=PASSIVE` (sleep at once) made it
-13-20x faster on a loaded machine and removed the collapse (docs/measurements/speed.md), so
-`python -m dlrm.train` sets it before torch starts, unless the environment already says how
-to wait. libgomp reads it once, when it is loaded: setting it later changes nothing.
+The wait: torch's CPU build runs on GNU OpenMP (torch/lib/libgomp.so.1; numba's `omp` threading
+layer loads a second copy, the system's, with its own team), whose idle threads spin about
+300,000 times before sleeping. That spinning is what makes two threads pay on a quiet machine
+(a step is many short parallel regions; a sleeping thread must be woken for each) and what
+collapses them beside a busy neighbour. The runtime reads its wait policy once, when it is
+loaded, so it is left at OpenMP's default and the thread COUNT, which can change at any step,
+follows the load instead (dlrm/thread_watch.py); the figures behind that choice are in
+docs/measurements/speed.md. Where the environment says how to wait (OMP_WAIT_POLICY,
+GOMP_SPINCOUNT, KMP_BLOCKTIME), that is the user's choice and is reported as such.
 
-No torch at import: `python -m dlrm.train` calls `default_wait_policy` before importing torch.
+No torch at import: `python -m dlrm.train` reads the limits before it imports torch.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import sys
 from collections.abc import MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["ThreadChoice", "apply", "choose", "cpu_quota", "default_wait_policy", "usable_cpus"]
+__all__ = ["ThreadChoice", "apply", "choose", "cpu_quota", "usable_cpus", "wait_policy"]
 
 # The variables that say how an OpenMP runtime's idle threads wait: where one is set, the
 # user chose, and nothing here overrides it. KMP_BLOCKTIME is Intel's runtime (libiomp), which
 # a torch built against it would load instead of libgomp.
 WAIT_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
-DEFAULT_WAIT_POLICY = "PASSIVE"
 
 
-def default_wait_policy(
-    environ: MutableMapping[str, str] = os.environ, runtime_loaded: bool | None = None
-) -> str:
-    """Set OMP_WAIT_POLICY=PASSIVE where the environment says nothing about waiting, before the
-    OpenMP runtime is loaded (it reads the variable once). Returns what the run waits with."""
+def wait_policy(environ: MutableMapping[str, str] = os.environ) -> str:
+    """How idle OpenMP threads wait in this run: what the environment says, else OpenMP's own
+    default (spin a while, then sleep)."""
     given = {k: environ[k] for k in WAIT_VARIABLES if environ.get(k)}
     if given:
         return " ".join(f"{k}={v}" for k, v in given.items())
-    if runtime_loaded is None:
-        runtime_loaded = "torch" in sys.modules or "numba.np.ufunc.omppool" in sys.modules
-    if runtime_loaded:
-        return "OpenMP's default wait (torch was imported first)"  # too late to change
-    environ["OMP_WAIT_POLICY"] = DEFAULT_WAIT_POLICY
-    return f"OMP_WAIT_POLICY={DEFAULT_WAIT_POLICY}"
+    return "OpenMP's default wait"
 
 
 # --- what this process may use -----------------------------------------------------------------
@@ -152,12 +144,24 @@ class ThreadChoice:
     source: str  # what decided it: "affinity 2 / quota none", "--threads 3", "OMP_NUM_THREADS=1"
     affinity: int
     quota: float | None
-    wait: str = ""  # how idle OpenMP threads wait (default_wait_policy's answer)
+    wait: str = ""  # how idle OpenMP threads wait (wait_policy's answer)
 
-    def describe(self) -> str:
+    @property
+    def follows_load(self) -> bool:
+        """Chosen here from affinity and quota (not by the user, not by the environment): the
+        count may then follow the machine's load (dlrm/thread_watch.py)."""
+        return self.source.startswith("affinity ") and "processes" not in self.source
+
+    def describe(self, now: int | None = None, others: float | None = None) -> str:
+        """The start line; `now`/`others`: the count the load allows at start and the CPUs other
+        processes kept busy, where the count follows the load."""
         limits = f"affinity {self.affinity} / quota {_quota_text(self.quota)}"
         where = limits if self.source == limits else f"{self.source} ({limits})"
-        return f"threads {self.threads} from {where}" + (f"; {self.wait}" if self.wait else "")
+        wait = f"; {self.wait}" if self.wait else ""
+        if now is None:
+            return f"threads {self.threads} from {where}{wait}"
+        load = f"others keep {others:.1f} CPUs busy" if others is not None else "load unknown"
+        return f"threads {now} of {self.threads} from {where}, following the load ({load}){wait}"
 
 
 def _quota_text(quota: float | None) -> str:
@@ -193,7 +197,7 @@ def choose(
     return ThreadChoice(usable, limits, **base)
 
 
-def apply(threads: int) -> None:
+def apply(threads: int, interop: bool = True) -> None:
     """Size the pools a run computes on: torch's intra-op team (OpenMP, MKL, oneDNN), its
     inter-op pool where it has not started yet, and numba's parallel loops (the synthetic
     generator's; capped by the threads numba's pool was started with)."""
@@ -203,6 +207,8 @@ def apply(threads: int) -> None:
     # numba first: starting its OpenMP layer may set the OpenMP team size to its own (all CPUs)
     numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
     torch.set_num_threads(threads)
+    if not interop:
+        return
     try:
         torch.set_num_interop_threads(threads)
     except RuntimeError:

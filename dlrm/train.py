@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from data_pipeline.errors import DataError
-from dlrm import threads
+from dlrm import thread_watch, threads
 from dlrm.config import SECTIONS, TrainConfig
 from dlrm.errors import CheckpointError, ConfigError, TrainingDiverged
 from dlrm.flags import EXIT_USAGE, OneLineParser, add_settings
@@ -44,24 +44,33 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
     rank, world, finished, cfg = 0, 1, False, None
     try:
-        # first: validating the settings imports torch, and the OpenMP runtime it loads reads
-        # its wait policy once (dlrm/threads.py)
-        wait = threads.default_wait_policy()
+        # first: the load before the imports, which the thread count's first reading spans
+        start = thread_watch.CpuSampler().read()
         cfg = config_from_args(argv)
-        choice = threads.choose(cfg.threads, wait=wait)
-        if _leads():
-            print(choice.describe(), flush=True)
-        if cfg.reference_defaults and _leads():
-            print(cfg.describe_reference_defaults(), flush=True)
+        choice = threads.choose(cfg.threads, wait=threads.wait_policy())
         from dlrm import distributed, step_hooks
+        from dlrm.train_pipeline import StepHooks
         from dlrm.trainer import Trainer  # after parsing: --help and flag errors stay fast
 
-        threads.apply(choice.threads)
+        watch = None
+        if choice.follows_load:
+            watch = thread_watch.ThreadWatch(
+                choice.threads, start=start, announce=thread_watch.announce if _leads() else None
+            )
+            line = choice.describe(now=watch.first(), others=watch.others)
+        else:
+            threads.apply(choice.threads)
+            line = choice.describe()
+        if _leads():
+            print(line, flush=True)
+        if cfg.reference_defaults and _leads():
+            print(cfg.describe_reference_defaults(), flush=True)
         if distributed.launched_by_torchrun():
             rank, world = distributed.init_from_env(cfg)
             cfg = distributed.first_attempt_resume(cfg)
         step_hooks.load_plugins()
-        trainer = Trainer(cfg, rank, world, step_hook=step_hooks.hook_for(cfg))
+        hook = StepHooks.of(watch, step_hooks.hook_for(cfg))
+        trainer = Trainer(cfg, rank, world, step_hook=hook)
         summary = trainer.fit()
         finished = True
     except (ConfigError, DataError, CheckpointError, ScmError) as e:

@@ -11,11 +11,12 @@ wraps whole steps (`step`) and labels their phases (`phase`: "forward", "backwar
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -47,6 +48,36 @@ class StepHook:
 
     def phase(self, name: str) -> AbstractContextManager:
         return nullcontext()
+
+
+class StepHooks(StepHook):
+    """Several hooks on the same steps (the thread watch and `--perf-log`'s recorder): each
+    step runs inside every hook's `step`, the first outermost; phases open in the same order."""
+
+    def __init__(self, hooks: list) -> None:
+        self.hooks = hooks
+
+    @staticmethod
+    def of(*hooks) -> StepHook | None:
+        """The hooks given (None: absent) as one hook: None, the only one, or all of them."""
+        present = [h for h in hooks if h is not None]
+        return None if not present else present[0] if len(present) == 1 else StepHooks(present)
+
+    def attach(self, trainer) -> None:
+        for h in self.hooks:
+            h.attach(trainer)
+
+    def step(self, batch: Batch, run: Callable[[], torch.Tensor]) -> torch.Tensor:
+        for h in reversed(self.hooks):
+            run = functools.partial(h.step, batch, run)
+        return run()
+
+    @contextmanager
+    def phase(self, name: str):
+        with ExitStack() as stack:
+            for h in self.hooks:
+                stack.enter_context(h.phase(name))
+            yield
 
 
 class TrainPipeline(ABC):

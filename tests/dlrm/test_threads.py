@@ -3,6 +3,7 @@ wait policy it sets before OpenMP starts, and that a run given --threads compute
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -84,17 +85,24 @@ def test_quota_rounds_down_to_whole_cpus_and_never_below_one():
 
 
 def test_auto_choice_and_its_one_line():
-    c = threads.choose(0, environ={}, affinity=2, quota=1.5, wait="OMP_WAIT_POLICY=PASSIVE")
-    assert c.threads == 1
-    assert c.describe() == "threads 1 from affinity 2 / quota 1.5; OMP_WAIT_POLICY=PASSIVE"
+    c = threads.choose(0, environ={}, affinity=2, quota=1.5, wait="OpenMP's default wait")
+    assert c.threads == 1 and c.follows_load
+    assert c.describe() == "threads 1 from affinity 2 / quota 1.5; OpenMP's default wait"
+    c = threads.choose(0, environ={}, affinity=2, quota=None)
+    assert c.describe(now=1, others=0.96) == (
+        "threads 1 of 2 from affinity 2 / quota none, following the load "
+        "(others keep 1.0 CPUs busy)"
+    )
     c = threads.choose(0, environ={}, affinity=1, quota=None)  # affinity narrower than nproc
     assert (c.threads, c.describe()) == (1, "threads 1 from affinity 1 / quota none")
     c = threads.choose(5, environ={"OMP_NUM_THREADS": "2"}, affinity=2, quota=None)
     assert (c.threads, c.describe()) == (5, "threads 5 from --threads 5 (affinity 2 / quota none)")
+    assert not c.follows_load  # the user's count
     c = threads.choose(0, environ={"OMP_NUM_THREADS": "3"}, affinity=2, quota=None)
-    assert (c.threads, c.source) == (3, "OMP_NUM_THREADS=3")
+    assert (c.threads, c.source) == (3, "OMP_NUM_THREADS=3") and not c.follows_load
     c = threads.choose(0, environ={"LOCAL_WORLD_SIZE": "2"}, affinity=4, quota=None)
     assert (c.threads, c.source) == (2, "affinity 4 / quota none / 2 processes")
+    assert not c.follows_load  # its siblings would read as a busy machine
     assert threads.choose(0, environ={"LOCAL_WORLD_SIZE": "4"}, affinity=2, quota=None).threads == 1
 
 
@@ -110,17 +118,14 @@ def test_auto_reads_this_process_affinity():
     assert out.stdout.strip() == "1"
 
 
-def test_wait_policy_is_set_only_where_the_user_said_nothing():
+def test_wait_policy_is_the_users_where_given_else_openmps_own():
     env = {}
-    assert threads.default_wait_policy(env, runtime_loaded=False) == "OMP_WAIT_POLICY=PASSIVE"
-    assert env == {"OMP_WAIT_POLICY": "PASSIVE"}
-    for name, value in (("OMP_WAIT_POLICY", "active"), ("GOMP_SPINCOUNT", "300000")):
+    assert threads.wait_policy(env) == "OpenMP's default wait"
+    assert env == {}  # nothing set: the count follows the load instead (dlrm/thread_watch.py)
+    for name, value in (("OMP_WAIT_POLICY", "passive"), ("GOMP_SPINCOUNT", "300000")):
         env = {name: value}
-        assert threads.default_wait_policy(env, runtime_loaded=False) == f"{name}={value}"
-        assert env == {name: value}  # the user's choice, untouched
-    env = {}
-    assert "torch was imported first" in threads.default_wait_policy(env, runtime_loaded=True)
-    assert env == {}  # too late: the runtime read the environment when it was loaded
+        assert threads.wait_policy(env) == f"{name}={value}"
+        assert env == {name: value}
 
 
 def test_threads_flag_is_validated(capsys, tmp_path):
@@ -138,11 +143,11 @@ def test_a_run_given_threads_1_computes_on_one_thread(tmp_path):
     """In a fresh process (its own OpenMP runtime) where the environment asks for 4: torch's
     intra- and inter-op pools and numba's run 1 thread to the end of the run (the synthetic
     generator's numba loop resets OpenMP's count; it must not stay reset), and the run set the
-    wait policy before torch was imported."""
+    wait policy the user gave, or none."""
     code = (
         "import json, os, sys; from dlrm.train import main; rc = main(sys.argv[1:]); "
         "import numba, torch; print(json.dumps([rc, torch.get_num_threads(), "
-        "torch.get_num_interop_threads(), numba.get_num_threads(), os.environ['OMP_WAIT_POLICY']]))"
+        "torch.get_num_interop_threads(), numba.get_num_threads(), os.environ.get('OMP_WAIT_POLICY')]))"
     )
     tiny = ["--arch-embedding-size", "30-20-10", "--arch-sparse-feature-size", "4", "--arch-mlp-bot",
             "13-8-4", "--arch-mlp-top", "8-1", "--mini-batch-size", "32", "--data-size", "320",
@@ -155,6 +160,28 @@ def test_a_run_given_threads_1_computes_on_one_thread(tmp_path):
     lines = out.stdout.splitlines()
     assert lines[0] == (
         f"threads 1 from --threads 1 (affinity {len(os.sched_getaffinity(0))} / quota "
-        f"{threads._quota_text(threads.cpu_quota())}); OMP_WAIT_POLICY=PASSIVE"
+        f"{threads._quota_text(threads.cpu_quota())}); OpenMP's default wait"
     )
-    assert json.loads(lines[-1]) == [0, 1, 1, 1, "PASSIVE"]
+    assert json.loads(lines[-1]) == [0, 1, 1, 1, None]
+
+
+def test_an_automatic_count_follows_the_load_and_says_so(tmp_path):
+    """Without --threads or OMP_NUM_THREADS the start line gives the count the load allows now,
+    of the automatic choice, and what the others kept busy; the run trains."""
+    tiny = ["--arch-embedding-size", "30-20-10", "--arch-sparse-feature-size", "4", "--arch-mlp-bot",
+            "13-8-4", "--arch-mlp-top", "8-1", "--mini-batch-size", "32", "--data-size", "320",
+            "--test-data-size", "256", "--progress", "false", "--out-dir", str(tmp_path / "r")]  # fmt: skip
+    env = {k: v for k, v in os.environ.items()
+           if k not in (*threads.WAIT_VARIABLES, "OMP_NUM_THREADS", "LOCAL_WORLD_SIZE")}  # fmt: skip
+    env.update(PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-m", "dlrm.train", *tiny], env=env,
+                         capture_output=True, text=True, timeout=300, cwd=ROOT)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    usable = threads.usable_cpus(len(os.sched_getaffinity(0)), threads.cpu_quota())
+    first = out.stdout.splitlines()[0]
+    m = re.fullmatch(
+        rf"threads (\d+) of {usable} from affinity \d+ / quota \S+, following the load "
+        r"\(others keep \d+\.\d CPUs busy\); OpenMP's default wait",
+        first,
+    )
+    assert m and 1 <= int(m.group(1)) <= usable, first
