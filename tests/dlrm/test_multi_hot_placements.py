@@ -15,6 +15,7 @@ from dlrm import Trainer
 from dlrm.data import DataSplits
 from dlrm.fae_batches import FAEBatchSource
 from dlrm.hotline_pipeline import HotlineTrainPipeline
+from dlrm.train_pipeline import StepHook
 from embeddings.hot_inputs import AllHotClassifier
 from tests.dlrm.conftest import tiny
 from tests.multi_hot_source import multi_hot_splits
@@ -146,3 +147,108 @@ def _every_id_hot(kjt, plan) -> torch.Tensor:
             pos += len(bag)
             out[i] = out[i] and all((t, v) in hot for v in bag)
     return torch.tensor(out)
+
+
+# --- Slipstream ---------------------------------------------------------------------------------
+
+SLIP = dict(slipstream=True, slipstream_interval=6, slipstream_warmup=8, hot_budget="16KB",
+            profile_sample_rate=0.2)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "mode,placement,interaction",
+    [("drop", "device", "dot"), ("freeze", "device", "dcn"), ("drop", "hotline", "dcn"),
+     ("freeze", "tiered", "dot")],
+)  # fmt: skip
+def test_with_nothing_stale_slipstream_trains_the_multi_hot_model_unchanged(
+    tmp_path, device_runs, mode, placement, interaction
+):
+    arch = DCN if interaction == "dcn" else {}
+    where = {**PLACEMENTS.get(placement, {}), **SLIP}
+    slip, summary = train(tmp_path, "slip", **where, **arch, slipstream_mode=mode,
+                          slipstream_threshold=0.0)  # fmt: skip
+    device, ref = device_runs(interaction, "hashed" if placement == "tiered" else "uniform")
+    same_model(slip, device)
+    assert summary["test_auc"] == ref["test_auc"] and summary["steps"] == STEPS
+    s = summary["slipstream"]
+    assert s["samples_skipped"] == s["emb_lookups_saved"] == 0 and s["stale_row_share"] == 0.0
+    assert s["tracked_rows"] > 0 and s["snapshots"] == 1 + STEPS // 6
+
+
+class Decisions:
+    """Every decision of a drop-mode run, checked as it is taken against the tracker's stale
+    set of that moment, bag by bag: an input is left out exactly when it has a lookup and every
+    bag of it is stale (every row in the bag a stale tracked row; an empty bag: vacuously)."""
+
+    def __init__(self, pipe) -> None:
+        self.pipe, self.decide = pipe, pipe.stream.decide
+        self.skipped = self.skipped_multi_id = self.kept = 0
+        pipe.stream.decide = self
+
+    def __call__(self, index, batch):
+        decision = self.decide(index, batch)
+        kjt, tr = batch.sparse_features, self.pipe.tracker
+        stale_rows = set(zip(tr.tables[tr.stale.numpy()].tolist(),
+                             tr.rows[tr.stale.numpy()].tolist()))  # fmt: skip
+        T, B = len(kjt.keys()), kjt.stride()
+        lengths, values = kjt.lengths().tolist(), kjt.values().tolist()
+        every_bag_stale, any_lookup, longest = [True] * B, [False] * B, [0] * B
+        pos = 0
+        for t in range(T):
+            for i in range(B):
+                bag = values[pos : pos + lengths[t * B + i]]
+                pos += len(bag)
+                every_bag_stale[i] &= all((t, v) in stale_rows for v in bag)
+                any_lookup[i] |= bool(bag)
+                longest[i] = max(longest[i], len(bag))
+        expected = [s and a for s, a in zip(every_bag_stale, any_lookup)]
+        kept = decision[0] if isinstance(decision, tuple) else decision
+        left_out = [False] * B if kept is None else (~kept).tolist()
+        if self.pipe._active:
+            assert left_out == expected
+        self.skipped += sum(left_out)
+        self.skipped_multi_id += sum(o and n > 1 for o, n in zip(left_out, longest))
+        self.kept += B - sum(left_out)
+        return decision
+
+
+@pytest.mark.parametrize("placement", ["device", "hotline"])
+def test_drop_leaves_out_exactly_the_inputs_whose_every_bag_is_stale(tmp_path, placement):
+    cfg = tiny(tmp_path / placement, **{**BASE, **PLACEMENTS.get(placement, {}), **SLIP,
+               "slipstream_mode": "drop", "slipstream_target_skip": 0.3, "data_size": 32 * 60,
+               "nepochs": 2})  # fmt: skip
+    trainer = Trainer(cfg, data=multi_hot_splits(batch_size=32, steps=60))
+    seen = Decisions(trainer.pipeline)
+    summary = trainer.fit()
+    s = summary["slipstream"]
+    assert s["samples_trained"] + s["samples_skipped"] == 2 * 32 * 60
+    assert s["samples_skipped"] > 0 and seen.skipped >= s["samples_skipped"]
+    assert seen.skipped_multi_id > 0  # bags of several ids, all stale, were left out
+
+
+def test_freeze_keeps_every_stale_row_of_a_bag_as_it_was(tmp_path):
+    class Watch(StepHook):
+        frozen_changed = frozen_checked = 0
+
+        def attach(self, trainer) -> None:
+            self.pipe = trainer.pipeline
+
+        def step(self, batch, run):
+            pipe, tr = self.pipe, self.pipe.tracker
+            if not pipe._active:
+                return run()
+            ids = (torch.from_numpy(tr.tables), torch.from_numpy(tr.rows))
+            before = pipe.coll.rows_of(*ids)[0]
+            loss = run()
+            after = pipe.coll.rows_of(*ids)[0]
+            self.frozen_checked += int(tr.stale.sum())
+            self.frozen_changed += int((before != after).any(1)[tr.stale].sum())
+            return loss
+
+    watch = Watch()
+    cfg = tiny(tmp_path / "freeze", **{**BASE, **SLIP, "slipstream_mode": "freeze",
+               "slipstream_target_skip": 0.3, "data_size": 32 * 60})  # fmt: skip
+    trainer = Trainer(cfg, data=multi_hot_splits(batch_size=32, steps=60), step_hook=watch)
+    s = trainer.fit()["slipstream"]
+    assert s["samples_skipped"] == 0 and s["lookups_frozen"] > 0
+    assert watch.frozen_checked > 0 and watch.frozen_changed == 0
