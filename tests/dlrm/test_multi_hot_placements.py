@@ -106,14 +106,20 @@ def test_every_placement_trains_the_device_placements_multi_hot_model(
         assert p["scm_cache_evictions"] > 0 and p["scm_rows_read"] > 0
 
 
-@pytest.mark.parametrize("interaction", ["dot", "dcn"])
-def test_fae_trains_the_device_placements_multi_hot_model(tmp_path, interaction):
+@pytest.mark.parametrize(
+    "interaction,backend,optimizer",
+    [("dot", "torch", "adagrad"), ("dcn", "torch", "adagrad"), ("dot", "auto", "sgd")],
+)
+def test_fae_trains_the_device_placements_multi_hot_model(
+    tmp_path, interaction, backend, optimizer
+):
     # FAE regroups each window's inputs into all-hot and cold mini-batches: the reference trains
-    # on the very batches FAE trained on. Both use --embedding-backend torch: FAE's device replica
-    # is updated by PyTorch ops (the CUDA fbgemm wheel is not assumed), and fbgemm's CPU kernel
-    # rounds Adagrad's step differently (about 2e-6 apart after 200 steps, on one-hot data as
-    # well); with the same kernels on both sides the runs are bit-identical.
-    arch = {**(DCN if interaction == "dcn" else {}), "embedding_backend": "torch"}
+    # on the very batches FAE trained on. FAE's device replica is updated by PyTorch ops (the
+    # CUDA fbgemm wheel is not assumed); fbgemm's CPU Adagrad rounds its step otherwise (about
+    # 2e-6 apart after 200 steps, one-hot data as well), so Adagrad is compared with
+    # --embedding-backend torch on both sides, and fbgemm's kernels with SGD: bit-identical.
+    arch = {**(DCN if interaction == "dcn" else {}), "embedding_backend": backend,
+            "optimizer": optimizer}  # fmt: skip
     fae, summary = train(tmp_path, "fae", **PLACEMENTS["fae"], **arch)
     regrouped = fae.data.train
     assert isinstance(regrouped, FAEBatchSource)
