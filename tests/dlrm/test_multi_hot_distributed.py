@@ -1,5 +1,5 @@
 """2-process training (gloo) on multi-hot bags against one process, as tests/dlrm/test_distributed.py
-does for one id per feature: table-wise and data-parallel sharding, and hot rows replicated with
+does for one id per feature: table-wise, column-wise and data-parallel sharding, and hot rows replicated with
 cold rows sharded (FAE's and Hotline's split). Per-step losses within 1e-5 relative, final
 weights within 1e-5 (the ranks' partial sums meet in another order), test AUC to 4 decimals."""
 
@@ -20,6 +20,13 @@ BATCH = 32
 JOBS = {
     "table_wise": dict(sharding="table_wise", optimizer="adagrad"),
     "data_parallel": dict(sharding="data_parallel", optimizer="rowwise_adagrad"),
+    "column_wise": dict(
+        sharding="column_wise",
+        optimizer="adagrad",
+        sharding_min_columns=4,
+        arch_sparse_feature_size=8,
+        arch_mlp_bot=(13, 16, 8),
+    ),  # fmt: skip
     # hot rows replicated on every rank, cold rows table-wise: trains what table_wise's one
     # process trains (--placement device), as the batches are not regrouped
     "fae": dict(
@@ -37,8 +44,8 @@ JOBS = {
         profile_sample_rate=1.0,
     ),  # fmt: skip
 }
-REFERENCE = {"table_wise": "table_wise", "data_parallel": "data_parallel", "fae": "table_wise",
-             "hotline": "table_wise"}  # fmt: skip
+REFERENCE = {"table_wise": "table_wise", "data_parallel": "data_parallel",
+             "column_wise": "column_wise", "fae": "table_wise", "hotline": "table_wise"}  # fmt: skip
 
 
 def result(cfg, rank: int = 0, world_size: int = 1) -> dict:
@@ -87,3 +94,6 @@ def test_two_processes_train_what_one_does_on_multi_hot_bags(runs, job):
     if job in ("fae", "hotline"):  # really split: hot rows replicated, cold rows sharded
         plan = json.loads((root / f"two_{job}" / "sharding_plan.json").read_text())
         assert {t["part"] for t in plan} == {"hot", "cold"}
+    else:
+        plan = json.loads((root / f"two_{job}" / "sharding_plan.json").read_text())
+        assert {t["sharding"] for t in plan} == {job}

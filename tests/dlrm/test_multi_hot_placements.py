@@ -258,3 +258,19 @@ def test_freeze_keeps_every_stale_row_of_a_bag_as_it_was(tmp_path):
     s = trainer.fit()["slipstream"]
     assert s["samples_skipped"] == 0 and s["lookups_frozen"] > 0
     assert watch.frozen_checked > 0 and watch.frozen_changed == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("placement", ["hotline", "tiered"])
+def test_on_cuda_the_staged_placements_train_the_device_placements_multi_hot_model(
+    tmp_path, placement
+):
+    init = {"embedding_init": "hashed"} if placement == "tiered" else {}
+    device, a = train(tmp_path, "device", placement="device", device="cuda", **init)
+    placed, b = train(tmp_path, placement, **{**PLACEMENTS[placement], "device": "cuda"})
+    for x, y in zip(
+        device.model.embeddings.table_weights(), placed.model.embeddings.table_weights()
+    ):
+        # CUDA sums a bag's rows and a row's gradients in its own order
+        assert float((x.cpu() - y.cpu()).abs().max() / y.abs().max()) <= 1e-5
+    assert round(a["test_auc"], 4) == round(b["test_auc"], 4)
