@@ -164,7 +164,7 @@ SLIP = dict(slipstream=True, slipstream_interval=6, slipstream_warmup=8, hot_bud
 @pytest.mark.parametrize(
     "mode,placement,interaction",
     [("drop", "device", "dot"), ("freeze", "device", "dcn"), ("drop", "hotline", "dcn"),
-     ("freeze", "tiered", "dot")],
+     ("freeze", "tiered", "dot"), ("drop", "fae", "dcn")],
 )  # fmt: skip
 def test_with_nothing_stale_slipstream_trains_the_multi_hot_model_unchanged(
     tmp_path, device_runs, mode, placement, interaction
@@ -173,7 +173,12 @@ def test_with_nothing_stale_slipstream_trains_the_multi_hot_model_unchanged(
     where = {**PLACEMENTS.get(placement, {}), **SLIP}
     slip, summary = train(tmp_path, "slip", **where, **arch, slipstream_mode=mode,
                           slipstream_threshold=0.0)  # fmt: skip
-    device, ref = device_runs(interaction, "hashed" if placement == "tiered" else "uniform")
+    if placement == "fae":  # its own regrouped batches: FAE without Slipstream, same hot rows
+        same_hot_rows = {k: SLIP[k] for k in ("hot_budget", "profile_sample_rate")}
+        device, ref = train(tmp_path, "fae", **{**PLACEMENTS["fae"], **same_hot_rows}, **arch)
+        assert 0 < ref["placement"]["hot_input_share"] < 1
+    else:
+        device, ref = device_runs(interaction, "hashed" if placement == "tiered" else "uniform")
     same_model(slip, device)
     assert summary["test_auc"] == ref["test_auc"] and summary["steps"] == STEPS
     s = summary["slipstream"]
