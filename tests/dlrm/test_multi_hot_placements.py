@@ -5,7 +5,8 @@ Why the runs are bit-identical and not merely close: every placement pools each 
 same fused table-batched op over the bag's rows in the KJT's order (hot rows and staged cold rows
 alike, through a remap), and each row's gradient is summed over its lookups in their original
 order before its one update per step; a row staged from the host or the SSD tier is stored bit
-for bit. So no summation order differs and the tolerance is 0 everywhere.
+for bit. So no summation order differs and the tolerance is 0 everywhere (FAE's device replica
+runs PyTorch's update: see its test for the kernels it is compared with).
 """
 
 import pytest
