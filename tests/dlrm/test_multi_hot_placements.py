@@ -30,6 +30,8 @@ PLACEMENTS = {
     "host": dict(placement="host"),
     "fae": dict(placement="fae", fae_switch_period=4, **HOT),
     "hotline": dict(placement="hotline", **HOT),
+    # popularity learned from the first 20 mini-batches' ids, then the plan adopted mid-run
+    "hotline-learned": dict(placement="hotline", hotline_learn_batches=20, **HOT),
     # the SSD tier starts from --embedding-init hashed's values (as its reference below)
     "tiered": dict(
         placement="tiered", scm_cache="1KB", scm_io="buffered", embedding_init="hashed", **HOT
@@ -90,7 +92,7 @@ def test_the_source_is_multi_hot_with_empty_bags_and_replays():
 
 
 @pytest.mark.parametrize("interaction", ["dot", "dcn"])
-@pytest.mark.parametrize("placement", ["host", "hotline", "tiered"])
+@pytest.mark.parametrize("placement", ["host", "hotline", "hotline-learned", "tiered"])
 def test_every_placement_trains_the_device_placements_multi_hot_model(
     tmp_path, device_runs, placement, interaction
 ):
@@ -100,6 +102,8 @@ def test_every_placement_trains_the_device_placements_multi_hot_model(
     same_model(placed, device)
     assert summary["test_auc"] == ref["test_auc"] and summary["steps"] == ref["steps"] == STEPS
     p = summary["placement"]
+    if placement == "hotline-learned":
+        assert p["learned_batches"] == 20 and p["hot_rows"] > 0
     if placement != "host":  # both paths trained: popular inputs and staged cold rows
         assert isinstance(placed.pipeline, HotlineTrainPipeline)
         assert 0.05 < p["popular_input_share"] < 0.95 and p["cold_rows_per_batch"] > 0
@@ -238,7 +242,8 @@ def test_drop_leaves_out_exactly_the_inputs_whose_every_bag_is_stale(tmp_path, p
     assert seen.skipped_multi_id > 0  # bags of several ids, all stale, were left out
 
 
-def test_freeze_keeps_every_stale_row_of_a_bag_as_it_was(tmp_path):
+@pytest.mark.parametrize("placement", ["device", "hotline"])
+def test_freeze_keeps_every_stale_row_of_a_bag_as_it_was(tmp_path, placement):
     class Watch(StepHook):
         frozen_changed = frozen_checked = 0
 
@@ -258,7 +263,8 @@ def test_freeze_keeps_every_stale_row_of_a_bag_as_it_was(tmp_path):
             return loss
 
     watch = Watch()
-    cfg = tiny(tmp_path / "freeze", **{**BASE, **SLIP, "slipstream_mode": "freeze",
+    cfg = tiny(tmp_path / "freeze", **{**BASE, **PLACEMENTS.get(placement, {}), **SLIP,
+               "slipstream_mode": "freeze",
                "slipstream_target_skip": 0.3, "data_size": 32 * 60})  # fmt: skip
     trainer = Trainer(cfg, data=multi_hot_splits(batch_size=32, steps=60), step_hook=watch)
     s = trainer.fit()["slipstream"]
