@@ -64,7 +64,7 @@ class MultiHotSource:
             raise ValueError("one bag size per feature")
         self.base, self.bag_sizes, self.seed = base, list(bag_sizes), seed
         self.rank, self.world_size, self.empty_share = rank, world_size, empty_share
-        self.batch_size = base.batch_size // world_size
+        self.batch_size = base.batch_size  # the global batch, as SyntheticBatchSource's
         self.num_dense = base.num_dense
         self.table_sizes = list(base.table_sizes)
         self.feature_names = list(base.feature_names)
@@ -83,7 +83,7 @@ class MultiHotSource:
                      empty_share=self.empty_share)  # fmt: skip
         if self.world_size == 1:
             return Batch(dense_features=b.dense_features, sparse_features=kjt, labels=b.labels)
-        n = self.batch_size
+        n = self.batch_size // self.world_size
         sel = torch.arange(self.rank * n, (self.rank + 1) * n)
         from embeddings.kjt_ops import KJTSelector
 
