@@ -281,9 +281,12 @@ class StagedEmbeddingBagCollection(EmbeddingCollection):
     @torch.no_grad()
     def _load(self, staged: StagedRows, training: bool) -> int:
         """The previous staged rows home, these into the staging slots; returns rows refreshed."""
-        prev = self._in_slots
+        prev, version = self._in_slots, self.version
         self._write_back()
-        prev = prev[:2] if prev is not None and prev[2] else None  # written back just now
+        # the rows written back just now, still in their slots: None when nothing was (a
+        # mini-batch without cold rows, or not trained), so the newest write-back in the log is
+        # an older step's and is renewed from the store
+        prev = prev[:2] if prev is not None and self.version != version else None
         if staged.ready is not None:  # made on the side stream, used on this one
             stream = torch.cuda.current_stream(self.device)
             stream.wait_event(staged.ready)

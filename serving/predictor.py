@@ -17,6 +17,7 @@ a later load of the same artifact finds them there) and read through a DRAM row 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -103,6 +104,19 @@ class Predictor:
         """Click probabilities [B] (TBSM: one per sample, for its candidate)."""
         return torch.sigmoid(self.logits(batch))
 
+    def predict_bags(
+        self, dense: torch.Tensor, bags: Sequence[Sequence[Sequence[int]]]
+    ) -> torch.Tensor:
+        """Click probabilities [B] of samples with any number of ids per feature (multi-hot, as
+        MLPerf's DLRM-DCNv2 data): `bags[i][f]` the ids of sample i's feature f (feature order,
+        an empty list for none), each bag sum-pooled. The numbers of `predict` on the
+        KeyedJaggedTensor of those bags (DLRM only; a one-hot batch may use `predict_rows`)."""
+        if not isinstance(self.model, DLRM):
+            raise TypeError(
+                "predict_bags scores DLRM samples; a TBSM sample is a sequence (predict)"
+            )
+        return self.predict((dense, bags_to_kjt(bags, self.feature_names)))
+
     @torch.no_grad()
     def predict_rows(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """Click probabilities [B] of rows with one id per feature, as raw Criteo lines have:
@@ -164,6 +178,23 @@ class Predictor:
                 f"row {row}: id {int(ids[row, col])} of feature {t.feature_name} is outside "
                 f"table {t.name} ({t.num_embeddings} rows)"
             )
+
+
+def bags_to_kjt(bags: Sequence[Sequence[Sequence[int]]], names: list[str]) -> KeyedJaggedTensor:
+    """A KeyedJaggedTensor (keys `names`) of sample-major bags: `bags[i][f]`, sample i's ids of
+    feature f. ValueError naming the first sample whose number of features is not len(names)."""
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    for i, sample in enumerate(bags):
+        if len(sample) != len(names):
+            raise ValueError(f"bags: sample {i} has {len(sample)} features, expected {len(names)}")
+    by_feature = [[list(sample[f]) for sample in bags] for f in range(len(names))]
+    lengths = [len(bag) for feature in by_feature for bag in feature]
+    values = [v for feature in by_feature for bag in feature for v in bag]
+    return KeyedJaggedTensor(
+        keys=list(names), values=torch.tensor(values, dtype=torch.int64),
+        lengths=torch.tensor(lengths, dtype=torch.int32), stride=len(bags),
+    )  # fmt: skip
 
 
 def _serve_from_tier(a: art.Artifact, device, scm_dir, scm_cache, scm_io, scm_io_threads):
