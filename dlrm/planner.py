@@ -55,8 +55,8 @@ HOT_SHARES = (0.5, 0.8, 0.9, 0.95, 0.99)  # cumulative lookup shares the hot bud
 CACHE_SHARES = (0.25, 0.5, 1.0)  # of the host room a tiered candidate's hot rows leave
 SAMPLE_BATCHES = 8  # training batches whose sparse features a predictor replays
 PREFERENCE = ("device", "fae", "hotline", "tiered", "host")
-MiB = 2**20
-SMALLEST = MiB  # no budget or cache below this is a candidate
+GRAIN = 2**10  # budgets and caches are whole KiB
+SMALLEST = 64 * GRAIN  # no row cache below this is a candidate
 MEMORY_TIERS = ("device", "host")
 
 
@@ -135,12 +135,12 @@ class Decision:
     def table(self) -> str:
         """The printed table: one row per candidate, the chosen one marked."""
         tiers = [t for t in ("device", "host", "disk") if t in self.room]
-        head = ["candidate", "ms/step", *[f"{t} GiB" for t in tiers], ""]
+        head = ["candidate", "ms/step", *tiers, ""]
         rows = []
         for w in self.weighed:
             p = w.prediction
             ms = f"{p.ms_per_step:.2f}" if p else "-"
-            mem = [f"{w.needs.get(t, 0) / 2**30:.2f}" for t in tiers]
+            mem = [fmt_bytes(w.needs[t]) if w.needs.get(t) else "-" for t in tiers]
             why = "CHOSEN" if w.candidate == self.chosen else (w.rejected or "")
             rows.append([w.candidate.label(), ms, *mem, why])
         widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head) - 1)]
@@ -161,7 +161,7 @@ class Decision:
 def hot_budgets(profile: AccessProfile, tables: list[TableSpec], opt: SparseOptimizer) -> list[int]:
     """The device bytes (weights + optimizer state) of the hottest rows, ranked by lookups per
     byte as the plan ranks them, where their share of the profiled lookups reaches each of
-    HOT_SHARES; rounded up to MiB."""
+    HOT_SHARES; rounded up to KiB."""
     rb = np.array([row_bytes(t.embedding_dim, opt) for t in tables], dtype=np.int64)
     counts = [np.asarray(c)[np.asarray(c) > 0] for c in profile.counts]
     if not any(c.size for c in counts):
@@ -178,7 +178,7 @@ def hot_budgets(profile: AccessProfile, tables: list[TableSpec], opt: SparseOpti
     out = []
     for share in HOT_SHARES:
         k = min(int(np.searchsorted(cum, share * cum[-1])), cum.size - 1)
-        out.append(-(-int(cum_bytes[k]) // MiB) * MiB)
+        out.append(-(-int(cum_bytes[k]) // GRAIN) * GRAIN)
     return sorted(set(out))
 
 
@@ -217,15 +217,15 @@ class _Scale:
         return Weighed(cand, per_tier, rejected="; ".join(short) or None, cfg=cfg, short=missing)
 
     def largest_fitting(self, kind: str, cache: int = 0) -> int:
-        """The largest hot budget (MiB steps) with which `kind` fits; 0 when none does."""
-        lo, hi = 0, -(-self.total // MiB)
+        """The largest hot budget (KiB steps) with which `kind` fits; 0 when none does."""
+        lo, hi = 0, -(-self.total // GRAIN)
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if self.weigh(Candidate(kind, mid * MiB, cache)).fits:
+            if self.weigh(Candidate(kind, mid * GRAIN, cache)).fits:
                 lo = mid
             else:
                 hi = mid - 1
-        return lo * MiB
+        return lo * GRAIN
 
     def caches(self, hot: int) -> list[int]:
         """Row caches for the tiered placement with `hot` bytes of hot rows: CACHE_SHARES of the
@@ -238,7 +238,7 @@ class _Scale:
         per_slot = RowCache.BOOKKEEPING_PER_SLOT + SlotMap.BYTES_PER_ENTRY / SlotMap.LOAD
         scale = 1 + per_slot / self.row_bytes
         tier_rows = max(0, self.total - hot)
-        out = {min(int(left * s / scale) // MiB * MiB, tier_rows) for s in CACHE_SHARES}
+        out = {min(int(left * s / scale) // GRAIN * GRAIN, tier_rows) for s in CACHE_SHARES}
         out = sorted(c for c in out if c >= SMALLEST)
         return out or [SMALLEST]  # none fits: listed, and rejected with its reason
 
@@ -253,7 +253,7 @@ def candidates(scale: _Scale, budgets: list[int]) -> list[Candidate]:
             continue  # the SSD tier stores rows of one width
         mine = list(budgets)
         cap = scale.largest_fitting(kind, SMALLEST if kind == "tiered" else 0)
-        if cap >= SMALLEST and (not mine or cap < max(mine)):
+        if cap >= GRAIN and (not mine or cap < max(mine)):
             mine.append(cap)
         for hot in sorted(set(mine), reverse=True):
             if kind == "tiered":
@@ -384,9 +384,11 @@ def resolve_auto(
     decision = _resumed_decision(cfg, data)
     if decision is None:
         decision = plan(cfg, data, device)
-    from common.atomic import write_json
+    path = cfg.run_dir / DECISION_NAME
+    if not decision.how.startswith(f"reused from {path} "):  # a resumed run's own is kept
+        from common.atomic import write_json
 
-    write_json(cfg.run_dir / DECISION_NAME, decision.to_json())
+        write_json(path, decision.to_json())
     print(decision.table(), flush=True)
     return applied(cfg, decision), decision
 
