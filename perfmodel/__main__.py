@@ -233,7 +233,9 @@ def _plan(args, rest: list[str]) -> int:
     from dlrm.planner import plan
     from dlrm.train import build_parser as train_parser
 
-    cfg_args = vars(train_parser().parse_args(rest))
+    flags = train_parser()
+    flags.prog = f"{PROG} plan"  # its one-line errors name this command
+    cfg_args = vars(flags.parse_args(rest))
     cfg_args["placement"] = "auto"  # what auto would choose, whatever placement the flags name
     cfg = TrainConfig(**cfg_args)
     step_hooks.load_plugins()
