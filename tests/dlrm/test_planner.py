@@ -87,7 +87,7 @@ def test_the_fastest_predicted_candidate_that_fits_is_chosen(make_config, monkey
 def test_margin_rejects_what_fits_only_without_it(make_config, monkeypatch, predicted):
     fixed_room(monkeypatch, device=GiB)
     need = decide(make_config).weighed[0].needs["device"]  # device fits: nothing else weighed
-    room = int(need / 0.9)  # fits, but not with 15% left free
+    room = int(need / 0.9)  # fits, but not with 30% left free
     fixed_room(monkeypatch, device=room)
     d = decide(make_config)
     device = d.weighed[0]
