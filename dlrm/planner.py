@@ -18,7 +18,8 @@
    uses). It fits when every memory tier's needs are at most (1 - PLAN_MARGIN) of the room:
    the needs are bounds from budgets, and an allocator, a fragmented heap or a neighbour's growth
    take more than they say. The disk's need is exact and an upper bound (the tier's file is
-   sparse until its blocks are written), so it gets no margin.
+   sparse until its blocks are written), so it gets no margin. A `--hot-budget` the user gave
+   bounds the rows on the device too (`rows_cap`: auto's rule before the planner).
 5. The registered predictor (perfmodel's, dlrm/planning.py) predicts each fitting candidate's
    step time; the fastest is chosen (ties: PREFERENCE). Without a predictor the first fitting
    candidate in PREFERENCE order (a kind's largest budgets first) is chosen, and the table says so.
@@ -193,6 +194,13 @@ class _Scale:
         opt = SparseOptimizer(cfg.optimizer, cfg.learning_rate)
         self.row_bytes = row_bytes(tables[0].embedding_dim, opt)
         self.total = sum(t.num_embeddings * row_bytes(t.embedding_dim, opt) for t in tables)
+        self.rows_cap = rows_cap(cfg)
+
+    def rows_on_device(self, cand: Candidate) -> int:
+        """The embedding rows (weights + optimizer state) `cand` keeps on the device."""
+        if cand.placement == "device":
+            return self.total
+        return 0 if cand.placement == "host" else min(cand.hot_budget, self.total)
 
     def usable(self, tier: str) -> int | None:
         r = self.room.on(tier)
@@ -211,6 +219,10 @@ class _Scale:
         needs = needs.device_on_host() if self.on_cpu else needs
         per_tier = {t: needs.on(t) for t in ("device", "host", "disk") if needs.on(t)}
         short, missing = [], 0
+        rows = self.rows_on_device(cand)
+        if self.rows_cap is not None and rows > self.rows_cap:
+            short.append(f"--hot-budget short by {fmt_bytes(rows - self.rows_cap)}")
+            missing += rows - self.rows_cap
         for tier, need in per_tier.items():
             have = self.usable(tier)
             if have is not None and need > have:
@@ -245,6 +257,17 @@ class _Scale:
         return out or [SMALLEST]  # none fits: listed, and rejected with its reason
 
 
+def rows_cap(cfg: TrainConfig) -> int | None:
+    """A `--hot-budget` the user gave (one other than the setting's default): the device bytes
+    auto may give embedding rows (every table for `device`, the hot rows otherwise), as it was
+    before the planner; None: the device's room alone bounds them."""
+    from dlrm.settings.placement import PlacementConfig
+
+    if cfg.hot_budget == PlacementConfig.__dataclass_fields__["hot_budget"].default:
+        return None
+    return parse_bytes(cfg.hot_budget)
+
+
 def candidates(scale: _Scale, budgets: list[int]) -> list[Candidate]:
     """host, then fae, hotline and tiered over the hot budgets (the largest that fits added where
     a share's budget does not), tiered over its row caches."""
@@ -253,8 +276,10 @@ def candidates(scale: _Scale, budgets: list[int]) -> list[Candidate]:
     for kind in ("fae", "hotline", "tiered"):
         if kind == "tiered" and not single_width:
             continue  # the SSD tier stores rows of one width
-        mine = list(budgets)
+        mine = [b for b in budgets if scale.rows_cap is None or b <= scale.rows_cap]
         cap = scale.largest_fitting(kind, SMALLEST if kind == "tiered" else 0)
+        if scale.rows_cap is not None:
+            cap = min(cap, scale.rows_cap // GRAIN * GRAIN)
         if cap >= GRAIN and (not mine or cap < max(mine)):
             mine.append(cap)
         for hot in sorted(set(mine), reverse=True):
@@ -340,14 +365,17 @@ def plan(
                 log.warning("placement %s: no prediction (%s)", w.candidate.label(), e)
                 w.rejected = f"no prediction ({type(e).__name__}: {e})"
         predicted = [w for w in fitting if w.prediction is not None]
-        if not predicted:
-            raise ConfigError("--placement auto: the performance model predicted no candidate")
-        chosen = min(predicted, key=lambda w: (w.prediction.ms_per_step, _preference(w)))
-        best = chosen.prediction.ms_per_step
-        how = f"the fastest predicted of those that fit with a {margin:.0%} margin on memory"
-        for w in predicted:
-            if w is not chosen:
-                w.rejected = f"slower (+{w.prediction.ms_per_step - best:.2f} ms/step)"
+        if predicted:
+            chosen = min(predicted, key=lambda w: (w.prediction.ms_per_step, _preference(w)))
+            best = chosen.prediction.ms_per_step
+            how = f"the fastest predicted of those that fit with a {margin:.0%} margin on memory"
+            for w in predicted:
+                if w is not chosen:
+                    w.rejected = f"slower (+{w.prediction.ms_per_step - best:.2f} ms/step)"
+        else:  # the model could predict none of them: the order of preference decides
+            chosen = min(fitting, key=_preference)
+            chosen.rejected = None
+            how = "no prediction: chosen by preference (" + ", ".join(PREFERENCE) + ")"
     del sample
     return Decision(chosen.candidate, how, weighed, shown_room, margin, time.perf_counter() - t0)
 

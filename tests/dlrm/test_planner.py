@@ -219,3 +219,13 @@ def test_auto_on_cuda_plans_with_device_memory(make_config, no_predictor):
     d = plan(cfg, build_data(cfg), torch.device("cuda"), write=False)
     assert d.room["device"]["source"] == "free CUDA memory"
     assert d.chosen.placement == "device" and d.weighed[0].needs["device"] > 0
+
+
+def test_a_given_hot_budget_bounds_the_rows_on_the_device(make_config, no_predictor):
+    """`--hot-budget` given: auto's rule of before (device when every table fits it, else fae by
+    preference), hot budgets no larger than it."""
+    d = decide(make_config, hot_budget="2MB")  # 4.7 MiB of tables, on a CPU with room for all
+    assert d.weighed[0].rejected.startswith("--hot-budget short by ")
+    assert d.chosen.placement == "fae" and d.chosen.hot_budget <= 2 * MiB
+    assert all(w.candidate.hot_budget <= 2 * MiB for w in d.weighed)
+    assert decide(make_config, hot_budget="8MB").chosen == planning.Candidate("device")
