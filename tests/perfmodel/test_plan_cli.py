@@ -45,7 +45,8 @@ def test_plan_json_weighs_every_placement_under_a_small_device(tmp_path, capsys,
         1 - planner.PLAN_MARGIN
     )
     assert d["candidates"][0]["rejected"].startswith("CUDA memory short by")
-    assert not run.exists()  # the profile was made in memory
+    # the profile was made in memory (a predictor may measure the disk where the tier would be)
+    assert not [p for p in run.rglob("*") if p.is_file()]
 
 
 def test_plan_bad_flags_are_one_line_exit_2(tmp_path, capsys):
