@@ -116,7 +116,7 @@ def build_run(
         from dlrm.memory import check_memory
         from dlrm.planner import resolve_auto
 
-        cfg, decision = resolve_auto(cfg, data, device, world_size)  # --placement auto's choice
+        cfg, decision = resolve_auto(cfg, data, device, world_size, rank)  # auto's choice
         if decision is not None:  # its measured step time against the predicted one
             step_hook = _checked(decision, step_hook)
         check_memory(cfg, data, device, world_size)  # before any table is allocated

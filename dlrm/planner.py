@@ -396,7 +396,7 @@ DECISION_NAME = "placement_decision.json"
 
 
 def resolve_auto(
-    cfg: TrainConfig, data: DataSplits, device, world_size: int = 1
+    cfg: TrainConfig, data: DataSplits, device, world_size: int = 1, rank: int = 0
 ) -> tuple[TrainConfig, Decision | None]:
     """`cfg` with the placement `--placement auto` chose applied, and the decision (None: not
     auto, or several processes). The decision is printed and written to the run directory; a
@@ -404,12 +404,13 @@ def resolve_auto(
     if cfg.placement != "auto":
         return cfg, None
     if world_size > 1:
-        print(
-            f"--placement auto with {world_size} processes: no planning; the multi-process rule "
-            "applies (every table sharded across the processes by torchrec's planner, "
-            "--sharding, as --placement device)",
-            flush=True,
-        )
+        if rank == 0:
+            print(
+                f"--placement auto with {world_size} processes: no planning; the multi-process rule "
+                "applies (every table sharded across the processes by torchrec's planner, "
+                "--sharding, as --placement device)",
+                flush=True,
+            )
         return cfg, None
     decision = _resumed_decision(cfg, data)
     if decision is None:
