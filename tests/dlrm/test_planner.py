@@ -229,3 +229,35 @@ def test_a_given_hot_budget_bounds_the_rows_on_the_device(make_config, no_predic
     assert d.chosen.placement == "fae" and d.chosen.hot_budget <= 2 * MiB
     assert all(w.candidate.hot_budget <= 2 * MiB for w in d.weighed)
     assert decide(make_config, hot_budget="8MB").chosen == planning.Candidate("device")
+
+
+def test_the_check_composes_with_another_hook_and_reports_once():
+    from contextlib import nullcontext
+
+    from dlrm.placement_check import MeasuredAgainstPredicted
+    from dlrm.train_pipeline import StepHook
+
+    class Counting(StepHook):
+        steps, phases, attached = 0, [], None
+
+        def attach(self, trainer):
+            self.attached = trainer
+
+        def step(self, batch, run):
+            self.steps += 1
+            return run()
+
+        def phase(self, name):
+            self.phases.append(name)
+            return nullcontext()
+
+    inner = Counting()
+    hook = MeasuredAgainstPredicted("fae, hot 1MiB", 2.0, inner, steps=3)
+    hook.attach(None)
+    for i in range(5):
+        with hook.phase("forward"):
+            assert hook.step(None, lambda i=i: torch.tensor(float(i))) == i
+    assert inner.steps == 5 and inner.phases == ["forward"] * 5
+    r = hook.result
+    assert r["steps_measured"] == 3 and r["predicted_ms"] == 2.0 and r["measured_ms"] >= 0
+    assert r["relative_error"] == pytest.approx((r["measured_ms"] - 2.0) / 2.0, rel=1e-3)
