@@ -261,3 +261,19 @@ def test_the_check_composes_with_another_hook_and_reports_once():
     r = hook.result
     assert r["steps_measured"] == 3 and r["predicted_ms"] == 2.0 and r["measured_ms"] >= 0
     assert r["relative_error"] == pytest.approx((r["measured_ms"] - 2.0) / 2.0, rel=1e-3)
+
+
+def test_a_run_from_before_the_planner_resumes_with_its_rule(make_config, no_predictor, capsys):
+    common = dict(BIG, data_size=64 * 10, nepochs=2, test_freq=10, keep_checkpoints=5)
+    first = Trainer(make_config(**common, hot_budget="1MB"))
+    run = Path(first.cfg.out_dir)
+    first.fit()
+    (run / DECISION_NAME).unlink()  # as a run before the planner left it
+    (run / "checkpoints" / "step_000000020.pt").unlink()
+    (run / "summary.json").unlink()
+    resumed = Trainer(make_config(**common, hot_budget="1MB", resume="auto"))
+    assert resumed.state.step == 10
+    assert resumed.fit()["placement"]["kind"] == "fae"  # 4.7 MiB of tables over --hot-budget
+    decision = json.loads((run / DECISION_NAME).read_text())
+    assert decision["how"].startswith("resumed a run from before the planner")
+    assert decision["settings"] == {"placement": "fae", "hot_budget": MiB}
