@@ -114,7 +114,11 @@ def build_run(
     placement: PlacedEmbeddings | None = None
     if model is None:
         from dlrm.memory import check_memory
+        from dlrm.planner import resolve_auto
 
+        cfg, decision = resolve_auto(cfg, data, device, world_size, rank)  # auto's choice
+        if decision is not None:  # its measured step time against the predicted one
+            step_hook = _checked(decision, step_hook)
         check_memory(cfg, data, device, world_size)  # before any table is allocated
         placement = build_placed_embeddings(cfg, data, device, world_size)
         model = build_model(cfg, data, device, placement.collection)
@@ -282,6 +286,12 @@ def _compiled(
         log.warning("--compile: off with --perf-log (the performance model traces eager steps)")
         return None
     return compile_.compile_dense_part(model, cfg.precision, cfg.loss_function)
+
+
+def _checked(decision, hook: StepHook | None) -> StepHook:
+    from dlrm.placement_check import MeasuredAgainstPredicted
+
+    return MeasuredAgainstPredicted(decision.chosen.label(), decision.predicted_ms(), hook)
 
 
 def _pipeline(

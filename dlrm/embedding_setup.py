@@ -10,7 +10,10 @@ build the collection; and the FAE schedule of the training split when the placem
   `--hotline-learn-batches N` the plan is learned over the first N mini-batches instead;
 - `tiered`: hot rows on the device, every other row in an SSD file behind a DRAM row cache
   (dlrm/scm_setup.py, embeddings/tiered.py);
-- `auto`:   `device` when all tables (weights + optimizer state) fit `--hot-budget`, else `fae`.
+- `auto`:   the planner's choice (dlrm/planner.py), applied to the configuration by the
+  composition root before this module sees it; `resolve_placement` keeps the rule of before
+  (`device` when all tables fit `--hot-budget`, else `fae`) for callers outside a run (a
+  configuration rebuilt by a tool, a resumed run from before the planner).
 
 The plan comes from `--placement-plan` when that file exists; otherwise from the access profile
 (`--profile-file` when it exists, else a `--profile-sample-rate` share of the epoch-0 training
@@ -52,6 +55,9 @@ PLACEMENTS = ("device", "host", "fae", "hotline", "tiered", "auto")
 
 
 def resolve_placement(cfg: TrainConfig, tables: list[TableSpec], opt: SparseOptimizer) -> str:
+    """The placement `cfg` names; `auto` outside a run (see the module docstring): device when
+    every table fits `--hot-budget`, else fae. A run replaces auto by the planner's choice first
+    (dlrm/compose.py, dlrm/planner.py's `resolve_auto`)."""
     if cfg.placement != "auto":
         return cfg.placement
     budget = parse_bytes(cfg.hot_budget)

@@ -65,9 +65,29 @@ class Prediction:
     detail: dict[str, Any] = field(default_factory=dict)
 
 
-# (cfg with the candidate's settings applied, the candidate, the planning sample) -> Prediction.
-# The planning sample carries what the planner read once for all candidates: the access profile
-# and a few training batches' sparse features (for replaying a cache policy).
+@dataclass
+class PlanningSample:
+    """What the planner reads once for all candidates (dlrm/planner.py's `read_sample`).
+
+    `tables`: the run's `embeddings.TableSpec`s (feature name, rows, width), in feature order;
+    `profile`: the access profile (`embeddings.profile.AccessProfile`: per table, each row's
+    lookups over `--profile-sample-rate` of the epoch-0 training batches), made or reused as a
+    run makes it (dlrm/plan_setup.py's `obtain_profile`);
+    `batches`: the sparse features (torchrec `KeyedJaggedTensor`, keys in feature order, ids
+    global per table) of `len(batch_indices)` epoch-0 training batches evenly spread over the
+    epoch, in data order: what a predictor replays a cache policy on;
+    `batch_indices`: their positions in the epoch, of `batches_per_epoch`;
+    `inventory`: what this process may use per tier (`embeddings.memory.MemoryInventory`)."""
+
+    tables: list
+    profile: Any
+    batches: list
+    batch_indices: list[int]
+    batches_per_epoch: int
+    inventory: Any = None
+
+
+# (cfg with the candidate's settings applied, the candidate, the PlanningSample) -> Prediction.
 Predictor = Callable[[Any, Candidate, Any], Prediction]
 
 _PREDICTOR: Predictor | None = None

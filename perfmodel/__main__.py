@@ -1,12 +1,13 @@
-"""`python -m perfmodel microbench|fit|predict|report`: the performance model's command line.
+"""`python -m perfmodel microbench|fit|predict|plan|report`: the performance model's command line.
 
     python -m perfmodel microbench --out perf/bench        # hardware + kernel sweeps + fit traces
     python -m perfmodel fit --bench perf/bench              # -> the machine's perfmodel.json
     python -m perfmodel predict --mini-batch-size 4096 --precision bf16 --arch-mlp-bot 13-512-256-64-16
+    python -m perfmodel plan --memory-limit 20GB --data-size 409600   # --placement auto's table
     python -m perfmodel report --out perf/report --json     # predicted vs measured, held out
     python -m perfmodel report --from-traces perf/report    # the same measurements, another model
 
-`predict` takes the trainer's own flags (everything `python -m dlrm.train` accepts). `--threads`
+`predict` and `plan` take the trainer's own flags (everything `python -m dlrm.train` accepts). `--threads`
 fixes the intra-op thread count of every measurement and prediction (a model is per thread
 count); on a machine shared with other processes one thread gives far steadier numbers than an
 OpenMP team that waits on a descheduled thread. A user's mistake ends with one line, exit 2.
@@ -103,6 +104,14 @@ def build_parser() -> argparse.ArgumentParser:
     common(pr)
     pr.add_argument("--json", action="store_true", help="print one JSON object")
 
+    pl = sub.add_parser(
+        "plan", help="the placement --placement auto would choose, and why (trainer flags)"
+    )
+    # not `common`: its --model (perfmodel.json) would take the trainer's --model dlrm|tbsm
+    pl.add_argument("--threads", type=int, default=None, help="intra-op threads")
+    pl.add_argument("-v", "--verbose", action="store_true")
+    pl.add_argument("--json", action="store_true", help="print the decision as one JSON object")
+
     rep = sub.add_parser("report", help="predicted vs measured on held-out configurations")
     common(rep)
     rep.add_argument(
@@ -127,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
-    if rest and args.command != "predict":
+    if rest and args.command not in ("predict", "plan"):
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("perfmodel").setLevel(logging.INFO if args.verbose else logging.WARNING)
@@ -139,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     # microbenchmarks then time the kernels the training steps run
     set_flush_denormal(True)
 
+    from data_pipeline.errors import DataError
     from dlrm.config import ConfigError
     from perfmodel.errors import ModelError, TraceError
 
@@ -149,8 +159,10 @@ def main(argv: list[str] | None = None) -> int:
             return _fit(args)
         if args.command == "predict":
             return _predict(args, rest)
+        if args.command == "plan":
+            return _plan(args, rest)
         return _report(args)
-    except (ConfigError, ModelError, TraceError) as e:
+    except (ConfigError, DataError, ModelError, TraceError) as e:
         sys.stderr.write(f"{PROG} {args.command}: error: {e}\n")
         return EXIT_USAGE
 
@@ -206,6 +218,31 @@ def _predict(args, rest: list[str]) -> int:
             "  by kernel type: "
             + ", ".join(f"{k} {v / 1e3:.3f} ms" for k, v in sorted(b["kernel_type_us"].items()))
         )
+    return 0
+
+
+def _plan(args, rest: list[str]) -> int:
+    """The decision `--placement auto` makes for the trainer's flags in `rest`, without training
+    (the data's batches are read for the profile; nothing is written)."""
+    import importlib.util
+
+    from dlrm import step_hooks
+    from dlrm.build import resolve_device
+    from dlrm.config import TrainConfig
+    from dlrm.data import build_data
+    from dlrm.planner import plan
+    from dlrm.train import build_parser as train_parser
+
+    flags = train_parser()
+    flags.prog = f"{PROG} plan"  # its one-line errors name this command
+    cfg_args = vars(flags.parse_args(rest))
+    cfg_args["placement"] = "auto"  # what auto would choose, whatever placement the flags name
+    cfg = TrainConfig(**cfg_args)
+    step_hooks.load_plugins()
+    if importlib.util.find_spec("perfmodel.placement_costs") is not None:
+        importlib.import_module("perfmodel.placement_costs")  # registers the predictor
+    decision = plan(cfg, build_data(cfg), resolve_device(cfg.device), write=False)
+    print(json.dumps(decision.to_json()) if args.json else decision.table())
     return 0
 
 

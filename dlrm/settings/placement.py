@@ -29,7 +29,8 @@ PLACEMENTS = {
     "cold rows are staged onto the device ahead of its step (docs/hotline.md)",
     "tiered": "the hot rows on the device, every other row in a file on SSD behind a DRAM row "
     "cache, staged as hotline's (docs/scm.md)",
-    "auto": "device when every table, weights + optimizer state, fits --hot-budget, else fae",
+    "auto": "the planner chooses: device when every table fits the device's memory, else the "
+    "fastest predicted placement and budgets that fit the memory inventory (docs/placement.md)",
 }
 
 
