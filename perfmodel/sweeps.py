@@ -21,7 +21,8 @@ its median duration, in the kernel-record format of the perf traces (see
 - ``elementwise``: the element-wise kernels around a linear layer at training sizes (the bias
   gradient's column sum, in-place ReLU, threshold_backward, the autocast casts) over rows,
   width and dtype: the ``mlp`` sweep draws small layers too, and these kernels' cost per byte
-  changes once a tensor outgrows the caches; and the trainer's fused dense optimizer step
+  changes once a tensor outgrows the caches; DCN's cross-layer element-wise ops (forward and
+  backward of x0 * (h + b) + x) over rows and width; and the trainer's fused dense optimizer step
   (SGD or Adagrad) over random MLPs of 10^4 to 3x10^6 parameters;
 - ``loss``: BCE with logits and its backward over batch;
 - ``copy``: element-wise ops, a table tier's sparse update in the PyTorch path (the per-row
@@ -451,7 +452,32 @@ def bench_elementwise(rng: random.Random, n: int, reps: int) -> list[dict]:
         out += profile_kernels(step, reps, {"batch_size": b})
         if rng.random() < 0.3:
             out += _dense_optimizer_records(rng, reps)
+        if rng.random() < 0.3:
+            out += _cross_layer_elementwise_records(rng, reps)
     return out
+
+
+def _cross_layer_elementwise_records(rng: random.Random, reps: int) -> list[dict]:
+    """The element-wise kernels of a DCN cross layer, x0 * (h + b) + x, forward and backward
+    (the bias add in the GEMM output's dtype against a float32 bias, the float32 products and
+    sums, the bias gradient's column sum, the gradients' casts under bf16) over rows and the
+    cross layers' width (`CROSS_WIDTH`): no other sweep runs a float32 `mul` of two tensors or
+    a mixed-dtype `add` at these sizes."""
+    b, w = _log_uniform(rng, 64, 4096), _log_uniform(rng, *CROSS_WIDTH)
+    if b * w > 1 << 22:
+        return []
+    bf16 = rng.random() < 0.5
+    x0, x = (torch.randn(b, w, device=DEVICE, requires_grad=True) for _ in range(2))
+    h = torch.randn(b, w, device=DEVICE).to(torch.bfloat16 if bf16 else torch.float32)
+    h.requires_grad_(True)
+    bias = torch.zeros(w, device=DEVICE, requires_grad=True)
+    g = torch.randn(b, w, device=DEVICE)
+
+    def step() -> None:
+        (x0 * (h + bias) + x).backward(g)
+        x0.grad = x.grad = h.grad = bias.grad = None
+
+    return profile_kernels(step, reps, {"precision": "bf16" if bf16 else "fp32", "batch_size": b})
 
 
 def _dense_optimizer_records(rng: random.Random, reps: int) -> list[dict]:
