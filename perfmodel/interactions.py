@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import statistics
 
-from perfmodel.features import gemm_dims, op_type
+from perfmodel.features import gemm_dims, is_cross_gemm, op_type
 from perfmodel.kernel_models import gmae
 
 # the settings a DCN configuration adds to its dot partner's
@@ -26,18 +26,6 @@ def interaction_of(changes: dict) -> str:
 def dot_partner(changes: dict) -> dict:
     """The settings of the dot configuration a DCN configuration is compared with."""
     return {k: v for k, v in changes.items() if k not in DCN_KEYS}
-
-
-def is_cross_gemm(rec: dict) -> bool:
-    """A GEMM of DCN's cross layers: their linears have no bias, so autograd runs them as `mm`
-    in `aten::linear` and `MmBackward0` (the MLP layers' are `addmm`, `AddmmBackward0` and the
-    padded/narrow linears' own backward)."""
-    if op_type(rec["name"]) != "gemm":
-        return False
-    op = str(rec.get("op", "")).split("#")[0]
-    if op.endswith("MmBackward0"):
-        return not op.endswith("AddmmBackward0")
-    return rec["name"] == "aten::mm" and op == "aten::linear"
 
 
 def abs_errors(pred: list[float], meas: list[float], names: list[str] | None = None) -> dict:
