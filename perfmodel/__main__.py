@@ -121,6 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--steps", type=int, default=11, help="timed steps per configuration")
     rep.add_argument("--quick", action="store_true", help="a few small configurations only")
     rep.add_argument(
+        "--dcn", action="store_true",
+        help="measure dot configurations next to the same ones with DCN interactions instead",
+    )  # fmt: skip
+    rep.add_argument(
         "--from-traces", metavar="DIR", default=None,
         help="score the traces of an earlier report in DIR with the model (measure nothing)",
     )  # fmt: skip
@@ -258,6 +262,7 @@ def _report(args) -> int:
             steps=args.steps,
             quick=args.quick,
             passes=args.passes,
+            dcn=args.dcn,
         )
     if args.json:
         print(json.dumps(result))

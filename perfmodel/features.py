@@ -24,6 +24,21 @@ SCATTER_OPS = {
 BMM_OPS = {"aten::bmm", "aten::baddbmm"}
 
 
+def is_cross_gemm(k: dict) -> bool:
+    """A GEMM of DCN's cross layers (`dlrm.models.dlrm.LowRankCrossNet`): their linears have no
+    bias, so autograd runs them as `mm` in `aten::linear` and in `MmBackward0` (an MLP layer's
+    are `addmm`, `AddmmBackward0` and the padded and narrow linears' own backward). Needs the
+    kernel's context in its op (``op``, `graph.kernel_contexts`)."""
+    if k["name"] not in GEMM_OPS:
+        return False
+    op = str(k.get("op", "")).split("#")[0]
+    return op == CROSS_BACKWARD_OP or (k["name"] == "aten::mm" and op == "aten::linear")
+
+
+# the profiler's name of the autograd node of a bias-free linear's matmul
+CROSS_BACKWARD_OP = "autograd::engine::evaluate_function: MmBackward0"
+
+
 def on_device(k: dict) -> bool:
     """Whether a kernel ran on a CUDA device (``stream`` = ``cuda:<n>``) rather than the host."""
     return str(k.get("stream", "cpu")).startswith("cuda")

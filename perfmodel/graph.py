@@ -114,7 +114,9 @@ def _scale(a, b, batch: int):
 
 
 def instantiate(template: dict, batch_size: int) -> list[dict]:
-    """The captured graph at `batch_size`: ops with shapes extrapolated and kernel ctx set."""
+    """The captured graph at `batch_size`: ops with shapes extrapolated and kernel ctx set, each
+    kernel with its context in its op (`kernel_contexts`), as the fit traces' records have it:
+    the in-situ factors are keyed by it (`KernelModels.situ_keys`)."""
     ops1, ops2 = template["ops"][0], template["ops"][1]
     meta = dict(template["meta"], batch_size=int(batch_size))
     ctx = {k: meta.get(k) for k in CTX_FIELDS}
@@ -129,6 +131,8 @@ def instantiate(template: dict, batch_size: int) -> list[dict]:
                 if f in k1:
                     op["kernels"][k][f] = _scale(k1[f], k2.get(f, k1[f]), batch_size)
             op["kernels"][k]["ctx"] = ctx
+        for k, where in zip(op["kernels"], kernel_contexts(op)):
+            k["op"] = where
         out.append(op)
     return out
 

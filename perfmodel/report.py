@@ -37,6 +37,7 @@ from pathlib import Path
 
 import torch
 
+from perfmodel import interactions
 from perfmodel import trace as tr
 from perfmodel.errors import TraceError
 from perfmodel.features import op_type
@@ -58,7 +59,10 @@ MLPS = {
     "small": {"arch_mlp_bot": (13, 64, 16), "arch_mlp_top": (128, 1)},
     "kaggle": {"arch_mlp_bot": (13, 512, 256, 64, 16), "arch_mlp_top": (512, 256, 1)},
     "wide": {"arch_mlp_bot": (13, 1024, 16), "arch_mlp_top": (1024, 512, 1)},
-}
+    # 64-wide embeddings: a DCN input of 27 x 64 = 1728, past the MLP GEMMs' widths
+    "d64": {"arch_mlp_bot": (13, 256, 64), "arch_mlp_top": (512, 256, 1),
+            "arch_sparse_feature_size": 64},
+}  # fmt: skip
 
 
 def heldout_configs(quick: bool = False) -> list[tuple[str, dict]]:
@@ -95,6 +99,40 @@ def heldout_configs(quick: bool = False) -> list[tuple[str, dict]]:
                 "small-b1024-bf16-dcn"}  # fmt: skip
         out = [c for c in out if c[0] in keep]
     return out
+
+
+# `report --dcn`: dot configurations and their DCN partners (cross layers, rank), the partner
+# differing in the interaction only (`interactions.dot_partner`)
+DCN_VARIANTS = {
+    ("small", 1024, "fp32"): ((3, 128), (1, 32)),
+    ("small", 1024, "bf16"): ((3, 128),),
+    ("kaggle", 2048, "fp32"): ((3, 128), (2, 256)),
+    ("kaggle", 2048, "bf16"): ((3, 128), (2, 256)),
+    ("d64", 512, "fp32"): ((2, 256),),
+    ("d64", 512, "bf16"): ((2, 256),),
+}
+
+
+def dcn_configs() -> list[tuple[str, dict]]:
+    """The matched dot/DCN set: each dot configuration followed by its DCN variants (named
+    ``-dcn`` at 3 layers of rank 128, as in `heldout_configs`, else ``-dcn<layers>r<rank>``)."""
+    out = []
+    for (mlp, b, prec), variants in DCN_VARIANTS.items():
+        dot_name, dot = f"{mlp}-b{b}-{prec}", {**MLPS[mlp], "mini_batch_size": b, "precision": prec}
+        out.append((dot_name, dot))
+        for layers, rank in variants:
+            suffix = "dcn" if (layers, rank) == (3, 128) else f"dcn{layers}r{rank}"
+            dcn = {"arch_interaction_op": "dcn", "dcn_num_layers": layers, "dcn_low_rank_dim": rank}
+            out.append((f"{dot_name}-{suffix}", {**dot, **dcn}))
+    return out
+
+
+def all_configs() -> list[tuple[str, dict]]:
+    """Every configuration a report may have measured (`rescore` looks for each one's traces)."""
+    seen: dict[str, dict] = {}
+    for name, c in heldout_configs() + dcn_configs():
+        seen.setdefault(name, c)
+    return list(seen.items())
 
 
 def measure(cfg, steps: int, profiled: int = 6) -> dict:
@@ -169,9 +207,11 @@ def run(
     steps: int = 11,
     quick: bool = False,
     passes: int = 1,
+    dcn: bool = False,
 ) -> dict:
-    """Measure every held-out configuration `passes` times (rounds over all of them), writing
-    each measurement's trace, then `score` them."""
+    """Measure every held-out configuration (with `dcn`, the matched dot/DCN set of
+    `dcn_configs` instead) `passes` times (rounds over all of them), writing each
+    measurement's trace, then `score` them."""
     from perfmodel import load_model
 
     if passes < 1:
@@ -180,7 +220,7 @@ def run(
     out_dir = Path(out_dir)
     (out_dir / "traces").mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()[0]
-    configs = heldout_configs(quick)
+    configs = dcn_configs() if dcn else heldout_configs(quick)
     docs: dict[str, list[dict]] = {name: [] for name, _ in configs}
     for p in range(passes):  # rounds over all configurations: the passes are minutes apart
         for name, changes in configs:
@@ -201,7 +241,7 @@ def rescore(report_dir: str | Path, model_path: str | Path | None = None) -> dic
     report_dir = Path(report_dir)
     docs: dict[str, list[dict]] = {}
     configs = []
-    for name, changes in heldout_configs():
+    for name, changes in all_configs():
         paths = trace_paths(report_dir / "traces", name)
         if paths:
             configs.append((name, changes))
@@ -230,6 +270,7 @@ def score(
     here is a median), kernel errors per operator type, and with two or more passes the
     repeatability between the first two."""
     rows = []
+    kernels = []  # (config, record, predicted, measured) for the per-interaction comparison
     kernel_pairs: dict[str, tuple[list[float], list[float]]] = {}
     repeat: dict[str, dict[str, tuple[list[float], list[float]]]] = {"all": {}, "steady": {}}
     repeat_e2e: dict[str, tuple[list[float], list[float]]] = {"all": ([], []), "steady": ([], [])}
@@ -246,6 +287,7 @@ def score(
             pk, mk = kernel_pairs.setdefault(op_type(rec["name"]), ([], []))
             pk.append(model.kernels.predict(rec))
             mk.append(rec["dur_us"])
+            kernels.append((name, rec, pk[-1], mk[-1]))
         metas = [d["meta"] for d in all_docs]
         if len(all_docs) >= 2:
             _, times = combine_passes(per_pass[:2])
@@ -267,7 +309,10 @@ def score(
         row = {
             "config": name, "batch_size": cfg.mini_batch_size, "precision": cfg.precision,
             "mlp_bot": "-".join(map(str, cfg.arch_mlp_bot)), "mlp_top": "-".join(map(str, cfg.arch_mlp_top)),
-            "placement": cfg.placement, "predicted_us": pred["per_batch_us"], "measured_us": measured,
+            "placement": cfg.placement, "interaction": cfg.arch_interaction_op,
+            "dcn_num_layers": cfg.dcn_num_layers if cfg.arch_interaction_op == "dcn" else None,
+            "dcn_low_rank_dim": cfg.dcn_low_rank_dim if cfg.arch_interaction_op == "dcn" else None,
+            "predicted_us": pred["per_batch_us"], "measured_us": measured,
             "measured_cpu_us": cpu,
             "measured_wall_us": wall, "timed_steps": metas[0].get("timed_steps"),
             "machine_slowdown": round(max(_slowdown(m) for m in metas), 3),
@@ -304,6 +349,7 @@ def score(
         "hardware": model.hardware.get("key"),
         "device": "cuda" if torch.cuda.is_available() else "cpu",
         "fit_heldout_shapes_gmae": model.fit_info.get("heldout_gmae"),
+        "interactions": interactions.summary(configs, rows, kernels),
         "configs": rows,
     }  # fmt: skip
     if repeat_e2e["all"][0]:
@@ -375,6 +421,7 @@ def format_table(result: dict) -> str:
                  f"{100 * result['device_active_gmae']:.2f}%")  # fmt: skip
     lines.append("kernel GMAE: " + ", ".join(f"{t} {100 * e:.1f}% (n={result['kernel_counts'][t]})"
                                              for t, e in result["kernel_gmae"].items()))  # fmt: skip
+    lines += interactions.format_lines(result.get("interactions"))
     for which, rep in (result.get("repeatability") or {}).items():
         if rep["configs"]:
             lines.append(f"repeatability pass 1 vs 2 ({which}, {rep['configs']} configs): e2e "

@@ -5,8 +5,8 @@ layouts autograd really uses) under the profiler, `reps` times, and records ever
 its median duration, in the kernel-record format of the perf traces (see
 `perfmodel.features`). Sweeps:
 
-- ``gemm``: addmm, the two backward mm and the two bmm of the interaction in the layouts
-  training uses, timed directly by thread-CPU time (the GEMM models are fitted on these only:
+- ``gemm``: addmm, the two backward mm, DCN's cross layers' bias-free mm (forward and
+  backward) and the two bmm of the interaction in the layouts training uses, timed directly by thread-CPU time (the GEMM models are fitted on these only:
   they are the long kernels, and wall-clock profiler times of long kernels on a shared machine
   include other processes' time slices);
 - ``mlp``: Linear(+ReLU) forward/backward (addmm, the two mm of AddmmBackward0, the bias sum,
@@ -21,7 +21,8 @@ its median duration, in the kernel-record format of the perf traces (see
 - ``elementwise``: the element-wise kernels around a linear layer at training sizes (the bias
   gradient's column sum, in-place ReLU, threshold_backward, the autocast casts) over rows,
   width and dtype: the ``mlp`` sweep draws small layers too, and these kernels' cost per byte
-  changes once a tensor outgrows the caches; and the trainer's fused dense optimizer step
+  changes once a tensor outgrows the caches; DCN's cross-layer element-wise ops (forward and
+  backward of x0 * (h + b) + x) over rows and width; and the trainer's fused dense optimizer step
   (SGD or Adagrad) over random MLPs of 10^4 to 3x10^6 parameters;
 - ``loss``: BCE with logits and its backward over batch;
 - ``copy``: element-wise ops, a table tier's sparse update in the PyTorch path (the per-row
@@ -226,14 +227,50 @@ def linear_gemms(
     ]
 
 
+# DCN's cross layers (`LowRankCrossNet`): the width of their input, (tables + 1) x dimension
+# (432 for Kaggle's 26 tables at 16, 3456 for MLPerf's DLRM-DCNv2 at 128), and their rank.
+CROSS_WIDTH = (64, 4096)
+CROSS_RANK = (8, 1024)
+
+
+def cross_layer_gemms(
+    b: int, width: int, rank: int, dtype: torch.dtype, device: torch.device | str = "cpu"
+) -> list[tuple[str, list, object]]:
+    """The GEMMs of one DCN cross layer's training step, (name, operands, call), in the layouts
+    autograd runs them: two bias-free linears, x V^T ([B, width] -> [B, rank]) and h W^T
+    ([B, rank] -> [B, width]), each forward mm(x, W.t()) (a transposed view: no bias, so no
+    addmm and no padding), input gradient mm(g, W) and weight gradient mm(g.t(), x)."""
+    out = []
+    for fi, fo in ((width, rank), (rank, width)):
+        x = torch.randn(b, fi, device=device).to(dtype)
+        w, g = (
+            torch.randn(fo, fi, device=device).to(dtype),
+            torch.randn(b, fo, device=device).to(dtype),
+        )
+        out += [
+            ("aten::mm", [x, w.t()], lambda x=x, w=w: torch.mm(x, w.t())),
+            ("aten::mm", [g, w], lambda g=g, w=w: torch.mm(g, w)),
+            ("aten::mm", [g.t(), x], lambda g=g, x=x: torch.mm(g.t(), x)),
+        ]
+    return out
+
+
 def bench_gemm(rng: random.Random, n: int, reps: int) -> list[dict]:
     """addmm/mm/bmm timed directly by thread-CPU time in the layouts training uses: an MLP
-    layer's three GEMMs (`linear_gemms`), the dot interaction's bmm(t^T^T, t^T) (t^T
-    contiguous) and its backward bmm(G, t) (see `_DotInteractionFn`)."""
+    layer's three GEMMs (`linear_gemms`), a DCN cross layer's six (`cross_layer_gemms`), the
+    dot interaction's bmm(t^T^T, t^T) (t^T contiguous) and its backward bmm(G, t) (see
+    `_DotInteractionFn`)."""
     out = []
     for _ in range(n):
         dtype = torch.bfloat16 if rng.random() < 0.5 else torch.float32
-        if rng.random() < 0.75:
+        if rng.random() < 0.2:  # a cross layer's bias-free GEMMs: forward mm(x, W.t())
+            b = _log_uniform(rng, 16, 4096)
+            width, rank = _log_uniform(rng, *CROSS_WIDTH), _log_uniform(rng, *CROSS_RANK)
+            if 2 * b * width * rank > (6e9 if dtype == torch.float32 else 2.5e9):
+                continue
+            for name, args, fn in cross_layer_gemms(b, width, rank, dtype, DEVICE):
+                out.append(_timed_gemm(name, args, fn, reps, {"batch_size": b}))
+        elif rng.random() < 0.75:
             if rng.random() < 0.5:  # anywhere in the range
                 b = _log_uniform(rng, 16, 4096)
                 fi, fo = _log_uniform(rng, 1, 1024), _log_uniform(rng, 1, 1024)
@@ -415,7 +452,32 @@ def bench_elementwise(rng: random.Random, n: int, reps: int) -> list[dict]:
         out += profile_kernels(step, reps, {"batch_size": b})
         if rng.random() < 0.3:
             out += _dense_optimizer_records(rng, reps)
+        if rng.random() < 0.3:
+            out += _cross_layer_elementwise_records(rng, reps)
     return out
+
+
+def _cross_layer_elementwise_records(rng: random.Random, reps: int) -> list[dict]:
+    """The element-wise kernels of a DCN cross layer, x0 * (h + b) + x, forward and backward
+    (the bias add in the GEMM output's dtype against a float32 bias, the float32 products and
+    sums, the bias gradient's column sum, the gradients' casts under bf16) over rows and the
+    cross layers' width (`CROSS_WIDTH`): no other sweep runs a float32 `mul` of two tensors or
+    a mixed-dtype `add` at these sizes."""
+    b, w = _log_uniform(rng, 64, 4096), _log_uniform(rng, *CROSS_WIDTH)
+    if b * w > 1 << 22:
+        return []
+    bf16 = rng.random() < 0.5
+    x0, x = (torch.randn(b, w, device=DEVICE, requires_grad=True) for _ in range(2))
+    h = torch.randn(b, w, device=DEVICE).to(torch.bfloat16 if bf16 else torch.float32)
+    h.requires_grad_(True)
+    bias = torch.zeros(w, device=DEVICE, requires_grad=True)
+    g = torch.randn(b, w, device=DEVICE)
+
+    def step() -> None:
+        (x0 * (h + bias) + x).backward(g)
+        x0.grad = x.grad = h.grad = bias.grad = None
+
+    return profile_kernels(step, reps, {"precision": "bf16" if bf16 else "fp32", "batch_size": b})
 
 
 def _dense_optimizer_records(rng: random.Random, reps: int) -> list[dict]:
@@ -505,7 +567,7 @@ SWEEPS = {"gemm": bench_gemm, "mlp": bench_mlp, "interaction": bench_interaction
           "embedding": bench_embedding, "elementwise": bench_elementwise, "loss": bench_loss,
           "copy": bench_copy}  # fmt: skip
 DEFAULT_COUNTS = {
-    "gemm": 320,
+    "gemm": 400,
     "mlp": 60,
     "interaction": 40,
     "embedding": 60,
