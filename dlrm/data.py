@@ -54,11 +54,30 @@ def build_data(cfg: TrainConfig, rank: int = 0, world_size: int = 1) -> DataSpli
     raise ConfigError(f"--data-set {cfg.data_set}: not available for --model {cfg.model}")
 
 
+def bag_sizes(cfg: TrainConfig, n_tables: int) -> list[int] | None:
+    """`--multi-hot-sizes` for `n_tables` features (one number: every feature); None for one id
+    per feature, which bags of one id each are too: one-hot data stays the one-hot path."""
+    sizes = cfg.multi_hot_sizes
+    if sizes is None:
+        return None
+    if len(sizes) == 1:
+        sizes = sizes * n_tables
+    if len(sizes) != n_tables:
+        raise ConfigError(
+            f"--multi-hot-sizes: expected one size per categorical feature ({n_tables}) or one "
+            f"for all, got {len(sizes)}"
+        )
+    return None if max(sizes) == 1 else list(sizes)
+
+
 def _synthetic(cfg: TrainConfig, rank: int, world_size: int) -> DataSplits:
     sizes = list(cfg.arch_embedding_size or scaled_table_sizes(cfg.synthetic_table_scale))
     world = PlantedWorld(
-        SyntheticConfig(table_sizes=sizes, zipf_alpha=cfg.synthetic_zipf, seed=cfg.seed)
-    )
+        SyntheticConfig(
+            table_sizes=sizes, zipf_alpha=cfg.synthetic_zipf, seed=cfg.seed,
+            multi_hot_sizes=bag_sizes(cfg, len(sizes)),
+        )
+    )  # fmt: skip
     train = SyntheticBatchSource(
         world,
         "train",
