@@ -180,11 +180,15 @@ def _bag_chunk_kernel(
             for half in range(2):
                 a0 = a1 = b0 = b1 = 0.0  # the pooled rows' two lanes of this half
                 for j in range(bag_size[ta]):
-                    ha = _hash32(ids_out[bag_start[ta] + j, i] + pair_salt[p, 0] + half * 0x5BD1E995)
+                    ha = _hash32(
+                        ids_out[bag_start[ta] + j, i] + pair_salt[p, 0] + half * 0x5BD1E995
+                    )
                     a0 += _lane(ha, 0)
                     a1 += _lane(ha, 1)
                 for j in range(bag_size[tb]):
-                    hb = _hash32(ids_out[bag_start[tb] + j, i] + pair_salt[p, 1] + half * 0x5BD1E995)
+                    hb = _hash32(
+                        ids_out[bag_start[tb] + j, i] + pair_salt[p, 1] + half * 0x5BD1E995
+                    )
                     b0 += _lane(hb, 0)
                     b1 += _lane(hb, 1)
                 if bag_size[ta] == 1 and bag_size[tb] == 1:

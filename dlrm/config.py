@@ -70,6 +70,7 @@ REFERENCE_BY_INTERACTION: dict[tuple[str, str, str], dict] = {
     ),
 }  # fmt: skip
 
+
 def _step(batch: int, test_batch: int, optimizer: str, lr: float, warmup=0, decay_start=0, decay=0):
     return dict(
         mini_batch_size=batch, test_mini_batch_size=test_batch, optimizer=optimizer,

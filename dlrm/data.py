@@ -122,12 +122,29 @@ def _criteo(cfg: TrainConfig, rank: int, world_size: int) -> DataSplits:
         raise ConfigError(
             f"--processed-data-file: {directory} holds {made_from} data, not {cfg.data_set}"
         )
+    bags = _materialised_bags(cfg, directory, dataset.table_sizes)
     train = CriteoBatchSource(
         dataset, "train", cfg.mini_batch_size, randomize=cfg.data_randomize, seed=cfg.seed,
-        rank=rank, world_size=world_size,
+        rank=rank, world_size=world_size, bags=bags,
     )  # fmt: skip
-    test = CriteoBatchSource(dataset, "test", cfg.eval_batch_size, rank=rank, world_size=world_size)
+    test = CriteoBatchSource(
+        dataset, "test", cfg.eval_batch_size, rank=rank, world_size=world_size, bags=bags
+    )
     return DataSplits(train, test, dataset.table_sizes, dataset.num_dense, dataset.feature_names)
+
+
+def _materialised_bags(cfg: TrainConfig, directory: Path, table_sizes: list[int]):
+    """`--multi-hot-sizes` on Criteo: the bags materialised once beside the preprocessed
+    directory (`DIR.multihot-DIST-TAG`, data_pipeline/multi_hot.py) and reused; every rank makes
+    or waits for the same one. The materialisation seed is fixed (0), as the reference's: the
+    bags are the data, not the run's randomness, so runs with other seeds share them."""
+    sizes = bag_sizes(cfg, len(table_sizes))
+    if sizes is None:
+        return None
+    from data_pipeline.multi_hot import BagSpec, MultiHotDataset, default_directory, materialise
+
+    spec = BagSpec(sizes, table_sizes, cfg.multi_hot_distribution, seed=0)
+    return MultiHotDataset(materialise(directory, default_directory(directory, spec), spec))
 
 
 def _taobao(cfg: TrainConfig, rank: int, world_size: int) -> DataSplits:
