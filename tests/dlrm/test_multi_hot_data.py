@@ -128,3 +128,23 @@ def test_criteo_multi_hot_is_materialised_beside_the_data_and_trains(tmp_path):
     )
     summary = Trainer(cfg).fit()
     assert summary["test_auc"] == summary["test_auc"]  # finite: it trained and evaluated
+
+
+def test_bench_terabyte_dcnv2_recipes_train_on_mlperf_bags(tmp_path):
+    import os
+    import shlex
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "bench_terabyte.sh"
+    (tmp_path / "day_0").write_text("")
+    for args in (["--mlperf-dcnv2", str(tmp_path)], ["--mlperf-dcnv2-small"]):
+        out = subprocess.run(["bash", str(script), *args], capture_output=True, text=True,
+                             env={**os.environ, "PYTHON": sys.executable, "DRY_RUN": "1"},
+                             check=True).stdout  # fmt: skip
+        words = shlex.split(out)
+        flags = {w: words[i + 1] for i, w in enumerate(words) if w.startswith("--")}
+        cfg = config_from_args(["--multi-hot-sizes", flags["--multi-hot-sizes"]])
+        assert cfg.multi_hot_sizes == MLPERF_DCNV2_MULTI_HOT, args
+        assert flags["--multi-hot-distribution"] == "uniform"
