@@ -38,7 +38,7 @@ from .permutation import FeistelPermutation, derive_key
 from .synthetic import bags_kjt
 
 if TYPE_CHECKING:
-    from .multi_hot import MultiHotDataset
+    from .multi_hot import BagSpec, MultiHotDataset
 
 RANDOMIZE = ("none", "day", "total")
 
@@ -133,10 +133,11 @@ class CriteoBatchSource:
         prefetch: int = 8,
         threads: int = 1,
         index_dtype: torch.dtype = torch.int64,
-        bags: MultiHotDataset | None = None,
+        bags: MultiHotDataset | BagSpec | None = None,
     ):
         """`bags`: the multi-hot bags materialised from this dataset (data_pipeline/multi_hot.py)
-        replace its one-hot ids; labels and dense features still come from here."""
+        replace its one-hot ids, or a BagSpec makes them from the ids as each batch is loaded;
+        labels and dense features still come from here."""
         self.dataset = data if isinstance(data, CriteoDataset) else CriteoDataset(data)
         if randomize not in RANDOMIZE:
             raise DataError(
@@ -176,9 +177,13 @@ class CriteoBatchSource:
         self.has_labels = all(c[0] is not None for c in self._columns)
         self._values_dtype = np.int64 if index_dtype == torch.int64 else np.int32
         self.bags = bags
+        self._make_bags = bags if bags is not None and not bags.materialised else None
         if bags is not None:
             if bags.table_sizes != self.table_sizes:
-                raise DataError(f"{bags.directory}: its tables are not {self.dataset.directory}'s")
+                raise DataError(
+                    f"--multi-hot-sizes: the bags' tables are not {self.dataset.directory}'s"
+                )
+        if bags is not None and self._make_bags is None:
             # the bags stand in for the sparse column: same parts, same rows
             self._columns = [
                 (lab, den, bags.values(part))
@@ -246,7 +251,9 @@ class CriteoBatchSource:
         dense = np.empty((n, self.num_dense), dtype=np.float32)
         # one-hot: [tables, n]; with bags: [sum of bag sizes, n], table t's ids in its rows
         ids_per_sample = (
-            len(self.feature_names) if self.bags is None else int(self.bags.sizes.sum())
+            len(self.feature_names)
+            if self.bags is None or self._make_bags
+            else int(sum(self.bags.sizes))
         )
         values = np.empty((ids_per_sample, n), dtype=self._values_dtype)
         labels = np.empty(n, dtype=np.float32)
@@ -273,7 +280,10 @@ class CriteoBatchSource:
                 values[:, a:b] = np.take(spa, file_rows, axis=0).T
                 if lab is not None:
                     labels[a:b] = np.take(lab, file_rows)
-        if self.bags is not None:
+        if self._make_bags is not None:
+            ids = self._make_bags.bags(values.T, parallel=False).T
+            kjt = bags_kjt(self.feature_names, ids, np.array(self._make_bags.sizes))
+        elif self.bags is not None:
             kjt = bags_kjt(self.feature_names, values, self.bags.sizes)
         else:
             kjt = KeyedJaggedTensor(

@@ -62,30 +62,47 @@ _INT32_MAX = 2**31 - 1
 _BLOCK_ROWS = 1 << 16
 
 
+@numba.njit(cache=True)
+def _bag_row(sparse, r, n_rows, table_of, column_of, keys, pareto, out):
+    """out[r, c] for every bag column c (of table table_of[c], position column_of[c] in its
+    bag): the one-hot id at position 0, a hashed draw elsewhere."""
+    for c in range(out.shape[1]):
+        t = table_of[c]
+        i = sparse[r, t]
+        if column_of[c] == 0:
+            out[r, c] = i
+            continue
+        h1 = _hash32(i + keys[c, 0])
+        h2 = _hash32(h1 + keys[c, 1])
+        u = ((h1 << 21) + (h2 >> 11) + 0.5) * 1.1102230246251565e-16  # 53 bits in (0, 1)
+        n = n_rows[t]
+        if pareto:
+            x = (1.0 - u) ** (-1.0 / PARETO_SHAPE) - 1.0
+            out[r, c] = (int(x) if x < _INT32_MAX else _INT32_MAX) % n
+        else:
+            out[r, c] = min(int(u * n), n - 1)
+
+
 @numba.njit(cache=True, parallel=True)
-def _bags_kernel(sparse, n_rows, table_of, column_of, keys, pareto, out):
-    """out[r, c] for every sample r and bag column c (of table table_of[c], position
-    column_of[c] in its bag): the one-hot id at position 0, a hashed draw elsewhere."""
+def _bags_parallel(sparse, n_rows, table_of, column_of, keys, pareto, out):
     for r in numba.prange(sparse.shape[0]):
-        for c in range(out.shape[1]):
-            t = table_of[c]
-            i = sparse[r, t]
-            if column_of[c] == 0:
-                out[r, c] = i
-                continue
-            h1 = _hash32(i + keys[c, 0])
-            h2 = _hash32(h1 + keys[c, 1])
-            u = ((h1 << 21) + (h2 >> 11) + 0.5) * 1.1102230246251565e-16  # 53 bits in (0, 1)
-            n = n_rows[t]
-            if pareto:
-                x = (1.0 - u) ** (-1.0 / PARETO_SHAPE) - 1.0
-                out[r, c] = (int(x) if x < _INT32_MAX else _INT32_MAX) % n
-            else:
-                out[r, c] = min(int(u * n), n - 1)
+        _bag_row(sparse, r, n_rows, table_of, column_of, keys, pareto, out)
+
+
+# a batch's bags, made in the loader's threads: numba's workqueue threading layer must not be
+# entered from two threads at once, and a batch is too small to need it
+@numba.njit(cache=True)
+def _bags_serial(sparse, n_rows, table_of, column_of, keys, pareto, out):
+    for r in range(sparse.shape[0]):
+        _bag_row(sparse, r, n_rows, table_of, column_of, keys, pareto, out)
 
 
 class BagSpec:
-    """What a materialisation makes: per table the bag size, the distribution, the seed."""
+    """What a materialisation makes: per table the bag size, the distribution, the seed. Given
+    to CriteoBatchSource in place of a MultiHotDataset, it makes each batch's bags as the batch
+    is loaded (`--multi-hot-materialize false`): the same bags, no disk, CPU per batch."""
+
+    materialised = False
 
     def __init__(
         self, sizes: list[int], table_sizes: list[int], distribution: str = "uniform", seed: int = 0
@@ -114,10 +131,10 @@ class BagSpec:
     def to_json(self) -> dict:
         return {"sizes": self.sizes, "distribution": self.distribution, "seed": self.seed}
 
-    def bags(self, sparse: np.ndarray) -> np.ndarray:
+    def bags(self, sparse: np.ndarray, parallel: bool = True) -> np.ndarray:
         """The bags [n, sum(sizes)] of one-hot ids `sparse` [n, tables] (ids in their tables)."""
         out = np.empty((len(sparse), len(self.table_of)), dtype=sparse.dtype)
-        _bags_kernel(
+        (_bags_parallel if parallel else _bags_serial)(
             np.ascontiguousarray(sparse), np.array(self.table_sizes, dtype=np.int64),
             self.table_of, self.column_of, self.keys, self.distribution == "pareto", out,
         )  # fmt: skip
@@ -254,6 +271,8 @@ def _reuse(out: Path, wanted: dict) -> Path:
 class MultiHotDataset:
     """An opened multi-hot directory: per part its [rows, sum(k)] bags, memory-mapped and
     checked (CRC-32 and every id inside its table) before a part's first use."""
+
+    materialised = True
 
     def __init__(self, directory: str | Path) -> None:
         self.directory = Path(directory)

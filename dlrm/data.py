@@ -137,13 +137,16 @@ def _materialised_bags(cfg: TrainConfig, directory: Path, table_sizes: list[int]
     """`--multi-hot-sizes` on Criteo: the bags materialised once beside the preprocessed
     directory (`DIR.multihot-DIST-TAG`, data_pipeline/multi_hot.py) and reused; every rank makes
     or waits for the same one. The materialisation seed is fixed (0), as the reference's: the
-    bags are the data, not the run's randomness, so runs with other seeds share them."""
+    bags are the data, not the run's randomness, so runs with other seeds share them. With
+    `--multi-hot-materialize false` the loader makes the same bags batch by batch instead."""
     sizes = bag_sizes(cfg, len(table_sizes))
     if sizes is None:
         return None
     from data_pipeline.multi_hot import BagSpec, MultiHotDataset, default_directory, materialise
 
     spec = BagSpec(sizes, table_sizes, cfg.multi_hot_distribution, seed=0)
+    if not cfg.multi_hot_materialize:
+        return spec  # the loader makes each batch's bags: the same ones, nothing on disk
     return MultiHotDataset(materialise(directory, default_directory(directory, spec), spec))
 
 

@@ -131,6 +131,12 @@ class DataConfig(Section):
         "materialisation: uniform, or pareto with shape 0.25)",
         choices=("uniform", "pareto"),
     )  # fmt: skip
+    multi_hot_materialize: bool = setting(
+        True, "--multi-hot-materialize",
+        "Criteo: write the bags once beside the preprocessed data and read them (true), or make "
+        "each batch's from its one-hot ids as it is loaded (false: the same bags, no disk)",
+        free=True,  # the same bags either way
+    )  # fmt: skip
 
     def check(self) -> None:
         if self.data_set == "taobao" and self.multi_hot_sizes is not None:

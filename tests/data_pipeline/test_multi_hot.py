@@ -83,6 +83,10 @@ def test_loader_bags_are_the_algorithms_bags(source, dist):
             want = reference_bags(ids[name].values().numpy(), ds.table_sizes[t], t, SIZES[t],
                                   dist, seed=3)  # fmt: skip
             assert np.array_equal(got.values().numpy().reshape(-1, SIZES[t]), want), name
+    made = CriteoBatchSource(ds, "train", 64, randomize="total", seed=1, bags=spec, prefetch=0)
+    for index in (1, 3):  # made as loaded (--multi-hot-materialize false): the same bags
+        a, b = made.batch(0, index).sparse_features, src.batch(0, index).sparse_features
+        assert a.values().equal(b.values()) and a.lengths().equal(b.lengths())
     if dist == "pareto":  # heavy-headed: most draws are the first rows, as the reference's
         extra = reference_bags(np.arange(500), 500, 20, 100, dist, 3)[:, 1:]
         assert np.mean(extra < 10) > 0.4

@@ -128,6 +128,9 @@ def test_criteo_multi_hot_is_materialised_beside_the_data_and_trains(tmp_path):
     )
     summary = Trainer(cfg).fit()
     assert summary["test_auc"] == summary["test_auc"]  # finite: it trained and evaluated
+    loaded = config_from_args([*args, "--multi-hot-materialize", "false"])
+    again = build_data(loaded).train.batch(0, 0).sparse_features
+    assert again.values().equal(kjt.values()) and again.lengths().equal(kjt.lengths())
 
 
 def test_bench_terabyte_dcnv2_recipes_train_on_mlperf_bags(tmp_path):
