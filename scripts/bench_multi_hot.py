@@ -3,7 +3,8 @@
 - the synthetic generator: samples/s and ids/s of the one-hot kernel and the bag kernel with
   MLPerf's sizes (214 ids a sample against 26), on Kaggle-shaped tables at 1%;
 - the materialisation: rows/s and MB/s written, from a generated preprocessed Kaggle directory;
-- the loader: shuffled batches/s of CriteoBatchSource with and without the bags.
+- the loader: shuffled batches/s of CriteoBatchSource one-hot, from the materialised bags, and
+  making the bags as each batch is loaded (`--multi-hot-materialize false`).
 
     python scripts/bench_multi_hot.py [--rounds 3] [--threads 1] [--rows 400000]
 """
@@ -80,13 +81,17 @@ def main() -> None:
         rows = sum(p["rows"] for p in ds.meta["parts"])
         written = sum(f.stat().st_size for f in out.iterdir())
         bags = MultiHotDataset(out)
-        load = {"one_hot": [], "multi_hot": []}
         sources = {
             "one_hot": CriteoBatchSource(ds, "train", 2048, randomize="total", prefetch=0),
             "multi_hot": CriteoBatchSource(
                 ds, "train", 2048, randomize="total", prefetch=0, bags=bags
             ),
+            # --multi-hot-materialize false: the same bags, made as each batch is loaded
+            "multi_hot_made_as_loaded": CriteoBatchSource(
+                ds, "train", 2048, randomize="total", prefetch=0, bags=spec
+            ),
         }
+        load = {k: [] for k in sources}
         for _ in range(args.rounds):
             for name, src in sources.items():
                 load[name].append(_rate(lambda s=src: [s.batch(0, i) for i in range(8)], 8, 2))
