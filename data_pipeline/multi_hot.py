@@ -264,6 +264,10 @@ def _reuse(out: Path, wanted: dict) -> Path:
             f"({describe_difference(old['source']['parts'], wanted['source']['parts'])}); "
             "delete it to materialise again"
         )
+    for part in meta["parts"]:  # sizes only here; each file's CRC-32 before its first use
+        problem = check_file(_values_path(out, part["name"]), part["values"], full=False)
+        if problem:
+            raise DataError(f"{out}: {problem}; delete it to materialise again")
     log.info("reusing multi-hot bags %s", out)
     return out
 

@@ -141,6 +141,11 @@ class DataConfig(Section):
     def check(self) -> None:
         if self.data_set == "taobao" and self.multi_hot_sizes is not None:
             raise ConfigError("--multi-hot-sizes: not with --data-set taobao (one id per step)")
+        if self.data_set == "synthetic" and self.multi_hot_distribution != "uniform":
+            raise ConfigError(
+                "--multi-hot-distribution: synthetic bags are Zipf draws (--synthetic-zipf); "
+                f"{self.multi_hot_distribution} is how Criteo's bags are materialised"
+            )
         if self.data_set in RAW_DATA_SETS and not (self.raw_data_file or self.processed_data_file):
             raise ConfigError(
                 f"--data-set {self.data_set}: needs --raw-data-file or --processed-data-file"

@@ -123,6 +123,9 @@ def test_reused_and_refused(source, tmp_path, caplog):
         DataError, match=r"holds other multi-hot bags \(sizes\[0\]: 3 there, 2 asked"
     ):
         materialise(source, out, other)
+    (out / "day_3.values.npy").write_bytes(b"cut")
+    with pytest.raises(DataError, match=r"bags: day_3.values.npy: unreadable .* materialise again"):
+        materialise(source, out, spec)
     with pytest.raises(DataError, match=r"^--multi-hot-sizes: expected one size >= 1 per"):
         BagSpec([1, 2], ds.table_sizes)
     (tmp_path / "half").mkdir()

@@ -28,7 +28,8 @@ def one_thread():
 
 def test_flags_parse_dashes_and_commas():
     assert config_from_args(["--multi-hot-sizes", "3,2-1"]).multi_hot_sizes == (3, 2, 1)
-    cfg = config_from_args(["--multi-hot-sizes", "4", "--multi-hot-distribution", "pareto"])
+    cfg = config_from_args(["--multi-hot-sizes", "4", "--multi-hot-distribution", "pareto",
+                            "--data-set", "kaggle", "--processed-data-file", "d"])  # fmt: skip
     assert (cfg.multi_hot_sizes, cfg.multi_hot_distribution) == ((4,), "pareto")
     absent = config_from_args([])
     assert (absent.multi_hot_sizes, absent.multi_hot_distribution) == (None, "uniform")
@@ -47,6 +48,10 @@ def test_flags_parse_dashes_and_commas():
         (
             ["--multi-hot-distribution", "zipf"],
             "--multi-hot-distribution: expected one of uniform, pareto, got 'zipf'",
+        ),
+        (
+            ["--multi-hot-sizes", "2", "--multi-hot-distribution", "pareto"],
+            "--multi-hot-distribution: synthetic bags are Zipf draws (--synthetic-zipf)",
         ),
         (
             ["--data-set", "taobao", "--raw-data-file", "x.csv", "--multi-hot-sizes", "2"],
@@ -79,15 +84,15 @@ def test_terabyte_dcn_recipe_brings_mlperf_bag_sizes_and_they_can_be_overridden(
 
 
 def test_resume_refuses_other_bags_even_when_allowed(tmp_path):
-    before = TrainConfig(multi_hot_sizes=(2,), out_dir=str(tmp_path)).to_json()
+    base = dict(TERABYTE, multi_hot_sizes=(2,), out_dir=str(tmp_path))
+    before = TrainConfig(**base).to_json()
     for change in (dict(multi_hot_sizes=(3,)), dict(multi_hot_distribution="pareto")):
-        settings = {"multi_hot_sizes": (2,), **change}
-        cfg = TrainConfig(**settings, out_dir=str(tmp_path), allow_changed=tuple(change))
+        cfg = TrainConfig(**{**base, **change}, allow_changed=tuple(change))
         with pytest.raises(
             ConfigError, match=r"^--resume: run was trained on other bags \(--multi"
         ):
             check_resume_settings(before, cfg, "run")
-    same = TrainConfig(multi_hot_sizes=(2,), out_dir=str(tmp_path))
+    same = TrainConfig(**base, multi_hot_materialize=False)  # the same bags: free
     assert check_resume_settings(before, same, "run") == {}
 
 
