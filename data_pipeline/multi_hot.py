@@ -134,10 +134,20 @@ class BagSpec:
     def bags(self, sparse: np.ndarray, parallel: bool = True) -> np.ndarray:
         """The bags [n, sum(sizes)] of one-hot ids `sparse` [n, tables] (ids in their tables)."""
         out = np.empty((len(sparse), len(self.table_of)), dtype=sparse.dtype)
-        (_bags_parallel if parallel else _bags_serial)(
+        args = (
             np.ascontiguousarray(sparse), np.array(self.table_sizes, dtype=np.int64),
             self.table_of, self.column_of, self.keys, self.distribution == "pareto", out,
         )  # fmt: skip
+        if not parallel:
+            _bags_serial(*args)
+            return out
+        import torch  # loaded already (criteo_dataset): the thread count the run chose
+
+        threads = torch.get_num_threads()
+        numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+        _bags_parallel(*args)
+        # as synthetic.py's chunk: numba's OpenMP layer resets the process's OpenMP thread count
+        torch.set_num_threads(threads)
         return out
 
 
@@ -229,6 +239,7 @@ def _write(source: CriteoDataset, tmp: Path, spec: BagSpec, wanted: dict) -> Non
             writer.append(spec.bags(np.asarray(sparse[lo : lo + _BLOCK_ROWS])))
         record = writer.finish()
         parts.append({"name": name, "rows": record["rows"], "values": record})
+        log.info("multi-hot bags: %s done (%d rows)", name, record["rows"])
     lengths = tmp / "lengths.npy"
     with atomic.atomic_write(lengths) as f:
         np.save(f, np.array(spec.sizes, dtype=np.int32), allow_pickle=False)
