@@ -105,16 +105,20 @@ class BagSpec:
     materialised = False
 
     def __init__(
-        self, sizes: list[int], table_sizes: list[int], distribution: str = "uniform", seed: int = 0
+        self,
+        sizes: list[int],
+        table_sizes: list[int],
+        distribution: str = "uniform",
+        seed: int = 0,
+        flags: tuple[str, str] = ("--multi-hot-sizes", "--multi-hot-distribution"),
     ) -> None:
         if distribution not in DISTRIBUTIONS:
             raise DataError(
-                f"--multi-hot-distribution: expected one of {', '.join(DISTRIBUTIONS)}, "
-                f"got {distribution!r}"
+                f"{flags[1]}: expected one of {', '.join(DISTRIBUTIONS)}, got {distribution!r}"
             )
         if len(sizes) != len(table_sizes) or min(sizes) < 1:
             raise DataError(
-                f"--multi-hot-sizes: expected one size >= 1 per categorical feature "
+                f"{flags[0]}: expected one size >= 1 per categorical feature "
                 f"({len(table_sizes)}), got {len(sizes)}"
             )
         self.sizes = [int(k) for k in sizes]

@@ -4,6 +4,7 @@ damage, a killed materialisation, two processes at once."""
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import signal
@@ -235,3 +236,23 @@ def test_a_killed_materialisation_is_never_taken_and_two_at_once_share_one(sourc
         assert np.array_equal(
             MultiHotDataset(out).values(part), MultiHotDataset(clean).values(part)
         )
+
+
+def test_cli_materialises_where_training_looks(source, capsys):
+    from data_pipeline.__main__ import main as cli
+
+    assert cli(["multi-hot", str(source), "--sizes", "2", "--distribution", "pareto"]) == 0
+    out = Path(json.loads(capsys.readouterr().out)["out"])
+    spec = BagSpec([2] * 26, CriteoDataset(source).table_sizes, "pareto")
+    assert (
+        out == default_directory(source, spec) and MultiHotDataset(out).sizes.tolist() == [2] * 26
+    )
+    assert cli(["multi-hot", str(source), "--sizes", "2-x"]) == 2
+    assert (
+        capsys.readouterr().err.strip()
+        == "error: --sizes: expected whole numbers like 3-2-1, got '2-x'"
+    )
+    assert cli(["multi-hot", str(source), "--sizes", "2-3"]) == 2
+    assert "error: --sizes: expected one size >= 1 per categorical feature (26), got 2" in (
+        capsys.readouterr().err
+    )
