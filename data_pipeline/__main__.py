@@ -5,6 +5,8 @@
     synth       write synthetic raw files: Criteo's Kaggle or Terabyte layout, or a planted
                 Taobao UserBehavior.csv (--layout taobao; for trying things and tests)
     info        print a preprocessed directory's summary as JSON (Criteo or Taobao)
+    multi-hot   materialise multi-hot bags from a preprocessed Criteo directory ahead of
+                training (what `python -m dlrm.train --multi-hot-sizes` does on first use)
 
 A data or option mistake prints one line `error: ...` and exits with code 2.
 """
@@ -149,7 +151,30 @@ def _parser() -> argparse.ArgumentParser:
 
     info = sub.add_parser("info", help="summary of a preprocessed directory")
     info.add_argument("directory", type=Path)
+
+    mh = sub.add_parser("multi-hot", help="materialise multi-hot bags (docs/data.md)")
+    mh.add_argument("directory", type=Path, help="a preprocessed Criteo directory")
+    mh.add_argument(
+        "--sizes", required=True, help="ids per bag, one per feature: 3-2-1-... or 3,2,1,..."
+    )
+    mh.add_argument("--distribution", default="uniform", choices=("uniform", "pareto"))
+    mh.add_argument("--out", type=Path, help="default: beside DIRECTORY, as training looks for it")
     return p
+
+
+def _multi_hot(args: argparse.Namespace) -> dict:
+    from .criteo_dataset import CriteoDataset
+    from .multi_hot import BagSpec, default_directory, materialise
+
+    try:
+        sizes = [int(x) for x in args.sizes.replace(",", "-").split("-")]
+    except ValueError:
+        raise DataError(f"--sizes: expected whole numbers like 3-2-1, got {args.sizes!r}") from None
+    tables = CriteoDataset(args.directory).table_sizes
+    sizes = sizes * len(tables) if len(sizes) == 1 else sizes
+    spec = BagSpec(sizes, tables, args.distribution, flags=("--sizes", "--distribution"))
+    out = materialise(args.directory, args.out or default_directory(args.directory, spec), spec)
+    return {"out": str(out), **spec.to_json()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -212,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 written = [str(f.path) for f in infos]
             print(json.dumps({"written": written}))
+        elif args.command == "multi-hot":
+            print(json.dumps(_multi_hot(args)))
         else:
             print(json.dumps(_info(args.directory), indent=1))
     except DataError as e:

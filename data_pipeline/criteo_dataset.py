@@ -24,6 +24,7 @@ from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -34,6 +35,10 @@ from .dataset_meta import column_path, load_meta, marker_path, read_json
 from .errors import DataError, numpy_failure
 from .npy_stream import check_file, first_id_outside
 from .permutation import FeistelPermutation, derive_key
+from .synthetic import bags_kjt
+
+if TYPE_CHECKING:
+    from .multi_hot import BagSpec, MultiHotDataset
 
 RANDOMIZE = ("none", "day", "total")
 
@@ -128,7 +133,11 @@ class CriteoBatchSource:
         prefetch: int = 8,
         threads: int = 1,
         index_dtype: torch.dtype = torch.int64,
+        bags: MultiHotDataset | BagSpec | None = None,
     ):
+        """`bags`: the multi-hot bags materialised from this dataset (data_pipeline/multi_hot.py)
+        replace its one-hot ids, or a BagSpec makes them from the ids as each batch is loaded;
+        labels and dense features still come from here."""
         self.dataset = data if isinstance(data, CriteoDataset) else CriteoDataset(data)
         if randomize not in RANDOMIZE:
             raise DataError(
@@ -167,6 +176,19 @@ class CriteoBatchSource:
         ]
         self.has_labels = all(c[0] is not None for c in self._columns)
         self._values_dtype = np.int64 if index_dtype == torch.int64 else np.int32
+        self.bags = bags
+        self._make_bags = bags if bags is not None and not bags.materialised else None
+        if bags is not None:
+            if bags.table_sizes != self.table_sizes:
+                raise DataError(
+                    f"--multi-hot-sizes: the bags' tables are not {self.dataset.directory}'s"
+                )
+        if bags is not None and self._make_bags is None:
+            # the bags stand in for the sparse column: same parts, same rows
+            self._columns = [
+                (lab, den, bags.values(part))
+                for (lab, den, _), (part, _, _) in zip(self._columns, self._segments)
+            ]
         self._cache_lock = threading.Lock()
         self._cache: tuple[int, int, int, np.ndarray] | None = None
 
@@ -227,7 +249,13 @@ class CriteoBatchSource:
         rows = self.rows(epoch, index)
         n = len(rows)
         dense = np.empty((n, self.num_dense), dtype=np.float32)
-        values = np.empty((len(self.feature_names), n), dtype=self._values_dtype)
+        # one-hot: [tables, n]; with bags: [sum of bag sizes, n], table t's ids in its rows
+        ids_per_sample = (
+            len(self.feature_names)
+            if self.bags is None or self._make_bags
+            else int(sum(self.bags.sizes))
+        )
+        values = np.empty((ids_per_sample, n), dtype=self._values_dtype)
         labels = np.empty(n, dtype=np.float32)
         if not self.has_labels:
             labels.fill(np.nan)  # unlabelled (inference) data: never silently a 0 label
@@ -252,12 +280,18 @@ class CriteoBatchSource:
                 values[:, a:b] = np.take(spa, file_rows, axis=0).T
                 if lab is not None:
                     labels[a:b] = np.take(lab, file_rows)
-        kjt = KeyedJaggedTensor(
-            keys=self.feature_names,
-            values=torch.from_numpy(values.reshape(-1)),
-            # numpy fills this faster than torch.ones, which wakes torch's thread pool
-            lengths=torch.from_numpy(np.ones(values.size, dtype=np.int32)),
-        )
+        if self._make_bags is not None:
+            ids = self._make_bags.bags(values.T, parallel=False).T
+            kjt = bags_kjt(self.feature_names, ids, np.array(self._make_bags.sizes))
+        elif self.bags is not None:
+            kjt = bags_kjt(self.feature_names, values, self.bags.sizes)
+        else:
+            kjt = KeyedJaggedTensor(
+                keys=self.feature_names,
+                values=torch.from_numpy(values.reshape(-1)),
+                # numpy fills this faster than torch.ones, which wakes torch's thread pool
+                lengths=torch.from_numpy(np.ones(values.size, dtype=np.int32)),
+            )
         return Batch(
             dense_features=torch.from_numpy(dense),
             sparse_features=kjt,

@@ -53,6 +53,10 @@ MLPERF_DCNV2_TABLES = (
     40000000, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 40000000, 3067956, 405282, 10, 2209,
     11938, 155, 4, 976, 14, 40000000, 40000000, 40000000, 590152, 12973, 108, 36,
 )  # fmt: skip
+# MLPerf's bags: ids per sample and feature, materialised from the one-hot days (docs/data.md)
+MLPERF_DCNV2_MULTI_HOT = (
+    3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1,
+)  # fmt: skip
 # architecture fields of the cross layers: in the signature of a dcn model only
 DCN_FIELDS = ("dcn_num_layers", "dcn_low_rank_dim")
 # the architecture flags whose absence lets an interaction's entry apply
@@ -62,8 +66,10 @@ REFERENCE_BY_INTERACTION: dict[tuple[str, str, str], dict] = {
         arch_sparse_feature_size=128, arch_mlp_bot=(13, 512, 256, 128),
         arch_mlp_top=(1024, 1024, 512, 256, 1), arch_embedding_size=MLPERF_DCNV2_TABLES,
         max_ind_range=40_000_000, dcn_num_layers=3, dcn_low_rank_dim=512, optimizer="adagrad",
+        multi_hot_sizes=MLPERF_DCNV2_MULTI_HOT,
     ),
 }  # fmt: skip
+
 
 def _step(batch: int, test_batch: int, optimizer: str, lr: float, warmup=0, decay_start=0, decay=0):
     return dict(

@@ -54,11 +54,30 @@ def build_data(cfg: TrainConfig, rank: int = 0, world_size: int = 1) -> DataSpli
     raise ConfigError(f"--data-set {cfg.data_set}: not available for --model {cfg.model}")
 
 
+def bag_sizes(cfg: TrainConfig, n_tables: int) -> list[int] | None:
+    """`--multi-hot-sizes` for `n_tables` features (one number: every feature); None for one id
+    per feature, which bags of one id each are too: one-hot data stays the one-hot path."""
+    sizes = cfg.multi_hot_sizes
+    if sizes is None:
+        return None
+    if len(sizes) == 1:
+        sizes = sizes * n_tables
+    if len(sizes) != n_tables:
+        raise ConfigError(
+            f"--multi-hot-sizes: expected one size per categorical feature ({n_tables}) or one "
+            f"for all, got {len(sizes)}"
+        )
+    return None if max(sizes) == 1 else list(sizes)
+
+
 def _synthetic(cfg: TrainConfig, rank: int, world_size: int) -> DataSplits:
     sizes = list(cfg.arch_embedding_size or scaled_table_sizes(cfg.synthetic_table_scale))
     world = PlantedWorld(
-        SyntheticConfig(table_sizes=sizes, zipf_alpha=cfg.synthetic_zipf, seed=cfg.seed)
-    )
+        SyntheticConfig(
+            table_sizes=sizes, zipf_alpha=cfg.synthetic_zipf, seed=cfg.seed,
+            multi_hot_sizes=bag_sizes(cfg, len(sizes)),
+        )
+    )  # fmt: skip
     train = SyntheticBatchSource(
         world,
         "train",
@@ -103,12 +122,32 @@ def _criteo(cfg: TrainConfig, rank: int, world_size: int) -> DataSplits:
         raise ConfigError(
             f"--processed-data-file: {directory} holds {made_from} data, not {cfg.data_set}"
         )
+    bags = _materialised_bags(cfg, directory, dataset.table_sizes)
     train = CriteoBatchSource(
         dataset, "train", cfg.mini_batch_size, randomize=cfg.data_randomize, seed=cfg.seed,
-        rank=rank, world_size=world_size,
+        rank=rank, world_size=world_size, bags=bags,
     )  # fmt: skip
-    test = CriteoBatchSource(dataset, "test", cfg.eval_batch_size, rank=rank, world_size=world_size)
+    test = CriteoBatchSource(
+        dataset, "test", cfg.eval_batch_size, rank=rank, world_size=world_size, bags=bags
+    )
     return DataSplits(train, test, dataset.table_sizes, dataset.num_dense, dataset.feature_names)
+
+
+def _materialised_bags(cfg: TrainConfig, directory: Path, table_sizes: list[int]):
+    """`--multi-hot-sizes` on Criteo: the bags materialised once beside the preprocessed
+    directory (`DIR.multihot-DIST-TAG`, data_pipeline/multi_hot.py) and reused; every rank makes
+    or waits for the same one. The materialisation seed is fixed (0), as the reference's: the
+    bags are the data, not the run's randomness, so runs with other seeds share them. With
+    `--multi-hot-materialize false` the loader makes the same bags batch by batch instead."""
+    sizes = bag_sizes(cfg, len(table_sizes))
+    if sizes is None:
+        return None
+    from data_pipeline.multi_hot import BagSpec, MultiHotDataset, default_directory, materialise
+
+    spec = BagSpec(sizes, table_sizes, cfg.multi_hot_distribution, seed=0)
+    if not cfg.multi_hot_materialize:
+        return spec  # the loader makes each batch's bags: the same ones, nothing on disk
+    return MultiHotDataset(materialise(directory, default_directory(directory, spec), spec))
 
 
 def _taobao(cfg: TrainConfig, rank: int, world_size: int) -> DataSplits:

@@ -59,9 +59,21 @@ def changed_settings(before: dict, cfg: TrainConfig) -> dict[str, tuple]:
     }
 
 
+# the data's shape: the checkpoint's tables were trained on these bags, and a resumed run's
+# batches must be the uninterrupted run's; no flag allows changing them
+DATA_SHAPE = ("multi_hot_sizes", "multi_hot_distribution")
+
+
 def check_resume_settings(before: dict, cfg: TrainConfig, source: str) -> dict[str, tuple]:
     """The changes `--allow-changed` allows; any other change is a ConfigError naming them."""
     changes = changed_settings(before, cfg)
+    shape = [k for k in DATA_SHAPE if k in changes]
+    if shape:
+        shown = ", ".join(f"{FLAGS[k]} {changes[k][0]!r} -> {changes[k][1]!r}" for k in shape)
+        raise ConfigError(
+            f"--resume: {source} was trained on other bags ({shown}); the data's shape cannot "
+            "change within a run: start a new one"
+        )
     refused = sorted(set(changes) - allowed_changes(cfg))
     if refused:
         shown = ", ".join(f"{FLAGS[k]} {changes[k][0]!r} -> {changes[k][1]!r}" for k in refused)

@@ -20,14 +20,17 @@
 #             data/criteo_terabyte_40000000_full). Placement: `device` where the weights and
 #             state fit in 80% of this machine's memory ($MEM_KB overrides /proc/meminfo), else the SSD tier (`--placement tiered --scm-dir $SCM_DIR`,
 #             default data/scm_dcnv2; hot rows in $HOT_BUDGET, default 2GB, a DRAM row cache of
-#             $SCM_CACHE, default 4GB). MLPerf trains on multi-hot bags materialised from these
-#             days (sizes 3,2,1,2,6,1,1,1,1,7,3,8,1,6,9,5,1,1,1,12,100,27,10,3,1,1): pass the
-#             multi-hot flags as extra flags where this checkout has them.
+#             $SCM_CACHE, default 4GB). MLPerf's multi-hot bags (--multi-hot-sizes
+#             3-2-1-2-6-1-1-1-1-7-3-8-1-6-9-5-1-1-1-12-100-27-10-3-1-1, uniform: 214 ids a
+#             sample), materialised once from the preprocessed days beside them
+#             ($PROCESSED.multihot-uniform-<tag>, docs/data.md#multi-hot-bags: about 0.86 KB a
+#             row, some 3.7 TB for the 4.37 billion rows, as MLPerf's own files).
 #   --mlperf-dcnv2-small: the scaled-down variant that fits a laptop (no RAW_DIR): the same
-#             model and optimizer on the synthetic planted click model, Kaggle-shaped tables
-#             at 1% of their size (~1.7M rows, ~0.9 GB of weights with Adagrad's state),
-#             batches of 2048, 1M training samples, lr 0.004 (Adagrad's first step moves every
-#             dense weight by the rate: at 0.02 this model's loss reaches 1e6 within 2 steps).
+#             model, optimizer and bag sizes on the synthetic planted click model (multi-hot:
+#             it pools each bag's rows), MLPerf's tables capped at 100,000 rows (921,198 rows,
+#             ~0.94 GB of weights with Adagrad's state), batches of 2048, 1M training samples,
+#             lr 0.004 (Adagrad's first step moves every dense weight by the rate: at 0.02 this
+#             model's loss reaches 1e6 within 2 steps).
 # The dot configurations use batches of 2048. The preprocessed dataset goes to $PROCESSED
 # (default data/criteo_terabyte_<M>, one per --max-ind-range), the run to $OUT_DIR. Extra flags
 # come last and override the defaults. DRY_RUN=1 prints the command instead.
@@ -46,12 +49,19 @@ dcnv2_model=(
     --dcn-num-layers 3
     --dcn-low-rank-dim 512
     --optimizer adagrad
+    --multi-hot-sizes 3-2-1-2-6-1-1-1-1-7-3-8-1-6-9-5-1-1-1-12-100-27-10-3-1-1
+    --multi-hot-distribution uniform
 )
 if [[ $mode == dcnv2_small ]]; then
+    # MLPerf's 26 tables capped at 100,000 rows (as preprocessing with --max-ind-range 100000):
+    # the long bags stay on the large tables, whose small initial rows keep the summed bags and
+    # the cross layers in range (Kaggle's shapes at 1% put bags of 27 on a 2-row table: the
+    # loss went to 1e3 within 4 steps)
+    small_tables=100000-39060-17295-7424-20265-3-7122-1543-63-100000-100000-100000-10-2209-11938-155-4-976-14-100000-100000-100000-100000-12973-108-36
     cmd=(
         "${PYTHON:-python}" -m dlrm.train
         --data-set synthetic
-        --synthetic-table-scale 0.01
+        --arch-embedding-size "$small_tables"
         --data-size 1048576
         --test-data-size 131072
         "${dcnv2_model[@]}"

@@ -37,6 +37,29 @@ def sparse_optimizers() -> tuple[str, ...]:
     return tuple(SPARSE_OPTIMIZERS)
 
 
+def parse_bag_sizes(text: str | list[int] | tuple[int, ...], flag: str) -> tuple[int, ...]:
+    """'3-2-1' or '3,2,1' -> (3, 2, 1): ids per bag, one per categorical feature (how many
+    features there are is known once the data is: dlrm/data.py checks the count)."""
+    if isinstance(text, (list, tuple)):
+        parts = list(text)
+    else:
+        parts = [p.strip() for p in str(text).replace(",", "-").split("-")]
+    sizes = []
+    for p in parts:
+        if isinstance(p, int) and not isinstance(p, bool):
+            sizes.append(p)
+            continue
+        if not isinstance(p, str) or not p.isdigit():
+            raise ConfigError(
+                f"{flag}: expected whole numbers separated by '-' or ',' (one per categorical "
+                f"feature) like 3-2-1, got {text!r}"
+            )
+        sizes.append(int(p))
+    if not sizes or min(sizes) < 1:
+        raise ConfigError(f"{flag}: every bag size must be at least 1, got {text!r}")
+    return tuple(sizes)
+
+
 def unit_interval(closed: str) -> Check:
     """A share: '[)' (0 <= v < 1), '(]' (0 < v <= 1) or '[]'."""
     lo_ok = (lambda v: v >= 0) if closed[0] == "[" else (lambda v: v > 0)
@@ -91,7 +114,38 @@ class DataConfig(Section):
         check=Check(lambda v: math.isfinite(v) and v > 0, "expected a positive number"),
     )  # fmt: skip
 
+    # Multi-hot bags (MLPerf DLRM-DCNv2's data shape; docs/data.md#multi-hot-bags). Not `free`:
+    # they change every batch, and --resume refuses them changed even with --allow-changed.
+    multi_hot_sizes: tuple[int, ...] | None = setting(
+        None, "--multi-hot-sizes",
+        "ids per bag, one size per categorical feature (dash- or comma-separated; one number: "
+        "every feature); Criteo days are materialised once into multi-hot bags, synthetic data "
+        "draws them",
+        parse=parse_bag_sizes,
+        shown_default="one id per feature (with --data-set terabyte --arch-interaction-op dcn "
+        "and no other architecture flag: MLPerf's sizes)",
+    )  # fmt: skip
+    multi_hot_distribution: str = setting(
+        "uniform", "--multi-hot-distribution",
+        "how a bag's extra ids are drawn from the one-hot id's table (as MLPerf's "
+        "materialisation: uniform, or pareto with shape 0.25)",
+        choices=("uniform", "pareto"),
+    )  # fmt: skip
+    multi_hot_materialize: bool = setting(
+        True, "--multi-hot-materialize",
+        "Criteo: write the bags once beside the preprocessed data and read them (true), or make "
+        "each batch's from its one-hot ids as it is loaded (false: the same bags, no disk)",
+        free=True,  # the same bags either way
+    )  # fmt: skip
+
     def check(self) -> None:
+        if self.data_set == "taobao" and self.multi_hot_sizes is not None:
+            raise ConfigError("--multi-hot-sizes: not with --data-set taobao (one id per step)")
+        if self.data_set == "synthetic" and self.multi_hot_distribution != "uniform":
+            raise ConfigError(
+                "--multi-hot-distribution: synthetic bags are Zipf draws (--synthetic-zipf); "
+                f"{self.multi_hot_distribution} is how Criteo's bags are materialised"
+            )
         if self.data_set in RAW_DATA_SETS and not (self.raw_data_file or self.processed_data_file):
             raise ConfigError(
                 f"--data-set {self.data_set}: needs --raw-data-file or --processed-data-file"
