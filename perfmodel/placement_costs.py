@@ -143,6 +143,7 @@ class CacheReplay:
     miss_blocks: list[int]  # per batch: 4 KiB blocks the misses read
     evict_blocks: list[int]  # per batch: blocks the evicted dirty rows patch (read + write)
     initial_misses: int  # misses on blocks no eviction had written before (a fresh tier's)
+    evictions: int = 0  # rows the cache evicted (warm-up excluded)
 
     @property
     def hit_rate(self) -> float | None:
@@ -182,16 +183,18 @@ def replay_row_cache(
             cache.next_access()
             slots = cache.lookup(ids)
             cache.admit(ids[slots < 0], dirty=False)
-        cache.hits = cache.misses = 0
+        cache.hits = cache.misses = cache.evictions = 0
     written = np.zeros(0, dtype=np.int64)
     miss_blocks, evict_blocks, initial = [], [], 0
     pending: list[torch.Tensor] = []
     evicted_now: list[np.ndarray] = []
 
     def admit(gids: torch.Tensor, dirty: bool) -> None:
-        _, ev = cache.admit(gids, dirty)
+        slots, ev = cache.admit(gids, dirty)
         if ev.numel():
             evicted_now.append(cache.evicted_gids().numpy() // rows_per_block)
+        if dirty and slots.numel() < gids.numel():  # no room: written straight to the file
+            evicted_now.append(gids[slots.numel() :].numpy() // rows_per_block)
 
     def store(ids: torch.Tensor) -> None:
         if not capacity:
@@ -224,7 +227,9 @@ def replay_row_cache(
         ev = np.unique(np.concatenate(evicted_now)) if evicted_now else np.zeros(0, np.int64)
         evict_blocks.append(int(ev.size))
         written = np.union1d(written, ev)
-    return CacheReplay(cache.hits, cache.misses, miss_blocks, evict_blocks, initial)
+    return CacheReplay(
+        cache.hits, cache.misses, miss_blocks, evict_blocks, initial, cache.evictions
+    )
 
 
 # --- this machine's row costs ------------------------------------------------------------------
