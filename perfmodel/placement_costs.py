@@ -50,7 +50,7 @@ from dlrm.planning import Candidate, Prediction, register_predictor
 from embeddings.config import SparseOptimizer
 from embeddings.hot_map import HotRowMap
 from embeddings.lookup_map import map_lookups
-from embeddings.placement import plan_placement
+from embeddings.placement import parse_bytes, plan_placement
 from embeddings.row_layout import table_row_base
 from embeddings.scm_cache import RowCache
 from embeddings.scm_file import PAYLOAD
@@ -332,15 +332,25 @@ def _capturable(cfg, total_rows: int):
         return cfg
     if cfg.data_set != "synthetic":
         return None
-    scale = cfg.synthetic_table_scale * CAPTURE_ROWS / total_rows
-    return _with(cfg, synthetic_table_scale=scale)
+    f = CAPTURE_ROWS / total_rows
+    changes: dict[str, Any] = {"synthetic_table_scale": cfg.synthetic_table_scale * f}
+    if cfg.arch_embedding_size:
+        changes["arch_embedding_size"] = [max(1, int(n * f)) for n in cfg.arch_embedding_size]
+    if cfg.placement == "fae":  # the same share of the (smaller) tables on the device
+        changes["hot_budget"] = max(1, int(parse_bytes(cfg.hot_budget) * f))
+    return _with(cfg, **changes)
 
 
-def step_time(cfg, table_sizes: list[int], placement: str = "device") -> dict:
-    """Predicted ms of `placement`'s training step (device, host or fae as captured) with the
-    embedding kernels over tables of `table_sizes` rows: {ms, dense, lookup, source}."""
+def step_time(
+    cfg, sizes: list[int], placement: str = "device", table_sizes: list[int] | None = None
+) -> dict:
+    """Predicted ms of `placement`'s training step (device, host or fae as captured) for a
+    configuration of tables of `sizes` rows, with the embedding kernels over tables of
+    `table_sizes` rows (default `sizes`; Hotline's device tier is smaller): {ms, dense, lookup,
+    source}."""
+    table_sizes = list(sizes if table_sizes is None else table_sizes)
     model = _fitted_model()
-    total = int(sum(table_sizes))
+    total = int(sum(sizes))
     base = _with(cfg, placement=placement)
     proxy = _capturable(base, total) if model is not None else None
     if proxy is None:
@@ -440,7 +450,7 @@ def _staged(cfg, candidate: Candidate, sample, sizes: list[int]) -> Prediction:
     cold_lookups = float(np.mean([b.cold_lookups for b in batches])) if batches else 0.0
     slots = [h + int(np.mean([b.cold_per_table[t] for b in batches])) if batches else h
              for t, h in enumerate(hot)]  # fmt: skip
-    step = step_time(cfg, slots, "device")
+    step = step_time(cfg, sizes, "device", slots)
     figs = staging_figures()
     gather, scatter = _row_us(figs, "gather", rf), _row_us(figs, "scatter", rf)
     # the worker: map every lookup, read the cold rows with their state

@@ -53,7 +53,9 @@ def config(**kw):
 def stubbed(monkeypatch):
     """The step, the machine's row costs and the disk fixed: predictions without measuring."""
     step = {"ms": 5.0, "dense": 4.0, "lookup": 1.0, "source": "stub"}
-    monkeypatch.setattr(pc, "step_time", lambda cfg, sizes, placement="device": step)
+    monkeypatch.setattr(
+        pc, "step_time", lambda cfg, sizes, placement="device", table_sizes=None: step
+    )
     figs = {"gather_ns_16": 50.0, "gather_ns_128": 200.0, "scatter_ns_16": 60.0,
             "scatter_ns_128": 250.0, "hash_ns_per_row": 30.0, "crc_us_per_block": 1.0}  # fmt: skip
     monkeypatch.setattr(pc, "staging_figures", lambda: figs)
