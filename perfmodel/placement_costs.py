@@ -379,7 +379,8 @@ def step_time(
     table_sizes = list(sizes if table_sizes is None else table_sizes)
     model = _fitted_model()
     total = int(sum(sizes))
-    base = _with(cfg, placement=placement)
+    # the capture builds the step at batch 16, not the user's run: their memory limits are not its
+    base = _with(cfg, placement=placement, memory_limit=None, device_memory_limit=None)
     proxy = _capturable(base, total) if model is not None else None
     if proxy is None:
         return roofline_step(cfg, table_sizes)

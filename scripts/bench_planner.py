@@ -323,7 +323,11 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"{p.prog}: error: --out-dir {root}: not empty; choose a new one\n")
         return 2
     t0 = time.perf_counter()
-    configs = {s[0]: run_config(s, args, root) for s in specs}
+    configs = {}
+    for s in specs:  # each configuration's result also on its own line, as it completes
+        configs[s[0]] = run_config(s, args, root)
+        with open(root / "configs.jsonl", "a") as f:
+            f.write(json.dumps({s[0]: configs[s[0]]}) + "\n")
     result = {
         "bench": "planner", "quick": args.quick, "configs": configs, "summary": summarise(configs),
         "settings": {k: v for k, v in vars(args).items() if k != "out_dir"},
