@@ -519,7 +519,7 @@ def _staged(cfg, candidate: Candidate, sample, sizes: list[int]) -> Prediction:
         cpu = (rows * figs["hash_ns_per_row"] / 1e6 + hit_rows * gather / 1e3
                + (reads + rmw) * figs["crc_us_per_block"] / 1e3 + rmw * rpb * scatter / 1e3)  # fmt: skip
         parts["disk"] = float(read_s + rmw_s) * 1e3
-        staging = mapping + cpu + parts["disk"]
+        staging = mapping + cpu  # the worker's CPU; its disk time is the `disk` part
         home = (
             rows * (scatter + figs["hash_ns_per_row"] / 1e3) / 1e3
         )  # the queued write-back's copy
@@ -535,9 +535,10 @@ def _staged(cfg, candidate: Candidate, sample, sizes: list[int]) -> Prediction:
     prefetch = int(getattr(cfg, "hotline_prefetch", 1) or 0)
     compute = step["ms"] + parts["load"]
     spare = _spare_core()
-    hidden = min(staging, compute) if prefetch and spare else 0.0
+    worker = staging + parts.get("disk", 0.0)  # one staging at a time: it hides up to a step
+    hidden = min(worker, compute) if prefetch and spare else 0.0
     parts["hidden"] = -hidden
-    detail.update(prefetch=prefetch, spare_core=spare, staging_ms=staging, hidden_ms=hidden)
+    detail.update(prefetch=prefetch, spare_core=spare, staging_ms=worker, hidden_ms=hidden)
     ms = sum(parts.values())
     return Prediction(float(ms), {k: float(v) for k, v in parts.items()}, detail)
 

@@ -233,6 +233,10 @@ def run_config(spec, args, root: Path) -> dict:
         ccfg = with_candidate(cfg, c, out, profile)
         p0 = time.perf_counter()
         pred = predict(ccfg, c, sample)
+        if room is not None:  # --memory-limit counts what the process holds now
+            ccfg = TrainConfig.from_json(
+                {**ccfg.to_json(), "memory_limit": resident_bytes() + room}
+            )
         ok, why = fits(ccfg)
         rows[c.label()] = {
             "placement": c.placement, "predicted_ms": round(pred.ms_per_step, 3),
