@@ -361,7 +361,9 @@ def _capturable(cfg, total_rows: int):
     if cfg.data_set != "synthetic":
         return None
     f = CAPTURE_ROWS / total_rows
-    changes: dict[str, Any] = {"synthetic_table_scale": cfg.synthetic_table_scale * f}
+    # smaller tables: a profile or plan of the real ones does not fit them (FAE makes its own)
+    changes: dict[str, Any] = {"synthetic_table_scale": cfg.synthetic_table_scale * f,
+                               "profile_file": None, "placement_plan": None}  # fmt: skip
     if cfg.arch_embedding_size:
         changes["arch_embedding_size"] = [max(1, int(n * f)) for n in cfg.arch_embedding_size]
     if cfg.placement == "fae":  # the same share of the (smaller) tables on the device
