@@ -29,7 +29,8 @@ What each kind is predicted from:
   sample's cold rows at the candidate's cache size gives the hit rate, the misses' 4 KiB blocks
   (reads per step) and the evicted dirty rows' blocks (read, patched, written); their time comes
   from the disk's measured IOPS at the tier's queue depth (`perfmodel.disk`). Steady state is
-  assumed: every block was written before (a fresh tier computes never-written rows without I/O,
+  assumed: the cache starts holding the cold rows the profile counts most (`warm_rows`: what its
+  policy keeps over a long run), and every block was written before (a fresh tier computes never-written rows without I/O,
   `detail.initial_share` says how many misses that would be in the sample).
 """
 
