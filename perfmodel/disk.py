@@ -10,8 +10,9 @@ the tier submits a staging's reads at once, up to `--scm-io-depth` in flight, so
 
 A measurement writes a 64 MiB file of sealed blocks (a sparse file's holes would be read without
 touching the disk), then reads random blocks `depth` at a time for about 0.4 s per depth: a few
-seconds in all. The file lives in the directory the tier would use (`--scm-dir`) or a temporary
-directory on the same file system, and is removed afterwards.
+seconds in all. The file lives in a temporary directory under the directory the tier would use
+(`--scm-dir`), or under its nearest existing parent (the same file system: nothing is created
+where the tier will be), and is removed afterwards.
 """
 
 from __future__ import annotations
@@ -77,8 +78,9 @@ def measure(
     directory: str | Path, seconds_per_depth: float = SECONDS_PER_DEPTH, seed: int = 0
 ) -> dict:
     """Random block reads at each depth in DEPTHS on a scratch file under `directory`."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    directory = Path(directory).absolute()
+    while not directory.exists():  # the same file system, nothing created where the tier will be
+        directory = directory.parent
     rng = np.random.default_rng(seed)
     t_start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="disk-probe-", dir=directory) as tmp:

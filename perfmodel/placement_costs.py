@@ -42,6 +42,7 @@ import os
 import time
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -510,7 +511,8 @@ def _staged(cfg, candidate: Candidate, sample, sizes: list[int]) -> Prediction:
                          max(int(rows), 1024))  # fmt: skip
         rep = replay_row_cache([b.cold for b in batches], total_rows, int(capacity), rpb, prio,
                                warm=warm)  # fmt: skip
-        disk = describe_disk(cfg.scm_dir or None)
+        where = cfg.scm_dir or (Path(cfg.out_dir) / "scm" if cfg.out_dir else None)  # its default
+        disk = describe_disk(where)
         depth = int(cfg.scm_io_depth)
         reads = float(np.mean(rep.miss_blocks)) if batches else 0.0
         rmw = float(np.mean(rep.evict_blocks)) if batches else 0.0

@@ -170,7 +170,8 @@ def test_disk_figures_are_measured_once_then_read_back(tmp_path, monkeypatch):
     assert disk.default_path(tmp_path / "scm").is_file()
     assert set(first["depths"]) == {str(d) for d in disk.DEPTHS}
     assert all(f["iops"] > 0 for f in first["depths"].values())
-    assert not list((tmp_path / "scm").iterdir())  # the probe file is gone
+    assert not (tmp_path / "scm").exists()  # measured beside it, nothing left there or made
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache"]
     disk.describe_disk(tmp_path / "scm", refresh=True)
     assert len(calls) == 2
     t = [disk.read_seconds(first, n) for n in (0, 1, 10, 100, 1000)]
