@@ -145,13 +145,15 @@ def describe_disk(directory: str | Path | None = None, refresh: bool = False) ->
 def read_seconds(disk: dict, n_blocks: float, depth: int = 64) -> float:
     """Seconds to read `n_blocks` random blocks submitted at once, at most `depth` in flight: at
     the IOPS of the deepest measured depth they fill (interpolated in log depth), never less than
-    one read's latency at depth 1."""
+    one read's latency at depth 1, nor than the time of a smaller measured batch (monotone)."""
     if n_blocks <= 0:
         return 0.0
     figs = {int(k): v for k, v in disk["depths"].items()}
     qd = max(1.0, min(float(n_blocks), float(depth)))
     ds = sorted(figs)
-    if qd <= ds[0]:
+    if qd in figs:
+        iops = figs[int(qd)]["iops"]
+    elif qd <= ds[0]:
         iops = figs[ds[0]]["iops"]
     elif qd >= ds[-1]:
         iops = figs[ds[-1]]["iops"]
@@ -160,4 +162,7 @@ def read_seconds(disk: dict, n_blocks: float, depth: int = 64) -> float:
         lo = max(d for d in ds if d <= qd)
         w = 0.0 if hi == lo else (np.log(qd) - np.log(lo)) / (np.log(hi) - np.log(lo))
         iops = float(np.exp((1 - w) * np.log(figs[lo]["iops"]) + w * np.log(figs[hi]["iops"])))
-    return max(n_blocks / iops, figs[ds[0]]["latency_us"] * 1e-6)
+    # a noisy depth (a hiccup while it was measured) must not make more reads take less time:
+    # never less than a measured depth's batch that fits in these reads
+    floor = max(d / figs[d]["iops"] for d in ds if d <= qd) if qd >= ds[0] else 0.0
+    return max(n_blocks / iops, floor, figs[ds[0]]["latency_us"] * 1e-6)

@@ -178,6 +178,14 @@ def test_disk_figures_are_measured_once_then_read_back(tmp_path, monkeypatch):
     assert t[0] == 0.0 and t[1:] == sorted(t[1:])
 
 
+def test_read_time_grows_with_the_reads_even_from_a_noisy_measurement():
+    noisy = {"depths": {"1": {"iops": 5000, "latency_us": 200}, "4": {"iops": 20000, "latency_us": 200},
+                        "16": {"iops": 1000, "latency_us": 16000}, "64": {"iops": 60000, "latency_us": 1000}}}  # fmt: skip
+    t = [disk.read_seconds(noisy, n) for n in range(1, 200)]
+    assert t == sorted(t)
+    assert disk.read_seconds(noisy, 1000) == 1000 / 60000  # past the depth: the deepest IOPS
+
+
 def test_importing_the_plugin_registers_the_predictor():
     code = ("from dlrm import planning, step_hooks; assert planning.predictor() is None; "
             "step_hooks.load_plugins(); p = planning.predictor(); "
