@@ -138,10 +138,18 @@ def fits(cfg: TrainConfig) -> tuple[bool, str | None]:
         return False, str(e)
 
 
+try:  # the planner's order of preference breaks ties between equal predictions
+    from dlrm.planner import PREFERENCE
+except ImportError:  # before p-plan's planner is on this branch: its value there
+    PREFERENCE = ("device", "fae", "hotline", "tiered", "host")
+
+
 def choose(rows: dict) -> str | None:
-    """The planner's rule: the fastest predicted candidate that fits. REPLACE with dlrm.planner's
-    decision once p-plan's planner is on main (it is not yet)."""
-    ok = [(r["predicted_ms"], n) for n, r in rows.items() if r["fits"]]
+    """The planner's rule: the fastest predicted candidate that fits, ties by its preference
+    (kind, then the larger hot budget, then the larger cache). REPLACE with dlrm.planner's
+    decision (which also keeps a 30% margin on memory) once this branch has the planner."""
+    ok = [((r["predicted_ms"], PREFERENCE.index(r["placement"]), -r.get("hot_budget", 0),
+            -r.get("scm_cache", 0)), n) for n, r in rows.items() if r["fits"]]  # fmt: skip
     return min(ok)[1] if ok else None
 
 
@@ -239,7 +247,8 @@ def run_config(spec, args, root: Path) -> dict:
             )
         ok, why = fits(ccfg)
         rows[c.label()] = {
-            "placement": c.placement, "predicted_ms": round(pred.ms_per_step, 3),
+            "placement": c.placement, "hot_budget": c.hot_budget, "scm_cache": c.scm_cache,
+            "predicted_ms": round(pred.ms_per_step, 3),
             "parts": {k: round(v, 3) for k, v in pred.parts.items()},
             "detail": {k: (round(v, 4) if isinstance(v, float) else v) for k, v in pred.detail.items()},
             "fits": ok, "rejected": why, "predict_s": round(time.perf_counter() - p0, 3),

@@ -21,6 +21,11 @@ def test_the_choice_is_the_fastest_predicted_that_fits():
             "hotline": row("hotline", 5.5, 7.0)}  # fmt: skip
     assert bench.choose(rows) == "hotline"
     assert bench.choose({"device": row("device", 5.0, 5.0, fits=False)}) is None
+    # equal predictions: the planner's preference (kind, larger budget, larger cache)
+    tied = {"t-small": dict(row("tiered", 7.0, 9.0), hot_budget=10, scm_cache=4),
+            "t-large": dict(row("tiered", 7.0, 8.0), hot_budget=10, scm_cache=61),
+            "host": row("host", 7.0, 5.0)}  # fmt: skip
+    assert bench.choose(tied) == "t-large"
 
 
 def test_wrong_rankings_name_the_pair_and_the_larger_error():
