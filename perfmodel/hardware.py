@@ -362,6 +362,14 @@ def _cuda_copy_bandwidth(nbytes: int = 64 << 20) -> dict:
     }
 
 
+def describe_disk(directory: str | Path | None = None, refresh: bool = False) -> dict:
+    """Random 4 KiB reads per queue depth on the file system of `directory` (the SSD tier's):
+    perfmodel/disk.py, cached per machine and file system."""
+    from perfmodel.disk import describe_disk as disk
+
+    return disk(directory, refresh)
+
+
 def _read_cache(path: Path) -> dict | None:
     try:
         data = json.loads(path.read_text())

@@ -200,3 +200,6 @@ class StepRecorder(StepHook):
 # `python -m dlrm.train --perf-log DIR` finds the recorder here: dlrm imports this module as a
 # plugin (the `hybrid_dlrm.plugins` entry point, pyproject.toml) and never names perfmodel itself.
 step_hooks.register("perf_log", StepRecorder)
+
+# the placement planner's predictor (dlrm/planning.py) comes with the same plugin import
+import perfmodel.placement_costs  # noqa: E402, F401

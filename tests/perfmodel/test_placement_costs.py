@@ -1,0 +1,197 @@
+"""The placement planner's predictions (perfmodel/placement_costs.py): what they count is checked
+against the real code (the SSD tier's cache, a direct count of cold rows), and they move the
+right way with the budgets. No timings are asserted."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from data_pipeline.synthetic import PlantedWorld, SyntheticBatchSource, SyntheticConfig
+from dlrm.config import TrainConfig
+from dlrm.planning import Candidate
+from embeddings.config import SparseOptimizer, TableSpec
+from embeddings.profile import AccessProfiler
+from embeddings.row_layout import table_row_base
+from embeddings.scm_file import PAYLOAD
+from embeddings.scm_tier import ScmTier
+from embeddings.tiered import profile_priority
+from perfmodel import disk
+from perfmodel import placement_costs as pc
+
+ROOT = Path(__file__).resolve().parents[2]
+SIZES = [300, 2000, 50, 5000]
+DIM = 8
+B = 64
+
+
+@pytest.fixture(scope="module")
+def sample():
+    world = PlantedWorld(SyntheticConfig(table_sizes=SIZES, zipf_alpha=1.05, seed=3))
+    src = SyntheticBatchSource(world, "train", B, 40)
+    names = [f"cat_{i}" for i in range(len(SIZES))]
+    prof = AccessProfiler(SIZES, names)
+    for j in range(0, 40, 2):  # the profile: even batches; the replay: odd ones (out of sample)
+        prof.add_kjt(src.batch(0, j).sparse_features)
+    batches = [src.batch(0, j).sparse_features for j in range(1, 40, 2)]
+    return SimpleNamespace(profile=prof.finish(), batches=batches)
+
+
+def config(**kw):
+    base = {"arch_embedding_size": "-".join(map(str, SIZES)), "arch_sparse_feature_size": DIM,
+            "mini_batch_size": B, "optimizer": "sgd", "learning_rate": 0.1,
+            "arch_mlp_bot": "13-8", "arch_mlp_top": "8-1"}  # fmt: skip
+    base.update(kw)
+    return TrainConfig.from_json(base)
+
+
+@pytest.fixture
+def stubbed(monkeypatch):
+    """The step, the machine's row costs and the disk fixed: predictions without measuring."""
+    step = {"ms": 5.0, "dense": 4.0, "lookup": 1.0, "source": "stub"}
+    monkeypatch.setattr(
+        pc, "step_time", lambda cfg, sizes, placement="device", table_sizes=None: step
+    )
+    figs = {"gather_ns_16": 50.0, "gather_ns_128": 200.0, "scatter_ns_16": 60.0,
+            "scatter_ns_128": 250.0, "hash_ns_per_row": 30.0, "crc_us_per_block": 1.0}  # fmt: skip
+    monkeypatch.setattr(pc, "staging_figures", lambda: figs)
+    d = {"io": "direct", "engine": "aio", "key": "stub",
+         "depths": {"1": {"iops": 5000, "latency_us": 200}, "64": {"iops": 50000, "latency_us": 1300}}}  # fmt: skip
+    monkeypatch.setattr(disk, "describe_disk", lambda directory=None, refresh=False: d)
+
+
+def test_counted_cold_rows_equal_a_direct_count(sample):
+    cfg = config()
+    plan = pc.hot_plan(cfg, sample, 20 * DIM * 4 * 8)
+    base = table_row_base(SIZES).numpy()
+    held = [plan.tier("device").held_ids(t) for t in range(len(SIZES))]
+    got = pc.cold_batches(sample, plan)
+    assert len(got) == len(sample.batches)
+    for kjt, cb in zip(sample.batches, got):
+        per = np.split(kjt.values().numpy(), np.cumsum(kjt.length_per_key())[:-1])
+        cold = [ids[~np.isin(ids, held[t])] for t, ids in enumerate(per)]
+        want = np.concatenate([np.unique(c) + base[t] for t, c in enumerate(cold)])
+        assert np.array_equal(cb.cold.numpy(), np.sort(want))
+        assert cb.cold_per_table == [int(np.unique(c).size) for c in cold]
+        assert cb.cold_lookups == sum(c.size for c in cold)
+        assert cb.lookups == kjt.values().numel()
+
+
+@pytest.mark.parametrize("cache_rows", [0, 40, 400])
+def test_replayed_hit_rate_equals_the_real_tier_on_the_same_accesses(tmp_path, sample, cache_rows):
+    """The SSD tier itself (ScmTier with its RowCache, files and all) fed the replay's sequence:
+    warm-up reads, each batch's cold rows read, written back WRITEBACK_LAG stagings later."""
+    cfg = config()
+    opt = SparseOptimizer("sgd", 0.1)
+    plan = pc.hot_plan(cfg, sample, 10 * DIM * 4)
+    cold = [b.cold for b in pc.cold_batches(sample, plan)]
+    prio = profile_priority(sample.profile.counts, SIZES)
+    warm = pc.warm_rows(sample.profile.counts, SIZES, pc.hot_row_map(plan), cache_rows, 50)
+    rpb = PAYLOAD // (4 * DIM)
+    rep = pc.replay_row_cache(cold, sum(SIZES), cache_rows, rpb, prio, warm=warm)
+
+    tables = [TableSpec(f"t{i}", n, DIM, f"cat_{i}") for i, n in enumerate(SIZES)]
+    tier = ScmTier(tmp_path / "scm", tables, opt, 0, cache_rows * 4 * DIM, io="buffered",
+                   priority=prio, owner=str(tmp_path / "run"))  # fmt: skip
+    tier.queue_writes = False
+    for ids in warm:
+        tier.read_rows(ids)
+    tier.cache.hits = tier.cache.misses = tier.cache.evictions = 0
+    pending = []
+    for ids in cold:
+        weights, _ = tier.read_rows(ids)
+        pending.append((ids, weights))
+        if len(pending) > pc.WRITEBACK_LAG:
+            old, w = pending.pop(0)
+            tier.write_rows(old, w + 1.0, None)
+    assert (rep.hits, rep.misses, rep.evictions) == (
+        tier.cache.hits, tier.cache.misses, tier.cache.evictions,
+    )  # fmt: skip
+    assert rep.misses > 0
+    if cache_rows:
+        assert rep.hits > 0
+    tier.close()
+
+
+def test_a_bigger_cache_never_predicts_more_misses(sample, stubbed):
+    cfg = config(placement="tiered")
+    budget = 10 * DIM * 4
+    rows_bytes = 4 * DIM
+    out = [pc.predict_candidate(cfg, Candidate("tiered", budget, n * rows_bytes), sample)
+           for n in (0, 20, 100, 400, 2000, 8000)]  # fmt: skip
+    reads = [p.detail["reads_per_step"] for p in out]
+    hits = [p.detail["hit_rate"] for p in out]
+    assert reads == sorted(reads, reverse=True) and reads[0] > reads[-1]
+    assert hits == sorted(hits) and hits[0] == 0.0 and hits[-1] > 0.5
+    for p in out:  # the parts add up to the prediction
+        assert p.ms_per_step == pytest.approx(sum(p.parts.values()))
+
+
+@pytest.mark.parametrize("kind", ["hotline", "tiered"])
+def test_a_bigger_hot_budget_never_stages_more_rows(sample, stubbed, kind):
+    cfg = config(placement=kind)
+    rows = []
+    for n in (0, 5, 50, 300, 3000):
+        p = pc.predict_candidate(cfg, Candidate(kind, n * DIM * 4, 100 * DIM * 4), sample)
+        rows.append(p.detail["cold_rows_per_batch"])
+        assert p.detail["gather_bytes_per_batch"] == rows[-1] * DIM * 4
+    assert rows == sorted(rows, reverse=True) and rows[0] > rows[-1]
+
+
+def test_prefetch_hides_staging_only_with_a_worker(sample, stubbed, monkeypatch):
+    monkeypatch.setattr(pc, "_spare_core", lambda: True)
+    c = Candidate("hotline", 5 * DIM * 4)
+    on = pc.predict_candidate(config(placement="hotline", hotline_prefetch=1), c, sample)
+    off = pc.predict_candidate(config(placement="hotline", hotline_prefetch=0), c, sample)
+    assert off.parts["hidden"] == 0.0 and on.parts["hidden"] < 0.0
+    assert on.ms_per_step < off.ms_per_step
+    monkeypatch.setattr(pc, "_spare_core", lambda: False)
+    busy = pc.predict_candidate(config(placement="hotline", hotline_prefetch=1), c, sample)
+    assert busy.parts["hidden"] == 0.0
+
+
+def test_disk_figures_are_measured_once_then_read_back(tmp_path, monkeypatch):
+    monkeypatch.setenv("HYBRID_DLRM_CACHE", str(tmp_path / "cache"))
+    calls = []
+    real = disk.measure
+
+    def quick(directory, seconds_per_depth=0.0, seed=0):
+        calls.append(directory)
+        return real(directory, seconds_per_depth=0.01, seed=seed)
+
+    monkeypatch.setattr(disk, "measure", quick)
+    first = disk.describe_disk(tmp_path / "scm")
+    again = disk.describe_disk(tmp_path / "scm")
+    assert len(calls) == 1 and again == first
+    assert disk.default_path(tmp_path / "scm").is_file()
+    assert set(first["depths"]) == {str(d) for d in disk.DEPTHS}
+    assert all(f["iops"] > 0 for f in first["depths"].values())
+    assert not (tmp_path / "scm").exists()  # measured beside it, nothing left there or made
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache"]
+    disk.describe_disk(tmp_path / "scm", refresh=True)
+    assert len(calls) == 2
+    t = [disk.read_seconds(first, n) for n in (0, 1, 10, 100, 1000)]
+    assert t[0] == 0.0 and t[1:] == sorted(t[1:])
+
+
+def test_read_time_grows_with_the_reads_even_from_a_noisy_measurement():
+    noisy = {"depths": {"1": {"iops": 5000, "latency_us": 200}, "4": {"iops": 20000, "latency_us": 200},
+                        "16": {"iops": 1000, "latency_us": 16000}, "64": {"iops": 60000, "latency_us": 1000}}}  # fmt: skip
+    t = [disk.read_seconds(noisy, n) for n in range(1, 200)]
+    assert t == sorted(t)
+    assert disk.read_seconds(noisy, 1000) == 1000 / 60000  # past the depth: the deepest IOPS
+
+
+def test_importing_the_plugin_registers_the_predictor():
+    code = ("from dlrm import planning, step_hooks; assert planning.predictor() is None; "
+            "step_hooks.load_plugins(); p = planning.predictor(); "
+            "print(p.__module__, p.__name__)")  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HYBRID_DLRM_PLUGINS="perfmodel.recorder")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         cwd=ROOT, timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["perfmodel.placement_costs", "predict_candidate"]

@@ -1,0 +1,70 @@
+"""What bench_planner judges the planner on, from made-up predictions and measurements."""
+
+import importlib.util
+from pathlib import Path
+
+_SPEC = importlib.util.spec_from_file_location(
+    "bench_planner", Path(__file__).resolve().parents[2] / "scripts" / "bench_planner.py"
+)
+bench = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(bench)
+
+
+def row(placement, predicted, measured, fits=True, parts=None):
+    return {"placement": placement, "predicted_ms": predicted, "measured_ms": measured,
+            "fits": fits, "parts": parts or {"dense": predicted},
+            "error": round((predicted - measured) / measured, 4)}  # fmt: skip
+
+
+def test_the_choice_is_the_fastest_predicted_that_fits():
+    rows = {"device": row("device", 5.0, 5.0, fits=False), "host": row("host", 6.0, 6.5),
+            "hotline": row("hotline", 5.5, 7.0)}  # fmt: skip
+    assert bench.choose(rows) == "hotline"
+    assert bench.choose({"device": row("device", 5.0, 5.0, fits=False)}) is None
+    # equal predictions: the planner's preference (kind, larger budget, larger cache)
+    tied = {"t-small": dict(row("tiered", 7.0, 9.0), hot_budget=10, scm_cache=4),
+            "t-large": dict(row("tiered", 7.0, 8.0), hot_budget=10, scm_cache=61),
+            "host": row("host", 7.0, 5.0)}  # fmt: skip
+    assert bench.choose(tied) == "t-large"
+
+
+def test_wrong_rankings_name_the_pair_and_the_larger_error():
+    rows = {
+        "a": row("device", 5.0, 6.0),
+        "b": row("hotline", 5.5, 5.0),
+        "c": row("tiered", 9.0, 9.5),
+    }
+    wrong = bench.wrong_pairs(rows)
+    assert [w["pair"] for w in wrong] == [["a", "b"]]
+    w = wrong[0]
+    assert w["predicted_ms"] == [5.0, 5.5] and w["measured_ms"] == [6.0, 5.0]
+    assert w["measured_gap"] == 0.2
+    assert w["larger_error"] == "a" and w["errors"] == [rows["a"]["error"], rows["b"]["error"]]
+
+
+def test_summary_medians_per_group_against_the_targets():
+    configs = {
+        "x": {"candidates": {"device": row("device", 10.0, 10.5), "fae": row("fae", 12.0, 10.0),
+                             "hotline": row("hotline", 11.0, 10.0)},
+              "chosen_within_10pct": True, "wrong_rankings": [], "planning_s": 3.0},
+        "y": {"candidates": {"host": row("host", 9.0, 10.0), "tiered": row("tiered", 20.0, 10.0)},
+              "chosen_within_10pct": False, "wrong_rankings": [{}], "planning_s": 7.5},
+    }  # fmt: skip
+    s = bench.summarise(configs)
+    assert s["device_fae"]["n"] == 3 and s["staged"]["n"] == 2
+    assert s["device_fae"]["median_abs_error"] == 0.1 and s["device_fae"]["met"] is True
+    assert s["staged"]["median_abs_error"] == 0.55 and s["staged"]["met"] is False
+    assert s["chosen_within_10pct"] == "1/2" and s["wrong_rankings"] == 1
+    assert s["planning_s_max"] == 7.5
+
+
+def test_quick_candidates_cover_every_kind_but_host():
+    cfg = bench.base_config(0.002, 128, None, _Args(), Path("/nonexistent"))
+    kinds = [c.placement for c in bench.candidates(cfg, list(cfg.arch_embedding_size), True)]
+    assert kinds == ["device", "fae", "hotline", "tiered"]
+    full = bench.candidates(cfg, list(cfg.arch_embedding_size), False)
+    assert sorted({c.placement for c in full}) == ["device", "fae", "host", "hotline", "tiered"]
+
+
+class _Args:
+    dim, mlp_bot, mlp_top, zipf, batches = 16, "13-64-16", "64-1", 1.05, 40
