@@ -1,5 +1,6 @@
 import os
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,10 @@ import torch
 # plugins `python -m dlrm.train` loads (dlrm/step_hooks.py); tests/perfmodel/test_plugin.py checks
 # that pyproject.toml declares the same one.
 os.environ.setdefault("HYBRID_DLRM_PLUGINS", "perfmodel.recorder")
+# The performance model's per-machine figures (hardware, disk, staging; perfmodel/hardware.py)
+# that --placement auto's predictions measure: into a directory of this session, never the
+# user's ~/.cache (a test must not leave files behind, nor read a model fitted elsewhere).
+os.environ.setdefault("HYBRID_DLRM_CACHE", tempfile.mkdtemp(prefix="hybrid-dlrm-test-cache-"))
 
 
 def pytest_collection_modifyitems(config, items):
