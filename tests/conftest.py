@@ -1,4 +1,5 @@
 import os
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -13,7 +14,12 @@ os.environ.setdefault("HYBRID_DLRM_PLUGINS", "perfmodel.recorder")
 # The performance model's per-machine figures (hardware, disk, staging; perfmodel/hardware.py)
 # that --placement auto's predictions measure: into a directory of this session, never the
 # user's ~/.cache (a test must not leave files behind, nor read a model fitted elsewhere).
-os.environ.setdefault("HYBRID_DLRM_CACHE", tempfile.mkdtemp(prefix="hybrid-dlrm-test-cache-"))
+_CACHE = tempfile.mkdtemp(prefix="hybrid-dlrm-test-cache-")
+os.environ.setdefault("HYBRID_DLRM_CACHE", _CACHE)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    shutil.rmtree(_CACHE, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):
