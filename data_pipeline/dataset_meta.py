@@ -88,7 +88,9 @@ def part_problem(out: Path, part: str, fingerprint: dict, full: bool) -> str | N
 def describe_difference(old: Any, new: Any, prefix: str = "") -> str:
     """The first differing setting, as 'name: old there, new asked' (one short line)."""
     if isinstance(old, dict) and isinstance(new, dict):
-        for key in sorted(set(old) | set(new), key=str):
+        # in the order the settings are written (what was asked for first), not sorted: a
+        # setting that only applies with another (sub_sample_rate's seed) comes after it
+        for key in [*new, *(k for k in old if k not in new)]:
             found = describe_difference(old.get(key), new.get(key), f"{prefix}{key}.")
             if found:
                 return found

@@ -1,9 +1,13 @@
 """Every relative link in README.md and docs/ points at a file that exists, and every `#anchor`
-into a markdown file names one of its headings (GitHub's heading ids)."""
+into a markdown file names one of its headings (GitHub's heading ids); every command the user
+pages name (`python -m X`, `python scripts/X.py`, torchrun's `-m X`) exists and takes every flag
+the page gives it."""
 
 from __future__ import annotations
 
+import argparse
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -77,3 +81,117 @@ def test_relative_links_resolve(page: Path) -> None:
 def test_slug_follows_github() -> None:
     assert _slug("Denormal floats (`--flush-denormal`)") == "denormal-floats---flush-denormal"
     assert _slug("Taobao user behaviour (TBSM)") == "taobao-user-behaviour-tbsm"
+
+
+# --- every command a page names exists and takes the flags the page gives it ------------------
+
+USER_PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md")])  # not measurements/
+COMMAND = re.compile(
+    r"^(?:[A-Z_]+=\S+\s+)*(?:python|torchrun\b.*?)\s+(-m\s+[\w.]+|scripts/\w+\.py)(.*)$"
+)
+FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)")
+
+
+def _commands(page: Path) -> list[tuple[int, str, str]]:
+    """(line, module or script, the rest) of every command in a page: each line of a bash block
+    (continuations joined, `&&` and `|` chains split) and each inline code span that starts
+    with `python` or `torchrun` (an error message quoted in prose, `...: error:`, is none)."""
+    out, fenced, lang, held = [], False, "", ""
+    for n, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+        if FENCE.match(line):
+            fenced, lang = not fenced, line.strip().strip("`~")
+            continue
+        if fenced and lang != "bash":
+            continue
+        if not fenced and line.count("`") % 2:  # a code span broken over two lines
+            held, line = "", held + line
+            if line.count("`") % 2:
+                held = line + " "
+                continue
+        if fenced:
+            code = held + line.split(" #")[0].strip()
+            if code.endswith("\\"):
+                held = code[:-1] + " "
+                continue
+            held, spans = "", re.split(r"\s(?:&&|\|)\s", code)
+        else:
+            spans = [s for s in re.findall(r"`([^`]+)`", line) if ": error:" not in s]
+        for span in spans:
+            m = COMMAND.match(span.strip())
+            if m:
+                out.append((n, m.group(1).removeprefix("-m").strip(), m.group(2)))
+    return out
+
+
+class _Parsed(Exception):
+    pass
+
+
+def _parser_of(target: str, monkeypatch) -> argparse.ArgumentParser:
+    """The argparse parser a command builds: its main runs until it first parses, and stops
+    there (nothing else of it runs)."""
+    import runpy
+
+    def capture(self, *args, **kwargs):
+        raise _Parsed(self)
+
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # dlrm.train would set it in os.environ
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_known_args", capture)
+    monkeypatch.setattr(sys, "argv", [target, "--help"])
+    try:
+        if target.startswith("scripts/"):
+            runpy.run_path(str(ROOT / target), run_name="__main__")
+        else:
+            runpy.run_module(target, run_name="__main__", alter_sys=False)
+    except _Parsed as parsed:
+        return parsed.args[0]
+    finally:
+        monkeypatch.undo()
+    raise AssertionError(f"{target}: never parsed its command line")
+
+
+def _flags(parser: argparse.ArgumentParser, words: list[str]) -> set[str]:
+    """Every option string of the parser, of the subcommand named in `words` and of the
+    parsers it hands arguments on to (perfmodel predict: dlrm.train's flags)."""
+    flags = {s for a in parser._actions for s in a.option_strings}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            sub = next((w for w in words if w in action.choices), None)
+            if sub is not None:
+                flags |= _flags(action.choices[sub], words)
+    return flags
+
+
+@pytest.mark.filterwarnings("ignore:'[a-z.]+' found in sys.modules:RuntimeWarning")
+def test_every_command_in_the_docs_exists_with_its_flags(monkeypatch) -> None:
+    import importlib.util
+
+    from dlrm.train import build_parser
+
+    train_flags = {s for a in build_parser()._actions for s in a.option_strings}
+    parsers: dict[str, argparse.ArgumentParser] = {}
+    wrong, seen = [], 0
+    for page in USER_PAGES:
+        for n, target, rest in _commands(page):
+            where = f"{page.relative_to(ROOT)}:{n}: {target}"
+            if target.startswith("scripts/"):
+                if not (ROOT / target).is_file():
+                    wrong.append(f"{where}: no such script")
+                    continue
+            elif importlib.util.find_spec(target) is None or (
+                importlib.util.find_spec(target).submodule_search_locations
+                and importlib.util.find_spec(f"{target}.__main__") is None
+            ):
+                wrong.append(f"{where}: no such module to run")
+                continue
+            if target not in parsers:
+                parsers[target] = _parser_of(target, monkeypatch)
+            words = re.sub(r"[\[\]|]", " ", rest).split()
+            known = _flags(parsers[target], words) | (
+                train_flags if target == "perfmodel" else set()
+            )
+            given = {f.split("=")[0] for f in FLAG.findall(rest)}
+            wrong += [f"{where}: no flag {f}" for f in sorted(given - known)]
+            seen += 1
+    assert seen > 100, seen  # the extraction found the pages' commands
+    assert not wrong, "\n".join(wrong)

@@ -295,6 +295,9 @@ def test_options_are_checked(kaggle_raw, kaggle_freq, tmp_path) -> None:
             frequency_threshold=3,
             test_raw=kaggle_raw / "test.txt",
         )
+    # the setting asked for is named, not the seed that only applies with it (sorted: seed first)
+    with pytest.raises(DataError, match=r"\(sub_sample_rate: 0.0 there, 0.875 asked\)"):
+        ensure_preprocessed("kaggle", kaggle_raw, kaggle_freq, sub_sample_rate=0.875)
     same = ensure_preprocessed("kaggle", kaggle_raw, kaggle_freq, test_raw=kaggle_raw / "test.txt")
     assert same == kaggle_freq
     # an unfinished directory made with other options
