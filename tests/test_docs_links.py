@@ -1,11 +1,12 @@
 """Every relative link in README.md and docs/ points at a file that exists, and every `#anchor`
 into a markdown file names one of its headings (GitHub's heading ids); every command the user
-pages name (`python -m X`, `python scripts/X.py`, torchrun's `-m X`) exists and takes every flag
+pages name (`python -m X`, `python scripts/X.py`, `scripts/X.sh`, torchrun's `-m X`) exists and takes every flag
 the page gives it."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 from pathlib import Path
@@ -87,7 +88,8 @@ def test_slug_follows_github() -> None:
 
 USER_PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md")])  # not measurements/
 COMMAND = re.compile(
-    r"^(?:[A-Z_]+=\S+\s+)*(?:python|torchrun\b.*?)\s+(-m\s+[\w.]+|scripts/\w+\.py)(.*)$"
+    r"^(?:[A-Z_]+=\S+\s+)*"  # environment variables
+    r"(?:(?:python|torchrun\b.*?)\s+(-m\s+[\w.]+|scripts/\w+\.py)|(scripts/\w+\.sh))(.*)$"
 )
 FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)")
 
@@ -119,7 +121,8 @@ def _commands(page: Path) -> list[tuple[int, str, str]]:
         for span in spans:
             m = COMMAND.match(span.strip())
             if m:
-                out.append((n, m.group(1).removeprefix("-m").strip(), m.group(2)))
+                target = (m.group(1) or m.group(2)).removeprefix("-m").strip()
+                out.append((n, target, m.group(3)))
     return out
 
 
@@ -177,6 +180,10 @@ def test_every_command_in_the_docs_exists_with_its_flags(monkeypatch) -> None:
             if target.startswith("scripts/"):
                 if not (ROOT / target).is_file():
                     wrong.append(f"{where}: no such script")
+                    continue
+                if target.endswith(".sh"):  # run as written: it must be executable
+                    if not os.access(ROOT / target, os.X_OK):
+                        wrong.append(f"{where}: not executable")
                     continue
             elif importlib.util.find_spec(target) is None or (
                 importlib.util.find_spec(target).submodule_search_locations
