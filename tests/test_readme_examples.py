@@ -82,3 +82,35 @@ def test_the_quantize_predict_sequence_runs_as_pasted(tmp_path, monkeypatch, cap
         lines = (tmp_path / name).read_text().splitlines()
         assert lines[0] == "Id,Predicted" and len(lines) == 301
     assert (tmp_path / "submission.csv").read_text() == (tmp_path / "s.csv").read_text()
+
+
+def test_the_inference_page_block_runs_as_pasted(tmp_path, monkeypatch, capsys):
+    """docs/inference.md's "Run it" block, in order (tiny sizes): raw lines -> run -> every
+    export -> check -> both predictions -> the reference's --inference-only."""
+    from data_pipeline.__main__ import main as data_pipeline
+    from dlrm.train import main as train
+    from serving.predict import main as predict
+    from serving.quantize import main as quantize
+
+    page = (README.parent / "docs" / "inference.md").read_text()
+    block = next(b for b in re.findall(r"```bash\n(.*?)```", page, re.S) if "serving.quantize" in b)
+    block = re.sub(r"\\\n\s*", "", block)  # continuation lines
+    entry = {"data_pipeline": data_pipeline, "dlrm.train": train, "serving.quantize": quantize,
+             "serving.predict": predict}  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    ran = []
+    for line in block.splitlines():
+        code = re.sub(r"\[[^\]]*\]", "", line.partition(" #")[0])  # optional parts left out
+        if not code.startswith("python -m "):
+            continue  # the benchmark script
+        module, *args = shlex.split(code)[2:]
+        if module == "data_pipeline":
+            args[args.index("--lines") + 1], args[args.index("--test-lines") + 1] = "3000", "300"
+        if module == "dlrm.train":
+            args += ["--num-batches", "8", "--test-mini-batch-size", "512", "--progress=false"]
+        assert entry[module](args) == 0, (module, args, capsys.readouterr().err)
+        ran.append(module)
+    assert ran.count("serving.quantize") == 5 and ran.count("serving.predict") == 2, ran
+    lines = (tmp_path / "submission.csv").read_text().splitlines()
+    assert lines[0] == "Id,Predicted" and len(lines) == 301
+    assert (tmp_path / "preds.csv").is_file()
