@@ -165,7 +165,7 @@ def _flags(parser: argparse.ArgumentParser, words: list[str]) -> set[str]:
     return flags
 
 
-@pytest.mark.filterwarnings("ignore:'[a-z.]+' found in sys.modules:RuntimeWarning")
+@pytest.mark.filterwarnings(r"ignore:'[\w.]+' found in sys.modules:RuntimeWarning")
 def test_every_command_in_the_docs_exists_with_its_flags(monkeypatch) -> None:
     import importlib.util
 
