@@ -78,16 +78,21 @@ def draw(runs: list[Curves], out: Path) -> None:
     fig, axes = plt.subplots(3, 1, figsize=(8, 9), sharex=True)
     panels = (("training loss", "loss"), ("test AUC", "auc"), ("samples/s", "rate"))
     for ax, (title, attr) in zip(axes, panels):
-        for c in runs:
+        for i, c in enumerate(runs):  # one colour per run in every panel, whichever it misses
             pts = getattr(c, attr)
             if pts:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="." if len(pts) < 30
-                        else None, label=c.name)  # fmt: skip
+                        else None, color=f"C{i}", label=c.name)  # fmt: skip
         ax.set_ylabel(title)
         ax.grid(True, alpha=0.3)
     axes[-1].set_xlabel("step")
-    if len(runs) > 1:
-        axes[0].legend(fontsize="small")
+    if len(runs) > 1:  # every run, also one with no training-loss point (shorter than --print-freq)
+        from matplotlib.lines import Line2D
+
+        handles = [
+            Line2D([], [], color=f"C{i}", marker=".", label=c.name) for i, c in enumerate(runs)
+        ]
+        axes[0].legend(handles=handles, fontsize="small")
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     from common.atomic import atomic_write
