@@ -208,10 +208,27 @@ def predict_raw(predictor, path: Path, out: Path | None, on_bad_line: str, batch
     return {"lines": lines_before, "rows": writer.rows, "bad_lines": bad.counts}
 
 
+def _check_tables(sizes: list[int] | None, tables, meta: Path) -> None:
+    """A data set preprocessed for other tables than the model's (a synthetic run's artifact
+    on Criteo columns) is one line up front, not an id error from the first batch."""
+    if sizes is None:
+        return
+    rows = [t.num_embeddings for t in tables]
+    if len(sizes) != len(rows):
+        raise DataError(f"{meta}: {len(sizes)} tables, the model has {len(rows)}; score a data "
+                        "set preprocessed like the model's training data")  # fmt: skip
+    for t, n in zip(tables, sizes):
+        if n > t.num_embeddings:
+            raise DataError(f"{meta}: table {t.feature_name} has {n} rows, the model's "
+                            f"{t.num_embeddings}; score a data set preprocessed like the model's "
+                            "training data")  # fmt: skip
+
+
 def predict_dataset(
     predictor, directory: Path, split: str, out: Path | None, batch_size: int
 ) -> dict:
     meta = json.loads((directory / "meta.json").read_text())
+    _check_tables(meta.get("table_sizes"), predictor.artifact.tables, directory / "meta.json")
     tbsm = predictor.manifest["model"]["model"] == "tbsm"
     if meta.get("dataset") == "taobao":
         from data_pipeline.taobao_dataset import TaobaoBatchSource, TaobaoDataset

@@ -308,3 +308,24 @@ def test_every_id_of_a_keyed_jagged_batch_is_checked_too(world):
     values[25 * 3 + 2] = 97
     with pytest.raises(ValueError, match=r"row 2: id 97 of feature cat_25 is outside table"):
         p.predict((torch.zeros(3, 13), kjt))
+
+
+def test_a_data_set_with_other_tables_is_one_line(tmp_path):
+    """serving.predict on a preprocessed directory made for other tables than the model's (the
+    walk's case: a synthetic run's artifact on Criteo columns) names the table up front."""
+    import json
+    from types import SimpleNamespace
+
+    from data_pipeline.errors import DataError
+    from serving.predict import predict_dataset
+
+    (tmp_path / "meta.json").write_text(
+        json.dumps({"dataset": "kaggle", "table_sizes": [15, 1460]})
+    )
+    tables = [SimpleNamespace(feature_name=f"cat_{i}", num_embeddings=15) for i in range(2)]
+    model = SimpleNamespace(artifact=SimpleNamespace(tables=tables), manifest={})
+    with pytest.raises(DataError, match=r"meta.json: table cat_1 has 1460 rows, the model's 15;"):
+        predict_dataset(model, tmp_path, "test", None, 8)
+    with pytest.raises(DataError, match=r"meta.json: 2 tables, the model has 1;"):
+        predict_dataset(SimpleNamespace(artifact=SimpleNamespace(tables=tables[:1])), tmp_path,
+                        "test", None, 8)  # fmt: skip
