@@ -194,6 +194,12 @@ def test_every_command_in_the_docs_exists_with_its_flags(monkeypatch) -> None:
             if target not in parsers:
                 parsers[target] = _parser_of(target, monkeypatch)
             words = re.sub(r"[\[\]|]", " ", rest).split()
+            subs = [
+                a for a in parsers[target]._actions if isinstance(a, argparse._SubParsersAction)
+            ]
+            if subs and not any(w in subs[0].choices for w in words):
+                wrong.append(f"{where}: no subcommand of {sorted(subs[0].choices)}")
+                continue
             known = _flags(parsers[target], words) | (
                 train_flags if target == "perfmodel" else set()
             )
