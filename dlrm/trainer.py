@@ -248,8 +248,16 @@ class Trainer:
             st = self.state
             raise TrainingDiverged(
                 f"{e} at step {st.step} (epoch {st.epoch}, batch {st.batch_in_epoch}); "
-                f"last good checkpoint: {self._last_checkpoint() or 'none'}"
+                f"last good checkpoint: {self._last_checkpoint() or 'none'}; {self._calmer()}"
             ) from None
+
+    def _calmer(self) -> str:
+        """What usually trains where a run diverged (e.g. sum-pooled multi-hot bags under the
+        one-hot recipe's SGD rate): a lower rate, or Adagrad's per-coordinate steps."""
+        lr = f"a lower --learning-rate than {self.cfg.learning_rate:g}"
+        return (
+            lr + (" or --optimizer adagrad" if self.cfg.optimizer == "sgd" else "") + " may train"
+        )
 
     def _record(self, out) -> None:
         st = self.state
