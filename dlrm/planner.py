@@ -155,6 +155,15 @@ class Decision:
                  f"{self.planning_s:.1f} s)", f"  room: {room}; margin {self.margin:.0%} of memory",
                  "  " + fmt(head)]  # fmt: skip
         lines += ["  " + fmt(r) for r in rows]
+        sources = sorted({str(w.prediction.detail.get("source")) for w in self.weighed
+                          if w.prediction and w.prediction.detail.get("source")})  # fmt: skip
+        if sources:
+            lines.append(f"  predicted by: {'; '.join(sources)}")
+        if any(src.startswith("roofline") for src in sources):
+            # without a fitted model the step's kernels are guessed from peak figures: say how
+            # to get real ones, since the ranking of close candidates rests on them
+            lines.append("  (a fitted model predicts this machine's steps: python -m perfmodel "
+                         "microbench --out DIR, then python -m perfmodel fit --bench DIR)")  # fmt: skip
         return "\n".join(line.rstrip() for line in lines)
 
 

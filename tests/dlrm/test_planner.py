@@ -277,3 +277,17 @@ def test_a_run_from_before_the_planner_resumes_with_its_rule(make_config, no_pre
     decision = json.loads((run / DECISION_NAME).read_text())
     assert decision["how"].startswith("resumed a run from before the planner")
     assert decision["settings"] == {"placement": "fae", "hot_budget": MiB}
+
+
+def test_the_table_names_what_predicted_and_how_to_fit_a_model(make_config, monkeypatch):
+    """Predictions from peak figures (no fitted model on this machine) are labelled as such,
+    with the two commands that fit one; a fitted model's are labelled without the hint."""
+    fixed_room(monkeypatch, device=2 * MiB)
+    for source, hint in (("roofline (no fitted model)", True), ("fitted model", False)):
+        monkeypatch.setattr(
+            planning, "_PREDICTOR",
+            lambda cfg, c, s, src=source: Prediction(fake_ms(c), detail={"source": src}),
+        )  # fmt: skip
+        lines = decide(make_config).table().splitlines()
+        assert f"  predicted by: {source}" in lines
+        assert any("python -m perfmodel fit --bench DIR" in line for line in lines) == hint
