@@ -70,8 +70,42 @@ def tiered_needs(
     needs.add("host", "row cache bookkeeping", int(slots * per_slot))
     needs.add("host", "access profile", 4 * rows)
     needs.add("host", "SSD tier block maps", 2 * blocks)
-    needs.add("disk", f"SSD tier file (--scm-dir, rows of {dim} + state floats)", blocks * BLOCK)
+    file = f"SSD tier file (--scm-dir, rows of {dim} + state floats)"
+    written = written_blocks(cfg, tables, rb) if cfg.scm_overcommit else None
+    if written is None or written >= blocks:
+        needs.add("disk", file, blocks * BLOCK)
+    else:
+        needs.add("disk", f"{file}, over-committed: the blocks the run can write", written * BLOCK)
     return needs
+
+
+def run_steps(cfg: TrainConfig) -> int | None:
+    """The steps a run takes, where the settings say it: `--num-batches` per epoch, or the
+    synthetic data's own size; None for a whole epoch of a data set on disk."""
+    if cfg.num_batches:
+        return cfg.nepochs * cfg.num_batches
+    if cfg.data_set == "synthetic":
+        return cfg.nepochs * -(-cfg.data_size // cfg.mini_batch_size)
+    return None
+
+
+def written_blocks(cfg: TrainConfig, tables: list[TableSpec], rb: int) -> int | None:
+    """`--scm-overcommit`'s bound on the tier's blocks a run writes: a block is written only
+    once one of its rows was looked up in training (evaluation only reads), so table t writes at
+    most min(its blocks, steps x samples x ids per bag) of them. Every lookup is counted as if
+    it went to the tier (hot rows and repeats make the truth smaller). None: steps unknown."""
+    from dlrm.data import bag_sizes
+
+    steps = run_steps(cfg)
+    if steps is None:
+        return None
+    rows_per_step = cfg.mini_batch_size * (cfg.ts_length + 1 if cfg.model == "tbsm" else 1)
+    sizes = bag_sizes(cfg, len(tables)) or [1] * len(tables)
+    per_block = max(1, PAYLOAD // rb)
+    return sum(
+        min(-(-t.num_embeddings // per_block) + 1, steps * rows_per_step * k)  # +1: a shared edge
+        for t, k in zip(tables, sizes)
+    )
 
 
 def scm_settings(cfg: TrainConfig, cache: int | None = None) -> ScmSettings:
@@ -120,4 +154,24 @@ def build_tiered(
         raise ConfigError(f"--placement tiered: {e}") from None
     coll.plan.save(cfg.run_dir / PLAN_NAME)  # with its second tier named ssd
     log.info("tiered placement: %d hot rows, %s", coll.num_hot, coll.store.describe())
+    _say_overcommitted(cfg, tables, opt)
     return PlacedEmbeddings(coll, "tiered", coll.plan)
+
+
+def _say_overcommitted(cfg: TrainConfig, tables: list[TableSpec], opt: SparseOptimizer) -> None:
+    """The start line of an over-committed tier: its file is larger than what the disk was
+    checked for."""
+    if not cfg.scm_overcommit:
+        return
+    rb = row_bytes(tables[0].embedding_dim, opt)
+    blocks = -(-sum(t.num_embeddings for t in tables) // max(1, PAYLOAD // rb))
+    written = written_blocks(cfg, tables, rb)
+    if written is None or written >= blocks:
+        log.info("--scm-overcommit: the run can write the whole SSD tier file (%s): not over-"
+                 "committed", fmt_bytes(blocks * BLOCK))  # fmt: skip
+        return
+    log.warning(
+        "--scm-overcommit: the SSD tier file is over-committed: %s sparse, the disk checked for "
+        "the %s its %d steps can write; a disk that fills stops the run at its last checkpoint",
+        fmt_bytes(blocks * BLOCK), fmt_bytes(written * BLOCK), run_steps(cfg),
+    )  # fmt: skip

@@ -2,13 +2,16 @@
 each and the step-time cost of the DCN interaction, measured interleaved. Prints one JSON object.
 
     PYTHONPATH=$PWD python scripts/bench_dcn.py [--steps 600] [--batch 512] [--threads 1]
+        [--multi-hot-sizes 3-2-1-...]
 
 Both models train on the same stream (same seed, same batches, same optimizer and learning rate)
 and differ only in `--arch-interaction-op`. Their steps run in rounds of `--round` steps, the
 order of the two alternating every round, so a busy neighbour slows both alike; a step's time
 is its thread-CPU time (time the core was given to another process is not in it) and its wall
-time, each the median over the steps after `--warmup`. The AUC is on the synthetic test split
-after the last step.
+time, each the median over the steps after `--warmup`; the spread of the cost is the ratio of
+the two models' medians round by round (each round's pair ran back to back). The AUC is on the
+synthetic test split after the last step. `--multi-hot-sizes` (as the trainer's flag: one size
+per feature, or one for all) makes the planted world's samples bags of that many ids.
 """
 
 from __future__ import annotations
@@ -38,11 +41,23 @@ ARCH = dict(
 DCN = dict(dcn_num_layers=3, dcn_low_rank_dim=64)
 
 
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(x) for x in text.replace(",", "-").split("-"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected whole numbers separated by - or , ({text!r})"
+        ) from None
+    if min(sizes) < 1:
+        raise argparse.ArgumentTypeError("every bag size must be at least 1")
+    return sizes
+
+
 def build(op: str, a: argparse.Namespace, out: Path) -> Trainer:
     cfg = TrainConfig(
         **ARCH, **DCN, arch_interaction_op=op, mini_batch_size=a.batch, learning_rate=a.lr,
         optimizer=a.optimizer, data_size=a.batch * a.steps, test_data_size=a.test_size,
-        seed=a.seed, out_dir=str(out / op), progress=False,
+        seed=a.seed, out_dir=str(out / op), progress=False, multi_hot_sizes=a.multi_hot_sizes,
     )  # fmt: skip
     return Trainer(cfg, checkpoints=False)
 
@@ -58,6 +73,10 @@ def main() -> None:
     p.add_argument("--test-size", type=int, default=131072)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--multi-hot-sizes", type=_sizes, default=None,
+        help="ids per bag, per feature (dash- or comma-separated), passed to the trainer",
+    )  # fmt: skip
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     load_before = load_average()
@@ -69,8 +88,10 @@ def main() -> None:
         losses: dict[str, list[float]] = {op: [] for op in trainers}
         order = ["dot", "dcn"]
         done = 0
+        rounds: list[tuple[int, int]] = []  # each round's steps: [start, stop) of both lists
         while done < a.steps:
             n = min(a.round, a.steps - done)
+            rounds.append((done, done + n))
             for op in order:
                 t = trainers[op]
                 for _ in range(n):
@@ -96,15 +117,29 @@ def main() -> None:
                 "dense_params": sum(p.numel() for p in t.model.dense_parameters()),
             }
     dot, dcn = result["dot"], result["dcn"]
+    per_round = [
+        statistics.median(cpu["dcn"][i:j]) / statistics.median(cpu["dot"][i:j])
+        for i, j in rounds
+        if i >= a.warmup
+    ]
+    q = statistics.quantiles(per_round, n=10) if len(per_round) >= 2 else per_round * 9
+    bags = a.multi_hot_sizes
     print(json.dumps({
         "bench": "dcn_vs_dot", "steps": a.steps, "batch": a.batch, "optimizer": a.optimizer,
         "lr": a.lr, "threads": a.threads, "arch": {k: list(v) if isinstance(v, tuple) else v
                                                    for k, v in {**ARCH, **DCN}.items()},
-        "data": "synthetic (planted click model, one id per feature)",
+        "data": "synthetic (planted click model, "
+        + ("one id per feature)" if bags is None else f"bags of {'-'.join(map(str, bags))} ids)"),
+        "multi_hot_sizes": None if bags is None else list(bags),
         **result,
         "dcn_auc_minus_dot": round(dcn["test_auc"] - dot["test_auc"], 5),
         "dcn_step_cpu_ratio": round(dcn["step_cpu_ms"] / dot["step_cpu_ms"], 3),
         "dcn_step_wall_ratio": round(dcn["step_wall_ms"] / dot["step_wall_ms"], 3),
+        "dcn_step_cpu_ratio_per_round": {
+            "rounds": len(per_round), "median": round(statistics.median(per_round), 3),
+            "p10": round(q[0], 3), "p90": round(q[-1], 3),
+            "min": round(min(per_round), 3), "max": round(max(per_round), 3),
+        },
         "cpu": cpu_model(), "cpu_flags": cpu_flags(), "torch": torch.__version__,
         "load_average_before": load_before, "load_average_after": load_average(),
     }))  # fmt: skip

@@ -159,7 +159,8 @@ def data_source(source: Source, data: str | None, split: str, batch_size: int):
 
             sizes = [t.num_embeddings for t in source.tables]
             world = PlantedWorld(SyntheticConfig(table_sizes=sizes, zipf_alpha=cfg["synthetic_zipf"],
-                                                 seed=cfg["seed"]))  # fmt: skip
+                                                 seed=cfg["seed"],
+                                                 multi_hot_sizes=_bag_sizes(cfg, len(sizes))))  # fmt: skip
             size = cfg["test_data_size"]
             return SyntheticBatchSource(world, split, batch_size, math.ceil(size / batch_size))
         directory = _data_dir(cfg)
@@ -177,9 +178,40 @@ def data_source(source: Source, data: str | None, split: str, batch_size: int):
         return TaobaoBatchSource(TaobaoDataset(directory), split, batch_size, layout=layout)
     if tbsm:
         raise ConfigError(f"--data: {directory} holds {kind} data; a TBSM model reads Taobao data")
-    from data_pipeline.criteo import CriteoBatchSource
+    from data_pipeline.criteo import CriteoBatchSource, CriteoDataset
 
-    return CriteoBatchSource(directory, split, batch_size)
+    dataset = CriteoDataset(directory)
+    return CriteoBatchSource(dataset, split, batch_size, bags=_bag_spec(source, dataset))
+
+
+def _bag_sizes(cfg: dict, n_tables: int) -> list[int] | None:
+    """The run's `--multi-hot-sizes` as training read them (dlrm/data.py bag_sizes); None for a
+    one-hot run or a config from before multi-hot bags."""
+    from types import SimpleNamespace
+
+    from dlrm.data import bag_sizes
+
+    sizes = cfg.get("multi_hot_sizes")
+    return bag_sizes(
+        SimpleNamespace(multi_hot_sizes=None if sizes is None else list(sizes)), n_tables
+    )
+
+
+def _bag_spec(source: Source, dataset):
+    """A multi-hot run's bags on its Criteo data, so that calibration and comparison see what
+    the model was trained on. Made batch by batch from the one-hot ids (the same bags a
+    materialisation holds, dlrm/data.py _materialised_bags), so export writes nothing beside
+    the data set. None for a one-hot run, a model file (no run settings) or other tables."""
+    cfg = source.config
+    if cfg is None or cfg.get("data_set") not in ("kaggle", "terabyte"):
+        return None
+    sizes = _bag_sizes(cfg, len(dataset.table_sizes))
+    if sizes is None:
+        return None
+    from data_pipeline.multi_hot import BagSpec
+
+    distribution = cfg.get("multi_hot_distribution", "uniform")
+    return BagSpec(sizes, list(dataset.table_sizes), distribution, seed=0)
 
 
 def take_batches(source, limit: int) -> BatchList:

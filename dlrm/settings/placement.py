@@ -170,6 +170,16 @@ class ScmConfig(Section):
         free=True,
     )  # fmt: skip
 
+    overcommit: bool = setting(
+        False, "--scm-overcommit",
+        "tiered: check the disk for the blocks the run's lookups can write at most (steps x "
+        "ids per step, each table's part no more than its blocks; the whole file where the "
+        "steps are not known ahead) instead of the whole sparse file; the journal's "
+        "pre-images are not counted, and a disk that fills stops the run in one line with "
+        "its last checkpoint intact",
+        free=True,  # it changes what is checked, not a number computed
+    )  # fmt: skip
+
     def check(self) -> None:
         if self.io_engine == "aio" and self.io != "direct":
             raise ConfigError(
