@@ -19,7 +19,8 @@ beside it, with the error against it). The tiered candidates' tier files are fil
 (`ScmTier.fill`), as a long run's are, so every cache miss is a real read, and each runs
 `--tiered-warmup` steps before the rounds (`warmup_steps` in the JSON): the prediction is the
 row cache's warm steady state, a trainer's cache starts empty. `counted_hit_rate` is the cache's
-hit rate over the counted steps only.
+hit rate over the counted steps only. Every trainer runs the epoch's batches the profile did not
+count (the prediction's sample is of those; a counted batch has no cold row the profile missed).
 
 Reported: predicted vs measured per candidate, auto's choice (`chosen`, the planner's decision),
 the measured fastest that fits, whether the choice is within 10% of it, the median prediction
@@ -49,7 +50,7 @@ from dlrm import TrainConfig  # noqa: E402
 from dlrm.data import build_data  # noqa: E402
 from dlrm.errors import ConfigError  # noqa: E402
 from dlrm.memory import check_memory, run_tables  # noqa: E402
-from dlrm.planner import plan, read_sample  # noqa: E402
+from dlrm.planner import counted_batches, plan, read_sample  # noqa: E402
 from dlrm.planning import Candidate, predictor  # noqa: E402
 from embeddings.config import SparseOptimizer  # noqa: E402
 from embeddings.placement import row_bytes  # noqa: E402
@@ -147,7 +148,14 @@ def _counters(trainer) -> dict:
     return dict(coll.counters()) if hasattr(coll, "counters") else {}
 
 
-def measure(cfgs: dict[str, TrainConfig], args) -> dict[str, dict]:
+def uncounted(batches, counted: set[int]):
+    """The epoch's batches the profile did not count: a counted batch has no cold row the
+    profile missed (none at all where the hot budget holds every row it saw), and the prediction
+    is of the others (dlrm/planner.py's sample takes none of the counted)."""
+    return (b for j, b in enumerate(batches) if j not in counted)
+
+
+def measure(cfgs: dict[str, TrainConfig], args, counted: set[int]) -> dict[str, dict]:
     trainers, streams, wall, cpu, done = {}, {}, {}, {}, {}
     from dlrm.trainer import Trainer
 
@@ -157,7 +165,7 @@ def measure(cfgs: dict[str, TrainConfig], args) -> dict[str, dict]:
         tier = getattr(getattr(coll, "store", None), "tier", None)
         if tier is not None and hasattr(tier, "fill"):
             tier.fill()
-        streams[name] = trainers[name].data.train.batches(0, 0)
+        streams[name] = uncounted(trainers[name].data.train.batches(0, 0), counted)
         wall[name], cpu[name], done[name] = [], [], 0
         if cfg.placement == "tiered":  # the prediction is the row cache's warm steady state
             for _ in range(args.tiered_warmup):
@@ -276,7 +284,9 @@ def run_config(spec, args, root: Path) -> dict:
     chosen = decision.chosen.label()
     rows[chosen]["auto"] = True
     rows[chosen]["planner_predicted_ms"] = decision.predicted_ms()
-    measured = measure(cfgs, args)
+    measured = measure(
+        cfgs, args, set(counted_batches(args.batches, args.profile_batches / args.batches))
+    )
     for n, r in rows.items():
         r.update(measured[n])
         r["error"] = round((r["predicted_ms"] - r["measured_ms"]) / r["measured_ms"], 4)

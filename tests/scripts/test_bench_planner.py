@@ -75,3 +75,7 @@ def test_quick_candidates_cover_every_kind_but_host():
 
 class _Args:
     dim, mlp_bot, mlp_top, zipf, batches = 16, "13-64-16", "64-1", 1.05, 40
+
+
+def test_the_runs_skip_the_batches_the_profile_counted():
+    assert list(bench.uncounted(iter("abcdefgh"), {0, 4, 5})) == list("bcdgh")
