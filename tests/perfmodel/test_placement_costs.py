@@ -212,3 +212,30 @@ def test_importing_the_plugin_registers_the_predictor():
                          cwd=ROOT, timeout=120)  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["perfmodel.placement_costs", "predict_candidate"]
+
+
+def test_staged_candidates_share_one_captured_device_step(monkeypatch, tmp_path):
+    # a device step runs the same operators whatever the hot budget or row cache: one capture
+    # serves every staged candidate of the same tables (a capture is about a second)
+    from perfmodel import graph
+
+    keys = []
+
+    def fake_graph_for(cfg, batch_size=None):
+        keys.append(graph.graph_key(cfg))
+        return {"step": (1.0, [])}, {}
+
+    class Model:
+        def predict_ops(self, ops):
+            return {"per_batch_us": 1000.0, "breakdown": {"phase_us": {}}}
+
+    monkeypatch.setattr(pc, "_fitted_model", lambda: Model())
+    monkeypatch.setattr(graph, "graph_for", fake_graph_for)
+    monkeypatch.setattr(pc, "_STEPS", {})
+    for hot, cache in ((10, 100), (50, 100), (50, 4000)):
+        cfg = config(placement="tiered", hot_budget=hot * DIM * 4, scm_cache=cache * DIM * 4,
+                     scm_dir=str(tmp_path / f"scm{hot}-{cache}"))  # fmt: skip
+        assert pc.step_time(cfg, SIZES, "device", [7, 8, 9, 10])["ms"] == 1.0
+    assert len(keys) == 1
+    pc.step_time(config(placement="fae", hot_budget=10 * DIM * 4), SIZES, "fae")
+    assert len(keys) == 2  # FAE's step depends on its hot budget: captured for it
