@@ -3,7 +3,8 @@
 `predict_candidate(cfg, candidate, sample)` -> `Prediction`, registered with
 `dlrm.planning.register_predictor` when perfmodel's plugin module is imported. `sample` is the
 planning sample: `.profile` (an `embeddings.profile.AccessProfile`) and `.batches` (the sparse
-features, KeyedJaggedTensors, of a few evenly spread training batches).
+features, KeyedJaggedTensors, of a few evenly spread training batches the profile did not count:
+a counted batch has no cold row the profile missed).
 
 What each kind is predicted from:
 - device: the fitted performance model on the device placement's captured step graph
