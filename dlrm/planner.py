@@ -10,10 +10,10 @@
    no prediction): nothing is faster than every row in the fastest memory.
 3. Otherwise one planning sample is read (dlrm/planning.py's PlanningSample: the access profile,
    made or reused as a run makes it, and the sparse features of SAMPLE_BATCHES evenly spread
-   training batches), and the candidates are listed: `host`; `fae`, `hotline` and `tiered` at the
-   hot budgets where the profile's cumulative lookup share reaches HOT_SHARES (and the largest
-   budget that fits, where a share's does not); `tiered` with DRAM row caches of CACHE_SHARES of
-   the host room its hot rows leave.
+   training batches the profile did not count), and the candidates are listed: `host`; `fae`,
+   `hotline` and `tiered` at the hot budgets where the profile's cumulative lookup share reaches
+   HOT_SHARES (and the largest budget that fits, where a share's does not); `tiered` with DRAM
+   row caches of CACHE_SHARES of the host room its hot rows leave.
 4. Each candidate's needs per tier are dlrm/memory.py's (the same bounds the pre-flight check
    uses). It fits when every memory tier's needs are at most (1 - PLAN_MARGIN) of the room:
    the needs are bounds from budgets, and an allocator, a fragmented heap or a neighbour's growth
@@ -39,7 +39,7 @@ from dlrm.config import TrainConfig
 from dlrm.data import DataSplits
 from dlrm.errors import ConfigError
 from dlrm.memory import TIER_NAMES, _changed, _with_placement, dense_needs, run_tables
-from dlrm.plan_setup import obtain_profile, profile_training_sample
+from dlrm.plan_setup import obtain_profile, profile_training_sample, profiled_batches
 from dlrm.planning import Candidate, PlanningSample, Prediction, predictor
 from dlrm.scm_setup import scm_directory
 from embeddings import SparseOptimizer, TableSpec
@@ -302,16 +302,30 @@ def candidates(scale: _Scale, budgets: list[int]) -> list[Candidate]:
 # --- the sample and the decision ------------------------------------------------------------------
 
 
-def sample_batches(n: int) -> list[int]:
-    k = min(n, SAMPLE_BATCHES)
-    return [(j * n) // k for j in range(k)]
+def sample_batches(n: int, counted: list[int] = ()) -> list[int]:
+    """SAMPLE_BATCHES batch indices evenly spread over the n-batch epoch's batches the profile
+    did not count (`counted`): a batch the profile counted has no cold row the profile did not
+    see, so replaying it would make the cold rows and the cache's misses look fewer. All of
+    them when the profile counted every batch (nothing else to take)."""
+    free = np.ones(n, dtype=bool)
+    free[np.asarray(list(counted), dtype=np.int64)] = False
+    pool = np.flatnonzero(free) if free.any() else np.arange(n)
+    k = min(pool.size, SAMPLE_BATCHES)
+    return [int(pool[(j * pool.size) // k]) for j in range(k)]
+
+
+def counted_batches(n: int, rate: float) -> list[int]:
+    """The batches of an n-batch epoch a profile of `rate` counted (`profile_training_sample`'s;
+    a profile records its rate as counted/n, which `round` gives back exactly)."""
+    return profiled_batches(n, min(n, max(1, round(rate * n))) / n) if rate > 0 else []
 
 
 def read_sample(
     cfg: TrainConfig, data: DataSplits, tables: list[TableSpec], room, write: bool = True
 ) -> PlanningSample:
     """The access profile (made or reused as a run makes it; written to the run directory, or
-    to `--profile-file`, only with `write`) and SAMPLE_BATCHES batches' sparse features."""
+    to `--profile-file`, only with `write`) and SAMPLE_BATCHES batches' sparse features, out of
+    the batches the profile counted."""
     names = [t.feature_name for t in tables]
     sizes = [t.num_embeddings for t in tables]
     try:
@@ -322,7 +336,7 @@ def read_sample(
     except (ProfileError, PlacementError) as e:
         raise ConfigError(str(e)) from None
     n = len(data.train)
-    idx = sample_batches(n)
+    idx = sample_batches(n, counted_batches(n, profile.sample_rate or cfg.profile_sample_rate))
     batches = [data.train.batch(0, j).sparse_features for j in idx]
     return PlanningSample(tables, profile, batches, idx, n, room)
 

@@ -75,7 +75,7 @@ class PlanningSample:
     run makes it (dlrm/plan_setup.py's `obtain_profile`);
     `batches`: the sparse features (torchrec `KeyedJaggedTensor`, keys in feature order, ids
     global per table) of `len(batch_indices)` epoch-0 training batches evenly spread over the
-    epoch, in data order: what a predictor replays a cache policy on;
+    ones the profile did not count, in data order: what a predictor replays a cache policy on;
     `batch_indices`: their positions in the epoch, of `batches_per_epoch`;
     `inventory`: what this process may use per tier (`embeddings.memory.MemoryInventory`)."""
 

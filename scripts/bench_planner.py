@@ -4,23 +4,29 @@ span table scale, --memory-limit and batch size; prints one JSON object.
     python scripts/bench_planner.py                 # 8 configurations, ~15 min on 2 cores
     python scripts/bench_planner.py --quick         # 2 tiny ones: a smoke test (seconds to a minute)
 
-Per configuration: the planning sample (an access profile counted on epoch 1, and evenly spread
-epoch-0 batches: the ones training sees, out of the profile's sample), the prediction of each
-candidate by the registered predictor (perfmodel/placement_costs.py) and whether it fits
-(dlrm/memory.py's check at the configuration's --memory-limit); then each candidate trained in
-this process on its own Trainer, interleaved: `--rounds` rounds, each running `--steps` steps of
-every candidate in turn (one torch thread), the first `--warmup` steps of each trainer not
-counted. Measured = the median over the counted steps of the step thread's CPU time plus the
-time it waited for a staging (the collection's `exposed_gather_s`): on a shared machine wall
-time holds the neighbours' time slices (reported beside it, with the error against it). The
-tiered candidates' tier files are filled first (`ScmTier.fill`), as a long run's are, so every
-cache miss is a real read (the prediction assumes that steady state).
+Per configuration: `--placement auto`'s own decision (dlrm/planner.py's `plan` on the CPU, timed:
+the inventory, the access profile of `--profile-batches` of the epoch-0 batches, the planning
+sample out of the batches the profile did not count, a prediction of every candidate that fits
+with the planner's 30% margin), then the bench's fixed candidates and auto's choice (added where
+it is not one of them), each predicted by the registered predictor (perfmodel/placement_costs.py)
+on the planner's sample, with whether it fits (dlrm/memory.py's check at the configuration's
+--memory-limit, no margin); then each trained in this process on its own Trainer, interleaved:
+`--rounds` rounds, each running `--steps` steps of every candidate in turn (one torch thread),
+the first `--warmup` steps of each trainer not counted. Measured = the median over the counted
+steps of the step thread's CPU time plus the time it waited for a staging (the collection's
+`exposed_gather_s`): on a shared machine wall time holds the neighbours' time slices (reported
+beside it, with the error against it). The tiered candidates' tier files are filled first
+(`ScmTier.fill`), as a long run's are, so every cache miss is a real read, and each runs
+`--tiered-warmup` steps before the rounds (`warmup_steps` in the JSON): the prediction is the
+row cache's warm steady state, a trainer's cache starts empty. `counted_hit_rate` is the cache's
+hit rate over the counted steps only. Every trainer runs the epoch's batches the profile did not
+count (the prediction's sample is of those; a counted batch has no cold row the profile missed).
 
-Reported: predicted vs measured per candidate, the chosen candidate (fastest predicted that fits:
-the planner's rule), the measured fastest that fits, whether the chosen one is within 10% of it,
-the median prediction error for device/host/FAE and for Hotline/tiered, planning time (profile
-and sample included), every pair the prediction ranked against the measurement (with both
-candidates' errors), CPU model and flags, load average.
+Reported: predicted vs measured per candidate, auto's choice (`chosen`, the planner's decision),
+the measured fastest that fits, whether the choice is within 10% of it, the median prediction
+error for device/host/FAE and for Hotline/tiered, the planner's wall time (`planning_s`), every
+pair the prediction ranked against the measurement (with both candidates' errors), CPU model
+and flags, load average.
 """
 
 from __future__ import annotations
@@ -33,7 +39,6 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
@@ -44,12 +49,11 @@ from data_pipeline.synthetic import scaled_table_sizes  # noqa: E402
 from dlrm import TrainConfig  # noqa: E402
 from dlrm.data import build_data  # noqa: E402
 from dlrm.errors import ConfigError  # noqa: E402
-from dlrm.memory import check_memory  # noqa: E402
-from dlrm.plan_setup import profiled_batches  # noqa: E402
+from dlrm.memory import check_memory, run_tables  # noqa: E402
+from dlrm.planner import counted_batches, plan, read_sample  # noqa: E402
 from dlrm.planning import Candidate, predictor  # noqa: E402
 from embeddings.config import SparseOptimizer  # noqa: E402
 from embeddings.placement import row_bytes  # noqa: E402
-from embeddings.profile import AccessProfiler  # noqa: E402
 from scripts._shared import cpu_flags, load_average  # noqa: E402
 
 # (name, Kaggle table scale, batch, room): `room` is what --memory-limit leaves this process beyond
@@ -109,25 +113,20 @@ def with_candidate(cfg: TrainConfig, c: Candidate, out: Path, profile: Path) -> 
     return TrainConfig.from_json({**cfg.to_json(), **fields})
 
 
-def planning_sample(cfg: TrainConfig, n_batches: int, profile_path: Path, profile_inputs: int):
-    """The profile (epoch-1 inputs, written for the runs to reuse) and epoch-0 batches."""
-    data = build_data(cfg)
-    train = data.train
-    prof = AccessProfiler(data.table_sizes, data.feature_names)
-    seen, epoch = 0, 1
-    while seen < profile_inputs:
-        for b in train.batches(epoch):
-            prof.add_kjt(b.sparse_features)
-            seen += b.labels.numel()
-            if seen >= profile_inputs:
-                break
-        epoch += 1
-    profile = prof.finish()
-    profile.save(profile_path)
-    idx = profiled_batches(len(train), n_batches / len(train))
-    return SimpleNamespace(
-        profile=profile, batches=[train.batch(0, j).sparse_features for j in idx]
-    )
+def auto_decision(cfg: TrainConfig, profile_path: Path, rate: float):
+    """`--placement auto`'s own decision for `cfg` (dlrm/planner.py's `plan`, on the CPU) and
+    its wall time: the inventory, the access profile (`rate` of the epoch-0 batches, written to
+    `profile_path` for every measured candidate to reuse), the planning sample and a prediction
+    of every candidate that fits; then the planner's sample, read again from that profile, for
+    the bench's own candidates."""
+    auto = TrainConfig.from_json({**cfg.to_json(), "placement": "auto",
+                                  "profile_file": str(profile_path), "profile_sample_rate": rate})  # fmt: skip
+    data = build_data(auto)
+    t0 = time.perf_counter()
+    decision = plan(auto, data, torch.device("cpu"), write=True)
+    planning_s = time.perf_counter() - t0
+    sample = read_sample(auto, data, run_tables(auto, data), None, write=False)
+    return decision, planning_s, sample
 
 
 def fits(cfg: TrainConfig) -> tuple[bool, str | None]:
@@ -138,28 +137,25 @@ def fits(cfg: TrainConfig) -> tuple[bool, str | None]:
         return False, str(e)
 
 
-try:  # the planner's order of preference breaks ties between equal predictions
-    from dlrm.planner import PREFERENCE
-except ImportError:  # before p-plan's planner is on this branch: its value there
-    PREFERENCE = ("device", "fae", "hotline", "tiered", "host")
-
-
-def choose(rows: dict) -> str | None:
-    """The planner's rule: the fastest predicted candidate that fits, ties by its preference
-    (kind, then the larger hot budget, then the larger cache). REPLACE with dlrm.planner's
-    decision (which also keeps a 30% margin on memory) once this branch has the planner."""
-    ok = [((r["predicted_ms"], PREFERENCE.index(r["placement"]), -r.get("hot_budget", 0),
-            -r.get("scm_cache", 0)), n) for n, r in rows.items() if r["fits"]]  # fmt: skip
-    return min(ok)[1] if ok else None
-
-
 def _exposed(trainer) -> float:
     """Seconds the step thread has waited for stagings so far (0 without staging)."""
     coll = trainer.model.embeddings
     return float(coll.counters().get("exposed_gather_s", 0.0)) if hasattr(coll, "store") else 0.0
 
 
-def measure(cfgs: dict[str, TrainConfig], args) -> dict[str, dict]:
+def _counters(trainer) -> dict:
+    coll = trainer.model.embeddings
+    return dict(coll.counters()) if hasattr(coll, "counters") else {}
+
+
+def uncounted(batches, counted: set[int]):
+    """The epoch's batches the profile did not count: a counted batch has no cold row the
+    profile missed (none at all where the hot budget holds every row it saw), and the prediction
+    is of the others (dlrm/planner.py's sample takes none of the counted)."""
+    return (b for j, b in enumerate(batches) if j not in counted)
+
+
+def measure(cfgs: dict[str, TrainConfig], args, counted: set[int]) -> dict[str, dict]:
     trainers, streams, wall, cpu, done = {}, {}, {}, {}, {}
     from dlrm.trainer import Trainer
 
@@ -169,12 +165,19 @@ def measure(cfgs: dict[str, TrainConfig], args) -> dict[str, dict]:
         tier = getattr(getattr(coll, "store", None), "tier", None)
         if tier is not None and hasattr(tier, "fill"):
             tier.fill()
-        streams[name] = trainers[name].data.train.batches(0, 0)
+        streams[name] = uncounted(trainers[name].data.train.batches(0, 0), counted)
         wall[name], cpu[name], done[name] = [], [], 0
+        if cfg.placement == "tiered":  # the prediction is the row cache's warm steady state
+            for _ in range(args.tiered_warmup):
+                trainers[name].pipeline.progress(streams[name])
+            done[name] = args.tiered_warmup
     waited = {name: [] for name in trainers}
+    at_start: dict[str, dict] = {}  # counters when counting starts
     for _ in range(args.rounds):
         for name, tr in trainers.items():
             for _ in range(args.steps):
+                if done[name] >= args.warmup and name not in at_start:
+                    at_start[name] = _counters(tr)
                 e0 = _exposed(tr)
                 w0, c0 = time.perf_counter(), time.thread_time()
                 tr.pipeline.progress(streams[name])
@@ -185,9 +188,10 @@ def measure(cfgs: dict[str, TrainConfig], args) -> dict[str, dict]:
                 done[name] += 1
     out = {}
     for name, tr in trainers.items():
-        counters = (
-            tr.model.embeddings.counters() if hasattr(tr.model.embeddings, "counters") else {}
-        )
+        counters = _counters(tr)
+        first = at_start.get(name, {})
+        hits = counters.get("scm_cache_hits", 0) - first.get("scm_cache_hits", 0)
+        misses = counters.get("scm_cache_misses", 0) - first.get("scm_cache_misses", 0)
         keep = ("cold_rows_per_batch", "hidden_share", "scm_cache_hit_rate", "scm_bytes_read",
                 "scm_rows_read", "popular_input_share")  # fmt: skip
         # the step thread's CPU time plus what it waited for stagings: on a shared machine wall
@@ -199,6 +203,9 @@ def measure(cfgs: dict[str, TrainConfig], args) -> dict[str, dict]:
             "measured_cpu_ms": round(statistics.median(cpu[name]) * 1e3, 3),
             "exposed_wait_ms": round(statistics.mean(waited[name]) * 1e3, 3),
             "steps_counted": len(wall[name]),
+            "warmup_steps": done[name] - len(wall[name]),
+            # over the counted steps only (the counters' own rate includes the warm-up)
+            "counted_hit_rate": round(hits / (hits + misses), 4) if hits + misses else None,
             **{k: counters[k] for k in keep if k in counters},
         }
     del trainers, streams
@@ -224,6 +231,25 @@ def wrong_pairs(rows: dict) -> list[dict]:
     return out
 
 
+def with_chosen(fixed: list[Candidate], chosen: Candidate) -> list[Candidate]:
+    """The bench's candidates and auto's choice, measured too where it is not one of them."""
+    return fixed if chosen in fixed else [*fixed, chosen]
+
+
+def judge(rows: dict, chosen: str) -> dict:
+    """Auto's choice against the measured fastest of the candidates that fit the limit."""
+    fitting = {n: r for n, r in rows.items() if r["fits"]}
+    fastest = min(fitting, key=lambda n: fitting[n]["measured_ms"]) if fitting else None
+    within = None
+    if fastest is not None:
+        within = rows[chosen]["measured_ms"] <= 1.10 * rows[fastest]["measured_ms"]
+    return {"chosen": chosen, "measured_fastest_that_fits": fastest,
+            "measured_fastest": min(rows, key=lambda n: rows[n]["measured_ms"]),
+            "chosen_within_10pct": within,
+            "chosen_vs_fastest": None if fastest is None else round(
+                rows[chosen]["measured_ms"] / rows[fastest]["measured_ms"] - 1, 4)}  # fmt: skip
+
+
 def run_config(spec, args, root: Path) -> dict:
     name, scale, batch, room = spec
     limit = None if room is None else resident_bytes() + room
@@ -233,11 +259,11 @@ def run_config(spec, args, root: Path) -> dict:
     profile = out / "profile.npz"
     out.mkdir(parents=True, exist_ok=True)
     predict = predictor()
-    t0 = time.perf_counter()
-    sample = planning_sample(cfg, args.sample_batches, profile, args.profile_batches * batch)
-    sample_s = time.perf_counter() - t0
+    decision, planning_s, sample = auto_decision(cfg, profile, args.profile_batches / args.batches)
+    if not profile.is_file():  # device fitted: the planner made no profile; the runs need one
+        sample.profile.save(profile)
     rows, cfgs = {}, {}
-    for c in candidates(cfg, sizes, args.quick):
+    for c in with_chosen(candidates(cfg, sizes, args.quick), decision.chosen):
         ccfg = with_candidate(cfg, c, out, profile)
         p0 = time.perf_counter()
         pred = predict(ccfg, c, sample)
@@ -255,26 +281,26 @@ def run_config(spec, args, root: Path) -> dict:
         }  # fmt: skip
         # measured on this machine whether or not it fits the limit (the limit decides the choice)
         cfgs[c.label()] = TrainConfig.from_json({**ccfg.to_json(), "memory_limit": None})
-    planning_s = time.perf_counter() - t0
-    measured = measure(cfgs, args)
+    chosen = decision.chosen.label()
+    rows[chosen]["auto"] = True
+    rows[chosen]["planner_predicted_ms"] = decision.predicted_ms()
+    measured = measure(
+        cfgs, args, set(counted_batches(args.batches, args.profile_batches / args.batches))
+    )
     for n, r in rows.items():
         r.update(measured[n])
         r["error"] = round((r["predicted_ms"] - r["measured_ms"]) / r["measured_ms"], 4)
         r["error_vs_wall"] = round(
             (r["predicted_ms"] - r["measured_wall_ms"]) / r["measured_wall_ms"], 4
         )
-    chosen = choose(rows)
-    fitting = {n: r for n, r in rows.items() if r["fits"]}
-    fastest = min(fitting, key=lambda n: fitting[n]["measured_ms"]) if fitting else None
-    within = None
-    if chosen and fastest:
-        within = rows[chosen]["measured_ms"] <= 1.10 * rows[fastest]["measured_ms"]
+    weighed = decision.weighed
     return {
         "table_scale": scale, "rows": sum(sizes), "batch": batch, "memory_limit": limit, "room": room,
-        "candidates": rows, "chosen": chosen, "measured_fastest_that_fits": fastest,
-        "measured_fastest": min(rows, key=lambda n: rows[n]["measured_ms"]),
-        "chosen_within_10pct": within, "planning_s": round(planning_s, 2),
-        "sample_s": round(sample_s, 2), "wrong_rankings": wrong_pairs(rows), "load": load_average(),
+        "candidates": rows, **judge(rows, chosen), "how": decision.how,
+        "planner_weighed": len(weighed),
+        "planner_predicted": sum(w.prediction is not None for w in weighed),
+        "planning_s": round(planning_s, 2), "wrong_rankings": wrong_pairs(rows),
+        "load": load_average(),
     }  # fmt: skip
 
 
@@ -302,9 +328,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=15, help="steps of each candidate per round")
     p.add_argument("--warmup", type=int, default=10, help="first steps of each trainer not counted")
+    p.add_argument("--tiered-warmup", type=int, default=60,
+                   help="steps each tiered trainer runs, not counted, before the rounds: its row "
+                   "cache starts empty, the prediction is its warm steady state")  # fmt: skip
     p.add_argument("--batches", type=int, default=400, help="training batches per epoch")
     p.add_argument("--profile-batches", type=int, default=100, help="batches the profile counts")
-    p.add_argument("--sample-batches", type=int, default=16, help="batches the replay uses")
     p.add_argument("--dim", type=int, default=16)
     p.add_argument("--mlp-bot", default="13-64-16")
     p.add_argument("--mlp-top", default="64-1")
@@ -317,7 +345,8 @@ def main(argv: list[str] | None = None) -> int:
             min(args.steps, 4),
             min(args.warmup, 2),
         )
-        args.batches, args.profile_batches, args.sample_batches = 40, 10, 4
+        args.tiered_warmup = min(args.tiered_warmup, 4)
+        args.batches, args.profile_batches = 40, 10
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
     torch.set_num_threads(1)

@@ -231,6 +231,29 @@ def test_a_given_hot_budget_bounds_the_rows_on_the_device(make_config, no_predic
     assert decide(make_config, hot_budget="8MB").chosen == planning.Candidate("device")
 
 
+def test_the_planning_sample_takes_batches_the_profile_did_not_count(
+    make_config, monkeypatch, predicted
+):
+    # a batch the profile counted has no cold row the profile missed: replaying one would make
+    # the cold rows and the row cache's misses look fewer than training meets
+    from dlrm.plan_setup import profiled_batches
+
+    seen = []
+    fn = planning._PREDICTOR
+    monkeypatch.setattr(planning, "_PREDICTOR", lambda c, cand, s: seen.append(s) or fn(c, cand, s))
+    fixed_room(monkeypatch, device=2 * MiB)
+    cfg = make_config(**BIG, profile_sample_rate=0.25)
+    plan(cfg, build_data(cfg), CPU, write=False)
+    s = seen[0]
+    counted = profiled_batches(s.batches_per_epoch, 0.25)
+    assert s.batches_per_epoch >= 8 and len(s.batch_indices) == planner.SAMPLE_BATCHES
+    assert not set(s.batch_indices) & set(counted)
+    assert planner.counted_batches(s.batches_per_epoch, s.profile.sample_rate) == counted
+    # evenly spread over the rest; every batch counted: the sample is all there is
+    assert planner.sample_batches(40, range(0, 40, 2)) == [1, 5, 11, 15, 21, 25, 31, 35]
+    assert planner.sample_batches(4, range(4)) == [0, 1, 2, 3]
+
+
 def test_the_check_composes_with_another_hook_and_reports_once():
     from contextlib import nullcontext
 

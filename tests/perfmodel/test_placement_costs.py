@@ -57,7 +57,9 @@ def stubbed(monkeypatch):
         pc, "step_time", lambda cfg, sizes, placement="device", table_sizes=None: step
     )
     figs = {"gather_ns_16": 50.0, "gather_ns_128": 200.0, "scatter_ns_16": 60.0,
-            "scatter_ns_128": 250.0, "hash_ns_per_row": 30.0, "crc_us_per_block": 1.0}  # fmt: skip
+            "scatter_ns_128": 250.0, "hash_ns_per_row": 30.0, "crc_us_per_block": 1.0,
+            "load_ns_16": 150.0, "load_ns_128": 700.0, "load_fixed_ns_16": 8e5,
+            "load_fixed_ns_128": 1.1e6}  # fmt: skip
     monkeypatch.setattr(pc, "staging_figures", lambda: figs)
     d = {"io": "direct", "engine": "aio", "key": "stub",
          "depths": {"1": {"iops": 5000, "latency_us": 200}, "64": {"iops": 50000, "latency_us": 1300}}}  # fmt: skip
@@ -142,6 +144,21 @@ def test_a_bigger_hot_budget_never_stages_more_rows(sample, stubbed, kind):
     assert rows == sorted(rows, reverse=True) and rows[0] > rows[-1]
 
 
+@pytest.mark.parametrize("kind", ["hotline", "tiered"])
+def test_the_step_threads_part_is_the_measured_line_over_the_cold_rows(sample, stubbed, kind):
+    # measure_step_load's fixed cost per step plus its cost per row (8 floats: SGD at DIM 8,
+    # extrapolated down from 16), and for tiered the queued write-back's hash of each row
+    per_row = (150.0 + (700.0 - 150.0) * (DIM - 16) / 112) / 1e3
+    fixed = (8e5 + (1.1e6 - 8e5) * (DIM - 16) / 112) / 1e3
+    for n in (0, 50, 3000):
+        p = pc.predict_candidate(config(placement=kind), Candidate(kind, n * DIM * 4, 40 * DIM * 4),
+                                 sample)  # fmt: skip
+        rows = p.detail["cold_rows_per_batch"]
+        home = rows * 30.0 / 1e6 if kind == "tiered" else 0.0
+        assert p.parts["load"] == pytest.approx((fixed + rows * per_row) / 1e3 + home)
+    assert rows < p.detail["lookups_per_batch"]
+
+
 def test_prefetch_hides_staging_only_with_a_worker(sample, stubbed, monkeypatch):
     monkeypatch.setattr(pc, "_spare_core", lambda: True)
     c = Candidate("hotline", 5 * DIM * 4)
@@ -195,3 +212,30 @@ def test_importing_the_plugin_registers_the_predictor():
                          cwd=ROOT, timeout=120)  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["perfmodel.placement_costs", "predict_candidate"]
+
+
+def test_staged_candidates_share_one_captured_device_step(monkeypatch, tmp_path):
+    # a device step runs the same operators whatever the hot budget or row cache: one capture
+    # serves every staged candidate of the same tables (a capture is about a second)
+    from perfmodel import graph
+
+    keys = []
+
+    def fake_graph_for(cfg, batch_size=None):
+        keys.append(graph.graph_key(cfg))
+        return {"step": (1.0, [])}, {}
+
+    class Model:
+        def predict_ops(self, ops):
+            return {"per_batch_us": 1000.0, "breakdown": {"phase_us": {}}}
+
+    monkeypatch.setattr(pc, "_fitted_model", lambda: Model())
+    monkeypatch.setattr(graph, "graph_for", fake_graph_for)
+    monkeypatch.setattr(pc, "_STEPS", {})
+    for hot, cache in ((10, 100), (50, 100), (50, 4000)):
+        cfg = config(placement="tiered", hot_budget=hot * DIM * 4, scm_cache=cache * DIM * 4,
+                     scm_dir=str(tmp_path / f"scm{hot}-{cache}"))  # fmt: skip
+        assert pc.step_time(cfg, SIZES, "device", [7, 8, 9, 10])["ms"] == 1.0
+    assert len(keys) == 1
+    pc.step_time(config(placement="fae", hot_budget=10 * DIM * 4), SIZES, "fae")
+    assert len(keys) == 2  # FAE's step depends on its hot budget: captured for it

@@ -16,16 +16,23 @@ def row(placement, predicted, measured, fits=True, parts=None):
             "error": round((predicted - measured) / measured, 4)}  # fmt: skip
 
 
-def test_the_choice_is_the_fastest_predicted_that_fits():
+def test_autos_choice_is_judged_against_the_measured_fastest_that_fits():
     rows = {"device": row("device", 5.0, 5.0, fits=False), "host": row("host", 6.0, 6.5),
-            "hotline": row("hotline", 5.5, 7.0)}  # fmt: skip
-    assert bench.choose(rows) == "hotline"
-    assert bench.choose({"device": row("device", 5.0, 5.0, fits=False)}) is None
-    # equal predictions: the planner's preference (kind, larger budget, larger cache)
-    tied = {"t-small": dict(row("tiered", 7.0, 9.0), hot_budget=10, scm_cache=4),
-            "t-large": dict(row("tiered", 7.0, 8.0), hot_budget=10, scm_cache=61),
-            "host": row("host", 7.0, 5.0)}  # fmt: skip
-    assert bench.choose(tied) == "t-large"
+            "hotline": row("hotline", 5.5, 7.2), "tiered": row("tiered", 9.0, 7.1)}  # fmt: skip
+    j = bench.judge(rows, "tiered")
+    assert j["measured_fastest_that_fits"] == "host" and j["measured_fastest"] == "device"
+    assert j["chosen"] == "tiered" and j["chosen_within_10pct"] is True
+    assert j["chosen_vs_fastest"] == round(7.1 / 6.5 - 1, 4)
+    assert bench.judge(rows, "hotline")["chosen_within_10pct"] is False  # 10.8% slower
+    assert bench.judge({"device": row("device", 5.0, 5.0, fits=False)}, "device")[
+        "chosen_within_10pct"] is None  # fmt: skip
+
+
+def test_autos_choice_is_measured_where_the_bench_lacks_it():
+    fixed = [bench.Candidate("device"), bench.Candidate("hotline", 1024)]
+    assert bench.with_chosen(fixed, bench.Candidate("hotline", 1024)) == fixed
+    assert bench.with_chosen(fixed, bench.Candidate("tiered", 1024, 65536)) == [
+        *fixed, bench.Candidate("tiered", 1024, 65536)]  # fmt: skip
 
 
 def test_wrong_rankings_name_the_pair_and_the_larger_error():
@@ -68,3 +75,7 @@ def test_quick_candidates_cover_every_kind_but_host():
 
 class _Args:
     dim, mlp_bot, mlp_top, zipf, batches = 16, "13-64-16", "64-1", 1.05, 40
+
+
+def test_the_runs_skip_the_batches_the_profile_counted():
+    assert list(bench.uncounted(iter("abcdefgh"), {0, 4, 5})) == list("bcdgh")
