@@ -14,7 +14,14 @@ execution graph at any batch size), `critical_path` (the traversal), `model` (fi
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+# torch's profiler (kineto) prints two "USDT ... profiler_start/stop" lines to stderr for every
+# profiled region; the model profiles steps to capture their graphs (a --placement auto run's
+# planning among them), and a user would see pages of them. Level 6 is above its USDT messages;
+# it is read when the profiler first starts, so setting it here, before any profile, is enough.
+os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 
 _LOADED: dict[str, object] = {}
 
