@@ -47,7 +47,9 @@ class DirectoryLock:
             try:
                 fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
             except OSError as e:
-                raise LockError(f"{flag}: {path}: cannot make the lock file ({e.strerror})") from None
+                raise LockError(
+                    f"{flag}: {path}: cannot make the lock file ({e.strerror})"
+                ) from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
