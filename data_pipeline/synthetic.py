@@ -90,6 +90,36 @@ def _lane(h, k):
     return (v - 65536.0 if v >= 32768 else float(v)) * (1.0 / 32768.0)
 
 
+@numba.njit(cache=True, inline="always")
+def _dense_and_label(
+    i, logit, k_dense, k_miss, k_label, dense_mu, dense_sigma, dense_w, dense_w2, dense_effect,
+    mu_log, log1p_small, dense_out, labels_out,
+):  # fmt: skip
+    """Sample i's dense features (written to dense_out[i]) and its label, drawn from `logit`
+    plus the dense effect: the part both kernels (one-hot and bags) share."""
+    n_dense = dense_mu.shape[0]
+    z1 = 0.0
+    z2 = 0.0
+    for j in range(n_dense):
+        h = _hash32(k_dense + i * n_dense + j)
+        # Irwin-Hall: the sum of four 8-bit uniforms is close enough to normal for counts
+        # and needs no transcendental calls (Box-Muller needed three).
+        s4 = (h & 255) + ((h >> 8) & 255) + ((h >> 16) & 255) + ((h >> 24) & 255)
+        z = (s4 - 510.0) * 0.0067664  # mean 0, sd 1: sd of s4 is sqrt(4 * (256**2 - 1) / 12)
+        v = 0.0
+        if (_hash32(k_miss + i * n_dense + j) & 255) >= 26:  # about 10% missing
+            y = dense_mu[j] + dense_sigma[j] * z
+            if y > 0.0:  # exp(y) < 1 counts as 0
+                c = int(math.exp(y))
+                v = log1p_small[c] if c < log1p_small.shape[0] else math.log1p(c)
+        dense_out[i, j] = v
+        zd = (v - mu_log[j]) / 1.5
+        z1 += zd * dense_w[j]
+        z2 += zd * dense_w2[j]
+    logit += dense_effect * (math.tanh(z1) + 0.5 * z2 * z2 - 0.5)
+    labels_out[i] = 1.0 if _unit(_hash32(k_label + i)) < 1.0 / (1.0 + math.exp(-logit)) else 0.0
+
+
 @numba.njit(cache=True, parallel=True)
 def _chunk_kernel(
     key, n_samples, quantiles, n_rows, strength, salt,
@@ -97,7 +127,6 @@ def _chunk_kernel(
     bias, pair_scale, dense_effect, rows_out, dense_out, labels_out,
 ):  # fmt: skip
     n_tables = quantiles.shape[0]
-    n_dense = dense_mu.shape[0]
     n_pairs = pair_a.shape[0]
     mu_log = np.log1p(dense_mu)
     log1p_small = np.log1p(np.arange(4096.0)).astype(np.float32)
@@ -120,26 +149,8 @@ def _chunk_kernel(
                 hb = _hash32(rb + pair_salt[p, 1] + half * 0x5BD1E995)
                 dot += _lane(ha, 0) * _lane(hb, 0) + _lane(ha, 1) * _lane(hb, 1)
         logit += pair_scale * dot
-        z1 = 0.0
-        z2 = 0.0
-        for j in range(n_dense):
-            h = _hash32(k_dense + i * n_dense + j)
-            # Irwin-Hall: the sum of four 8-bit uniforms is close enough to normal for counts
-            # and needs no transcendental calls (Box-Muller needed three).
-            s4 = (h & 255) + ((h >> 8) & 255) + ((h >> 16) & 255) + ((h >> 24) & 255)
-            z = (s4 - 510.0) * 0.0067664  # mean 0, sd 1: sd of s4 is sqrt(4 * (256**2 - 1) / 12)
-            v = 0.0
-            if (_hash32(k_miss + i * n_dense + j) & 255) >= 26:  # about 10% missing
-                y = dense_mu[j] + dense_sigma[j] * z
-                if y > 0.0:  # exp(y) < 1 counts as 0
-                    c = int(math.exp(y))
-                    v = log1p_small[c] if c < log1p_small.shape[0] else math.log1p(c)
-            dense_out[i, j] = v
-            zd = (v - mu_log[j]) / 1.5
-            z1 += zd * dense_w[j]
-            z2 += zd * dense_w2[j]
-        logit += dense_effect * (math.tanh(z1) + 0.5 * z2 * z2 - 0.5)
-        labels_out[i] = 1.0 if _unit(_hash32(k_label + i)) < 1.0 / (1.0 + math.exp(-logit)) else 0.0
+        _dense_and_label(i, logit, k_dense, k_miss, k_label, dense_mu, dense_sigma, dense_w,
+                         dense_w2, dense_effect, mu_log, log1p_small, dense_out, labels_out)  # fmt: skip
 
 
 @numba.njit(cache=True, parallel=True)
@@ -152,7 +163,6 @@ def _bag_chunk_kernel(
     bag_start[t] ..); the same arithmetic in the same order when every bag has one id."""
     n_tables = quantiles.shape[0]
     n_ids = ids_out.shape[0]
-    n_dense = dense_mu.shape[0]
     n_pairs = pair_a.shape[0]
     mu_log = np.log1p(dense_mu)
     log1p_small = np.log1p(np.arange(4096.0)).astype(np.float32)
@@ -196,24 +206,8 @@ def _bag_chunk_kernel(
                 else:
                     dot += (a0 * b0 + a1 * b1) / (bag_size[ta] * bag_size[tb])
         logit += pair_scale * dot
-        z1 = 0.0
-        z2 = 0.0
-        for j in range(n_dense):
-            h = _hash32(k_dense + i * n_dense + j)
-            s4 = (h & 255) + ((h >> 8) & 255) + ((h >> 16) & 255) + ((h >> 24) & 255)
-            z = (s4 - 510.0) * 0.0067664
-            v = 0.0
-            if (_hash32(k_miss + i * n_dense + j) & 255) >= 26:
-                y = dense_mu[j] + dense_sigma[j] * z
-                if y > 0.0:
-                    n = int(math.exp(y))
-                    v = log1p_small[n] if n < log1p_small.shape[0] else math.log1p(n)
-            dense_out[i, j] = v
-            zd = (v - mu_log[j]) / 1.5
-            z1 += zd * dense_w[j]
-            z2 += zd * dense_w2[j]
-        logit += dense_effect * (math.tanh(z1) + 0.5 * z2 * z2 - 0.5)
-        labels_out[i] = 1.0 if _unit(_hash32(k_label + i)) < 1.0 / (1.0 + math.exp(-logit)) else 0.0
+        _dense_and_label(i, logit, k_dense, k_miss, k_label, dense_mu, dense_sigma, dense_w,
+                         dense_w2, dense_effect, mu_log, log1p_small, dense_out, labels_out)  # fmt: skip
 
 
 def _mix64(x: int) -> int:
