@@ -32,6 +32,17 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture
+def one_thread():
+    """One intra-op thread for the test (`pytestmark = pytest.mark.usefixtures("one_thread")`):
+    tiny batches, where on a shared 2-core machine a thread waiting for a busy core at every op
+    costs far more than it saves."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
 def tmpfs(tmp_path):
     """`tmpfs("size=256k")` -> a directory on a fresh tmpfs mounted with those options, unmounted
     after the test (a real full or read-only file system needs root: skipped elsewhere)."""

@@ -10,7 +10,6 @@ import shlex
 from pathlib import Path
 
 import pytest
-import torch
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 TINY = ["--num-batches", "2", "--data-size", "4096", "--test-data-size", "1024",
@@ -30,12 +29,7 @@ def _commands(marker: str) -> list[tuple[list[str], str]]:
     return out
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny runs: extra threads only wait on a shared machine
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def test_placement_examples_do_what_their_comments_say(tmp_path, monkeypatch, capsys):

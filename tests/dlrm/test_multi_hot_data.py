@@ -17,13 +17,7 @@ from dlrm.train import config_from_args, main
 from dlrm.trainer import Trainer
 from tests.dlrm.test_cli import TINY  # three tables
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def test_flags_parse_dashes_and_commas():

@@ -39,13 +39,7 @@ PLACEMENTS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # tiny batches: on a shared 2-core machine intra-op threads cost more than they save
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def train(tmp_path, name: str, data: DataSplits | None = None, **kw) -> tuple[Trainer, dict]:

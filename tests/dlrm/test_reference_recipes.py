@@ -7,7 +7,6 @@ stayed at chance."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from data_pipeline.taobao import TaobaoOptions, preprocess_taobao
 from data_pipeline.taobao_synthetic import PlantedBehavior, write_user_behavior
@@ -34,12 +33,7 @@ def planted(tmp_path_factory):
     )
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny batches: extra threads only wait on a shared machine
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def _fit(directory, out, extra):

@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 
 import pytest
-import torch
 
 from dlrm import Trainer
 from dlrm.config import TrainConfig
@@ -26,12 +25,7 @@ from tests.dlrm.test_tiered_training import RESUMABLE, _fill, eval_history, same
 BIG = (1_000_000, 1_000_000, 500, 7)  # 64.5 MB of tier file at dim 4 with Adagrad
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def _tables(sizes, dim=4):

@@ -19,14 +19,7 @@ PLANTED = PlantedBehavior(num_users=600, min_events=20, max_events=40, num_categ
                           items_per_category=50, recent=1, follow=0.8, seed=1)  # fmt: skip
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # these batches are tiny: on a shared 2-core machine, intra-op threads cost ~10x more than
-    # they save (a thread waiting for a busy core at every op)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
@@ -23,12 +22,7 @@ def _load(name: str):
     return module
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny runs: extra threads only wait on a shared machine
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def test_bench_placement_at_small_sizes_and_a_taken_out_dir(tmp_path, capsys):

@@ -5,7 +5,6 @@ carry bags of the run's `--multi-hot-sizes` (the same bags training read)."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 import serving.quantize as quantize_cli
 from data_pipeline.criteo import PreprocessOptions, preprocess
@@ -20,12 +19,7 @@ SMALL = ["--arch-sparse-feature-size", "4", "--arch-mlp-bot", "13-8-4", "--arch-
          "--progress=false"]  # fmt: skip
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def lengths_per_feature(batch) -> dict[str, set[int]]:
