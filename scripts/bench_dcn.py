@@ -31,6 +31,8 @@ import torch  # noqa: E402
 from _shared import cpu_flags, load_average  # noqa: E402
 
 from dlrm import TrainConfig, Trainer  # noqa: E402
+from dlrm.errors import ConfigError  # noqa: E402
+from dlrm.settings.sections import parse_bag_sizes  # noqa: E402
 from perfmodel.hardware import cpu_model  # noqa: E402
 
 # Kaggle-shaped (the synthetic data's tables are Kaggle's, scaled): the cross layers' width is
@@ -42,15 +44,11 @@ DCN = dict(dcn_num_layers=3, dcn_low_rank_dim=64)
 
 
 def _sizes(text: str) -> tuple[int, ...]:
+    """The trainer's own parsing of --multi-hot-sizes, as an argparse type."""
     try:
-        sizes = tuple(int(x) for x in text.replace(",", "-").split("-"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected whole numbers separated by - or , ({text!r})"
-        ) from None
-    if min(sizes) < 1:
-        raise argparse.ArgumentTypeError("every bag size must be at least 1")
-    return sizes
+        return parse_bag_sizes(text, "--multi-hot-sizes")
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--multi-hot-sizes: ")) from None
 
 
 def build(op: str, a: argparse.Namespace, out: Path) -> Trainer:
