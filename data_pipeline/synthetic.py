@@ -91,6 +91,16 @@ def _lane(h, k):
 
 
 @numba.njit(cache=True, inline="always")
+def _zipf_row(h, quantiles, t, n_knots, rows):
+    """Table t's row for 32 hash bits `h`: the tabulated inverse CDF (module docstring),
+    interpolated between knots; rank - 1, so row 0 is the hottest."""
+    pos = _unit(h) * n_knots
+    k = int(pos)
+    x = quantiles[t, k] + (pos - k) * (quantiles[t, k + 1] - quantiles[t, k])
+    return min(max(int(math.floor(x)) - 1, 0), rows - 1)
+
+
+@numba.njit(cache=True, inline="always")
 def _dense_and_label(
     i, logit, k_dense, k_miss, k_label, dense_mu, dense_sigma, dense_w, dense_w2, dense_effect,
     mu_log, log1p_small, dense_out, labels_out,
@@ -135,10 +145,7 @@ def _chunk_kernel(
     for i in numba.prange(n_samples):
         logit = bias
         for t in range(n_tables):
-            pos = _unit(_hash32(k_rows + i * n_tables + t)) * n_knots
-            k = int(pos)
-            x = quantiles[t, k] + (pos - k) * (quantiles[t, k + 1] - quantiles[t, k])
-            r = min(max(int(math.floor(x)) - 1, 0), n_rows[t] - 1)
+            r = _zipf_row(_hash32(k_rows + i * n_tables + t), quantiles, t, n_knots, n_rows[t])
             rows_out[t, i] = r
             logit += strength[t] * (2.0 * _unit(_hash32(r + salt[t])) - 1.0)
         dot = 0.0
@@ -174,10 +181,7 @@ def _bag_chunk_kernel(
             effect = 0.0
             for j in range(bag_size[t]):
                 c = bag_start[t] + j
-                pos = _unit(_hash32(k_rows + i * n_ids + c)) * n_knots
-                k = int(pos)
-                x = quantiles[t, k] + (pos - k) * (quantiles[t, k + 1] - quantiles[t, k])
-                r = min(max(int(math.floor(x)) - 1, 0), n_rows[t] - 1)
+                r = _zipf_row(_hash32(k_rows + i * n_ids + c), quantiles, t, n_knots, n_rows[t])
                 ids_out[c, i] = r
                 effect += 2.0 * _unit(_hash32(r + salt[t])) - 1.0
             if bag_size[t] == 1:
