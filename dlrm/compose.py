@@ -291,7 +291,7 @@ def _compiled(
 def _checked(decision, hook: StepHook | None) -> StepHook:
     from dlrm.placement_check import MeasuredAgainstPredicted
 
-    return MeasuredAgainstPredicted(decision.chosen.label(), decision.predicted_ms(), hook)
+    return MeasuredAgainstPredicted(decision.chosen.label(), decision.checked_ms(), hook)
 
 
 def _pipeline(

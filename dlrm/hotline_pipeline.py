@@ -112,12 +112,18 @@ class HotlineTrainPipeline(PlainTrainPipeline):
 
     def _drain(self) -> list[Batch]:
         """Wait for the worker and take the queued mini-batches back, unstaged."""
-        for item in self._queue:
-            if item.staged is not None:
-                item.staged.exception()  # waits; errors are dropped with the staging
+        self.settle()  # errors are dropped with the staging
         batches = [item.batch for item in self._queue]
         self._queue.clear()
         return batches
+
+    def settle(self) -> None:
+        """Wait for the stagings in flight (they stay queued, staged): a benchmark that
+        interleaves trainers in one process calls it so that one's worker does not run beside
+        another's steps."""
+        for item in self._queue:
+            if item.staged is not None:
+                item.staged.exception()
 
     def progress(self, batches: Iterator[Batch]) -> StepResult:
         t0 = time.perf_counter()

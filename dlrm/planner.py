@@ -28,6 +28,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -40,7 +41,7 @@ from dlrm.data import DataSplits
 from dlrm.errors import ConfigError
 from dlrm.memory import TIER_NAMES, _changed, _with_placement, dense_needs, run_tables
 from dlrm.plan_setup import obtain_profile, profile_training_sample, profiled_batches
-from dlrm.planning import Candidate, PlanningSample, Prediction, predictor
+from dlrm.planning import STREAM_BATCHES, Candidate, PlanningSample, Prediction, predictor
 from dlrm.scm_setup import scm_directory
 from embeddings import SparseOptimizer, TableSpec
 from embeddings.errors import PlacementError, ProfileError
@@ -115,6 +116,14 @@ class Decision:
     def predicted_ms(self) -> float | None:
         row = self.chosen_row()
         return row.prediction.ms_per_step if row and row.prediction else None
+
+    def checked_ms(self) -> float | None:
+        """The prediction for the steps the placement check measures (dlrm/placement_check.py):
+        the run's mean unless the predictor said otherwise (`detail["checked_ms"]`)."""
+        row = self.chosen_row()
+        if row and row.prediction and "checked_ms" in row.prediction.detail:
+            return float(row.prediction.detail["checked_ms"])
+        return self.predicted_ms()
 
     def to_json(self) -> dict:
         return {
@@ -336,9 +345,18 @@ def read_sample(
     except (ProfileError, PlacementError) as e:
         raise ConfigError(str(e)) from None
     n = len(data.train)
-    idx = sample_batches(n, counted_batches(n, profile.sample_rate or cfg.profile_sample_rate))
+    counted = counted_batches(n, profile.sample_rate or cfg.profile_sample_rate)
+    idx = sample_batches(n, counted)
     batches = [data.train.batch(0, j).sparse_features for j in idx]
-    return PlanningSample(tables, profile, batches, idx, n, room)
+    run = (min(n, cfg.num_batches) if cfg.num_batches else n) * cfg.nepochs
+
+    @functools.cache
+    def stream() -> list:  # the run's first uncounted batches, read once, only when asked
+        skip = set(counted)
+        first = [j for j in range(n) if j not in skip] or list(range(n))
+        return [data.train.batch(0, j).sparse_features for j in first[:STREAM_BATCHES]]
+
+    return PlanningSample(tables, profile, batches, idx, n, room, (0, run), stream)
 
 
 def _preference(w: Weighed) -> tuple:

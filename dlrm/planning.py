@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 KINDS = ("device", "host", "fae", "hotline", "tiered")
+# the run's first batches a predictor may replay in order (PlanningSample.stream)
+STREAM_BATCHES = 48
 
 
 @dataclass(frozen=True)
@@ -58,7 +60,10 @@ class Prediction:
     """A candidate's predicted time per training step and where it goes.
 
     `parts`: milliseconds per part (e.g. dense, lookup, staging, disk, hidden); `detail`: the
-    figures the prediction came from (hit rate, reads per step, bytes moved, ...), JSON-able."""
+    figures the prediction came from (hit rate, reads per step, bytes moved, ...), JSON-able;
+    `detail["checked_ms"]`, where present: the mean over the run's first steps, which the
+    placement check measures (dlrm/placement_check.py), when it differs from the run's mean (a
+    tiered run's cache starts empty)."""
 
     ms_per_step: float
     parts: dict[str, float] = field(default_factory=dict)
@@ -77,7 +82,13 @@ class PlanningSample:
     global per table) of `len(batch_indices)` epoch-0 training batches evenly spread over the
     ones the profile did not count, in data order: what a predictor replays a cache policy on;
     `batch_indices`: their positions in the epoch, of `batches_per_epoch`;
-    `inventory`: what this process may use per tier (`embeddings.memory.MemoryInventory`)."""
+    `inventory`: what this process may use per tier (`embeddings.memory.MemoryInventory`);
+    `steps`: the steps of the run a prediction is the mean over, [first, end) (the planner's:
+    the whole run, `--num-batches` or the epoch times `--nepochs`): a tiered run's cache starts
+    empty, so its step time changes as it fills;
+    `stream()`: the sparse features of the run's first batches (up to STREAM_BATCHES) the profile
+    did not count, in run order, read on the first call: what a predictor replays a cache that
+    starts empty on."""
 
     tables: list
     profile: Any
@@ -85,6 +96,8 @@ class PlanningSample:
     batch_indices: list[int]
     batches_per_epoch: int
     inventory: Any = None
+    steps: tuple[int, int] = (0, 0)
+    stream: Callable[[], list] = lambda: []
 
 
 # (cfg with the candidate's settings applied, the candidate, the PlanningSample) -> Prediction.

@@ -15,18 +15,21 @@ on the planner's sample, with whether it fits (dlrm/memory.py's check at the con
 the first `--warmup` steps of each trainer not counted. Measured = the median over the counted
 steps of the step thread's CPU time plus the time it waited for a staging (the collection's
 `exposed_gather_s`): on a shared machine wall time holds the neighbours' time slices (reported
-beside it, with the error against it). The tiered candidates' tier files are filled first
-(`ScmTier.fill`), as a long run's are, so every cache miss is a real read, and each runs
-`--tiered-warmup` steps before the rounds (`warmup_steps` in the JSON): the prediction is the
-row cache's warm steady state, a trainer's cache starts empty. `counted_hit_rate` is the cache's
-hit rate over the counted steps only. Every trainer runs the epoch's batches the profile did not
-count (the prediction's sample is of those; a counted batch has no cold row the profile missed).
+beside it, with the error against it). A tiered trainer starts as a run does, its row cache
+empty and its tier file unwritten (a miss on a never-written row is computed, not read), so its
+step time changes as the cache fills: it runs `--tiered-steps` counted steps, spread over the
+rounds, measured as their mean, and is predicted for the same steps of the run (the planning
+sample's `steps`). `counted_hit_rate` is the cache's hit rate over the counted steps. Every
+trainer runs the epoch's batches the profile did not count (the prediction's sample is of
+those; a counted batch has no cold row the profile missed).
 
 Reported: predicted vs measured per candidate, auto's choice (`chosen`, the planner's decision),
 the measured fastest that fits, whether the choice is within 10% of it, the median prediction
-error for device/host/FAE and for Hotline/tiered, the planner's wall time (`planning_s`), every
-pair the prediction ranked against the measurement (with both candidates' errors), CPU model
-and flags, load average.
+error for device/host/FAE and for Hotline/tiered, the noise floor they are read against (the
+device placement measured twice, on two trainers in the same rounds: `repeatability`; each
+candidate's spread between its rounds' medians: `round_medians_ms`, `round_spread_median`),
+the planner's wall time (`planning_s`), every pair the prediction ranked against the
+measurement (with both candidates' errors), CPU model and flags, load average.
 """
 
 from __future__ import annotations
@@ -82,6 +85,7 @@ def resident_bytes() -> int:
 GROUPS = {"device": "device_fae", "host": "device_fae", "fae": "device_fae",
           "hotline": "staged", "tiered": "staged"}  # fmt: skip
 TARGETS = {"device_fae": 0.10, "staged": 0.15}
+AGAIN = "device (again)"
 
 
 def base_config(scale: float, batch: int, limit: int | None, args, out: Path) -> TrainConfig:
@@ -159,23 +163,21 @@ def measure(cfgs: dict[str, TrainConfig], args, counted: set[int]) -> dict[str, 
     trainers, streams, wall, cpu, done = {}, {}, {}, {}, {}
     from dlrm.trainer import Trainer
 
+    steps, per_round = {}, {}  # each trainer's steps in all, and per round
     for name, cfg in cfgs.items():
         trainers[name] = Trainer(cfg, checkpoints=False)
-        coll = trainers[name].model.embeddings
-        tier = getattr(getattr(coll, "store", None), "tier", None)
-        if tier is not None and hasattr(tier, "fill"):
-            tier.fill()
         streams[name] = uncounted(trainers[name].data.train.batches(0, 0), counted)
         wall[name], cpu[name], done[name] = [], [], 0
-        if cfg.placement == "tiered":  # the prediction is the row cache's warm steady state
-            for _ in range(args.tiered_warmup):
-                trainers[name].pipeline.progress(streams[name])
-            done[name] = args.tiered_warmup
+        tiered = cfg.placement == "tiered"
+        steps[name] = args.warmup + (args.tiered_steps if tiered else args.rounds * args.steps)
+        per_round[name] = -(-steps[name] // args.rounds)
     waited = {name: [] for name in trainers}
+    by_round = {name: [] for name in trainers}  # each round's counted steps' median
     at_start: dict[str, dict] = {}  # counters when counting starts
     for _ in range(args.rounds):
         for name, tr in trainers.items():
-            for _ in range(args.steps):
+            first = len(cpu[name])
+            for _ in range(min(per_round[name], steps[name] - done[name])):
                 if done[name] >= args.warmup and name not in at_start:
                     at_start[name] = _counters(tr)
                 e0 = _exposed(tr)
@@ -186,6 +188,11 @@ def measure(cfgs: dict[str, TrainConfig], args, counted: set[int]) -> dict[str, 
                     cpu[name].append(time.thread_time() - c0)
                     waited[name].append(_exposed(tr) - e0)
                 done[name] += 1
+            if len(cpu[name]) > first:
+                steps_ms = [c + w for c, w in zip(cpu[name][first:], waited[name][first:])]
+                by_round[name].append(round(statistics.median(steps_ms) * 1e3, 3))
+            # its staging worker finishes here, not beside the next trainer's steps
+            getattr(tr.pipeline, "settle", lambda: None)()
     out = {}
     for name, tr in trainers.items():
         counters = _counters(tr)
@@ -197,12 +204,16 @@ def measure(cfgs: dict[str, TrainConfig], args, counted: set[int]) -> dict[str, 
         # the step thread's CPU time plus what it waited for stagings: on a shared machine wall
         # time holds the neighbours' time slices; thread CPU time is what the model predicts
         step = [c + w for c, w in zip(cpu[name], waited[name])]
+        # a tiered run's steps change as its cache fills: their mean is its time per step
+        avg = statistics.mean if cfgs[name].placement == "tiered" else statistics.median
         out[name] = {
-            "measured_ms": round(statistics.median(step) * 1e3, 3),
+            "measured_ms": round(avg(step) * 1e3, 3),
+            "measured_as": avg.__name__,
             "measured_wall_ms": round(statistics.median(wall[name]) * 1e3, 3),
             "measured_cpu_ms": round(statistics.median(cpu[name]) * 1e3, 3),
             "exposed_wait_ms": round(statistics.mean(waited[name]) * 1e3, 3),
             "steps_counted": len(wall[name]),
+            "round_medians_ms": by_round[name],
             "warmup_steps": done[name] - len(wall[name]),
             # over the counted steps only (the counters' own rate includes the warm-up)
             "counted_hit_rate": round(hits / (hits + misses), 4) if hits + misses else None,
@@ -263,6 +274,8 @@ def run_config(spec, args, root: Path) -> dict:
     if not profile.is_file():  # device fitted: the planner made no profile; the runs need one
         sample.profile.save(profile)
     rows, cfgs = {}, {}
+    # the steps of the run a tiered trainer is measured over (`measure`)
+    sample.steps = (args.warmup, args.warmup + args.tiered_steps)
     for c in with_chosen(candidates(cfg, sizes, args.quick), decision.chosen):
         ccfg = with_candidate(cfg, c, out, profile)
         p0 = time.perf_counter()
@@ -284,9 +297,15 @@ def run_config(spec, args, root: Path) -> dict:
     chosen = decision.chosen.label()
     rows[chosen]["auto"] = True
     rows[chosen]["planner_predicted_ms"] = decision.predicted_ms()
+    # the device placement a second time, on its own trainer in the same rounds: how far two
+    # measurements of one configuration land apart here (the error's noise floor)
+    cfgs[AGAIN] = TrainConfig.from_json(
+        {**cfgs["device"].to_json(), "out_dir": str(out / "device-again")}
+    )
     measured = measure(
         cfgs, args, set(counted_batches(args.batches, args.profile_batches / args.batches))
     )
+    again = measured.pop(AGAIN)
     for n, r in rows.items():
         r.update(measured[n])
         r["error"] = round((r["predicted_ms"] - r["measured_ms"]) / r["measured_ms"], 4)
@@ -300,6 +319,8 @@ def run_config(spec, args, root: Path) -> dict:
         "planner_weighed": len(weighed),
         "planner_predicted": sum(w.prediction is not None for w in weighed),
         "planning_s": round(planning_s, 2), "wrong_rankings": wrong_pairs(rows),
+        "device_again_ms": again["measured_ms"],
+        "repeatability": round(abs(again["measured_ms"] / rows["device"]["measured_ms"] - 1), 4),
         "load": load_average(),
     }  # fmt: skip
 
@@ -318,6 +339,15 @@ def summarise(configs: dict) -> dict:
     out["chosen_within_10pct"] = f"{sum(bool(w) for w in within)}/{len(within)}"
     out["wrong_rankings"] = sum(len(c["wrong_rankings"]) for c in configs.values())
     out["planning_s_max"] = max(c["planning_s"] for c in configs.values())
+    # the noise floor the errors are read against: two trainers of one configuration, and one
+    # trainer's rounds (minutes apart)
+    out["repeatability_median"] = round(
+        statistics.median(c["repeatability"] for c in configs.values()), 4
+    )
+    spreads = [max(r["round_medians_ms"]) / min(r["round_medians_ms"]) - 1
+               for c in configs.values() for r in c["candidates"].values()
+               if len(r["round_medians_ms"]) > 1]  # fmt: skip
+    out["round_spread_median"] = round(statistics.median(spreads), 4) if spreads else None
     return out
 
 
@@ -328,9 +358,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=15, help="steps of each candidate per round")
     p.add_argument("--warmup", type=int, default=10, help="first steps of each trainer not counted")
-    p.add_argument("--tiered-warmup", type=int, default=60,
-                   help="steps each tiered trainer runs, not counted, before the rounds: its row "
-                   "cache starts empty, the prediction is its warm steady state")  # fmt: skip
+    p.add_argument("--tiered-steps", type=int, default=240,
+                   help="counted steps of each tiered trainer (its cache starts empty and fills: "
+                   "measured as their mean, predicted for the same steps)")  # fmt: skip
     p.add_argument("--batches", type=int, default=400, help="training batches per epoch")
     p.add_argument("--profile-batches", type=int, default=100, help="batches the profile counts")
     p.add_argument("--dim", type=int, default=16)
@@ -345,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
             min(args.steps, 4),
             min(args.warmup, 2),
         )
-        args.tiered_warmup = min(args.tiered_warmup, 4)
+        args.tiered_steps = min(args.tiered_steps, 20)
         args.batches, args.profile_batches = 40, 10
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)

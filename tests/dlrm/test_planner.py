@@ -249,6 +249,15 @@ def test_the_planning_sample_takes_batches_the_profile_did_not_count(
     assert s.batches_per_epoch >= 8 and len(s.batch_indices) == planner.SAMPLE_BATCHES
     assert not set(s.batch_indices) & set(counted)
     assert planner.counted_batches(s.batches_per_epoch, s.profile.sample_rate) == counted
+    # the stream a cache that starts empty is replayed on: the run's first uncounted batches, in
+    # order; the prediction's steps: the whole run
+    first = [j for j in range(s.batches_per_epoch) if j not in counted][: planning.STREAM_BATCHES]
+    stream = s.stream()
+    assert len(stream) == len(first) and s.stream() is stream  # read once
+    data = build_data(cfg)
+    for j, kjt in zip(first, stream):
+        assert torch.equal(kjt.values(), data.train.batch(0, j).sparse_features.values())
+    assert s.steps == (0, s.batches_per_epoch * cfg.nepochs)
     # evenly spread over the rest; every batch counted: the sample is all there is
     assert planner.sample_batches(40, range(0, 40, 2)) == [1, 5, 11, 15, 21, 25, 31, 35]
     assert planner.sample_batches(4, range(4)) == [0, 1, 2, 3]

@@ -22,6 +22,7 @@ from embeddings.scm_tier import ScmTier
 from embeddings.tiered import profile_priority
 from perfmodel import disk
 from perfmodel import placement_costs as pc
+from perfmodel import row_cache_model as rcm
 
 ROOT = Path(__file__).resolve().parents[2]
 SIZES = [300, 2000, 50, 5000]
@@ -38,7 +39,8 @@ def sample():
     for j in range(0, 40, 2):  # the profile: even batches; the replay: odd ones (out of sample)
         prof.add_kjt(src.batch(0, j).sparse_features)
     batches = [src.batch(0, j).sparse_features for j in range(1, 40, 2)]
-    return SimpleNamespace(profile=prof.finish(), batches=batches)
+    return SimpleNamespace(profile=prof.finish(), batches=batches, steps=(0, 200),
+                           stream=lambda: batches)  # fmt: skip
 
 
 def config(**kw):
@@ -71,7 +73,7 @@ def test_counted_cold_rows_equal_a_direct_count(sample):
     plan = pc.hot_plan(cfg, sample, 20 * DIM * 4 * 8)
     base = table_row_base(SIZES).numpy()
     held = [plan.tier("device").held_ids(t) for t in range(len(SIZES))]
-    got = pc.cold_batches(sample, plan)
+    got = pc.cold_batches(sample.batches, plan)
     assert len(got) == len(sample.batches)
     for kjt, cb in zip(sample.batches, got):
         per = np.split(kjt.values().numpy(), np.cumsum(kjt.length_per_key())[:-1])
@@ -90,11 +92,11 @@ def test_replayed_hit_rate_equals_the_real_tier_on_the_same_accesses(tmp_path, s
     cfg = config()
     opt = SparseOptimizer("sgd", 0.1)
     plan = pc.hot_plan(cfg, sample, 10 * DIM * 4)
-    cold = [b.cold for b in pc.cold_batches(sample, plan)]
+    cold = [b.cold for b in pc.cold_batches(sample.batches, plan)]
     prio = profile_priority(sample.profile.counts, SIZES)
-    warm = pc.warm_rows(sample.profile.counts, SIZES, pc.hot_row_map(plan), cache_rows, 50)
+    warm = rcm.warm_rows(sample.profile.counts, SIZES, pc.hot_row_map(plan), cache_rows, 50)
     rpb = PAYLOAD // (4 * DIM)
-    rep = pc.replay_row_cache(cold, sum(SIZES), cache_rows, rpb, prio, warm=warm)
+    rep = rcm.replay_row_cache(cold, sum(SIZES), cache_rows, rpb, prio, warm=warm)
 
     tables = [TableSpec(f"t{i}", n, DIM, f"cat_{i}") for i, n in enumerate(SIZES)]
     tier = ScmTier(tmp_path / "scm", tables, opt, 0, cache_rows * 4 * DIM, io="buffered",
@@ -107,7 +109,7 @@ def test_replayed_hit_rate_equals_the_real_tier_on_the_same_accesses(tmp_path, s
     for ids in cold:
         weights, _ = tier.read_rows(ids)
         pending.append((ids, weights))
-        if len(pending) > pc.WRITEBACK_LAG:
+        if len(pending) > rcm.WRITEBACK_LAG:
             old, w = pending.pop(0)
             tier.write_rows(old, w + 1.0, None)
     assert (rep.hits, rep.misses, rep.evictions) == (
@@ -239,3 +241,32 @@ def test_staged_candidates_share_one_captured_device_step(monkeypatch, tmp_path)
     assert len(keys) == 1
     pc.step_time(config(placement="fae", hot_budget=10 * DIM * 4), SIZES, "fae")
     assert len(keys) == 2  # FAE's step depends on its hot budget: captured for it
+
+
+def test_a_tiered_run_is_predicted_over_its_steps_and_checked_over_its_first(
+    sample, stubbed, monkeypatch
+):
+    """The cache starts empty: a longer run's mean differs from its first steps', which the
+    placement check measures (`checked_ms`, what Decision.checked_ms hands it)."""
+    from dlrm.placement_check import MEASURE_STEPS
+
+    monkeypatch.setattr(pc, "_spare_core", lambda: False)  # the disk's time not hidden
+    from dlrm.planner import Decision
+    from dlrm.planning import Candidate as C
+
+    c = C("tiered", 10 * DIM * 4, 400 * DIM * 4)
+    cfg = config(placement="tiered")
+    short = pc.predict_candidate(cfg, c, SimpleNamespace(**{**vars(sample), "steps": (0, 150)}))
+    assert "checked_ms" not in short.detail  # the check measures every step of it
+    long = pc.predict_candidate(cfg, c, SimpleNamespace(**{**vars(sample), "steps": (0, 10**5)}))
+    assert long.detail["checked_steps"] == [0, MEASURE_STEPS]
+    assert long.detail["checked_ms"] != pytest.approx(long.ms_per_step)
+    assert long.detail["hit_rate"] > short.detail["hit_rate"]
+    # the checked figure is the run of the checked steps' own prediction
+    first = pc.predict_candidate(
+        cfg, c, SimpleNamespace(**{**vars(sample), "steps": (0, MEASURE_STEPS)})
+    )
+    assert long.detail["checked_ms"] == pytest.approx(first.ms_per_step)
+    weighed = SimpleNamespace(candidate=c, prediction=long)
+    d = Decision(c, "test", [weighed], {}, 0.3)
+    assert d.checked_ms() == long.detail["checked_ms"] and d.predicted_ms() == long.ms_per_step

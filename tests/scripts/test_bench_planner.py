@@ -10,10 +10,11 @@ bench = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(bench)
 
 
-def row(placement, predicted, measured, fits=True, parts=None):
+def row(placement, predicted, measured, fits=True, parts=None, rounds=None):
     return {"placement": placement, "predicted_ms": predicted, "measured_ms": measured,
             "fits": fits, "parts": parts or {"dense": predicted},
-            "error": round((predicted - measured) / measured, 4)}  # fmt: skip
+            "error": round((predicted - measured) / measured, 4),
+            "round_medians_ms": rounds or [measured]}  # fmt: skip
 
 
 def test_autos_choice_is_judged_against_the_measured_fastest_that_fits():
@@ -51,11 +52,15 @@ def test_wrong_rankings_name_the_pair_and_the_larger_error():
 
 def test_summary_medians_per_group_against_the_targets():
     configs = {
-        "x": {"candidates": {"device": row("device", 10.0, 10.5), "fae": row("fae", 12.0, 10.0),
+        "x": {"candidates": {"device": row("device", 10.0, 10.5, rounds=[10.0, 12.0]),
+                             "fae": row("fae", 12.0, 10.0, rounds=[10.0, 11.0, 10.5]),
                              "hotline": row("hotline", 11.0, 10.0)},
-              "chosen_within_10pct": True, "wrong_rankings": [], "planning_s": 3.0},
-        "y": {"candidates": {"host": row("host", 9.0, 10.0), "tiered": row("tiered", 20.0, 10.0)},
-              "chosen_within_10pct": False, "wrong_rankings": [{}], "planning_s": 7.5},
+              "chosen_within_10pct": True, "wrong_rankings": [], "planning_s": 3.0,
+              "repeatability": 0.05},
+        "y": {"candidates": {"host": row("host", 9.0, 10.0, rounds=[8.0, 10.0]),
+                             "tiered": row("tiered", 20.0, 10.0)},
+              "chosen_within_10pct": False, "wrong_rankings": [{}], "planning_s": 7.5,
+              "repeatability": 0.15},
     }  # fmt: skip
     s = bench.summarise(configs)
     assert s["device_fae"]["n"] == 3 and s["staged"]["n"] == 2
@@ -63,6 +68,9 @@ def test_summary_medians_per_group_against_the_targets():
     assert s["staged"]["median_abs_error"] == 0.55 and s["staged"]["met"] is False
     assert s["chosen_within_10pct"] == "1/2" and s["wrong_rankings"] == 1
     assert s["planning_s_max"] == 7.5
+    # the noise floor: the median of the configurations' repeatability, and of the spreads of
+    # the candidates measured in more than one round (20%, 10%, 25%)
+    assert s["repeatability_median"] == 0.1 and s["round_spread_median"] == 0.2
 
 
 def test_quick_candidates_cover_every_kind_but_host():
