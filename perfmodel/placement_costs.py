@@ -171,18 +171,31 @@ def _fitted_model():
 _STEPS: dict[tuple, dict] = {}
 
 
-def _capturable(cfg, total_rows: int):
-    """The config the step graph is captured from (None: too large to build, and not synthetic)."""
+# data sets whose steps a synthetic one of the same tables repeats (13 dense features, one id
+# per table and input, or the bags `--multi-hot-sizes` asks for, as the synthetic data makes)
+CRITEO_LAYOUTS = ("kaggle", "terabyte")
+
+
+def _capturable(cfg, sizes: list[int]):
+    """The config the step graph is captured from (None: too large to build, and no synthetic
+    stand-in). Tables over CAPTURE_ROWS rows in all are captured scaled down (the embedding
+    kernels are told the real sizes); a Criteo data set that large is captured as synthetic data
+    with its tables' sizes (its files are not read: a step's operators do not depend on them)."""
+    total_rows = int(sum(sizes))
     if total_rows <= CAPTURE_ROWS:
         return cfg
-    if cfg.data_set != "synthetic":
-        return None
     f = CAPTURE_ROWS / total_rows
     # smaller tables: a profile or plan of the real ones does not fit them (FAE makes its own)
     changes: dict[str, Any] = {"synthetic_table_scale": cfg.synthetic_table_scale * f,
                                "profile_file": None, "placement_plan": None}  # fmt: skip
-    if cfg.arch_embedding_size:
-        changes["arch_embedding_size"] = [max(1, int(n * f)) for n in cfg.arch_embedding_size]
+    if cfg.data_set in CRITEO_LAYOUTS and cfg.model == "dlrm":
+        changes.update(data_set="synthetic", raw_data_file=None, processed_data_file=None,
+                       max_ind_range=None, arch_embedding_size=list(sizes))  # fmt: skip
+    elif cfg.data_set != "synthetic":
+        return None
+    sizes_given = changes.get("arch_embedding_size") or cfg.arch_embedding_size
+    if sizes_given:
+        changes["arch_embedding_size"] = [max(1, int(n * f)) for n in sizes_given]
     if cfg.placement == "fae":  # the same share of the (smaller) tables on the device
         changes["hot_budget"] = max(1, int(parse_bytes(cfg.hot_budget) * f))
     return _with(cfg, **changes)
@@ -206,11 +219,10 @@ def step_time(
     source}."""
     table_sizes = list(sizes if table_sizes is None else table_sizes)
     model = _fitted_model()
-    total = int(sum(sizes))
     # the capture builds the step at batch 16, not the user's run: their memory limits are not its
     base = _with(cfg, placement=placement, memory_limit=None, device_memory_limit=None,
                  **(_UNPLACED if placement != "fae" else {}))  # fmt: skip
-    proxy = _capturable(base, total) if model is not None else None
+    proxy = _capturable(base, sizes) if model is not None else None
     if proxy is None:
         return roofline_step(cfg, table_sizes)
     from perfmodel.graph import graph_for, graph_key
@@ -324,6 +336,7 @@ def _staged(cfg, candidate: Candidate, sample, sizes: list[int]) -> Prediction:
     # as measured on a real collection (the renewal and the slots' bookkeeping are most of it)
     load = load_us(figs, rows, rf) / 1e3
     first = None  # a tiered prediction's disk and worker over the checked steps
+    disk_steps: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}  # per window: ms per step, weights
     if candidate.placement == "hotline":
         staging = mapping + rows * gather / 1e3
         home = 0.0  # in `load`: the host tier's write-back was measured with it
@@ -355,6 +368,7 @@ def _staged(cfg, candidate: Candidate, sample, sizes: list[int]) -> Prediction:
             cpu = (rows * figs["hash_ns_per_row"] / 1e6 + rows * io.hit_rate * gather / 1e3
                    + (io.reads + io.rmw) * figs["crc_us_per_block"] / 1e3
                    + io.rmw * rpb * scatter / 1e3)  # fmt: skip
+            disk_steps[tuple(window)] = (io.disk_by_step * 1e3, io.step_weights)
             return io.disk_s * 1e3, mapping + cpu, io
 
         parts["disk"], staging, io = io_parts(sample.steps)
@@ -378,11 +392,19 @@ def _staged(cfg, candidate: Candidate, sample, sizes: list[int]) -> Prediction:
     compute = step["ms"] + parts["load"]
     spare = _spare_core()
 
-    def hidden_ms(worker: float) -> float:  # one staging at a time: it hides up to a step
-        return min(worker, compute) if prefetch and spare else 0.0
+    def hidden_ms(worker: float, window=None) -> float:
+        """One staging at a time: it hides up to a step, step by step (a tiered run's disk time
+        comes in bursts once its cache is full; their mean would hide too much)."""
+        if not (prefetch and spare):
+            return 0.0
+        if window in disk_steps:
+            ms, w = disk_steps[window]
+            cpu = worker - float(np.average(ms, weights=w))  # the worker's CPU: the same each step
+            return float(np.average(np.minimum(cpu + ms, compute), weights=w))
+        return min(worker, compute)
 
     worker = staging + parts.get("disk", 0.0)
-    parts["hidden"] = -hidden_ms(worker)
+    parts["hidden"] = -hidden_ms(worker, tuple(sample.steps) if disk_steps else None)
     detail.update(
         prefetch=prefetch, spare_core=spare, staging_ms=worker, hidden_ms=-parts["hidden"]
     )
@@ -390,7 +412,7 @@ def _staged(cfg, candidate: Candidate, sample, sizes: list[int]) -> Prediction:
     if first is not None:  # the same sum with the first steps' disk and worker
         w = first[0] + first[1]
         detail["checked_steps"] = list(checked)
-        detail["checked_ms"] = ms - worker - parts["hidden"] + w - hidden_ms(w)
+        detail["checked_ms"] = ms - worker - parts["hidden"] + w - hidden_ms(w, checked)
     return Prediction(float(ms), {k: float(v) for k, v in parts.items()}, detail)
 
 

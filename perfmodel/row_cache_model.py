@@ -28,7 +28,7 @@ queue depth (`perfmodel.disk.read_seconds`).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -222,6 +222,10 @@ class RunIO:
     fill_step: float | None  # the step the cache is full at (None: not within the window's end)
     steady_hit_rate: float  # the hit rate once full
     replayed_steps: int
+    # seconds of disk at each step (or grid point) of the window, and the steps each stands for:
+    # what a step hides of it depends on each step's reads, not on their mean
+    disk_by_step: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    step_weights: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
 
 def run_io(
@@ -319,8 +323,9 @@ def run_io(
     arr = np.asarray(rows, dtype=np.float64).reshape(-1, 4)
     hits, misses, reads, rmw = (float(np.average(arr[:, i], weights=w)) for i in range(4))
     disk = np.array([seconds(r) + 2 * seconds(p) for _, _, r, p in arr])
+    keep = w > 0
     return RunIO(
         hit_rate=hits / (hits + misses) if hits + misses else 0.0, misses=misses, reads=reads,
         rmw=rmw, disk_s=float(np.average(disk, weights=w)), fill_step=fill,
-        steady_hit_rate=steady, replayed_steps=n,
+        steady_hit_rate=steady, replayed_steps=n, disk_by_step=disk[keep], step_weights=w[keep],
     )  # fmt: skip

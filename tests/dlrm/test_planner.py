@@ -84,6 +84,20 @@ def test_the_fastest_predicted_candidate_that_fits_is_chosen(make_config, monkey
     assert "the fastest predicted" in d.how and "CHOSEN" in d.table()
 
 
+def test_equal_predictions_go_to_the_candidate_that_needs_least_memory(make_config, monkeypatch):
+    # tiered caches a run never fills read nothing whatever their size: predicted alike
+    monkeypatch.setattr(
+        planning, "_PREDICTOR",
+        lambda cfg, c, s: Prediction(5.0 if c.placement == "tiered" else 50.0, {}),
+    )  # fmt: skip
+    fixed_room(monkeypatch, device=2 * MiB, host=3 * MiB)
+    d = decide(make_config)
+    tiered = [w for w in d.weighed if w.prediction is not None and w.candidate.placement == "tiered"]
+    assert len({w.candidate.scm_cache for w in tiered}) > 1
+    least = min(tiered, key=lambda w: w.needs.get("device", 0) + w.needs.get("host", 0))
+    assert d.chosen == least.candidate
+
+
 def test_margin_rejects_what_fits_only_without_it(make_config, monkeypatch, predicted):
     fixed_room(monkeypatch, device=GiB)
     need = decide(make_config).weighed[0].needs["device"]  # device fits: nothing else weighed

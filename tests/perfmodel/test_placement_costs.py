@@ -270,3 +270,40 @@ def test_a_tiered_run_is_predicted_over_its_steps_and_checked_over_its_first(
     weighed = SimpleNamespace(candidate=c, prediction=long)
     d = Decision(c, "test", [weighed], {}, 0.3)
     assert d.checked_ms() == long.detail["checked_ms"] and d.predicted_ms() == long.ms_per_step
+
+
+def test_a_criteo_data_set_too_large_to_build_is_captured_as_synthetic_tables_of_its_sizes():
+    sizes = [10_000_000] * 26
+    tb = TrainConfig.from_json({"data_set": "terabyte", "raw_data_file": "/nonexistent/day",
+                                "processed_data_file": "/nonexistent/processed",
+                                "arch_sparse_feature_size": 64, "mini_batch_size": 2048,
+                                "arch_mlp_bot": "13-512-256-64", "arch_mlp_top": "512-512-256-1"})  # fmt: skip
+    proxy = pc._capturable(tb, sizes)
+    assert proxy.data_set == "synthetic" and not proxy.raw_data_file
+    assert (
+        len(proxy.arch_embedding_size) == 26 and sum(proxy.arch_embedding_size) <= pc.CAPTURE_ROWS
+    )
+    assert list(proxy.arch_embedding_size) == [pc.CAPTURE_ROWS // 26] * 26
+    for field in ("arch_sparse_feature_size", "arch_mlp_bot", "arch_mlp_top", "mini_batch_size",
+                  "optimizer", "precision", "arch_interaction_op"):  # fmt: skip
+        assert getattr(proxy, field) == getattr(tb, field)
+    assert pc._capturable(tb, [1000] * 26) is tb  # small enough to build as it is
+    taobao = TrainConfig.from_json(
+        {"model": "tbsm", "data_set": "taobao", "raw_data_file": "/nonexistent/taobao.txt"}
+    )
+    assert pc._capturable(taobao, [10_000_000] * 3) is None  # no stand-in: the roofline
+
+
+def test_a_tiered_runs_disk_bursts_are_hidden_step_by_step(sample, stubbed, monkeypatch):
+    """Before its cache is full a fresh tier reads nothing, after it every step reads: a step
+    hides at most its own staging, so less is hidden than the mean staging would."""
+    monkeypatch.setattr(pc, "_spare_core", lambda: True)
+    slow = {"io": "direct", "engine": "aio", "key": "slow",
+            "depths": {"1": {"iops": 200, "latency_us": 5000}, "64": {"iops": 400, "latency_us": 9e4}}}  # fmt: skip
+    monkeypatch.setattr(disk, "describe_disk", lambda directory=None, refresh=False: slow)
+    c = Candidate("tiered", 10 * DIM * 4, 100 * DIM * 4)
+    p = pc.predict_candidate(config(placement="tiered"), c, sample)
+    compute = p.parts["dense"] + p.parts["lookup"] + p.parts["load"]
+    assert p.detail["cache_full_at_step"] is not None and p.detail["staging_ms"] > compute
+    assert 0 < p.detail["hidden_ms"] < compute  # the steps before the cache filled hid little
+    assert p.ms_per_step == pytest.approx(sum(p.parts.values()))
