@@ -92,7 +92,9 @@ def test_equal_predictions_go_to_the_candidate_that_needs_least_memory(make_conf
     )  # fmt: skip
     fixed_room(monkeypatch, device=2 * MiB, host=3 * MiB)
     d = decide(make_config)
-    tiered = [w for w in d.weighed if w.prediction is not None and w.candidate.placement == "tiered"]
+    tiered = [
+        w for w in d.weighed if w.prediction is not None and w.candidate.placement == "tiered"
+    ]
     assert len({w.candidate.scm_cache for w in tiered}) > 1
     least = min(tiered, key=lambda w: w.needs.get("device", 0) + w.needs.get("host", 0))
     assert d.chosen == least.candidate
