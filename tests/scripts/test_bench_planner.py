@@ -10,11 +10,11 @@ bench = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(bench)
 
 
-def row(placement, predicted, measured, fits=True, parts=None, rounds=None):
+def row(placement, predicted, measured, fits=True, parts=None, rounds=None, vs_device=None):
     return {"placement": placement, "predicted_ms": predicted, "measured_ms": measured,
             "fits": fits, "parts": parts or {"dense": predicted},
             "error": round((predicted - measured) / measured, 4),
-            "round_medians_ms": rounds or [measured]}  # fmt: skip
+            "round_medians_ms": rounds or [measured], "error_vs_device": vs_device}  # fmt: skip
 
 
 def test_autos_choice_is_judged_against_the_measured_fastest_that_fits():
@@ -53,12 +53,13 @@ def test_wrong_rankings_name_the_pair_and_the_larger_error():
 def test_summary_medians_per_group_against_the_targets():
     configs = {
         "x": {"candidates": {"device": row("device", 10.0, 10.5, rounds=[10.0, 12.0]),
-                             "fae": row("fae", 12.0, 10.0, rounds=[10.0, 11.0, 10.5]),
-                             "hotline": row("hotline", 11.0, 10.0)},
+                             "fae": row("fae", 12.0, 10.0, rounds=[10.0, 11.0, 10.5],
+                                        vs_device=0.26),
+                             "hotline": row("hotline", 11.0, 10.0, vs_device=-0.155)},
               "chosen_within_10pct": True, "wrong_rankings": [], "planning_s": 3.0,
               "repeatability": 0.05},
-        "y": {"candidates": {"host": row("host", 9.0, 10.0, rounds=[8.0, 10.0]),
-                             "tiered": row("tiered", 20.0, 10.0)},
+        "y": {"candidates": {"host": row("host", 9.0, 10.0, rounds=[8.0, 10.0], vs_device=0.04),
+                             "tiered": row("tiered", 20.0, 10.0, vs_device=0.05)},
               "chosen_within_10pct": False, "wrong_rankings": [{}], "planning_s": 7.5,
               "repeatability": 0.15},
     }  # fmt: skip
@@ -71,6 +72,23 @@ def test_summary_medians_per_group_against_the_targets():
     # the noise floor: the median of the configurations' repeatability, and of the spreads of
     # the candidates measured in more than one round (20%, 10%, 25%)
     assert s["repeatability_median"] == 0.1 and s["round_spread_median"] == 0.2
+    # against the device placement of the same rounds (the device itself has none)
+    assert (
+        s["device_fae"]["n_vs_device"] == 2
+        and s["device_fae"]["median_abs_error_vs_device"] == 0.15
+    )
+    assert s["device_fae"]["met_vs_device"] is False
+    assert s["staged"]["median_abs_error_vs_device"] == 0.1025 and s["staged"]["met_vs_device"]
+
+
+def test_the_error_against_the_device_cancels_the_machines_drift():
+    device = row("device", 10.0, 10.0)
+    hotline = row("hotline", 12.0, 12.0)
+    slow = {k: dict(r, measured_ms=r["measured_ms"] * 1.6) for k, r in
+            {"device": device, "hotline": hotline}.items()}  # fmt: skip
+    assert bench.relative_error(hotline, device) == 0.0
+    assert bench.relative_error(slow["hotline"], slow["device"]) == 0.0  # both 1.6x slower
+    assert bench.relative_error(row("hotline", 12.0, 15.0), device) == round(1.2 / 1.5 - 1, 4)
 
 
 def test_quick_candidates_cover_every_kind_but_host():
