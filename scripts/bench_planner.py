@@ -1,7 +1,7 @@
 """The placement planner's proof: every candidate predicted AND measured, over configurations that
 span table scale, --memory-limit and batch size; prints one JSON object.
 
-    python scripts/bench_planner.py                 # 8 configurations, ~15 min on 2 cores
+    python scripts/bench_planner.py                 # 8 configurations, 5-8 min, one thread
     python scripts/bench_planner.py --quick         # 2 tiny ones: a smoke test (seconds to a minute)
 
 Per configuration: `--placement auto`'s own decision (dlrm/planner.py's `plan` on the CPU, timed:
@@ -374,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="two tiny configurations (smoke test)")
     p.add_argument("--only", help="comma-separated configuration names")
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=15, help="steps of each candidate per round")
     p.add_argument("--warmup", type=int, default=10, help="first steps of each trainer not counted")
     p.add_argument("--tiered-steps", type=int, default=240,
