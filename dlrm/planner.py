@@ -21,7 +21,8 @@
    sparse until its blocks are written), so it gets no margin. A `--hot-budget` the user gave
    bounds the rows on the device too (`rows_cap`: auto's rule before the planner).
 5. The registered predictor (perfmodel's, dlrm/planning.py) predicts each fitting candidate's
-   step time; the fastest is chosen (ties: the least device and host memory, then PREFERENCE).
+   step time; the fastest is chosen (ties: the kind first in PREFERENCE, then the least device
+   and host memory).
    Without a predictor the first fitting candidate in PREFERENCE order (a kind's largest budgets
    first) is chosen, and the table says so.
    Where nothing fits: one line naming the closest candidate and the tier it is short on.
@@ -408,11 +409,11 @@ def plan(
                 w.rejected = f"no prediction ({type(e).__name__}: {e})"
         predicted = [w for w in fitting if w.prediction is not None]
         if predicted:
-            # equal predictions (a cache the run never fills reads as much as a larger one):
-            # the one that needs the least memory
-            chosen = min(predicted, key=lambda w: (round(w.prediction.ms_per_step, 3),
-                                                   sum(w.needs.get(t, 0) for t in MEMORY_TIERS),
-                                                   _preference(w)))  # fmt: skip
+            # equal predictions: the kind preferred, then of its candidates the one that needs
+            # the least memory (a cache the run never fills reads as much as a larger one)
+            chosen = min(predicted, key=lambda w: (
+                round(w.prediction.ms_per_step, 3), PREFERENCE.index(w.candidate.placement),
+                sum(w.needs.get(t, 0) for t in MEMORY_TIERS), _preference(w)))  # fmt: skip
             best = chosen.prediction.ms_per_step
             how = f"the fastest predicted of those that fit with a {margin:.0%} margin on memory"
             for w in predicted:
