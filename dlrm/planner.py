@@ -38,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dlrm.compose import steps_per_epoch
 from dlrm.config import TrainConfig
 from dlrm.data import DataSplits
 from dlrm.errors import ConfigError
@@ -350,7 +351,7 @@ def read_sample(
     counted = counted_batches(n, profile.sample_rate or cfg.profile_sample_rate)
     idx = sample_batches(n, counted)
     batches = [data.train.batch(0, j).sparse_features for j in idx]
-    run = (min(n, cfg.num_batches) if cfg.num_batches else n) * cfg.nepochs
+    run = steps_per_epoch(cfg, data) * cfg.nepochs
 
     @functools.cache
     def stream() -> list:  # the run's first uncounted batches, read once, only when asked

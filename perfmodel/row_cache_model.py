@@ -48,7 +48,6 @@ class CacheReplay:
     misses: int
     miss_blocks: list[int]  # per batch: 4 KiB blocks the misses fall in
     evict_blocks: list[int]  # per batch: blocks the evicted dirty rows patch (read + write)
-    initial_misses: int  # misses on blocks no eviction had written before (a fresh tier's)
     evictions: int = 0  # rows the cache evicted (warm-up excluded)
     hits_per_batch: list[int] | None = None
     misses_per_batch: list[int] | None = None
@@ -113,7 +112,7 @@ def replay_row_cache(
             cache.admit(ids[slots < 0], dirty=False)
         cache.hits = cache.misses = cache.evictions = 0
     written = np.zeros(0, dtype=np.int64)
-    miss_blocks, evict_blocks, read_blocks, hits_b, misses_b, initial = [], [], [], [], [], 0
+    miss_blocks, evict_blocks, read_blocks, hits_b, misses_b = [], [], [], [], []
     pending: list[torch.Tensor] = []
     evicted_now: list[np.ndarray] = []
 
@@ -151,7 +150,6 @@ def replay_row_cache(
         miss_blocks.append(int(miss_block.size))
         on_disk = np.isin(miss_block, written)
         read_blocks.append(int(on_disk.sum()))
-        initial += int(np.sum(~np.isin(miss.numpy() // rows_per_block, written)))
         if capacity and miss.numel():
             admit(miss, dirty=False)
         pending.append(ids)
@@ -161,7 +159,7 @@ def replay_row_cache(
         evict_blocks.append(int(ev.size))
         written = np.union1d(written, ev)
     return CacheReplay(
-        cache.hits, cache.misses, miss_blocks, evict_blocks, initial, cache.evictions,
+        cache.hits, cache.misses, miss_blocks, evict_blocks, cache.evictions,
         hits_b, misses_b, read_blocks, int(written.size),
     )  # fmt: skip
 
@@ -240,6 +238,8 @@ def run_io(
     after `ScmTier.fill`)."""
     first, end = int(window[0]), int(window[1])
     n = len(stream)
+    if not n or not sum(t.numel() for t in stream):  # no cold row: nothing to cache or read
+        return RunIO(0.0, 0.0, 0.0, 0.0, 0.0, None, 0.0, n)
     new = new_rows(stream)
     seen = int(new.sum())
     R = float(np.mean([t.numel() for t in stream])) if stream else 0.0
@@ -261,7 +261,7 @@ def run_io(
         if rep.evictions or capacity == 0:
             fill = float(np.argmax(np.cumsum(new) >= capacity)) if capacity else 0.0
         else:  # U(T) = capacity, past the stream
-            lo, hi = float(n), float(n)
+            lo, hi = float(n), float(max(n, 1))
             while U(hi) < capacity and hi < 1e12:
                 hi *= 2
             for _ in range(60):

@@ -104,3 +104,10 @@ def test_a_long_run_is_predicted_on_a_grid_and_settles_at_the_steady_rate(stream
     # a cache smaller than a step's rows keeps little
     tiny = rcm.run_io(head, ROWS, ROWS, 50, RPB, None, (100, 200), blocks_seconds)
     assert tiny.steady_hit_rate < 0.05
+
+
+def test_a_stream_without_cold_rows_reads_nothing():
+    empty = [torch.zeros(0, dtype=torch.int64)] * 4
+    for stream in ([], empty):
+        io = rcm.run_io(stream, ROWS, ROWS, 100, RPB, None, (0, 1000), blocks_seconds)
+        assert (io.reads, io.rmw, io.disk_s, io.misses) == (0.0, 0.0, 0.0, 0.0)
