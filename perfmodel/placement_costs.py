@@ -356,7 +356,7 @@ def _staged(cfg, candidate: Candidate, sample, sizes: list[int]) -> Prediction:
             floor = replay_row_cache([b.cold for b in batches], total_rows, capacity, rpb, prio,
                                      warm=warm).hit_rate or 0.0  # fmt: skip
         # the run's first batches (a sample without them: its spread batches, as if in a row)
-        first_batches = getattr(sample, "stream", lambda: [])() or sample.batches
+        first_batches = sample.stream() or sample.batches
         stream = [b.cold for b in cold_batches(first_batches, plan, timed=False)]
         where = cfg.scm_dir or (Path(cfg.out_dir) / "scm" if cfg.out_dir else None)  # its default
         disk = describe_disk(where)

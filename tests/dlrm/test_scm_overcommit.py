@@ -19,8 +19,12 @@ from embeddings.errors import ScmError
 from embeddings.memory import fmt_bytes
 from embeddings.placement import row_bytes
 from embeddings.scm_file import BLOCK, PAYLOAD
-from embeddings.scm_tier import ScmTier
-from tests.dlrm.test_tiered_training import RESUMABLE, _fill, eval_history, same_tables
+from tests.dlrm.test_tiered_training import (
+    RESUMABLE,
+    eval_history,
+    fill_after_first_checkpoint,
+    same_tables,
+)
 
 BIG = (1_000_000, 1_000_000, 500, 7)  # 64.5 MB of tier file at dim 4 with Adagrad
 
@@ -87,14 +91,7 @@ def test_a_disk_smaller_than_the_file_refuses_without_the_flag_and_trains_with_i
 
     # over-committed: the check passes, the start says so; the disk fills after the first
     # checkpoint: one line naming the file system, and the checkpoint resumes to the end
-    real = ScmTier.commit
-
-    def commit(self, generation):
-        real(self, generation)
-        if generation == 1:
-            _fill(disk)
-
-    monkeypatch.setattr(ScmTier, "commit", commit)
+    fill_after_first_checkpoint(monkeypatch, disk)
     run = str(tmp_path / "run")
     with caplog.at_level(logging.INFO, logger="dlrm.scm_setup"):
         with pytest.raises(ScmError) as e:

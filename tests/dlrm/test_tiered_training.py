@@ -323,6 +323,19 @@ def test_a_scm_dir_that_cannot_be_a_directory_is_one_line(tmp_path, capsys, wher
     assert len(err) == 1 and f"--scm-dir: {scm} " in err[0], err
 
 
+def fill_after_first_checkpoint(monkeypatch, disk: Path) -> None:
+    """The file system at `disk` filled up as soon as the SSD tier commits its first
+    checkpoint."""
+    real = ScmTier.commit
+
+    def commit(self, generation):
+        real(self, generation)
+        if generation == 1:
+            _fill(disk)
+
+    monkeypatch.setattr(ScmTier, "commit", commit)
+
+
 def _fill(disk: Path) -> None:
     """Every free byte of the file system at `disk` taken by one file."""
     with open(disk / "filler", "wb") as f:
@@ -341,14 +354,7 @@ def test_a_full_disk_under_the_tier_is_one_line_and_the_last_checkpoint_resumes(
     # file system, and once there is room again it resumes from that checkpoint, exactly
     disk = tmpfs("size=2m")
     cfg = dict(RESUMABLE, scm_dir=str(disk / "scm"))
-    real = ScmTier.commit
-
-    def commit(self, generation):
-        real(self, generation)
-        if generation == 1:
-            _fill(disk)
-
-    monkeypatch.setattr(ScmTier, "commit", commit)
+    fill_after_first_checkpoint(monkeypatch, disk)
     with pytest.raises(ScmError) as e:
         Trainer(make_config(**cfg, out_dir=str(tmp_path / "run"))).fit()
     msg = str(e.value)
