@@ -24,8 +24,8 @@ test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(PY) -m ruff check common dlrm embeddings data_pipeline perfmodel serving scripts tests
-	$(PY) -m ruff format --check common dlrm embeddings data_pipeline perfmodel serving scripts tests
+	$(PY) -m ruff check hybrid_dlrm dlrm embeddings data_pipeline perfmodel scripts tests
+	$(PY) -m ruff format --check hybrid_dlrm dlrm embeddings data_pipeline perfmodel scripts tests
 
 clean:
 	rm -rf $(VENV)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.atomic import atomic_write
+from hybrid_dlrm.common.atomic import atomic_write
 
 MISSING_ID = 0
 RARE_ID = 1

@@ -18,8 +18,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from common import atomic
-from common.header import check_header
+from hybrid_dlrm.common import atomic
+from hybrid_dlrm.common.header import check_header
 
 from .errors import DataError, write_error
 from .npy_stream import check_file
@@ -44,7 +44,7 @@ def temporary(path: Path) -> Path:
 
 
 def write_json(path: Path, obj: Any) -> None:
-    """Atomically (common.atomic), or one DataError naming the file."""
+    """Atomically (hybrid_dlrm.common.atomic), or one DataError naming the file."""
     try:
         atomic.write_json(path, obj, temporary(path))
     except OSError as e:

@@ -24,10 +24,10 @@ The result is its own dataset directory, written once and reused:
     OUT/day_N.values.npy       int32|int64 [rows, sum(k)]: a sample's bags, table by table
     OUT/lengths.npy            int32 [26]: ids per bag, per table (every bag of a table has k_t)
 
-It is made under `.OUT.tmp-PID` and renamed to OUT only when complete (common/atomic.publish),
+It is made under `.OUT.tmp-PID` and renamed to OUT only when complete (hybrid_dlrm/common/atomic.publish),
 so a killed materialisation (kill -9 included) leaves a hidden temporary that is never read and
 that the next materialisation removes; two processes materialising the same OUT take turns on a
-lock (common/lock.py) and the second reuses the first's result.
+lock (hybrid_dlrm/common/lock.py) and the second reuses the first's result.
 """
 
 from __future__ import annotations
@@ -40,11 +40,11 @@ from pathlib import Path
 import numba
 import numpy as np
 
-from common import atomic
-from common.crc import crc_hex, file_crc32
-from common.header import check_header
-from common.lock import DirectoryLock, LockError
-from common.manifest import record_problem
+from hybrid_dlrm.common import atomic
+from hybrid_dlrm.common.crc import crc_hex, file_crc32
+from hybrid_dlrm.common.header import check_header
+from hybrid_dlrm.common.lock import DirectoryLock, LockError
+from hybrid_dlrm.common.manifest import record_problem
 
 from .criteo_dataset import CriteoDataset
 from .dataset_meta import describe_difference, marker_path, read_json

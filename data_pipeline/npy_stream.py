@@ -2,7 +2,7 @@
 
 The file is written as `NAME.tmp`: a fixed-size header with a placeholder shape, then rows
 appended as they come (so memory stays bounded), then the real header written over the
-placeholder, and published by common.atomic (fsync, rename to `NAME`). A crash leaves at most a
+placeholder, and published by hybrid_dlrm.common.atomic (fsync, rename to `NAME`). A crash leaves at most a
 `.tmp` file (removed by the next run), never a truncated `NAME`. The CRC-32 of the data bytes is
 computed on the way, so a later run can verify the file without trusting its size alone.
 """
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from common.atomic import AtomicFile
-from common.crc import crc32, file_crc32
-from common.manifest import record_problem
+from hybrid_dlrm.common.atomic import AtomicFile
+from hybrid_dlrm.common.crc import crc32, file_crc32
+from hybrid_dlrm.common.manifest import record_problem
 
 from .errors import write_error
 

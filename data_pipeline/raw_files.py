@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.crc import crc32
+from hybrid_dlrm.common.crc import crc32
 
 from .errors import DataError
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.atomic import atomic_write
+from hybrid_dlrm.common.atomic import atomic_write
 
 from .criteo_format import CAT_MISSING, INT_MISSING, NUM_DENSE, NUM_SPARSE
 

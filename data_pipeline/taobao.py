@@ -57,7 +57,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from common.header import check_header
+from hybrid_dlrm.common.header import check_header
 
 from . import dataset_meta as dm
 from .categorical import FrequencyCounter, build_vocabulary

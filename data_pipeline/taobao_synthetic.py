@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.atomic import write_text
+from hybrid_dlrm.common.atomic import write_text
 
 from .taobao_format import BEHAVIORS
 

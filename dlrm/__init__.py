@@ -5,7 +5,7 @@
 
 `Trainer` and `DataSplits` (a user's own batches, `DataSplits.from_batches`) are imported on
 first use: parsing a command line (`dlrm.train`, `dlrm.config`) must not
-pay for importing torchrec and fbgemm. Serving a trained model (`Predictor`) is the `serving`
+pay for importing torchrec and fbgemm. Serving a trained model (`Predictor`) is the `hybrid_dlrm.serving`
 package, which builds on this one.
 """
 

@@ -7,11 +7,11 @@ import torch
 
 from dlrm.config import TrainConfig
 from dlrm.data import DataSplits
-from dlrm.embedding_setup import build_embeddings
 from dlrm.errors import ArchError, ConfigError
 from dlrm.models.dlrm import DLRM, DLRMArch
 from dlrm.models.tbsm import TBSM, TBSMArch
-from dlrm.plan_setup import PlacedEmbeddings
+from dlrm.placement.build_collection import build_embeddings
+from dlrm.placement.run_plan import PlacedEmbeddings
 from embeddings import tables_for_features
 
 # the command-line flag of each architecture field, for messages
@@ -58,7 +58,7 @@ def build_placed_embeddings(
         table_sizes(cfg, data), cfg.arch_sparse_feature_size, data.feature_names
     )
     if world_size > 1:  # tables sharded across the process group (torchrec)
-        from dlrm.distributed import sharded_embeddings
+        from dlrm.processes.distributed import sharded_embeddings
 
         return sharded_embeddings(cfg, tables, device)
     return build_embeddings(cfg, tables, data.train, device)  # --placement

@@ -8,7 +8,7 @@ schedule, the dense optimizer, the compiled dense step, the train pipeline it ru
 plain step, the staging pipeline a collection asks for, the dense part under DDP, Slipstream's
 around either), the checkpoint store (single-file, sharded, none), the run directory's writer
 (rank 0's, or one that writes nothing), and the pre-flight checks (paths, resume settings, free
-space, the memory the placement needs: dlrm/memory.py) before any long work. Pieces can be
+space, the memory the placement needs: dlrm/placement/memory_check.py) before any long work. Pieces can be
 injected (`data`, `model`, `step_hook`, `checkpoints=False`), so benchmarks and tools compose a
 run instead of subclassing the trainer.
 """
@@ -23,12 +23,10 @@ from pathlib import Path
 
 import torch
 
-from common.lock import DirectoryLock, LockError
-from dlrm import checkpoint as ckpt
-from dlrm import compile as compile_
-from dlrm import dense_step, distributed, run_checks, third_party, threads
+from dlrm import run_checks
 from dlrm.build import build_model, build_placed_embeddings, resolve_device
-from dlrm.checkpoint_store import (
+from dlrm.checkpoints import format as ckpt
+from dlrm.checkpoints.store import (
     CheckpointStore,
     FileCheckpoints,
     NoCheckpoints,
@@ -36,15 +34,19 @@ from dlrm.checkpoint_store import (
 )
 from dlrm.config import TrainConfig
 from dlrm.data import DataSplits, build_data
-from dlrm.distributed import Processes
-from dlrm.embedding_setup import schedule_training_data
 from dlrm.errors import ConfigError
-from dlrm.plan_setup import PlacedEmbeddings
+from dlrm.pipelines import compile as compile_
+from dlrm.pipelines import dense_step
+from dlrm.pipelines.base import PlainTrainPipeline, StepHook, TrainPipeline
+from dlrm.placement.build_collection import schedule_training_data
+from dlrm.placement.run_plan import PlacedEmbeddings
+from dlrm.processes import distributed, third_party, threads
+from dlrm.processes.distributed import Processes
 from dlrm.progress import wanted_lines as progress_lines
 from dlrm.run_files import NoRunFiles, RunFiles, tensorboard_writer
-from dlrm.train_pipeline import PlainTrainPipeline, StepHook, TrainPipeline
 from embeddings.optimizer import SparseOptimizer
-from embeddings.staging import stages
+from embeddings.staged.contract import stages
+from hybrid_dlrm.common.lock import DirectoryLock, LockError
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +70,9 @@ class Run:
     resume_changes: dict[str, tuple]  # the settings a resume changed (dlrm/run_checks.py)
     resuming: Future | None = None  # the checkpoint to resume from, read in the background
     lines: bool = False  # progress lines on stdout (no terminal there: dlrm/progress.py)
-    lock: DirectoryLock | None = None  # the run directory's, held by rank 0 (common/lock.py)
+    lock: DirectoryLock | None = (
+        None  # the run directory's, held by rank 0 (hybrid_dlrm/common/lock.py)
+    )
 
     def resume_target(self) -> tuple[Path, dict] | None:
         """The checkpoint to continue from with its verified contents; None: start afresh."""
@@ -95,7 +99,7 @@ def build_run(
         raise ConfigError(
             "perf_log: pass the hook that records it, Trainer(cfg, step_hook=...) "
             "(python -m dlrm.train --perf-log attaches the one a plugin registers: "
-            "dlrm/step_hooks.py)"
+            "dlrm/pipelines/step_hooks.py)"
         )
     device = resolve_device(cfg.device)
     leads = rank == 0  # rank 0 writes the run directory
@@ -113,8 +117,8 @@ def build_run(
     _check_learning_fits(cfg, data)
     placement: PlacedEmbeddings | None = None
     if model is None:
-        from dlrm.memory import check_memory
-        from dlrm.planner import resolve_auto
+        from dlrm.placement.auto import resolve_auto
+        from dlrm.placement.memory_check import check_memory
 
         cfg, decision = resolve_auto(cfg, data, device, world_size, rank)  # auto's choice
         if decision is not None:  # its measured step time against the predicted one
@@ -263,7 +267,7 @@ def _checkpoint_store(
     directory = cfg.run_dir / "checkpoints"
     if not checkpoints:
         return NoCheckpoints(directory)
-    if world_size > 1:  # every rank writes its shards (dlrm/sharded_checkpoint.py)
+    if world_size > 1:  # every rank writes its shards (dlrm/checkpoints/sharded.py)
         return ShardedCheckpoints(directory, cfg.keep_checkpoints, rank, world_size, cfg.optimizer)
     if rank != 0:
         # Rank 0 writes the whole run: every rank's collection is a replica of the others'
@@ -275,7 +279,7 @@ def _checkpoint_store(
 def _compiled(
     cfg: TrainConfig, model: torch.nn.Module, steps: int, world_size: int
 ) -> compile_.CompiledDenseForward | None:
-    """`--compile` (dlrm/compile.py); off while the performance model records its trace, whose
+    """`--compile` (dlrm/pipelines/compile.py); off while the performance model records its trace, whose
     kernel models are of the eager step's operators."""
     written = dense_step.supports(model)
     if not compile_.wanted(cfg.compile, cfg.precision, cfg.mini_batch_size, steps, written):
@@ -289,7 +293,7 @@ def _compiled(
 
 
 def _checked(decision, hook: StepHook | None) -> StepHook:
-    from dlrm.placement_check import MeasuredAgainstPredicted
+    from dlrm.placement.auto_check import MeasuredAgainstPredicted
 
     return MeasuredAgainstPredicted(decision.chosen.label(), decision.checked_ms(), hook)
 
@@ -307,8 +311,8 @@ def _pipeline(
     compiled dense step, if any, runs inside it."""
     args = (model, dense_optimizer, device, cfg.precision, cfg.loss_function, hook)
     if stages(model.embeddings):  # cold rows staged per mini-batch, ahead of the step
-        from dlrm.hotline_pipeline import HotlineTrainPipeline
-        from dlrm.plan_setup import learned_plan
+        from dlrm.pipelines.staging import HotlineTrainPipeline
+        from dlrm.placement.run_plan import learned_plan
 
         return HotlineTrainPipeline(
             *args,
@@ -317,7 +321,7 @@ def _pipeline(
             make_plan=lambda coll: learned_plan(cfg, coll),
             written=compiled,
         )
-    if world_size > 1:  # the dense part under DDP (dlrm/distributed.py)
+    if world_size > 1:  # the dense part under DDP (dlrm/processes/distributed.py)
         return PlainTrainPipeline(*args, forward=distributed.data_parallel(model), written=compiled)
     return PlainTrainPipeline(*args, written=compiled)
 
@@ -331,8 +335,8 @@ def _slipstream(
     device: torch.device,
 ) -> TrainPipeline:
     """`--slipstream`: the placement's pipeline wrapped in Slipstream's."""
-    from dlrm.plan_setup import profiled_batches, tracked_plan
-    from dlrm.slipstream_pipeline import SlipstreamTrainPipeline
+    from dlrm.pipelines.slipstream import SlipstreamTrainPipeline
+    from dlrm.placement.run_plan import profiled_batches, tracked_plan
     from embeddings.staleness import StalenessTracker
 
     plan = tracked_plan(cfg, placement, data.train)

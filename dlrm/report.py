@@ -95,7 +95,7 @@ def draw(runs: list[Curves], out: Path) -> None:
         axes[0].legend(handles=handles, fontsize="small")
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
-    from common.atomic import atomic_write
+    from hybrid_dlrm.common.atomic import atomic_write
 
     with atomic_write(out) as f:
         fig.savefig(f, format="png", dpi=100)

@@ -18,7 +18,7 @@ import shutil
 from pathlib import Path
 
 from data_pipeline.errors import unwritable_dir
-from dlrm import checkpoint as ckpt
+from dlrm.checkpoints import format as ckpt
 from dlrm.config import DCN_FIELDS, FLAT, SETTINGS, TrainConfig
 from dlrm.errors import ConfigError
 

@@ -16,11 +16,11 @@ from typing import Any
 
 import torch
 
-from common.atomic import write_text
-from dlrm import checkpoint as ckpt
 from dlrm import run_checks
+from dlrm.checkpoints import format as ckpt
 from dlrm.config import TrainConfig
 from dlrm.errors import ConfigError
+from hybrid_dlrm.common.atomic import write_text
 
 # a TensorBoard writer for a directory: `add_scalar(tag, value, step)`, `flush()`
 BoardFactory = Callable[[Path], Any]

@@ -81,7 +81,7 @@ def _inference(d: dict) -> str:
     if d.get("quantized"):
         return (
             f"inference: quantized (embeddings {d['emb_bits']}-bit, MLPs {d['mlp_bits']}-bit; "
-            "serving.quantize writes such a model for serving)"
+            "hybrid_dlrm.serving.quantize writes such a model for serving)"
         )
     return "inference: not quantized (fp32 weights)"
 

@@ -16,10 +16,10 @@ import sys
 from pathlib import Path
 
 from data_pipeline.errors import DataError
-from dlrm import thread_watch, threads
 from dlrm.config import SECTIONS, TrainConfig
 from dlrm.errors import CheckpointError, ConfigError, TrainingDiverged
 from dlrm.flags import EXIT_USAGE, OneLineParser, add_settings
+from dlrm.processes import thread_watch, threads
 from embeddings.errors import ScmError
 
 __all__ = ["EXIT_USAGE", "OneLineParser", "build_parser", "config_from_args", "main"]
@@ -48,8 +48,9 @@ def main(argv: list[str] | None = None) -> int:
         start = thread_watch.CpuSampler().read()
         cfg = config_from_args(argv)
         choice = threads.choose(cfg.threads, wait=threads.wait_policy())
-        from dlrm import distributed, step_hooks
-        from dlrm.train_pipeline import StepHooks
+        from dlrm.pipelines import step_hooks
+        from dlrm.pipelines.base import StepHooks
+        from dlrm.processes import distributed
         from dlrm.trainer import Trainer  # after parsing: --help and flag errors stay fast
 
         watch = None
@@ -109,8 +110,8 @@ def _leads() -> bool:
 def _interrupted(cfg: TrainConfig, argv: list[str] | None) -> str:
     """Ctrl-C's one line: where the last complete checkpoint is and the command that resumes.
     A checkpoint being written when the signal came is not it: the atomic write removed its
-    temporary (common/atomic.py), so the newest complete file is the last good one."""
-    from dlrm import checkpoint as ckpt
+    temporary (hybrid_dlrm/common/atomic.py), so the newest complete file is the last good one."""
+    from dlrm.checkpoints import format as ckpt
 
     run = Path(cfg.out_dir)
     found = ckpt.list_checkpoints(run / "checkpoints")

@@ -6,7 +6,7 @@
 The trainer is the loop. What it runs is built first, in one place (dlrm/compose.py's
 `build_run`: data, placement, model, dense optimizer, the train pipeline with the compiled step
 inside it, the checkpoint store, the run directory's writer); the step itself is a train pipeline
-(dlrm/train_pipeline.py). Around the step the trainer does the learning-rate policy, logging,
+(dlrm/pipelines/base.py). Around the step the trainer does the learning-rate policy, logging,
 evaluation, the checkpoint cadence and the summary. Pieces can be injected (`data`, `model`,
 `step_hook`, `checkpoints=False`), so benchmarks and tools compose a trainer instead of
 subclassing it. Everything that decides the numbers (seed, data position, RNG state, optimizer
@@ -15,8 +15,8 @@ weights and metrics of an uninterrupted one.
 
 The trainer takes `rank`/`world_size` so a process group can be added without restructuring; it
 never tests them: data sources shard each batch, metrics are reduced through `Processes`
-(dlrm/distributed.py), and what only rank 0 writes goes through objects that write nothing on
-the other ranks (dlrm/run_files.py, dlrm/checkpoint_store.py).
+(dlrm/processes/distributed.py), and what only rank 0 writes goes through objects that write nothing on
+the other ranks (dlrm/run_files.py, dlrm/checkpoints/store.py).
 """
 
 from __future__ import annotations
@@ -31,19 +31,19 @@ from pathlib import Path
 
 import torch
 
-from dlrm import checkpoint as ckpt
 from dlrm import compose, run_files
-from dlrm.checkpoint_store import CheckpointState
+from dlrm.checkpoints import format as ckpt
+from dlrm.checkpoints.store import CheckpointState
 from dlrm.compose import set_flush_denormal  # noqa: F401  (its home before dlrm/compose.py)
 from dlrm.config import TrainConfig
 from dlrm.data import DataSplits
-from dlrm.embedding_setup import logged_counters, placement_summary
 from dlrm.errors import CheckpointError, NonFiniteLoss, TrainingDiverged
 from dlrm.evaluation import evaluate
 from dlrm.lr_schedule import learning_rate_at
+from dlrm.pipelines.base import StepHook
+from dlrm.placement.build_collection import logged_counters, placement_summary
 from dlrm.progress import Progress
 from dlrm.run_checks import check_resume_settings
-from dlrm.train_pipeline import StepHook
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +121,9 @@ class Trainer:
         self.run_dir, self.ckpt_dir = cfg.run_dir, run.checkpoints.directory
         self._progress, self._lines = run.progress, run.lines
         self._resume_changes = run.resume_changes
-        self._lock = run.lock  # the run directory's, held since build_run (common/lock.py)
+        self._lock = (
+            run.lock
+        )  # the run directory's, held since build_run (hybrid_dlrm/common/lock.py)
         self.state = TrainState()
         self.finished_summary: dict | None = None  # fit() found the run finished: its summary
         self.timer = _Timer()

@@ -1,12 +1,10 @@
 """Where embedding rows live and how they are looked up and updated.
 
 The names below are imported on first use (PEP 562), so `import embeddings.config` or
-`embeddings.placement` (what a CLI needs to parse its flags) does not pay for torchrec and fbgemm.
+`embeddings.hot_rows` (what a CLI needs to parse its flags) does not pay for torchrec and fbgemm.
 """
 
-from __future__ import annotations
-
-import importlib
+from hybrid_dlrm.common.lazy import lazy_exports
 
 _HOME = {
     "EmbeddingCollection": "embeddings.collection",
@@ -19,16 +17,4 @@ _HOME = {
 }
 
 __all__ = sorted(_HOME)
-
-
-def __getattr__(name: str):
-    home = _HOME.get(name)
-    if home is None:
-        raise AttributeError(f"module 'embeddings' has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_HOME))
+__getattr__, __dir__ = lazy_exports(__name__, _HOME)

@@ -1,6 +1,6 @@
 """FAE's hot/cold embeddings (Adnan et al., VLDB 2022), behind the embedding-collection contract.
 
-Two tiers (embeddings/tiers.py):
+Two tiers (embeddings/memory_tiers.py):
 - the host tier holds every row of every table (weights + optimizer state) in host memory, as a
   `FusedEmbeddingBagCollection` on the CPU (fbgemm's CPU kernels where available);
 - the device tier holds the plan's hot rows, all tables in one [hot rows, dim] table (and its
@@ -32,8 +32,8 @@ from embeddings.config import SparseOptimizer, TableSpec
 from embeddings.errors import PlacementError
 from embeddings.hot_inputs import AllHotClassifier
 from embeddings.kjt_ops import in_feature_order
+from embeddings.memory_tiers import DeviceTier, HostTier, Replica
 from embeddings.plan import ALL, PlacementPlan, row_bytes
-from embeddings.tiers import DeviceTier, HostTier, Replica
 from embeddings.transfer_stats import TransferStats
 
 log = logging.getLogger(__name__)

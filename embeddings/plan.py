@@ -20,7 +20,7 @@ Files are `.npz` (no pickle) holding the remap arrays and the metadata as JSON, 
 copy of the metadata for people; zip's CRC-32 of every member is checked when it is read, so a
 corrupt or truncated file is one PlacementError. Version 1 files (a device remap, the host holding
 every row) still load; a plan with a sparse tier is written as version 3 (`<tier>_rows_<t>`
-arrays; a tier's `form` is "rows"), plans without one as version 2, as before. `embeddings/placement.py` makes plans from access profiles.
+arrays; a tier's `form` is "rows"), plans without one as version 2, as before. `embeddings/hot_rows.py` makes plans from access profiles.
 """
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ from pathlib import Path
 
 import numpy as np
 
-from common import atomic
-from common.header import check_header
 from embeddings.config import SparseOptimizer
 from embeddings.errors import PlacementError, npz_failure
+from hybrid_dlrm.common import atomic
+from hybrid_dlrm.common.header import check_header
 
 FORMAT = "hybrid-dlrm/placement-plan"
 VERSION = 2

@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from common.atomic import atomic_write
-from common.header import check_header
 from embeddings.errors import ProfileError, npz_failure
+from hybrid_dlrm.common.atomic import atomic_write
+from hybrid_dlrm.common.header import check_header
 
 if TYPE_CHECKING:  # torchrec costs seconds to import: the CLI and the planner do not need it
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor

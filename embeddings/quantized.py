@@ -33,7 +33,9 @@ from embeddings.config import SparseOptimizer, TableSpec
 from embeddings.kjt_ops import in_feature_order
 from embeddings.transfer_stats import no_transfer_counters
 
-if TYPE_CHECKING:  # torchrec costs seconds to import; `python -m serving.predict` needs none of it
+if (
+    TYPE_CHECKING
+):  # torchrec costs seconds to import; `python -m hybrid_dlrm.serving.predict` needs none of it
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 log = logging.getLogger(__name__)

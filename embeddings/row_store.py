@@ -1,9 +1,9 @@
 """`RowStore`: a tier's rows (weights and optimizer state) in and out by global row id.
 
-It is what a faster tier stages from and writes back to: FAE's replica syncs (embeddings/tiers.py),
-and a staged collection's cold rows (embeddings/staged.py), whose only home it is. Implemented by
-the host tier (`HostTier`, embeddings/tiers.py) and the SSD tier (`ScmStore`,
-embeddings/scm_store.py); a new store implements the abstract methods and overrides the defaults
+It is what a faster tier stages from and writes back to: FAE's replica syncs (embeddings/memory_tiers.py),
+and a staged collection's cold rows (embeddings/staged/collection.py), whose only home it is. Implemented by
+the host tier (`HostTier`, embeddings/memory_tiers.py) and the SSD tier (`ScmStore`,
+embeddings/ssd/store.py); a new store implements the abstract methods and overrides the defaults
 it has a use for.
 
 Rows are named by global row id (tables back to back in feature order). `read_rows(ids)` gives

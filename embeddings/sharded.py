@@ -22,7 +22,7 @@ row-wise state over its columns only, which is not the single-process update.
 
 Export (`table_weights`, `optimizer_states`, `state_dict`) is a collective: every rank must call
 it, and each gets the full tables (an all-reduce of disjoint shards). Sharded checkpoints use
-`local_shards()` instead (dlrm/sharded_checkpoint.py), which communicates nothing.
+`local_shards()` instead (dlrm/checkpoints/sharded.py), which communicates nothing.
 """
 
 from __future__ import annotations

@@ -65,7 +65,7 @@ class FusedLookup(torch.autograd.Function):
     """embedding_bag(sum) whose backward updates the weight instead of returning its gradient.
 
     `table` is anything with a `weight` tensor and an `update(rows, grad)` method: a `_Group`
-    here, a `DeviceTier` (embeddings/tiers.py) in the FAE collection.
+    here, a `DeviceTier` (embeddings/memory_tiers.py) in the FAE collection.
     """
 
     @staticmethod

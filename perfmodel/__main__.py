@@ -230,11 +230,11 @@ def _plan(args, rest: list[str]) -> int:
     (the data's batches are read for the profile; nothing is written)."""
     import importlib.util
 
-    from dlrm import step_hooks
     from dlrm.build import resolve_device
     from dlrm.config import TrainConfig
     from dlrm.data import build_data
-    from dlrm.planner import plan
+    from dlrm.pipelines import step_hooks
+    from dlrm.placement.auto import plan
     from dlrm.train import build_parser as train_parser
 
     flags = train_parser()

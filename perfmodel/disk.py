@@ -1,5 +1,5 @@
 """The SSD tier's disk, measured: random 4 KiB block reads at each queue depth, with the tier's own
-I/O engine (embeddings/scm_file.py: O_DIRECT through Linux AIO where the file system and kernel
+I/O engine (embeddings/ssd/file.py: O_DIRECT through Linux AIO where the file system and kernel
 have them, else buffered reads on its thread pool), cached per machine and file system like the
 rest of the hardware description (perfmodel/hardware.py).
 
@@ -27,9 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
-from common.atomic import write_json
 from embeddings.errors import ScmError
-from embeddings.scm_file import BLOCK, BlockFile, aligned_blocks
+from embeddings.ssd.file import BLOCK, BlockFile, aligned_blocks
+from hybrid_dlrm.common.atomic import write_json
 
 VERSION = 1
 DEPTHS = (1, 4, 16, 64)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from common.atomic import publish
+from hybrid_dlrm.common.atomic import publish
 from perfmodel import hardware
 from perfmodel import trace as tr
 

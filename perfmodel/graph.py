@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from dlrm.config import TrainConfig
-from dlrm.fae_batches import FAEBatchSource
+from dlrm.pipelines.fae_batches import FAEBatchSource
 from embeddings.hot_inputs import AllHotClassifier
 from perfmodel.features import on_device, step_dense_bytes
 
@@ -155,8 +155,8 @@ def _step_code_fingerprint() -> str:
     import embeddings
 
     roots = [Path(dlrm.__file__).parent / "models", Path(embeddings.__file__).parent]
-    files = sorted(f for r in roots for f in r.glob("*.py"))
-    files += [Path(dlrm.__file__).parent / f for f in ("trainer.py", "train_pipeline.py")]
+    files = sorted(f for r in roots for f in r.rglob("*.py"))
+    files += [Path(dlrm.__file__).parent / f for f in ("trainer.py", "pipelines/base.py")]
     h = hashlib.sha1()
     for f in files:
         h.update(f.read_bytes())

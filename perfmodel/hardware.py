@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from common.machine import cpu_flag_list, cpu_model  # noqa: F401  (cpu_model: benchmarks import it from here)
+from hybrid_dlrm.common.machine import cpu_flag_list, cpu_model  # noqa: F401  (cpu_model: benchmarks import it from here)
 
 log = logging.getLogger(__name__)
 VERSION = 1

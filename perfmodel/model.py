@@ -10,7 +10,7 @@ import json
 import statistics
 from pathlib import Path
 
-from common.header import check_header
+from hybrid_dlrm.common.header import check_header
 from perfmodel import critical_path, hardware
 from perfmodel import trace as tr
 from perfmodel.errors import ModelError

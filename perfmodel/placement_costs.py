@@ -1,7 +1,7 @@
-"""The placement planner's predictor: the step time of every candidate placement (dlrm/planning.py).
+"""The placement planner's predictor: the step time of every candidate placement (dlrm/placement/candidates.py).
 
 `predict_candidate(cfg, candidate, sample)` -> `Prediction`, registered with
-`dlrm.planning.register_predictor` when perfmodel's plugin module is imported. `sample` is the
+`dlrm.placement.candidates.register_predictor` when perfmodel's plugin module is imported. `sample` is the
 planning sample: `.profile` (an `embeddings.profile.AccessProfile`) and `.batches` (the sparse
 features, KeyedJaggedTensors, of a few evenly spread training batches the profile did not count:
 a counted batch has no cold row the profile missed).
@@ -50,14 +50,14 @@ import numpy as np
 import torch
 
 from dlrm.config import TrainConfig
-from dlrm.placement_check import MEASURE_STEPS
-from dlrm.planning import Candidate, Prediction, register_predictor
+from dlrm.placement.auto_check import MEASURE_STEPS
+from dlrm.placement.candidates import Candidate, Prediction, register_predictor
 from embeddings.config import SparseOptimizer
 from embeddings.hot_map import HotRowMap
-from embeddings.lookup_map import map_lookups
-from embeddings.placement import parse_bytes, plan_placement
+from embeddings.hot_rows import parse_bytes, plan_placement
 from embeddings.row_layout import table_row_base
-from embeddings.scm_file import PAYLOAD
+from embeddings.ssd.file import PAYLOAD
+from embeddings.staged.lookup_map import map_lookups
 from perfmodel.row_cache_model import replay_row_cache, run_io, seen_rows, warm_rows
 from perfmodel.staging_costs import load_us, row_us, staging_figures
 
@@ -75,7 +75,7 @@ class ColdBatch:
     cold_lookups: int  # lookups of rows not in the device tier
     cold: torch.Tensor  # the unique cold rows' global ids, sorted (what a staging reads)
     cold_per_table: list[int]  # unique cold rows per table
-    map_s: float  # the worker's mapping of the batch (embeddings/lookup_map.py), timed here
+    map_s: float  # the worker's mapping of the batch (embeddings/staged/lookup_map.py), timed here
 
 
 def _row_bytes(cfg) -> tuple[int, int, SparseOptimizer]:

@@ -1,7 +1,7 @@
 """`--perf-log DIR`: record a few training steps after warm-up and write their perf trace.
 
-The recorder is the train pipeline's step hook (`dlrm.train_pipeline.StepHook`): `python -m
-dlrm.train --perf-log DIR` attaches it (registered below, dlrm/step_hooks.py); a library user passes `Trainer(cfg,
+The recorder is the train pipeline's step hook (`dlrm.pipelines.base.StepHook`): `python -m
+dlrm.train --perf-log DIR` attaches it (registered below, dlrm/pipelines/step_hooks.py); a library user passes `Trainer(cfg,
 step_hook=StepRecorder(DIR))`. Without it the pipeline's default hook does nothing, so there is no
 profiler object, label or hook on the hot path. The recorder times `warmup` plain steps, then
 records `steps` steps under torch.profiler with labels, writes ``DIR/trace-rank<r>.trace.json``
@@ -26,8 +26,8 @@ import torch
 from torch.autograd.profiler import record_function
 from torch.profiler import ProfilerActivity, profile
 
-from dlrm import step_hooks
-from dlrm.train_pipeline import StepHook
+from dlrm.pipelines import step_hooks
+from dlrm.pipelines.base import StepHook
 from perfmodel import trace as tr
 
 log = logging.getLogger(__name__)
@@ -100,7 +100,7 @@ def _profile(steps: list[Callable[[], object]], labels: PhaseLabels, uses_cuda: 
 
 
 def profile_steps(pipeline, batches: list, uses_cuda: bool) -> list[dict]:
-    """One profiled, labelled step of `pipeline` (a `dlrm.train_pipeline.TrainPipeline`) per batch;
+    """One profiled, labelled step of `pipeline` (a `dlrm.pipelines.base.TrainPipeline`) per batch;
     the step graphs. The pipeline's own hook is put back afterwards."""
     labels = PhaseLabels(pipeline.model)
     saved, pipeline.hook = pipeline.hook, labels
@@ -201,5 +201,5 @@ class StepRecorder(StepHook):
 # plugin (the `hybrid_dlrm.plugins` entry point, pyproject.toml) and never names perfmodel itself.
 step_hooks.register("perf_log", StepRecorder)
 
-# the placement planner's predictor (dlrm/planning.py) comes with the same plugin import
+# the placement planner's predictor (dlrm/placement/candidates.py) comes with the same plugin import
 import perfmodel.placement_costs  # noqa: E402, F401

@@ -7,7 +7,7 @@ the cache holds more rows than the run ever touches, it never reads at all. A pr
 steady state alone was 24-31% off on runs of a few hundred steps (docs/measurements/planner.md).
 
 What `run_io` predicts, per step s of the run, averaged over the steps a prediction stands for:
-- the first `len(stream)` steps: the cache's own code (`embeddings.scm_cache.RowCache`,
+- the first `len(stream)` steps: the cache's own code (`embeddings.ssd.cache.RowCache`,
   bookkeeping only) replayed on the run's first batches' cold rows, in order, as a run feeds it
   (`replay_row_cache`), with the map of blocks written so far (what a fresh tier can read);
 - after them: the distinct cold rows the run has touched by step k, U(k), counted exactly on
@@ -35,8 +35,8 @@ import numpy as np
 import torch
 
 from embeddings.row_layout import table_row_base
-from embeddings.scm_cache import RowCache
-from embeddings.tiered import profile_priority
+from embeddings.ssd.cache import RowCache
+from embeddings.ssd.collection import profile_priority
 
 WRITEBACK_LAG = 2  # a staged batch's rows are written back this many stagings later
 GRID = 2000  # steps past the stream evaluated one by one; beyond, on a geometric grid

@@ -36,8 +36,8 @@ def measure_staging() -> dict:
     rows of 16 and 128 floats from a table larger than the caches (index_select), writing them
     back (index_copy_), the row cache's hash lookup
     and the CRC check of a 4 KiB block."""
-    from common.crc import crc32
-    from embeddings.scm_cache import SlotMap
+    from embeddings.ssd.cache import SlotMap
+    from hybrid_dlrm.common.crc import crc32
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -89,7 +89,7 @@ def measure_step_load(row_floats: int, steps: int = 30) -> tuple[float, float]:
     read: copied from the slots, or read again), the slots sized and filled (`_load`). Fitted as
     fixed + per-row over two batch sizes: (fixed us, ns per cold row)."""
     from embeddings.config import TableSpec
-    from embeddings.hotline import hotline_collection
+    from embeddings.staged.hotline import hotline_collection
 
     tables = [TableSpec(f"t{t}", LOAD_ROWS, row_floats, f"cat_{t}") for t in range(LOAD_TABLES)]
     coll = hotline_collection(tables, SparseOptimizer("sgd", 0.1), device="cpu")
@@ -126,7 +126,7 @@ def load_us(figs: dict, rows: float, row_floats: int) -> float:
 @lru_cache(maxsize=1)
 def staging_figures() -> dict:
     """`measure_staging`'s figures, cached per machine beside the hardware description."""
-    from common.atomic import write_json
+    from hybrid_dlrm.common.atomic import write_json
     from perfmodel.hardware import cache_dir, machine_key
 
     path = cache_dir() / f"staging-{machine_key()}.json"

@@ -47,8 +47,8 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
-from common.atomic import write_json
-from common.header import check_header
+from hybrid_dlrm.common.atomic import write_json
+from hybrid_dlrm.common.header import check_header
 from perfmodel.errors import TraceError
 
 FORMAT = "hybrid-dlrm/perf-trace"

@@ -7,7 +7,7 @@ A script puts the checkout and this directory on `sys.path` before importing it:
     from _shared import cpu_flags, load_average, make_profile
 
 (`_shared`, not `common`: this directory comes first on `sys.path` when a script runs, and a
-`scripts/common.py` would hide the project's `common` package.)
+`scripts/common.py` would hide a package named `common`.)
 """
 
 from __future__ import annotations

@@ -26,13 +26,13 @@ from pathlib import Path
 
 import torch
 
-from dlrm import checkpoint as ckpt
+from dlrm.checkpoints import format as ckpt
 
 # One resume, verified or not, timed from inside: the whole command and the checkpoint load.
 _RESUME = """
 import json, sys, time
 t0 = time.perf_counter()
-import dlrm.checkpoint as c
+import dlrm.checkpoints.format as c
 if sys.argv[1] == "unverified":
     c._verify = lambda data, path: data.pop(c.CHECKSUMS)
 elif sys.argv[1] == "verified_zlib":

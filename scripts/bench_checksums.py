@@ -2,7 +2,7 @@
 
     python scripts/bench_checksums.py [--mib 256] [--rounds 5]
 
-Each candidate hashes one buffer (random bytes) in 16 MiB chunks, as `dlrm.checkpoint` does, on
+Each candidate hashes one buffer (random bytes) in 16 MiB chunks, as `dlrm.checkpoints.format` does, on
 one thread and on two; the candidates are interleaved round by round and the medians (with the
 spread) reported in GB/s. `gil_released` compares a pure-Python counter's progress on the main
 thread while a worker hashes against its progress alone: near 1.0 means the hash released the

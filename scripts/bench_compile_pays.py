@@ -7,7 +7,7 @@ Prints one JSON object: per batch size the compile's seconds (the first step min
 step; cold: an empty Inductor cache, warm: the same graph again from the cache), the median
 per-step time eager and compiled over interleaved rounds (adjacent measurements, so slow drifts
 in machine load cancel) and the break-even run length `compile_s / gain_per_step_s`; the load
-average and CPU flags beside them. dlrm/compile.py's bf16 rule is derived from these figures.
+average and CPU flags beside them. dlrm/pipelines/compile.py's bf16 rule is derived from these figures.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _shared import cpu_flags, load_average  # noqa: E402
 
-from common.machine import cpu_model  # noqa: E402
 from dlrm import TrainConfig, Trainer  # noqa: E402
+from hybrid_dlrm.common.machine import cpu_model  # noqa: E402
 
 
 def make_trainer(batch_size: int, compile: bool, out: str) -> Trainer:

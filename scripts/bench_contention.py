@@ -9,7 +9,7 @@ all of them. Variants (`--variants`):
 - `old`: the behaviour before the thread choice: 2 threads whatever the load, libgomp's default
   wait (it spins about 300,000 times before sleeping: GOMP_SPINCOUNT=300000, its default value);
 - `new`: the defaults as they are (`--threads` auto: the count follows the load,
-  dlrm/thread_watch.py);
+  dlrm/processes/thread_watch.py);
 - `one`: `--threads 1`;
 - exploratory: `passive2` (2 threads, OMP_WAIT_POLICY=PASSIVE: the default of 2026-11-25),
   `spin3k`/`spin10k`/`spin30k`/`spin100k` (2 threads, GOMP_SPINCOUNT=3000 ...), `active2` (2 threads, OMP_WAIT_POLICY=ACTIVE), `workqueue` (the
@@ -45,9 +45,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common.machine import cpu_flag_list, cpu_model  # noqa: E402
-from dlrm import threads  # noqa: E402  (no torch: the children start their own OpenMP runtime)
-from dlrm.thread_watch import CpuSampler  # noqa: E402
+from dlrm.processes import threads  # noqa: E402  (no torch: the children start their own OpenMP runtime)
+from dlrm.processes.thread_watch import CpuSampler  # noqa: E402
+from hybrid_dlrm.common.machine import cpu_flag_list, cpu_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 

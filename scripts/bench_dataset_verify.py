@@ -57,7 +57,7 @@ def train_rounds(rounds: int, steps: int, directory: str) -> dict:
     from data_pipeline.criteo import CriteoDataset, PreprocessOptions, preprocess
     from data_pipeline.synthetic_raw import SyntheticSpec, write_kaggle
     from dlrm import TrainConfig, Trainer
-    from dlrm.train_pipeline import StepHook
+    from dlrm.pipelines.base import StepHook
 
     class StepClock(StepHook):
         def __init__(self) -> None:

@@ -27,7 +27,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from embeddings.hot_map import HotRowMap  # noqa: E402
-from embeddings.lookup_map import map_lookups  # noqa: E402
+from embeddings.staged.lookup_map import map_lookups  # noqa: E402
 from perfmodel.hardware import cpu_flags  # noqa: E402
 
 

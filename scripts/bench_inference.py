@@ -14,7 +14,7 @@ MLPs ("int8"), fp32 tables + bf16 MLPs ("bf16_mlp") and `auto` (default budget, 
 table and model bytes (counted), test AUC and NE (the whole test split), then CPU samples/s at
 batch 2048 (wall and CPU time) and latency p50/p99 at batch 1 and 64, the models and their
 GEMM-only bounds (`GemmOnly`) timed in interleaved rounds in this process (the order rotates
-each round). Finally `python -m serving.predict` on a 1M-line raw file, lines/s end to end (wall
+each round). Finally `python -m hybrid_dlrm.serving.predict` on a 1M-line raw file, lines/s end to end (wall
 and CPU seconds), against preprocessing the same lines (`python -m data_pipeline`'s work, in
 the artifact's mapping mode), alternated in rounds, and prediction's CPU floor
 (`predict_cpu_floor`).
@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from data_pipeline.synthetic_raw import SyntheticSpec, write_kaggle, write_raw_file
-from serving.artifact import read_manifest
+from hybrid_dlrm.serving.artifact import read_manifest
 
 ROOT = Path(__file__).resolve().parent.parent
 KAGGLE_ARCH = ["--arch-sparse-feature-size", "16", "--arch-mlp-bot", "13-512-256-64-16",
@@ -129,14 +129,16 @@ def export_all(run: Path, out: Path, names=tuple(VARIANTS)) -> dict[str, Path]:
         art = out / name
         if not (art / "manifest.json").is_file():
             shutil.rmtree(art, ignore_errors=True)
-            run_cli("serving.quantize", [str(run), "--out", str(art), *flags], threads=1)
+            run_cli(
+                "hybrid_dlrm.serving.quantize", [str(run), "--out", str(art), *flags], threads=1
+            )
         arts[name] = art
     return arts
 
 
 def accuracy(arts: dict[str, Path], test_batches) -> dict:
-    from serving import Predictor
-    from serving.quantize import metrics_of
+    from hybrid_dlrm.serving import Predictor
+    from hybrid_dlrm.serving.quantize import metrics_of
 
     out = {}
     fp32_tables = fp32_model = None
@@ -222,7 +224,7 @@ def speed(arts: dict[str, Path], batch2048, rounds: int) -> dict:
     rotating order. Wall time, and the process's CPU time (one thread: on this shared machine a
     round's wall time includes other processes' time slices; CPU time does not)."""
     from embeddings.kjt_ops import select_inputs
-    from serving import Predictor
+    from hybrid_dlrm.serving import Predictor
 
     predictors = {n: Predictor.load(arts[n]) for n in TIMED}
     arch = predictors["fp32"].model.arch
@@ -335,7 +337,7 @@ PREDICT_VARIANTS = ("predict_labelled", "predict_labelled_2_threads", "predict_u
 
 
 def bench_predict(work: Path, art: Path, lines: int, rounds: int) -> dict:
-    """`python -m serving.predict` end to end (process start, verification, parse, map, score,
+    """`python -m hybrid_dlrm.serving.predict` end to end (process start, verification, parse, map, score,
     write) against `python -m data_pipeline preprocess` of the same lines in the artifact's
     mapping mode (count pass, encode pass, writing the columns), alternated in rounds with the
     order reversed every other round. Wall seconds, and CPU seconds of each process tree (what
@@ -369,7 +371,7 @@ def bench_predict(work: Path, art: Path, lines: int, rounds: int) -> dict:
             else:
                 data = test_txt if what == "predict_unlabelled" else train_txt
                 threads = "2" if what.endswith("2_threads") else "1"
-                run_cli("serving.predict", ["--model", str(art), "--data", str(data), "--threads",
+                run_cli("hybrid_dlrm.serving.predict", ["--model", str(art), "--data", str(data), "--threads",
                                          threads, "--out", str(out / "preds.csv")])  # fmt: skip
             wall[what].append(time.perf_counter() - t0)
             cpu[what].append(_child_cpu_s() - c0)
@@ -411,12 +413,12 @@ for block in iter_blocks(part, 2 << 20):
 
 
 def predict_cpu_floor(art: Path, raw: Path, lines: int) -> dict:
-    """CPU seconds no `python -m serving.predict` of these lines can go below with these kernels and
+    """CPU seconds no `python -m hybrid_dlrm.serving.predict` of these lines can go below with these kernels and
     this parser: its start (interpreter, imports, loading and verifying the artifact), one
     parse-and-map pass over the lines (the preprocessing workers' `run_task`, inline; each in a
     child process), and the int8 model's GEMM-only work for every line (`GemmOnly`, 16 batches
     of 2048 timed and scaled). Preprocessing makes two parse passes (counting, then encoding)."""
-    from serving import Predictor
+    from hybrid_dlrm.serving import Predictor
 
     def child_cpu(args: list[str]) -> float:
         c0 = _child_cpu_s()
@@ -427,7 +429,7 @@ def predict_cpu_floor(art: Path, raw: Path, lines: int) -> dict:
     start = child_cpu(
         [
             "-c",
-            f"import serving.predict; from serving import Predictor; Predictor.load({str(art)!r})",
+            f"import hybrid_dlrm.serving.predict; from hybrid_dlrm.serving import Predictor; Predictor.load({str(art)!r})",
         ]
     )
     mapping = read_manifest(art)["categorical"]
@@ -481,7 +483,7 @@ def main() -> None:
             keep("predict", bench_predict(work, art, a.predict_lines, a.predict_rounds))
     if "synthetic" in only:
         run = train_synthetic(work, a.synthetic_batches)
-        from serving.inference_data import data_source, load_source
+        from hybrid_dlrm.serving.inference_data import data_source, load_source
 
         source = load_source(run)
         test = data_source(source, None, "test", 2048)

@@ -24,7 +24,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from _shared import cpu_flags, load_average  # noqa: E402
 
-from common.machine import cpu_model  # noqa: E402
 from data_pipeline.criteo import CriteoBatchSource, CriteoDataset, PreprocessOptions, preprocess  # noqa: E402
 from data_pipeline.multi_hot import BagSpec, MultiHotDataset, materialise  # noqa: E402
 from data_pipeline.synthetic import (  # noqa: E402
@@ -35,6 +34,7 @@ from data_pipeline.synthetic import (  # noqa: E402
 )
 from data_pipeline.synthetic_raw import SyntheticSpec, write_kaggle  # noqa: E402
 from dlrm.config import MLPERF_DCNV2_MULTI_HOT as SIZES  # noqa: E402
+from hybrid_dlrm.common.machine import cpu_model  # noqa: E402
 
 
 def _rate(fn, n_items: int, repeat: int) -> float:

@@ -51,7 +51,7 @@ from data_pipeline.synthetic import (  # noqa: E402
 )
 from dlrm import TrainConfig, Trainer  # noqa: E402
 from embeddings.config import SparseOptimizer  # noqa: E402
-from embeddings.placement import parse_bytes, row_bytes  # noqa: E402
+from embeddings.hot_rows import parse_bytes, row_bytes  # noqa: E402
 
 RUNS = ("host", "fae", "fae_block", "hotline", "hotline_learned", "device")
 

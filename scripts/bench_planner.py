@@ -4,12 +4,12 @@ span table scale, --memory-limit and batch size; prints one JSON object.
     python scripts/bench_planner.py                 # 8 configurations, 5-8 min, one thread
     python scripts/bench_planner.py --quick         # 2 tiny ones: a smoke test (seconds to a minute)
 
-Per configuration: `--placement auto`'s own decision (dlrm/planner.py's `plan` on the CPU, timed:
+Per configuration: `--placement auto`'s own decision (dlrm/placement/auto.py's `plan` on the CPU, timed:
 the inventory, the access profile of `--profile-batches` of the epoch-0 batches, the planning
 sample out of the batches the profile did not count, a prediction of every candidate that fits
 with the planner's 30% margin), then the bench's fixed candidates and auto's choice (added where
 it is not one of them), each predicted by the registered predictor (perfmodel/placement_costs.py)
-on the planner's sample, with whether it fits (dlrm/memory.py's check at the configuration's
+on the planner's sample, with whether it fits (dlrm/placement/memory_check.py's check at the configuration's
 --memory-limit, no margin); then each trained in this process on its own Trainer, interleaved:
 `--rounds` rounds, each running `--steps` steps of every candidate in turn (one torch thread),
 the first `--warmup` steps of each trainer not counted. Measured = the median over the counted
@@ -49,16 +49,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from common.machine import cpu_model  # noqa: E402
 from data_pipeline.synthetic import scaled_table_sizes  # noqa: E402
 from dlrm import TrainConfig  # noqa: E402
 from dlrm.data import build_data  # noqa: E402
 from dlrm.errors import ConfigError  # noqa: E402
-from dlrm.memory import check_memory, run_tables  # noqa: E402
-from dlrm.planner import counted_batches, plan, read_sample  # noqa: E402
-from dlrm.planning import Candidate, predictor  # noqa: E402
+from dlrm.placement.auto import counted_batches, plan, read_sample  # noqa: E402
+from dlrm.placement.candidates import Candidate, predictor  # noqa: E402
+from dlrm.placement.memory_check import check_memory, run_tables  # noqa: E402
 from embeddings.config import SparseOptimizer  # noqa: E402
-from embeddings.placement import row_bytes  # noqa: E402
+from embeddings.hot_rows import row_bytes  # noqa: E402
+from hybrid_dlrm.common.machine import cpu_model  # noqa: E402
 from scripts._shared import cpu_flags, load_average  # noqa: E402
 
 # (name, Kaggle table scale, batch, room): `room` is what --memory-limit leaves this process beyond
@@ -120,7 +120,7 @@ def with_candidate(cfg: TrainConfig, c: Candidate, out: Path, profile: Path) -> 
 
 
 def auto_decision(cfg: TrainConfig, profile_path: Path, rate: float):
-    """`--placement auto`'s own decision for `cfg` (dlrm/planner.py's `plan`, on the CPU) and
+    """`--placement auto`'s own decision for `cfg` (dlrm/placement/auto.py's `plan`, on the CPU) and
     its wall time: the inventory, the access profile (`rate` of the epoch-0 batches, written to
     `profile_path` for every measured candidate to reuse), the planning sample and a prediction
     of every candidate that fits; then the planner's sample, read again from that profile, for
@@ -157,7 +157,7 @@ def _counters(trainer) -> dict:
 def uncounted(batches, counted: set[int]):
     """The epoch's batches the profile did not count: a counted batch has no cold row the
     profile missed (none at all where the hot budget holds every row it saw), and the prediction
-    is of the others (dlrm/planner.py's sample takes none of the counted)."""
+    is of the others (dlrm/placement/auto.py's sample takes none of the counted)."""
     return (b for j, b in enumerate(batches) if j not in counted)
 
 
@@ -400,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
     torch.set_num_threads(1)
     import perfmodel.recorder  # noqa: F401  (registers the predictor, as load_plugins would)
-    from dlrm.step_hooks import load_plugins
+    from dlrm.pipelines.step_hooks import load_plugins
 
     load_plugins()
     specs = QUICK if args.quick else CONFIGS

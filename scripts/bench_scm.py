@@ -61,12 +61,12 @@ from _shared import cpu_flags, load_average, make_profile  # noqa: E402
 
 from data_pipeline.synthetic import KAGGLE_TABLE_SIZES  # noqa: E402
 from dlrm import TrainConfig, Trainer  # noqa: E402
-from embeddings.placement import parse_bytes  # noqa: E402
+from embeddings.hot_rows import parse_bytes  # noqa: E402
 from embeddings.profile import AccessProfile  # noqa: E402
-from embeddings.scm_aio import PREAD, Aio  # noqa: E402
-from embeddings.scm_cache import BlockCache, RowCache  # noqa: E402
-from embeddings.scm_file import BLOCK, PAYLOAD, aligned_blocks  # noqa: E402
-from embeddings.tiered import profile_priority  # noqa: E402
+from embeddings.ssd.aio import PREAD, Aio  # noqa: E402
+from embeddings.ssd.cache import BlockCache, RowCache  # noqa: E402
+from embeddings.ssd.collection import profile_priority  # noqa: E402
+from embeddings.ssd.file import BLOCK, PAYLOAD, aligned_blocks  # noqa: E402
 
 
 def _rss_gb() -> float:
@@ -349,7 +349,7 @@ def _long_run_state(args, trainer: Trainer) -> dict:
 def bench_caches(args) -> dict:
     from dlrm.data import build_data
     from embeddings.config import SparseOptimizer
-    from embeddings.placement import plan_placement
+    from embeddings.hot_rows import plan_placement
 
     base = kaggle_base(args)
     profile = AccessProfile.load(_profile(args, base))
@@ -544,8 +544,8 @@ def bench_serve(args) -> dict:
     (O_DIRECT), requests alternated one by one: cold (a new predictor, the cache empty: its first
     `--serve-requests` requests) and warm (after `--serve-warm` requests of other inputs)."""
     from dlrm.data import build_data
-    from serving import Predictor
-    from serving.quantize import main as quantize
+    from hybrid_dlrm.serving import Predictor
+    from hybrid_dlrm.serving.quantize import main as quantize
 
     d = Path(args.dir) / "serve"
     d.mkdir(parents=True, exist_ok=True)

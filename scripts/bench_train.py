@@ -44,7 +44,7 @@ from data_pipeline.synthetic import (
     SyntheticConfig,
 )
 from dlrm import TrainConfig, Trainer
-from dlrm.train_pipeline import loss_of
+from dlrm.pipelines.base import loss_of
 from perfmodel import hardware
 from perfmodel.sweeps import linear_gemms
 
@@ -162,7 +162,7 @@ class DenseOnlyStep:
             self.optimizer.step()
 
     def _run_written(self, steps: int) -> None:
-        """As the trainer's step runs the written-out dense step (dlrm/dense_step.py)."""
+        """As the trainer's step runs the written-out dense step (dlrm/pipelines/dense_step.py)."""
         for _ in range(steps):
             out = self.written(self.dense, self.pooled.detach(), self.labels, self.optimizer)
             loss, self.pooled.grad, grads = out

@@ -487,7 +487,7 @@ def _i37_ckpt_probes() -> list[Probe]:
 TIERED = ["--placement", "tiered", "--hot-budget", "2KB", "--profile-sample-rate", "0.2",
           "--scm-cache", "2KB", "--scm-io", "buffered", "--device", "cpu", "--optimizer",
           "adagrad", "--test-freq", "10"]  # fmt: skip
-RECORD = 16 + 4096 + 4  # a journal record with its pre-image (embeddings/scm_journal.py)
+RECORD = 16 + 4096 + 4  # a journal record with its pre-image (embeddings/ssd/journal.py)
 
 
 def tiered(w: Path, name: str = "T", *extra: str) -> list[str]:
@@ -577,7 +577,7 @@ def scm_probes() -> list[Probe]:
     add("SSD tier: --scm-dir on a read-only file system", M,
         lambda w: tiered(w, "T", "--scm-dir", str(mounted("size=64k,ro") / "scm")),
         says="is not writable")  # fmt: skip
-    # a disk too small for the tier's file is found before training (dlrm/memory.py); a disk
+    # a disk too small for the tier's file is found before training (dlrm/placement/memory_check.py); a disk
     # that fills up during training is tests/dlrm/test_tiered_training.py's (it needs space at
     # the start, then none)
     add("SSD tier: the tier's disk is smaller than its file", M,
@@ -613,7 +613,7 @@ def swap_digit(raw: bytearray) -> bytearray:
 
 def rewrite_checkpoint(path: Path, **changes) -> None:
     """The checkpoint with `changes`, saved with fresh checksums (so only those changes differ)."""
-    from dlrm import checkpoint as ckpt
+    from dlrm.checkpoints import format as ckpt
 
     data = ckpt.load(path)
     data.pop(ckpt.CHECKSUMS, None)

@@ -1,5 +1,5 @@
 """Issue 37's serving cases for scripts/hostile_probes.py: an inference artifact and a tiered
-training run added to its world, and the probes of `python -m serving.predict` and `Predictor`
+training run added to its world, and the probes of `python -m hybrid_dlrm.serving.predict` and `Predictor`
 (manifest checksums and structure, ids, --out, --scm-dir, --data, CRLF input)."""
 
 from __future__ import annotations
@@ -33,12 +33,21 @@ def build(base: Path, root: Path) -> None:
     py = sys.executable
     run([py, "-m", "dlrm.train", *_ARCH, "--data-set", "kaggle", "--processed-data-file",
          str(base / "kdata"), "--num-batches", "4", "--out-dir", str(base / "serve_run")])  # fmt: skip
-    run([py, "-m", "serving.quantize", str(base / "serve_run"), "--out", str(base / ART)])
+    run(
+        [
+            py,
+            "-m",
+            "hybrid_dlrm.serving.quantize",
+            str(base / "serve_run"),
+            "--out",
+            str(base / ART),
+        ]
+    )
     run([py, "-m", "dlrm.train", *_TIERED, "--out-dir", str(base / TIER_RUN)])
 
 
 def predict(w: Path, *args: str, data: str = "kraw/train.txt") -> list[str]:
-    return [sys.executable, "-m", "serving.predict", "--model", str(w / ART),
+    return [sys.executable, "-m", "hybrid_dlrm.serving.predict", "--model", str(w / ART),
             "--data", str(w / data), *args]  # fmt: skip
 
 
@@ -59,7 +68,7 @@ def _body(w: Path) -> tuple[dict, dict]:
 
 def reseal(w: Path, edit) -> None:
     """The manifest's body changed by `edit` and sealed again: only its structure is wrong."""
-    from common.manifest import seal
+    from hybrid_dlrm.common.manifest import seal
 
     head, body = _body(w)
     edit(body)
@@ -165,12 +174,12 @@ def add_probes(add, C: str, W_: str, M: str) -> None:
     # 18: quantizing a tiered run reads the cold rows from its tier, which it leaves as it was
     tier_files = [f"{TIER_RUN}/scm/{n}" for n in ("rows.dat", "journal.log", "tier.json")]
     add("quantize: a tiered run's directory", M,
-        lambda w: [sys.executable, "-m", "serving.quantize", str(w / TIER_RUN), "--out", str(w / "qt"),
+        lambda w: [sys.executable, "-m", "hybrid_dlrm.serving.quantize", str(w / TIER_RUN), "--out", str(w / "qt"),
                    "--emb-precision", "int8"],
         expect="survive", keep=tier_files)  # fmt: skip
     add("quantize: a tiered run whose tier lost its rows.dat", C,
         lambda w: ((w / TIER_RUN / "scm" / "rows.dat").unlink(),
-                   [sys.executable, "-m", "serving.quantize", str(w / TIER_RUN), "--out", str(w / "qt")])[1],
+                   [sys.executable, "-m", "hybrid_dlrm.serving.quantize", str(w / TIER_RUN), "--out", str(w / "qt")])[1],
         says="rows.dat: the run's SSD tier file is missing")  # fmt: skip
     # 17: --data
     add("predict --data: a directory that is not a data set", M,

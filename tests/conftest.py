@@ -8,7 +8,7 @@ import pytest
 import torch
 
 # The checkout under test need not be the installed distribution whose entry points name the
-# plugins `python -m dlrm.train` loads (dlrm/step_hooks.py); tests/perfmodel/test_plugin.py checks
+# plugins `python -m dlrm.train` loads (dlrm/pipelines/step_hooks.py); tests/perfmodel/test_plugin.py checks
 # that pyproject.toml declares the same one.
 os.environ.setdefault("HYBRID_DLRM_PLUGINS", "perfmodel.recorder")
 # The performance model's per-machine figures (hardware, disk, staging; perfmodel/hardware.py)

@@ -55,15 +55,15 @@ def test_placement_examples_do_what_their_comments_say(tmp_path, monkeypatch, ca
 def test_the_quantize_predict_sequence_runs_as_pasted(tmp_path, monkeypatch, capsys):
     from data_pipeline.__main__ import main as data_pipeline
     from dlrm.train import main as train
-    from serving.predict import main as predict
-    from serving.quantize import main as quantize
+    from hybrid_dlrm.serving.predict import main as predict
+    from hybrid_dlrm.serving.quantize import main as quantize
 
     monkeypatch.chdir(tmp_path)
-    entry = {"data_pipeline": data_pipeline, "dlrm.train": train, "serving.quantize": quantize,
-             "serving.predict": predict}  # fmt: skip
-    commands = _commands("serving.predict")
-    assert [a[0] for a, _ in commands] == ["data_pipeline", "dlrm.train", "serving.quantize",
-                                           "serving.predict", "serving.predict"]  # fmt: skip
+    entry = {"data_pipeline": data_pipeline, "dlrm.train": train, "hybrid_dlrm.serving.quantize": quantize,
+             "hybrid_dlrm.serving.predict": predict}  # fmt: skip
+    commands = _commands("hybrid_dlrm.serving.predict")
+    assert [a[0] for a, _ in commands] == ["data_pipeline", "dlrm.train", "hybrid_dlrm.serving.quantize",
+                                           "hybrid_dlrm.serving.predict", "hybrid_dlrm.serving.predict"]  # fmt: skip
     for argv, _ in commands:
         argv = [a.replace("/ssd/", f"{tmp_path}/ssd/") for a in argv]
         module, args = argv[0], argv[1:]
@@ -83,14 +83,18 @@ def test_the_inference_page_block_runs_as_pasted(tmp_path, monkeypatch, capsys):
     export -> check -> both predictions -> the reference's --inference-only."""
     from data_pipeline.__main__ import main as data_pipeline
     from dlrm.train import main as train
-    from serving.predict import main as predict
-    from serving.quantize import main as quantize
+    from hybrid_dlrm.serving.predict import main as predict
+    from hybrid_dlrm.serving.quantize import main as quantize
 
     page = (README.parent / "docs" / "inference.md").read_text()
-    block = next(b for b in re.findall(r"```bash\n(.*?)```", page, re.S) if "serving.quantize" in b)
+    block = next(
+        b
+        for b in re.findall(r"```bash\n(.*?)```", page, re.S)
+        if "hybrid_dlrm.serving.quantize" in b
+    )
     block = re.sub(r"\\\n\s*", "", block)  # continuation lines
-    entry = {"data_pipeline": data_pipeline, "dlrm.train": train, "serving.quantize": quantize,
-             "serving.predict": predict}  # fmt: skip
+    entry = {"data_pipeline": data_pipeline, "dlrm.train": train, "hybrid_dlrm.serving.quantize": quantize,
+             "hybrid_dlrm.serving.predict": predict}  # fmt: skip
     monkeypatch.chdir(tmp_path)
     ran = []
     for line in block.splitlines():
@@ -104,7 +108,10 @@ def test_the_inference_page_block_runs_as_pasted(tmp_path, monkeypatch, capsys):
             args += ["--num-batches", "8", "--test-mini-batch-size", "512", "--progress=false"]
         assert entry[module](args) == 0, (module, args, capsys.readouterr().err)
         ran.append(module)
-    assert ran.count("serving.quantize") == 5 and ran.count("serving.predict") == 2, ran
+    assert (
+        ran.count("hybrid_dlrm.serving.quantize") == 5
+        and ran.count("hybrid_dlrm.serving.predict") == 2
+    ), ran
     lines = (tmp_path / "submission.csv").read_text().splitlines()
     assert lines[0] == "Id,Predicted" and len(lines) == 301
     assert (tmp_path / "preds.csv").is_file()

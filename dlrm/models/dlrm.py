@@ -330,6 +330,6 @@ class DLRM(nn.Module):
         return self.dense_forward(dense, self.embeddings(sparse).values())
 
     def dense_forward(self, dense: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
-        """Everything after the embedding lookup: what `--compile` compiles (dlrm/compile.py)."""
+        """Everything after the embedding lookup: what `--compile` compiles (dlrm/pipelines/compile.py)."""
         z = self.interaction(self.bottom_mlp(dense), pooled)
         return self.top_mlp(z).squeeze(1)

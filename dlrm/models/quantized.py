@@ -2,7 +2,7 @@
 
 One place builds it, whether from a trained model's float weights (export, and the trainer's
 `--inference-only --quantize-*-with-bit` evaluation) or from an artifact's tensors (loading, in
-serving/): the architecture, the tables' stored rows (`embeddings/quantized.py`) and the dense
+hybrid_dlrm/serving/): the architecture, the tables' stored rows (`embeddings/quantized.py`) and the dense
 tensors. It lives with the models, not with serving, because the trainer evaluates it and dlrm
 never imports serving. The dense part at each precision:
 

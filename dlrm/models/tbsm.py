@@ -216,7 +216,7 @@ class TBSM(nn.Module):
         return self.dense_forward(dense, self.embeddings(sparse).values())
 
     def dense_forward(self, dense: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
-        """Everything after the embedding lookup: what `--compile` compiles (dlrm/compile.py)."""
+        """Everything after the embedding lookup: what `--compile` compiles (dlrm/pipelines/compile.py)."""
         T = self.arch.ts_length
         z = self.step.dense_forward(dense, pooled)
         z = z.view(-1, T + 1, z.shape[-1])

@@ -36,7 +36,7 @@ PLACEMENTS = {
 
 def byte_size(value: str | int, flag: str) -> str | int:
     """A size like 256MB, checked here so the mistake is found before any work."""
-    from embeddings.placement import parse_bytes  # imports torch: not while --help is parsed
+    from embeddings.hot_rows import parse_bytes  # imports torch: not while --help is parsed
 
     try:
         parse_bytes(value, flag)
@@ -138,7 +138,7 @@ class HotlineConfig(Section):
 
 @dataclass
 class ScmConfig(Section):
-    """`--placement tiered`: the SSD tier (embeddings/scm_tier.py, dlrm/scm_setup.py,
+    """`--placement tiered`: the SSD tier (embeddings/ssd/tier.py, dlrm/placement/tiered_setup.py,
     docs/scm.md). How it caches and reads returns the same rows, so --resume may change that."""
 
     title: ClassVar[str] = "SSD tier (--placement tiered)"
@@ -189,7 +189,7 @@ class ScmConfig(Section):
 
 @dataclass
 class SlipstreamConfig(Section):
-    """Slipstream (dlrm/slipstream_pipeline.py, docs/slipstream.md): skip the work of embedding
+    """Slipstream (dlrm/pipelines/slipstream.py, docs/slipstream.md): skip the work of embedding
     rows that stopped changing; the tracked rows are the placement plan's hot rows."""
 
     title: ClassVar[str] = "Slipstream (--slipstream)"

@@ -300,7 +300,7 @@ class RunConfig(Section):
         free=True,
     )  # fmt: skip
     # low-precision evaluation, the reference's flags (dlrm/models/quantized.py; exported
-    # artifacts: python -m serving.quantize)
+    # artifacts: python -m hybrid_dlrm.serving.quantize)
     quantize_emb_with_bit: int = setting(
         32, "--quantize-emb-with-bit", "--inference-only: tables at 4 or 8 bits (32: fp32)",
         choices=(4, 8, 32), free=True,
@@ -327,13 +327,13 @@ class RunConfig(Section):
             if value != 32 and not self.inference_only:
                 raise ConfigError(
                     f"{flag}: quantizes the model for evaluation only; use it with --inference-only "
-                    "(python -m serving.quantize exports a quantized model)"
+                    "(python -m hybrid_dlrm.serving.quantize exports a quantized model)"
                 )
 
 
 @dataclass
 class DistributedConfig(Section):
-    """Multi-process training under torchrun (dlrm/distributed.py, embeddings/sharded.py). How
+    """Multi-process training under torchrun (dlrm/processes/distributed.py, embeddings/sharded.py). How
     the tables are split computes the same steps (to float rounding), so --resume may change it."""
 
     title: ClassVar[str] = "Multi-process training (torchrun)"

@@ -8,10 +8,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from common import crc as checksum
-from common.crc import crc32
 from data_pipeline.npy_stream import data_crc32, first_id_outside
-from dlrm import checkpoint as ckpt
+from dlrm.checkpoints import format as ckpt
+from hybrid_dlrm.common import crc as checksum
+from hybrid_dlrm.common.crc import crc32
 
 
 def test_the_fast_implementation_is_installed():

@@ -383,7 +383,7 @@ def test_cli(kaggle_raw, tmp_path, capsys) -> None:
 
 
 def test_windows_line_ends_are_the_criteo_line_end_variant(kaggle_raw, kaggle_freq, tmp_path):
-    # issue 37: a CRLF copy of the raw files preprocesses to the same data set (serving.predict
+    # issue 37: a CRLF copy of the raw files preprocesses to the same data set (hybrid_dlrm.serving.predict
     # scores such lines as their LF lines: tests/serving/test_refusals.py)
     raw = tmp_path / "raw"
     raw.mkdir()

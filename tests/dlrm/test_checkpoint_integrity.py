@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from data_pipeline.errors import mount_point
 from dlrm import Trainer
-from dlrm import checkpoint as ckpt
+from dlrm.checkpoints import format as ckpt
 from dlrm.errors import CheckpointError
 from dlrm.train import main
 

@@ -1,4 +1,4 @@
-"""`--compile` (dlrm/compile.py): the dense part compiled by TorchInductor computes what the eager
+"""`--compile` (dlrm/pipelines/compile.py): the dense part compiled by TorchInductor computes what the eager
 model computes, compiles once for training and once for evaluation whatever the batch sizes,
 resumes bit-exactly, and falls back to eager with one log line where it cannot compile.
 
@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from dlrm import checkpoint as ckpt
-from dlrm import compile as compile_
+from dlrm.checkpoints import format as ckpt
+from dlrm.pipelines import compile as compile_
 from dlrm.train import config_from_args
 from dlrm.trainer import Trainer
 from tests.dlrm.conftest import tiny
@@ -89,10 +89,10 @@ def test_fallback_to_eager_when_inductor_cannot_build(tmp_path, monkeypatch, cap
     no_compiler = {"fx_graph_cache": False, "cpp.cxx": ("no-such-c++-compiler",)}
     with (
         inductor_config.patch(no_compiler),
-        caplog.at_level(logging.WARNING, logger="dlrm.compile"),
+        caplog.at_level(logging.WARNING, logger="dlrm.pipelines.compile"),
     ):
         fell_back, t1 = _fit(tmp_path / "a", compile=True, num_batches=3)
-    lines = [r.getMessage() for r in caplog.records if r.name == "dlrm.compile"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "dlrm.pipelines.compile"]
     assert len(lines) == 1 and "runs eager" in lines[0] and "no-such-c++-compiler" in lines[0]
     assert not fell_back["compiled"]
     eager, t2 = _fit(tmp_path / "b", compile=False, num_batches=3)
@@ -162,11 +162,11 @@ class _OwnModel(torch.nn.Module):
 
 def test_a_model_without_dense_forward_trains_eager(tmp_path, caplog):
     donor = Trainer(tiny(tmp_path / "donor"), checkpoints=False)
-    with caplog.at_level(logging.WARNING, logger="dlrm.compile"):
+    with caplog.at_level(logging.WARNING, logger="dlrm.pipelines.compile"):
         trainer = Trainer(tiny(tmp_path / "own", compile=True, num_batches=3),
                           data=donor.data, model=_OwnModel(donor.model))  # fmt: skip
     assert trainer.compiled is None
-    assert [r.getMessage() for r in caplog.records if r.name == "dlrm.compile"] == [
+    assert [r.getMessage() for r in caplog.records if r.name == "dlrm.pipelines.compile"] == [
         "--compile: _OwnModel has no dense_forward(dense, pooled) to compile; it runs eager"
     ]
     assert trainer.fit()["steps"] == 3

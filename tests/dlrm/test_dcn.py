@@ -192,9 +192,9 @@ def test_checkpoints_refuse_the_other_interaction(dcn_run, tmp_path):
 
 
 def test_dcn_trains_and_the_compiled_bf16_step_tracks_eager(tmp_path):
-    """The written-out step (dlrm/dense_step.py) is dot/cat only: a DCN model compiles its
+    """The written-out step (dlrm/pipelines/dense_step.py) is dot/cat only: a DCN model compiles its
     forward and trains through autograd, and tracks the eager run."""
-    from dlrm import dense_step
+    from dlrm.pipelines import dense_step
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -226,10 +226,10 @@ def test_tbsm_step_encoder_takes_the_dcn_interaction():
 
 
 def test_quantized_export_carries_the_cross_layers(dcn_run):
-    """serving.quantize exports a dcn model: fp32 predicts what the trained model does, bf16 MLPs
+    """hybrid_dlrm.serving.quantize exports a dcn model: fp32 predicts what the trained model does, bf16 MLPs
     keep the cross layers in float32 (they are not linear layers)."""
-    from serving import Predictor
-    from serving.quantize import main
+    from hybrid_dlrm.serving import Predictor
+    from hybrid_dlrm.serving.quantize import main
 
     d, trainer = dcn_run
     model = trainer.model.eval()

@@ -1,4 +1,4 @@
-"""The written-out dense step (dlrm/dense_step.py) computes what autograd computes through the
+"""The written-out dense step (dlrm/pipelines/dense_step.py) computes what autograd computes through the
 model's dense part, applies plain SGD as torch's SGD does (and nothing on a non-finite loss), and
 a trainer running it (traced by Dynamo with the eager backend: no Inductor build) trains exactly
 as the autograd step does, with SGD inside the step and with Adagrad outside it."""
@@ -9,10 +9,10 @@ import pytest
 import torch
 from torch import nn
 
-from dlrm import compile as compile_
-from dlrm import dense_step
 from dlrm.models.dlrm import DLRM, DLRMArch
-from dlrm.train_pipeline import loss_of
+from dlrm.pipelines import compile as compile_
+from dlrm.pipelines import dense_step
+from dlrm.pipelines.base import loss_of
 from dlrm.trainer import Trainer
 from tests.dlrm.conftest import tiny
 

@@ -193,7 +193,7 @@ def test_a_one_process_checkpoint_resumes_in_two(runs):
 def test_hot_rows_replicated_and_cold_rows_sharded_train_what_one_process_does(runs):
     """--placement fae with 2 ranks against --placement device in 1: same losses, weights, AUC;
     the hot rows' lookups stay on their rank and their gradients are all-reduced densely."""
-    from dlrm import sharded_checkpoint
+    from dlrm.checkpoints import sharded as sharded_checkpoint
 
     root, one, two = runs
     assert_same_run(one["resumable"], two["hot_replicated"])
@@ -255,7 +255,7 @@ def test_hot_replicated_checkpoints_across_world_sizes(runs, tmp_path):
 
 
 def test_a_damaged_shard_is_named(runs, tmp_path):
-    from dlrm import checkpoint_store
+    from dlrm.checkpoints import store as checkpoint_store
     from dlrm.errors import CheckpointError
 
     root, _, _ = runs
@@ -279,7 +279,7 @@ def test_a_shard_from_another_checkpoint_is_refused_naming_it(runs, tmp_path):
     # Issue 37, 6: rank 1's file of the step-6 checkpoint copied into step 12's directory (same
     # size: the index's sizes cannot tell) was assembled, tables from step 6 under step 12's
     # state. Every shard carries its checkpoint's id, step and world size, as the index does.
-    from dlrm import checkpoint_store
+    from dlrm.checkpoints import store as checkpoint_store
     from dlrm.errors import CheckpointError
 
     root, _, _ = runs

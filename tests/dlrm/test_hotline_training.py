@@ -9,9 +9,9 @@ import torch
 
 from dlrm import Trainer
 from dlrm.errors import ConfigError
-from dlrm.hotline_pipeline import HotlineTrainPipeline
-from dlrm.plan_setup import profile_training_sample
-from embeddings.placement import PlacementPlan, parse_bytes, plan_placement
+from dlrm.pipelines.staging import HotlineTrainPipeline
+from dlrm.placement.run_plan import profile_training_sample
+from embeddings.hot_rows import PlacementPlan, parse_bytes, plan_placement
 from embeddings.profile import AccessProfile
 
 HOTLINE = dict(placement="hotline", hot_budget="2KB", profile_sample_rate=0.2, device="cpu")

@@ -1,5 +1,5 @@
-"""The memory inventory (embeddings/memory.py) on fake /proc and cgroup files, and the check every
-placement gets before any table is made (dlrm/memory.py): one line naming both figures and the
+"""The memory inventory (embeddings/room.py) on fake /proc and cgroup files, and the check every
+placement gets before any table is made (dlrm/placement/memory_check.py): one line naming both figures and the
 settings that fit, the settings it names fitting, and `--scm-cache` capped at the rows."""
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 
 from dlrm import compose
-from dlrm import memory as run_memory
 from dlrm.config import TrainConfig
 from dlrm.errors import ConfigError
+from dlrm.placement import memory_check as run_memory
 from dlrm.train import main
 from embeddings import SparseOptimizer, tables_for_features
-from embeddings.memory import MemoryInventory, Needs, Room, cgroup_room, flag_bytes, host_room
-from embeddings.placement import parse_bytes, row_bytes
+from embeddings.hot_rows import parse_bytes, row_bytes
+from embeddings.room import MemoryInventory, Needs, Room, cgroup_room, flag_bytes, host_room
 
 GiB, MiB, KiB = 2**30, 2**20, 2**10
 
@@ -162,7 +162,7 @@ def _machine(monkeypatch, host: int, disk: int | None = None) -> None:
         return MemoryInventory(None, Room(host, "test machine"), room)
 
     monkeypatch.setattr(run_memory, "inventory", fake)
-    monkeypatch.setattr("embeddings.memory.disk_room", lambda d: Room(2**50, "disk"))
+    monkeypatch.setattr("embeddings.room.disk_room", lambda d: Room(2**50, "disk"))
 
 
 def test_the_settings_the_line_names_fit_and_train(tmp_path, monkeypatch):
@@ -244,7 +244,7 @@ def test_cuda_memory_short_names_the_placements_that_fit(tmp_path, monkeypatch):
                                Room(8 * GiB, "test machine"), disk)  # fmt: skip
 
     monkeypatch.setattr(run_memory, "inventory", fake)
-    monkeypatch.setattr("embeddings.memory.disk_room", lambda d: Room(2**50, "disk"))
+    monkeypatch.setattr("embeddings.room.disk_room", lambda d: Room(2**50, "disk"))
     cfg = _tiny(tmp_path, arch_embedding_size=(1_000_000,) * 4, arch_sparse_feature_size=64,
                 arch_mlp_bot=(13, 64), arch_mlp_top=(64, 1))  # fmt: skip
     data, cpu = compose.build_data(cfg), compose.resolve_device("cpu")

@@ -14,9 +14,9 @@ import torch
 
 from dlrm import Trainer
 from dlrm.data import DataSplits
-from dlrm.fae_batches import FAEBatchSource
-from dlrm.hotline_pipeline import HotlineTrainPipeline
-from dlrm.train_pipeline import StepHook
+from dlrm.pipelines.base import StepHook
+from dlrm.pipelines.fae_batches import FAEBatchSource
+from dlrm.pipelines.staging import HotlineTrainPipeline
 from embeddings.hot_inputs import AllHotClassifier
 from tests.dlrm.conftest import tiny
 from tests.multi_hot_source import multi_hot_splits

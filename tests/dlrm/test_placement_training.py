@@ -6,10 +6,10 @@ import numpy as np
 import torch
 
 from dlrm import Trainer
-from dlrm.fae_batches import BatchSelector, FAEBatchSource, concat_batches
+from dlrm.pipelines.fae_batches import BatchSelector, FAEBatchSource, concat_batches
 from dlrm.train import main
 from embeddings.hot_inputs import AllHotClassifier
-from embeddings.placement import PlacementPlan
+from embeddings.hot_rows import PlacementPlan
 
 # a budget of about a quarter of the tiny model's rows: some inputs hot, some cold
 FAE = dict(

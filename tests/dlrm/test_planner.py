@@ -1,4 +1,4 @@
-"""`--placement auto` (dlrm/planner.py): the candidates weighed against a fixed inventory and a
+"""`--placement auto` (dlrm/placement/auto.py): the candidates weighed against a fixed inventory and a
 fake predictor registered here, so every decision is exact; the decision file, its reuse on
 resume, and the measured-against-predicted event of a run."""
 
@@ -10,15 +10,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from dlrm import planner, planning
 from dlrm.data import build_data
 from dlrm.errors import ConfigError
-from dlrm.planner import DECISION_NAME, plan, resolve_auto
-from dlrm.planning import Prediction
+from dlrm.placement import auto as planner
+from dlrm.placement import candidates as planning
+from dlrm.placement.auto import DECISION_NAME, plan, resolve_auto
+from dlrm.placement.candidates import Prediction
 from dlrm.trainer import Trainer
 from embeddings import SparseOptimizer
-from embeddings.memory import MemoryInventory, Room, fmt_bytes
-from embeddings.placement import row_bytes
+from embeddings.hot_rows import row_bytes
+from embeddings.room import MemoryInventory, Room, fmt_bytes
 
 GiB, MiB = 2**30, 2**20
 CPU = torch.device("cpu")
@@ -252,7 +253,7 @@ def test_the_planning_sample_takes_batches_the_profile_did_not_count(
 ):
     # a batch the profile counted has no cold row the profile missed: replaying one would make
     # the cold rows and the row cache's misses look fewer than training meets
-    from dlrm.plan_setup import profiled_batches
+    from dlrm.placement.run_plan import profiled_batches
 
     seen = []
     fn = planning._PREDICTOR
@@ -282,8 +283,8 @@ def test_the_planning_sample_takes_batches_the_profile_did_not_count(
 def test_the_check_composes_with_another_hook_and_reports_once():
     from contextlib import nullcontext
 
-    from dlrm.placement_check import MeasuredAgainstPredicted
-    from dlrm.train_pipeline import StepHook
+    from dlrm.pipelines.base import StepHook
+    from dlrm.placement.auto_check import MeasuredAgainstPredicted
 
     class Counting(StepHook):
         steps, phases, attached = 0, [], None

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from dlrm import checkpoint as ckpt
-from dlrm import checkpoint_store
+from dlrm.checkpoints import format as ckpt
+from dlrm.checkpoints import store as checkpoint_store
 from dlrm.progress import duration, wanted_lines
 from dlrm.train import config_from_args
 from dlrm.trainer import Trainer

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from dlrm import Trainer
-from dlrm import checkpoint as ckpt
+from dlrm.checkpoints import format as ckpt
 from dlrm.errors import ConfigError
 from dlrm.train import main
 from tests.dlrm.test_checkpoint_integrity import TINY_CLI

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from common.lock import DirectoryLock, LockError
+from hybrid_dlrm.common.lock import DirectoryLock, LockError
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -19,7 +19,7 @@ def _holder(directory: Path, name: str = ".lock") -> subprocess.Popen:
     """Another process that holds the lock of `directory` until it is killed."""
     code = textwrap.dedent(f"""
         import sys, time
-        from common.lock import DirectoryLock
+        from hybrid_dlrm.common.lock import DirectoryLock
         DirectoryLock({str(directory)!r}, {name!r}).acquire("--out-dir")
         print("held", flush=True)
         time.sleep(600)
@@ -54,9 +54,7 @@ def test_the_same_process_may_take_its_own_lock_again(tmp_path):
     a = DirectoryLock(tmp_path).acquire("--out-dir")
     b = DirectoryLock(tmp_path).acquire("--out-dir")
     a.release()
-    proc_code = (
-        f"from common.lock import DirectoryLock; DirectoryLock({str(tmp_path)!r}).acquire('x')"
-    )
+    proc_code = f"from hybrid_dlrm.common.lock import DirectoryLock; DirectoryLock({str(tmp_path)!r}).acquire('x')"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     done = subprocess.run(
         [sys.executable, "-c", proc_code], env=env, capture_output=True, text=True

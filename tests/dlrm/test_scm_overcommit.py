@@ -12,13 +12,13 @@ import pytest
 from dlrm import Trainer
 from dlrm.config import TrainConfig
 from dlrm.errors import ConfigError
-from dlrm.scm_setup import tiered_needs
+from dlrm.placement.tiered_setup import tiered_needs
 from dlrm.train import config_from_args
 from embeddings.config import SparseOptimizer, TableSpec
 from embeddings.errors import ScmError
-from embeddings.memory import fmt_bytes
-from embeddings.placement import row_bytes
-from embeddings.scm_file import BLOCK, PAYLOAD
+from embeddings.hot_rows import row_bytes
+from embeddings.room import fmt_bytes
+from embeddings.ssd.file import BLOCK, PAYLOAD
 from tests.dlrm.test_tiered_training import (
     RESUMABLE,
     eval_history,
@@ -93,7 +93,7 @@ def test_a_disk_smaller_than_the_file_refuses_without_the_flag_and_trains_with_i
     # checkpoint: one line naming the file system, and the checkpoint resumes to the end
     fill_after_first_checkpoint(monkeypatch, disk)
     run = str(tmp_path / "run")
-    with caplog.at_level(logging.INFO, logger="dlrm.scm_setup"):
+    with caplog.at_level(logging.INFO, logger="dlrm.placement.tiered_setup"):
         with pytest.raises(ScmError) as e:
             Trainer(_cfg(tmp_path, disk, scm_overcommit=True, out_dir=run)).fit()
     said = [r.getMessage() for r in caplog.records if "over-committed" in r.getMessage()]

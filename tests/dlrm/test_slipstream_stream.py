@@ -5,7 +5,7 @@ import torch
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from dlrm.slipstream_stream import Cursor, RefillingStream, random_kept
+from dlrm.pipelines.slipstream_inputs import Cursor, RefillingStream, random_kept
 
 B = 8
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from dlrm import Trainer
-from dlrm.slipstream_pipeline import SlipstreamTrainPipeline
+from dlrm.pipelines.base import StepHook
+from dlrm.pipelines.slipstream import SlipstreamTrainPipeline
 from dlrm.train import main
-from dlrm.train_pipeline import StepHook
 
 from .test_hotline_training import HOTLINE, assert_same_model
 

@@ -1,4 +1,4 @@
-"""The staging pipeline is chosen by what a collection declares (embeddings/staging.py), never by
+"""The staging pipeline is chosen by what a collection declares (embeddings/staged/contract.py), never by
 its placement kind."""
 
 from contextlib import contextmanager
@@ -8,10 +8,10 @@ import torch
 
 from dlrm import compose
 from dlrm.config import TrainConfig
-from dlrm.hotline_pipeline import HotlineTrainPipeline
-from dlrm.train_pipeline import PlainTrainPipeline
+from dlrm.pipelines.base import PlainTrainPipeline
+from dlrm.pipelines.staging import HotlineTrainPipeline
 from embeddings import FusedEmbeddingBagCollection, SparseOptimizer, TableSpec
-from embeddings.staging import StagingCollection, stages
+from embeddings.staged.contract import StagingCollection, stages
 
 
 class _Stager(FusedEmbeddingBagCollection):

@@ -111,7 +111,7 @@ def test_access_profile_counts_every_history_lookup(planted):
 
 
 def test_tbsm_resume_reproduces_the_uninterrupted_run(planted, tmp_path):
-    from dlrm import checkpoint as ckpt
+    from dlrm.checkpoints import format as ckpt
 
     kw = dict(model="tbsm", model_type="rnn", num_batches=6, test_freq=3, keep_checkpoints=5)
     full, _, t_full = _train(planted, tmp_path / "full", **kw)

@@ -1,9 +1,9 @@
-"""The silenced third-party warnings are exactly the known-harmless ones (dlrm/third_party.py)."""
+"""The silenced third-party warnings are exactly the known-harmless ones (dlrm/processes/third_party.py)."""
 
 import logging
 import warnings
 
-from dlrm import third_party
+from dlrm.processes import third_party
 
 FBGEMM = ("fbgemm::dense_embedding_codegen_lookup_function: an autograd kernel was not registered "
           "to the Autograd key(s) but we are trying to backprop through it.")  # fmt: skip

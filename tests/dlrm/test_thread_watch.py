@@ -1,10 +1,12 @@
-"""The thread count follows the machine's load (dlrm/thread_watch.py): what it reads, what it
+"""The thread count follows the machine's load (dlrm/processes/thread_watch.py): what it reads, what it
 decides, and that changing the count between steps leaves the training bit-identical."""
 
 import torch
 
-from dlrm import Trainer, threads
-from dlrm.thread_watch import (
+from dlrm import Trainer
+from dlrm.pipelines.base import StepHook, StepHooks
+from dlrm.processes import threads
+from dlrm.processes.thread_watch import (
     SLACK,
     WINDOW_S,
     CpuSampler,
@@ -13,7 +15,6 @@ from dlrm.thread_watch import (
     busy_seconds,
     fitting_threads,
 )
-from dlrm.train_pipeline import StepHook, StepHooks
 
 
 def stat(cpu_ticks: dict[int, tuple[int, ...]]) -> str:
@@ -24,7 +25,7 @@ def stat(cpu_ticks: dict[int, tuple[int, ...]]) -> str:
 
 
 def test_busy_seconds_counts_the_non_idle_ticks_of_the_affinity_cpus_only():
-    from dlrm import thread_watch
+    from dlrm.processes import thread_watch
 
     # user nice system idle iowait irq softirq steal guest guest_nice
     text = stat({0: (100, 10, 20, 500, 70, 1, 2, 3, 50, 0), 1: (7, 0, 0, 9, 0, 0, 0, 0, 0, 0),

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from dlrm import threads
 from dlrm.errors import ConfigError
+from dlrm.processes import threads
 from dlrm.train import config_from_args, main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -110,7 +110,7 @@ def test_auto_reads_this_process_affinity():
     """A process restricted to one CPU chooses one thread (no torch needed to choose)."""
     code = (
         "import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
-        "from dlrm import threads; print(threads.choose(0, environ={}, quota=None).threads)"
+        "from dlrm.processes import threads; print(threads.choose(0, environ={}, quota=None).threads)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT)  # fmt: skip
@@ -121,7 +121,9 @@ def test_auto_reads_this_process_affinity():
 def test_wait_policy_is_the_users_where_given_else_openmps_own():
     env = {}
     assert threads.wait_policy(env) == "OpenMP's default wait"
-    assert env == {}  # nothing set: the count follows the load instead (dlrm/thread_watch.py)
+    assert (
+        env == {}
+    )  # nothing set: the count follows the load instead (dlrm/processes/thread_watch.py)
     for name, value in (("OMP_WAIT_POLICY", "passive"), ("GOMP_SPINCOUNT", "300000")):
         env = {name: value}
         assert threads.wait_policy(env) == f"{name}={value}"

@@ -15,13 +15,13 @@ import pytest
 import torch
 
 from dlrm import Trainer
-from dlrm import checkpoint as ckpt
+from dlrm.checkpoints import format as ckpt
 from dlrm.errors import ConfigError
-from dlrm.hotline_pipeline import HotlineTrainPipeline
+from dlrm.pipelines.staging import HotlineTrainPipeline
 from dlrm.train import main
 from embeddings.errors import ScmError
-from embeddings.scm_file import BLOCK, BlockFile
-from embeddings.scm_tier import ROWS, ScmTier
+from embeddings.ssd.file import BLOCK, BlockFile
+from embeddings.ssd.tier import ROWS, ScmTier
 
 TIERED = dict(
     placement="tiered", hot_budget="2KB", profile_sample_rate=0.2, scm_cache="2KB",
@@ -74,10 +74,10 @@ def test_tiered_with_sparse_plan_and_hashed_map_trains_like_the_device_placement
     # the Terabyte-scale forms (the plan's sorted hot rows, Hotline's hashed id -> slot map),
     # forced on small tables: the same computation as the dense forms, so as --placement device
     import embeddings.hot_map
-    import embeddings.placement
+    import embeddings.hot_rows
 
     monkeypatch.setattr(embeddings.hot_map, "use_dense", lambda total, hot: False)
-    monkeypatch.setattr(embeddings.placement, "use_dense", lambda total, hot: False)
+    monkeypatch.setattr(embeddings.hot_rows, "use_dense", lambda total, hot: False)
     common = dict(data_size=64 * 40, optimizer="rowwise_adagrad", print_freq=50, learning_rate=0.1)
     device = Trainer(make_config(**common, **DEVICE, out_dir=str(tmp_path / "device")))
     tiered = Trainer(make_config(**common, **TIERED, out_dir=str(tmp_path / "tiered")))

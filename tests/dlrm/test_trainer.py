@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dlrm import TrainConfig, Trainer
-from dlrm import checkpoint as ckpt
+from dlrm.checkpoints import format as ckpt
 from dlrm.config import ConfigError
 from dlrm.errors import CheckpointError, TrainingDiverged
 

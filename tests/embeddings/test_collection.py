@@ -26,14 +26,14 @@ from embeddings import (
 from embeddings.collection import EmbeddingLookup
 from embeddings.errors import PlacementError
 from embeddings.hot_replicated import HotReplicatedCollection
-from embeddings.hotline import hotline_collection
-from embeddings.placement import plan_placement
+from embeddings.hot_rows import plan_placement
 from embeddings.profile import AccessProfiler
 from embeddings.quantized import QuantizedEmbeddingBagCollection, quantize_rows
-from embeddings.scm_serving import ScmQuantizedEmbeddingBagCollection, ServingTier
 from embeddings.sharded import ShardedEmbeddingBagCollection
-from embeddings.staged import StagedEmbeddingBagCollection
-from embeddings.tiered import ScmSettings, tiered_collection
+from embeddings.ssd.collection import ScmSettings, tiered_collection
+from embeddings.ssd.serving import ScmQuantizedEmbeddingBagCollection, ServingTier
+from embeddings.staged.collection import StagedEmbeddingBagCollection
+from embeddings.staged.hotline import hotline_collection
 from embeddings.transfer_stats import LEGACY_VALUES, TransferStats
 from tests.embeddings.test_fae import (
     DIM,
@@ -176,7 +176,7 @@ def test_fae_refuses_a_one_home_plan():
 
 def test_the_planning_modules_do_not_import_torchrec_or_fbgemm():
     code = (
-        "import sys, embeddings.config, embeddings.placement, embeddings.errors;"
+        "import sys, embeddings.config, embeddings.hot_rows, embeddings.errors;"
         "heavy = [m for m in sys.modules if m.split('.')[0] in ('torchrec', 'fbgemm_gpu')];"
         "assert not heavy, heavy[:3]; print(embeddings.__file__)"
     )

@@ -7,7 +7,7 @@ from embeddings import FusedEmbeddingBagCollection, SparseOptimizer, TableSpec
 from embeddings.fae import FAEEmbeddingBagCollection
 from embeddings.fae_scheduler import window_bounds, window_layout
 from embeddings.hot_inputs import AllHotClassifier, all_hot_inputs
-from embeddings.placement import PlacementError, plan_placement, row_bytes
+from embeddings.hot_rows import PlacementError, plan_placement, row_bytes
 from embeddings.profile import AccessProfiler
 
 SIZES = [40, 6, 300, 25]

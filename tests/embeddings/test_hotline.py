@@ -6,8 +6,8 @@ import torch
 
 from embeddings import FusedEmbeddingBagCollection, SparseOptimizer
 from embeddings.errors import TierError
-from embeddings.hotline import hotline_collection
 from embeddings.plan import row_bytes
+from embeddings.staged.hotline import hotline_collection
 from tests.embeddings.test_fae import DIM, SIZES, kjt_from, make_batch, make_plan, tables
 
 

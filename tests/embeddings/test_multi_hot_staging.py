@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from embeddings import FusedEmbeddingBagCollection, SparseOptimizer
-from embeddings.hotline import hotline_collection
-from embeddings.tiered import ScmSettings, tiered_collection
+from embeddings.ssd.collection import ScmSettings, tiered_collection
+from embeddings.staged.hotline import hotline_collection
 from tests.embeddings.test_fae import DIM, SIZES, kjt_from, make_plan, tables
 from tests.embeddings.test_hotline import assert_same_tables
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from embeddings import FusedEmbeddingBagCollection, TableSpec
+from embeddings.memory_tiers import DeviceTier
 from embeddings.optimizer import KINDS, SPARSE_OPTIMIZERS, SparseOptimizer
 from embeddings.sharded import apply_rule
-from embeddings.tiers import DeviceTier
 from embeddings.torch_tbe import apply_sparse_update
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,7 +7,7 @@ import torch
 
 from embeddings import SparseOptimizer
 from embeddings.hot_inputs import AllHotClassifier
-from embeddings.placement import (
+from embeddings.hot_rows import (
     PlacementError,
     PlacementPlan,
     TierPlan,

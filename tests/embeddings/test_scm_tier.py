@@ -13,11 +13,11 @@ from embeddings.config import SparseOptimizer, TableSpec
 from embeddings.errors import ScmError
 from embeddings.fused import FusedEmbeddingBagCollection
 from embeddings.row_init import hashed_init_, hashed_rows, hashed_table
-from embeddings.scm_cache import BlockCache, RowCache, SlotMap
-from embeddings.scm_file import BLOCK, SWITCH_INTERVAL_S
-from embeddings.scm_journal import UndoJournal
-from embeddings.scm_tier import JOURNAL, ROWS, ScmTier
-from embeddings.scm_writes import RECENT
+from embeddings.ssd.cache import BlockCache, RowCache, SlotMap
+from embeddings.ssd.file import BLOCK, SWITCH_INTERVAL_S
+from embeddings.ssd.journal import UndoJournal
+from embeddings.ssd.tier import JOURNAL, ROWS, ScmTier
+from embeddings.ssd.writes import RECENT
 
 TABLES = [TableSpec("t0", 300, 8, "f0"), TableSpec("t1", 2000, 8, "f1")]
 
@@ -309,7 +309,7 @@ def test_the_slot_map_agrees_with_a_dictionary_through_adds_and_removes(capacity
 
 
 def test_recent_writes_skip_a_write_of_no_rows():
-    from embeddings.scm_writes import WriteQueue
+    from embeddings.ssd.writes import WriteQueue
 
     q = WriteQueue(row_floats=2)
     q.put(torch.tensor([3, 7]), torch.tensor([[1.0, 2.0], [3.0, 4.0]]))
@@ -321,13 +321,13 @@ def test_recent_writes_skip_a_write_of_no_rows():
 def test_writes_of_many_blocks_go_in_pieces_with_the_same_result(tmp_path, monkeypatch):
     # a batch of evictions is written WRITE_BLOCKS blocks at a time (a bounded transient):
     # the same rows, blocks and counts as one write of them all
-    import embeddings.scm_tier
+    import embeddings.ssd.tier
 
     ids = torch.randperm(2300, generator=torch.Generator().manual_seed(4))[:900]
     w, s = random_rows(900, "adagrad", seed=4)
     results = []
     for pieces, blocks in (("one", 10**6), ("pieces", 3)):
-        monkeypatch.setattr(embeddings.scm_tier, "WRITE_BLOCKS", blocks)
+        monkeypatch.setattr(embeddings.ssd.tier, "WRITE_BLOCKS", blocks)
         t = tier(tmp_path / pieces, "adagrad", cache_rows=40)
         for a in range(0, 900, 300):  # each write evicts rows of many blocks
             t.write_rows(ids[a : a + 300], w[a : a + 300], s[a : a + 300])
@@ -431,8 +431,8 @@ def test_tier_files_without_their_description_are_refused_untouched(tmp_path, re
 
 def test_the_training_tier_records_its_owner_and_serving_refuses_it(tmp_path):
     # item 9: the marker serving checks, and the serving tier checking it before any write
-    from embeddings.scm_serving import ServingTier
-    from embeddings.scm_tier import training_tier_owner
+    from embeddings.ssd.serving import ServingTier
+    from embeddings.ssd.tier import training_tier_owner
 
     o = SparseOptimizer("adagrad", 0.1)
     t = ScmTier(tmp_path / "scm", TABLES, o, 5, 4096, io="buffered", owner=str(tmp_path / "run"))
@@ -475,7 +475,7 @@ def test_a_tier_is_used_by_one_process_at_a_time(tmp_path):
     root = Path(__file__).resolve().parents[2]
     code = textwrap.dedent(f"""
         import time
-        from common.lock import DirectoryLock
+        from hybrid_dlrm.common.lock import DirectoryLock
         DirectoryLock({str(tmp_path / "scm")!r}).acquire("--scm-dir")
         print("held", flush=True)
         time.sleep(600)

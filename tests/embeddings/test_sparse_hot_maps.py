@@ -12,10 +12,10 @@ import torch
 from embeddings import SparseOptimizer
 from embeddings.hot_inputs import AllHotClassifier
 from embeddings.hot_map import HotRowMap
-from embeddings.lookup_map import RowOutOfRange, map_lookups
-from embeddings.placement import PlacementError, PlacementPlan, plan_placement, row_bytes
+from embeddings.hot_rows import PlacementError, PlacementPlan, plan_placement, row_bytes
 from embeddings.plan import SPARSE_VERSION, VERSION
 from embeddings.profile import AccessProfiler
+from embeddings.staged.lookup_map import RowOutOfRange, map_lookups
 
 SIZES = [50, 1, 300, 7, 120]
 SGD = SparseOptimizer("sgd")

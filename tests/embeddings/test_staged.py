@@ -1,5 +1,5 @@
 """The staged collection with its cold store injected: the host tier, the SSD tier or any other
-`RowStore`; staging declared through embeddings/staging.py; counters each collection logs."""
+`RowStore`; staging declared through embeddings/staged/contract.py; counters each collection logs."""
 
 import numpy as np
 import pytest
@@ -8,13 +8,13 @@ import torch
 from embeddings import FusedEmbeddingBagCollection, SparseOptimizer
 from embeddings.fae import FAEEmbeddingBagCollection
 from embeddings.fused import uniform_table
-from embeddings.hotline import hotline_collection
+from embeddings.memory_tiers import HostTier
 from embeddings.row_store import RowStore
-from embeddings.scm_store import ScmStore
-from embeddings.staged import StagedEmbeddingBagCollection, one_home
-from embeddings.staging import stages
-from embeddings.tiered import ScmSettings, tiered_collection
-from embeddings.tiers import HostTier
+from embeddings.ssd.collection import ScmSettings, tiered_collection
+from embeddings.ssd.store import ScmStore
+from embeddings.staged.collection import StagedEmbeddingBagCollection, one_home
+from embeddings.staged.contract import stages
+from embeddings.staged.hotline import hotline_collection
 from embeddings.transfer_stats import LOGGED_COUNTERS
 from tests.embeddings.test_fae import DIM, SIZES, make_batch, make_plan, tables
 from tests.embeddings.test_hotline import assert_same_tables, hotline_step

@@ -9,9 +9,9 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from embeddings import FAEEmbeddingBagCollection, FusedEmbeddingBagCollection, SparseOptimizer
 from embeddings.config import tables_for_features
-from embeddings.hotline import hotline_collection
-from embeddings.placement import plan_placement
+from embeddings.hot_rows import plan_placement
 from embeddings.profile import AccessProfiler
+from embeddings.staged.hotline import hotline_collection
 from embeddings.staleness import StalenessTracker
 
 SIZES = [12, 7, 30]

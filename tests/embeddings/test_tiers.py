@@ -4,8 +4,8 @@ import torch
 
 from embeddings import FusedEmbeddingBagCollection, SparseOptimizer, TableSpec
 from embeddings.errors import TierError
+from embeddings.memory_tiers import DeviceTier, HostTier, Replica, RowStore, table_row_base
 from embeddings.plan import row_bytes
-from embeddings.tiers import DeviceTier, HostTier, Replica, RowStore, table_row_base
 from embeddings.transfer_stats import TransferStats
 
 SIZES = [30, 5, 80, 12]

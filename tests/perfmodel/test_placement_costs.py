@@ -13,13 +13,13 @@ import pytest
 
 from data_pipeline.synthetic import PlantedWorld, SyntheticBatchSource, SyntheticConfig
 from dlrm.config import TrainConfig
-from dlrm.planning import Candidate
+from dlrm.placement.candidates import Candidate
 from embeddings.config import SparseOptimizer, TableSpec
 from embeddings.profile import AccessProfiler
 from embeddings.row_layout import table_row_base
-from embeddings.scm_file import PAYLOAD
-from embeddings.scm_tier import ScmTier
-from embeddings.tiered import profile_priority
+from embeddings.ssd.collection import profile_priority
+from embeddings.ssd.file import PAYLOAD
+from embeddings.ssd.tier import ScmTier
 from perfmodel import disk
 from perfmodel import placement_costs as pc
 from perfmodel import row_cache_model as rcm
@@ -206,7 +206,7 @@ def test_read_time_grows_with_the_reads_even_from_a_noisy_measurement():
 
 
 def test_importing_the_plugin_registers_the_predictor():
-    code = ("from dlrm import planning, step_hooks; assert planning.predictor() is None; "
+    code = ("from dlrm.placement import candidates as planning; from dlrm.pipelines import step_hooks; assert planning.predictor() is None; "
             "step_hooks.load_plugins(); p = planning.predictor(); "
             "print(p.__module__, p.__name__)")  # fmt: skip
     env = dict(os.environ, PYTHONPATH=str(ROOT), HYBRID_DLRM_PLUGINS="perfmodel.recorder")
@@ -248,11 +248,11 @@ def test_a_tiered_run_is_predicted_over_its_steps_and_checked_over_its_first(
 ):
     """The cache starts empty: a longer run's mean differs from its first steps', which the
     placement check measures (`checked_ms`, what Decision.checked_ms hands it)."""
-    from dlrm.placement_check import MEASURE_STEPS
+    from dlrm.placement.auto_check import MEASURE_STEPS
 
     monkeypatch.setattr(pc, "_spare_core", lambda: False)  # the disk's time not hidden
-    from dlrm.planner import Decision
-    from dlrm.planning import Candidate as C
+    from dlrm.placement.auto import Decision
+    from dlrm.placement.candidates import Candidate as C
 
     c = C("tiered", 10 * DIM * 4, 400 * DIM * 4)
     cfg = config(placement="tiered")

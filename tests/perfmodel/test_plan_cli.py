@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from dlrm import planner
-from embeddings.memory import MemoryInventory, Room
+from dlrm.placement import auto as planner
+from embeddings.room import MemoryInventory, Room
 from perfmodel.__main__ import main
 
 MiB, GiB = 2**20, 2**30

@@ -1,5 +1,5 @@
 """`--perf-log` reaches the trainer from perfmodel's side: perfmodel.recorder registers its
-recorder with dlrm/step_hooks.py, and `python -m dlrm.train` imports the plugin modules that the
+recorder with dlrm/pipelines/step_hooks.py, and `python -m dlrm.train` imports the plugin modules that the
 installed distribution's entry points (pyproject.toml) or HYBRID_DLRM_PLUGINS name."""
 
 import importlib.metadata
@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from dlrm import step_hooks
 from dlrm.errors import ConfigError
+from dlrm.pipelines import step_hooks
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -5,7 +5,7 @@ import torch
 
 from dlrm import Trainer
 from dlrm.errors import ConfigError
-from dlrm.train_pipeline import StepHook, TrainPipeline
+from dlrm.pipelines.base import StepHook, TrainPipeline
 from perfmodel import trace as tr
 from perfmodel.recorder import StepRecorder, profile_steps
 from tests.dlrm.conftest import tiny

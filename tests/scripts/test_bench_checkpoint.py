@@ -3,8 +3,8 @@ from pathlib import Path
 
 import torch
 
-from common import crc as checksum
-from dlrm import checkpoint as ckpt
+from dlrm.checkpoints import format as ckpt
+from hybrid_dlrm.common import crc as checksum
 
 _SPEC = importlib.util.spec_from_file_location(
     "bench_checkpoint", Path(__file__).parents[2] / "scripts" / "bench_checkpoint.py"

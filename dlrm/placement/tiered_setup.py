@@ -1,0 +1,177 @@
+"""`--placement tiered`: the plan, the SSD tier's settings and the collection (embeddings/ssd/collection.py).
+
+The plan is Hotline's one-home plan under `--hot-budget` (rows ranked by profile counts per
+byte fill the device tier; with `--device cpu` that tier is the in-memory tables); every other
+row's home is the SSD tier in `--scm-dir` (default `<out-dir>/scm`), behind a row cache of
+`--scm-cache` bytes whose priorities are the same profile's counts. A resumed run keeps the
+tier's files for the checkpoint to roll back to; a new run starts them afresh (a directory
+holding another run's tier is refused).
+
+`--scm-cache` larger than the rows the tier holds is capped at them: a cache slot no row can ever
+fill is memory allocated for nothing (`--scm-cache 5TB` with 483 KB of tables asked for 5 TB).
+What the placement needs per tier (`tiered_needs`) is checked against what this process may use
+before the tier is made (dlrm/placement/memory_check.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from dlrm.config import TrainConfig
+from dlrm.errors import ConfigError
+from dlrm.placement.run_plan import PLAN_NAME, PROFILE_NAME, PlacedEmbeddings, obtain_plan
+from embeddings.config import SparseOptimizer, TableSpec
+from embeddings.errors import PlacementError, ProfileError, ScmError
+from embeddings.hot_rows import parse_bytes, row_bytes
+from embeddings.profile import AccessProfile
+from embeddings.room import Needs, fmt_bytes
+from embeddings.ssd.cache import RowCache, SlotMap
+from embeddings.ssd.collection import ScmSettings, profile_priority, tiered_collection
+from embeddings.ssd.file import BLOCK, PAYLOAD
+
+log = logging.getLogger(__name__)
+
+
+def scm_directory(cfg: TrainConfig) -> str:
+    return cfg.scm_dir or str(cfg.run_dir / "scm")
+
+
+def cache_bytes(
+    cfg: TrainConfig, tables: list[TableSpec], opt: SparseOptimizer, hot_rows: int
+) -> int:
+    """`--scm-cache`, capped at the bytes of the rows the tier holds (every row but the
+    `hot_rows` the device tier holds)."""
+    asked = parse_bytes(cfg.scm_cache, "--scm-cache")
+    rows = sum(t.num_embeddings for t in tables) - hot_rows
+    return min(asked, max(0, rows) * row_bytes(tables[0].embedding_dim, opt))
+
+
+def tiered_needs(
+    cfg: TrainConfig, tables: list[TableSpec], opt: SparseOptimizer, hot_bytes: int
+) -> Needs:
+    """What `--placement tiered` allocates with at most `hot_bytes` of hot rows on the device:
+    those and the staging slots there; the row cache (capped) and its bookkeeping, the access
+    profile's counts and the tier's block maps in host DRAM; the tier's file on disk (sparse,
+    but every block is written once its rows are)."""
+    dim, rb = tables[0].embedding_dim, row_bytes(tables[0].embedding_dim, opt)
+    rows = sum(t.num_embeddings for t in tables)
+    staging = max(cfg.mini_batch_size, cfg.test_mini_batch_size)
+    cache = cache_bytes(cfg, tables, opt, hot_bytes // rb)
+    slots = cache // rb
+    blocks = -(-rows // max(1, PAYLOAD // rb))
+    needs = Needs(disk_dir=scm_directory(cfg))
+    needs.add("device", "hot rows + optimizer state", hot_bytes, rows=True)
+    needs.add("device", "staging slots", len(tables) * staging * rb, rows=True)
+    needs.add("host", f"SSD tier row cache (--scm-cache {fmt_bytes(cache)})", cache)
+    per_slot = RowCache.BOOKKEEPING_PER_SLOT + SlotMap.BYTES_PER_ENTRY / SlotMap.LOAD
+    needs.add("host", "row cache bookkeeping", int(slots * per_slot))
+    needs.add("host", "access profile", 4 * rows)
+    needs.add("host", "SSD tier block maps", 2 * blocks)
+    file = f"SSD tier file (--scm-dir, rows of {dim} + state floats)"
+    written = written_blocks(cfg, tables, rb) if cfg.scm_overcommit else None
+    if written is None or written >= blocks:
+        needs.add("disk", file, blocks * BLOCK)
+    else:
+        needs.add("disk", f"{file}, over-committed: the blocks the run can write", written * BLOCK)
+    return needs
+
+
+def run_steps(cfg: TrainConfig) -> int | None:
+    """The steps a run takes, where the settings say it: `--num-batches` per epoch, or the
+    synthetic data's own size; None for a whole epoch of a data set on disk."""
+    if cfg.num_batches:
+        return cfg.nepochs * cfg.num_batches
+    if cfg.data_set == "synthetic":
+        return cfg.nepochs * -(-cfg.data_size // cfg.mini_batch_size)
+    return None
+
+
+def written_blocks(cfg: TrainConfig, tables: list[TableSpec], rb: int) -> int | None:
+    """`--scm-overcommit`'s bound on the tier's blocks a run writes: a block is written only
+    once one of its rows was looked up in training (evaluation only reads), so table t writes at
+    most min(its blocks, steps x samples x ids per bag) of them. Every lookup is counted as if
+    it went to the tier (hot rows and repeats make the truth smaller). None: steps unknown."""
+    from dlrm.data import bag_sizes
+
+    steps = run_steps(cfg)
+    if steps is None:
+        return None
+    rows_per_step = cfg.mini_batch_size * (cfg.ts_length + 1 if cfg.model == "tbsm" else 1)
+    sizes = bag_sizes(cfg, len(tables)) or [1] * len(tables)
+    per_block = max(1, PAYLOAD // rb)
+    return sum(
+        min(-(-t.num_embeddings // per_block) + 1, steps * rows_per_step * k)  # +1: a shared edge
+        for t, k in zip(tables, sizes)
+    )
+
+
+def scm_settings(cfg: TrainConfig, cache: int | None = None) -> ScmSettings:
+    """The SSD tier's settings; `cache`: the row cache's bytes (default `--scm-cache`)."""
+    return ScmSettings(
+        directory=scm_directory(cfg),
+        cache_bytes=parse_bytes(cfg.scm_cache, "--scm-cache") if cache is None else cache,
+        io=cfg.scm_io,
+        io_threads=cfg.scm_io_threads,
+        io_engine=cfg.scm_io_engine,
+        io_depth=cfg.scm_io_depth,
+        resume=bool(cfg.resume),
+        owner=str(cfg.run_dir),
+    )
+
+
+def _profile_counts(cfg: TrainConfig):
+    """The access profile the plan came from, if one was written or given."""
+    for path in (cfg.profile_file, cfg.run_dir / PROFILE_NAME):
+        if path and Path(path).is_file():
+            return AccessProfile.load(Path(path)).counts
+    return None
+
+
+def build_tiered(
+    cfg: TrainConfig, tables: list[TableSpec], opt: SparseOptimizer, train_source, device
+) -> PlacedEmbeddings:
+    try:
+        plan = obtain_plan(cfg, tables, opt, train_source, one_home=True)
+        counts = _profile_counts(cfg)
+        sizes = [t.num_embeddings for t in tables]
+        priority = profile_priority(counts, sizes) if counts is not None else None
+        del counts  # dense per-row counts (1 GB at Terabyte scale): the priority keeps seen rows
+        cache = cache_bytes(cfg, tables, opt, plan.num_hot)
+        if cache < parse_bytes(cfg.scm_cache, "--scm-cache"):
+            log.info(
+                "--scm-cache %s: capped at the tier's %s of rows", cfg.scm_cache, fmt_bytes(cache)
+            )
+        coll = tiered_collection(
+            tables, opt, plan, scm_settings(cfg, cache), torch.device(device), cfg.embedding_backend,
+            cfg.seed, priority, staging_rows=max(cfg.mini_batch_size, cfg.test_mini_batch_size),
+        )  # fmt: skip
+    except (PlacementError, ProfileError, ScmError) as e:
+        raise ConfigError(str(e)) from None
+    except ValueError as e:  # e.g. tables of different widths
+        raise ConfigError(f"--placement tiered: {e}") from None
+    coll.plan.save(cfg.run_dir / PLAN_NAME)  # with its second tier named ssd
+    log.info("tiered placement: %d hot rows, %s", coll.num_hot, coll.store.describe())
+    _say_overcommitted(cfg, tables, opt)
+    return PlacedEmbeddings(coll, "tiered", coll.plan)
+
+
+def _say_overcommitted(cfg: TrainConfig, tables: list[TableSpec], opt: SparseOptimizer) -> None:
+    """The start line of an over-committed tier: its file is larger than what the disk was
+    checked for."""
+    if not cfg.scm_overcommit:
+        return
+    rb = row_bytes(tables[0].embedding_dim, opt)
+    blocks = -(-sum(t.num_embeddings for t in tables) // max(1, PAYLOAD // rb))
+    written = written_blocks(cfg, tables, rb)
+    if written is None or written >= blocks:
+        log.info("--scm-overcommit: the run can write the whole SSD tier file (%s): not over-"
+                 "committed", fmt_bytes(blocks * BLOCK))  # fmt: skip
+        return
+    log.warning(
+        "--scm-overcommit: the SSD tier file is over-committed: %s sparse, the disk checked for "
+        "the %s its %d steps can write; a disk that fills stops the run at its last checkpoint",
+        fmt_bytes(blocks * BLOCK), fmt_bytes(written * BLOCK), run_steps(cfg),
+    )  # fmt: skip
