@@ -35,9 +35,9 @@ def resolve_device(name: str) -> torch.device:
 def table_sizes(cfg: TrainConfig, data: DataSplits) -> list[int]:
     """The data set's table sizes, or `--arch-embedding-size` when given (never smaller)."""
     sizes = list(data.table_sizes)
-    if cfg.arch_embedding_size is None:
+    if cfg.arch.embedding_size is None:
         return sizes
-    given = list(cfg.arch_embedding_size)
+    given = list(cfg.arch.embedding_size)
     if len(given) != len(sizes):
         raise ConfigError(
             f"--arch-embedding-size: {len(given)} tables given, the data set has {len(sizes)} sparse features"
@@ -55,7 +55,7 @@ def build_placed_embeddings(
     cfg: TrainConfig, data: DataSplits, device: torch.device, world_size: int = 1
 ) -> PlacedEmbeddings:
     tables = tables_for_features(
-        table_sizes(cfg, data), cfg.arch_sparse_feature_size, data.feature_names
+        table_sizes(cfg, data), cfg.arch.sparse_feature_size, data.feature_names
     )
     if world_size > 1:  # tables sharded across the process group (torchrec)
         from dlrm.processes.distributed import sharded_embeddings
@@ -73,18 +73,18 @@ def build_model(
     """The model `cfg` describes, around `embeddings` (built from `--placement` when None)."""
     num_sparse = len(data.table_sizes)
     common = dict(
-        num_dense=data.num_dense, embedding_dim=cfg.arch_sparse_feature_size, num_sparse=num_sparse,
-        bottom=cfg.arch_mlp_bot, top=cfg.arch_mlp_top, interaction=cfg.arch_interaction_op,
-        interaction_itself=cfg.arch_interaction_itself, dcn_num_layers=cfg.dcn_num_layers,
-        dcn_low_rank_dim=cfg.dcn_low_rank_dim,
+        num_dense=data.num_dense, embedding_dim=cfg.arch.sparse_feature_size, num_sparse=num_sparse,
+        bottom=cfg.arch.mlp_bot, top=cfg.arch.mlp_top, interaction=cfg.arch.interaction_op,
+        interaction_itself=cfg.arch.interaction_itself, dcn_num_layers=cfg.arch.dcn_num_layers,
+        dcn_low_rank_dim=cfg.arch.dcn_low_rank_dim,
     )  # fmt: skip
     try:
-        if cfg.model == "tbsm":
+        if cfg.arch.model == "tbsm":
             arch = TBSMArch(
-                **common, ts_length=cfg.ts_length, model_type=cfg.model_type, tsl_inner=cfg.tsl_inner,
-                tsl_mechanism=cfg.tsl_mechanism, tsl_num_heads=cfg.tsl_num_heads, tsl_mlp=cfg.tsl_mlp,
-                arch_mlp=cfg.arch_mlp, tsl_proj=cfg.tsl_proj, mha_num_heads=cfg.mha_num_heads,
-                rnn_num_layers=cfg.rnn_num_layers,
+                **common, ts_length=cfg.tbsm.ts_length, model_type=cfg.tbsm.model_type, tsl_inner=cfg.tbsm.tsl_inner,
+                tsl_mechanism=cfg.tbsm.tsl_mechanism, tsl_num_heads=cfg.tbsm.tsl_num_heads, tsl_mlp=cfg.tbsm.tsl_mlp,
+                arch_mlp=cfg.tbsm.arch_mlp, tsl_proj=cfg.tbsm.tsl_proj, mha_num_heads=cfg.tbsm.mha_num_heads,
+                rnn_num_layers=cfg.tbsm.rnn_num_layers,
             )  # fmt: skip
         else:
             arch = DLRMArch(**common)
@@ -92,5 +92,5 @@ def build_model(
         raise ConfigError(f"{ARCH_FLAGS.get(e.field, e.field)}: {e.reason}") from None
     if embeddings is None:
         embeddings = build_placed_embeddings(cfg, data, device).collection
-    model_class = TBSM if cfg.model == "tbsm" else DLRM
-    return model_class(arch, embeddings, seed=cfg.seed).to(device)
+    model_class = TBSM if cfg.arch.model == "tbsm" else DLRM
+    return model_class(arch, embeddings, seed=cfg.training.seed).to(device)

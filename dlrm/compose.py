@@ -95,24 +95,28 @@ def build_run(
     if world_size > 1:
         distributed.check_supported(cfg, world_size)
         third_party.silence_harmless()  # torchrec's and fbgemm's known-harmless warnings
-    if cfg.perf_log and step_hook is None:
+    if cfg.run.perf_log and step_hook is None:
         raise ConfigError(
             "perf_log: pass the hook that records it, Trainer(cfg, step_hook=...) "
             "(python -m dlrm.train --perf-log attaches the one a plugin registers: "
             "dlrm/pipelines/step_hooks.py)"
         )
-    device = resolve_device(cfg.device)
+    device = resolve_device(cfg.training.device)
     leads = rank == 0  # rank 0 writes the run directory
     lock = _lock_run_dir(cfg) if leads else DirectoryLock(cfg.run_dir)  # other ranks: not held
     resume_changes = _check_paths(cfg)
     # The checkpoint is read and verified while the data and the model are built: reading
     # and checksumming gigabytes need not wait for table initialisation.
     store = _checkpoint_store(cfg, rank, world_size, checkpoints)
-    resuming = _background(_resume_target, store, cfg, world_size) if cfg.resume else None
-    if cfg.threads:  # 0: the process's own counts (the command line chose them: dlrm/train.py)
-        threads.apply(cfg.threads)
-    set_flush_denormal(cfg.flush_denormal)  # before any parallel work: see set_flush_denormal
-    torch.manual_seed(cfg.seed)
+    resuming = _background(_resume_target, store, cfg, world_size) if cfg.run.resume else None
+    if (
+        cfg.training.threads
+    ):  # 0: the process's own counts (the command line chose them: dlrm/train.py)
+        threads.apply(cfg.training.threads)
+    set_flush_denormal(
+        cfg.training.flush_denormal
+    )  # before any parallel work: see set_flush_denormal
+    torch.manual_seed(cfg.training.seed)
     data = data if data is not None else build_data(cfg, rank, world_size)
     _check_learning_fits(cfg, data)
     placement: PlacedEmbeddings | None = None
@@ -128,41 +132,41 @@ def build_run(
         model = build_model(cfg, data, device, placement.collection)
         data = schedule_training_data(cfg, data, placement, steps_per_epoch(cfg, data))
     distributed.check_replicated(model.embeddings, rank)
-    if checkpoints and leads and not cfg.inference_only:
+    if checkpoints and leads and not cfg.run.inference_only:
         run_checks.check_free_space(
             cfg.run_dir, _checkpoint_bytes(model), "a checkpoint of this model"
         )
     dense_optimizer = make_dense_optimizer(cfg, model.dense_parameters())
-    if cfg.load_model:
-        ckpt.load_model_file(Path(cfg.load_model), model)
-    compiled = _compiled(cfg, model, steps_per_epoch(cfg, data) * cfg.nepochs, world_size)
+    if cfg.run.load_model:
+        ckpt.load_model_file(Path(cfg.run.load_model), model)
+    compiled = _compiled(cfg, model, steps_per_epoch(cfg, data) * cfg.training.nepochs, world_size)
     pipeline = _pipeline(cfg, model, dense_optimizer, device, step_hook, compiled, world_size)
-    if cfg.slipstream:
+    if cfg.slipstreaming.enabled:
         pipeline = _slipstream(cfg, pipeline, model, placement, data, device)
-    show = cfg.progress if cfg.progress is not None else sys.stderr.isatty()
+    show = cfg.run.progress if cfg.run.progress is not None else sys.stderr.isatty()
     return Run(
         cfg, device, data, placement, model, dense_optimizer, compiled, pipeline,
         Processes(rank, world_size),
-        RunFiles(cfg.run_dir, tensorboard_writer(cfg.tensorboard)) if leads
+        RunFiles(cfg.run_dir, tensorboard_writer(cfg.run.tensorboard)) if leads
         else NoRunFiles(cfg.run_dir),
         store, bool(show) and leads, resume_changes, resuming,
-        leads and progress_lines(cfg.progress), lock,
+        leads and progress_lines(cfg.run.progress), lock,
     )  # fmt: skip
 
 
 def steps_per_epoch(cfg: TrainConfig, data: DataSplits) -> int:
     n = len(data.train)
-    return min(n, cfg.num_batches) if cfg.num_batches else n
+    return min(n, cfg.training.num_batches) if cfg.training.num_batches else n
 
 
 def _check_learning_fits(cfg: TrainConfig, data: DataSplits) -> None:
     """`--hotline-learn-batches N` plans from the first N mini-batches' lookups and trains the
     rest with that plan: a run of N mini-batches or fewer would end with no hot row, silently."""
-    n, per_epoch = cfg.hotline_learn_batches, steps_per_epoch(cfg, data)
-    total = per_epoch * cfg.nepochs
+    n, per_epoch = cfg.hotline.learn_batches, steps_per_epoch(cfg, data)
+    total = per_epoch * cfg.training.nepochs
     if n and n >= total:
         raise ConfigError(
-            f"--hotline-learn-batches {n}: the run has {total} mini-batches ({cfg.nepochs} "
+            f"--hotline-learn-batches {n}: the run has {total} mini-batches ({cfg.training.nepochs} "
             f"epoch(s) of {per_epoch}), so no step would train with the learned plan and no row "
             f"would be hot; give fewer than {total}"
         )
@@ -171,15 +175,17 @@ def _check_learning_fits(cfg: TrainConfig, data: DataSplits) -> None:
 def make_dense_optimizer(
     cfg: TrainConfig, params: list[torch.nn.Parameter]
 ) -> torch.optim.Optimizer:
-    return SparseOptimizer(cfg.optimizer).dense_optimizer(params, cfg.learning_rate)
+    return SparseOptimizer(cfg.training.optimizer).dense_optimizer(
+        params, cfg.training.learning_rate
+    )
 
 
 def evaluation_model(cfg: TrainConfig, model: torch.nn.Module) -> torch.nn.Module:
     """The model evaluation runs: with `--inference-only` and the reference's
     `--quantize-emb-with-bit` / `--quantize-mlp-with-bit` (issue 23) quantized, else `model`.
     Applied after the weights are loaded (`--load-model`, `--resume`)."""
-    bits = (cfg.quantize_emb_with_bit, cfg.quantize_mlp_with_bit)
-    if not cfg.inference_only or bits == (32, 32):
+    bits = (cfg.run.quantize_emb_with_bit, cfg.run.quantize_mlp_with_bit)
+    if not cfg.run.inference_only or bits == (32, 32):
         return model
     from dlrm.models.quantized import quantize_for_evaluation
 
@@ -189,9 +195,9 @@ def evaluation_model(cfg: TrainConfig, model: torch.nn.Module) -> torch.nn.Modul
 def inference_summary(cfg: TrainConfig) -> dict:
     """The summary's `inference` part: whether `--inference-only` evaluated a quantized model
     (`evaluation_model`); nothing for a training run."""
-    if not cfg.inference_only:
+    if not cfg.run.inference_only:
         return {}
-    bits = {"emb_bits": cfg.quantize_emb_with_bit, "mlp_bits": cfg.quantize_mlp_with_bit}
+    bits = {"emb_bits": cfg.run.quantize_emb_with_bit, "mlp_bits": cfg.run.quantize_mlp_with_bit}
     return {"inference": {"quantized": tuple(bits.values()) != (32, 32), **bits}}
 
 
@@ -216,7 +222,7 @@ def _check_paths(cfg: TrainConfig) -> dict[str, tuple]:
     """The run's paths and `--resume`'s settings, before any long work; the settings a resume
     changes (the checkpoint's own settings are checked again when it is loaded)."""
     changes: dict[str, tuple] = {}  # the paths rank 0 writes were checked as it took the lock
-    if cfg.resume:
+    if cfg.run.resume:
         run_checks.check_resume_target(cfg)
         source = run_checks.resume_source_dir(cfg)
         before = run_checks.read_run_settings(source) if source is not None else None
@@ -247,7 +253,7 @@ def _background(fn, *args) -> Future:
 
 def _resume_target(store: CheckpointStore, cfg: TrainConfig, world_size: int):
     """`--resume`'s checkpoint, checked against this run's number of processes."""
-    found = store.resume_target(cfg.resume, cfg.run_dir)
+    found = store.resume_target(cfg.run.resume, cfg.run_dir)
     if found is None:
         return None
     path, data = found
@@ -268,12 +274,14 @@ def _checkpoint_store(
     if not checkpoints:
         return NoCheckpoints(directory)
     if world_size > 1:  # every rank writes its shards (dlrm/checkpoints/sharded.py)
-        return ShardedCheckpoints(directory, cfg.keep_checkpoints, rank, world_size, cfg.optimizer)
+        return ShardedCheckpoints(
+            directory, cfg.run.keep_checkpoints, rank, world_size, cfg.training.optimizer
+        )
     if rank != 0:
         # Rank 0 writes the whole run: every rank's collection is a replica of the others'
         # (distributed.check_replicated), so no rank holds rows rank 0 lacks.
         return NoCheckpoints(directory)
-    return FileCheckpoints(directory, cfg.keep_checkpoints)
+    return FileCheckpoints(directory, cfg.run.keep_checkpoints)
 
 
 def _compiled(
@@ -282,14 +290,16 @@ def _compiled(
     """`--compile` (dlrm/pipelines/compile.py); off while the performance model records its trace, whose
     kernel models are of the eager step's operators."""
     written = dense_step.supports(model)
-    if not compile_.wanted(cfg.compile, cfg.precision, cfg.mini_batch_size, steps, written):
+    if not compile_.wanted(
+        cfg.training.compile, cfg.training.precision, cfg.training.mini_batch_size, steps, written
+    ):
         return None
     if world_size > 1:  # auto: eager (an explicit --compile was refused at the start)
         return None
-    if cfg.perf_log:
+    if cfg.run.perf_log:
         log.warning("--compile: off with --perf-log (the performance model traces eager steps)")
         return None
-    return compile_.compile_dense_part(model, cfg.precision, cfg.loss_function)
+    return compile_.compile_dense_part(model, cfg.training.precision, cfg.training.loss_function)
 
 
 def _checked(decision, hook: StepHook | None) -> StepHook:
@@ -309,15 +319,22 @@ def _pipeline(
 ) -> TrainPipeline:
     """The plain step, or the variant the embedding collection needs (Hotline's staging); the
     compiled dense step, if any, runs inside it."""
-    args = (model, dense_optimizer, device, cfg.precision, cfg.loss_function, hook)
+    args = (
+        model,
+        dense_optimizer,
+        device,
+        cfg.training.precision,
+        cfg.training.loss_function,
+        hook,
+    )
     if stages(model.embeddings):  # cold rows staged per mini-batch, ahead of the step
         from dlrm.pipelines.staging import HotlineTrainPipeline
         from dlrm.placement.run_plan import learned_plan
 
         return HotlineTrainPipeline(
             *args,
-            prefetch=cfg.hotline_prefetch,
-            learn_batches=cfg.hotline_learn_batches,
+            prefetch=cfg.hotline.prefetch,
+            learn_batches=cfg.hotline.learn_batches,
             make_plan=lambda coll: learned_plan(cfg, coll),
             written=compiled,
         )
@@ -342,7 +359,7 @@ def _slipstream(
     plan = tracked_plan(cfg, placement, data.train)
     s = cfg.slipstreaming
     tracker = StalenessTracker(plan, s.metric, s.threshold, s.target_skip, s.min_lookups)
-    profiled = frozenset(profiled_batches(len(data.train), cfg.profile_sample_rate))
-    return SlipstreamTrainPipeline(inner, model, tracker, s, cfg.mini_batch_size,
-                                   steps_per_epoch(cfg, data), device, seed=cfg.seed,
-                                   learning_rate=cfg.learning_rate, profiled=profiled)  # fmt: skip
+    profiled = frozenset(profiled_batches(len(data.train), cfg.placing.profile_sample_rate))
+    return SlipstreamTrainPipeline(inner, model, tracker, s, cfg.training.mini_batch_size,
+                                   steps_per_epoch(cfg, data), device, seed=cfg.training.seed,
+                                   learning_rate=cfg.training.learning_rate, profiled=profiled)  # fmt: skip

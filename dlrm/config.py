@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -119,6 +120,27 @@ FLAT: dict[str, tuple[str, str]] = {
 assert not set(FLAT) & set(SECTIONS), "a section named like a flag"
 
 
+# Flat names are the edges' vocabulary (the command line, config.json, the constructor): inside
+# the product a feature reads its own section, so a flat read from these packages is a bug.
+PRODUCT = ("dlrm", "embeddings", "data_pipeline", "perfmodel", "hybrid_dlrm")
+EDGES = ("dlrm.config", "dlrm.flags")
+
+
+class FlatNameRead(RuntimeError):
+    """A module of the product read or wrote a setting by its flat name. Not an AttributeError, so
+    that `getattr(cfg, name, default)` cannot quietly turn it into a default."""
+
+
+def _at_an_edge(name: str, where: tuple[str, str]) -> None:
+    caller = sys._getframe(2).f_globals.get("__name__", "")
+    if caller.split(".")[0] in PRODUCT and caller not in EDGES:
+        raise FlatNameRead(
+            f"{caller}: reads the flat setting {name!r}; read its section, "
+            f"cfg.{where[0]}.{where[1]} (flat names are for the command line, config.json and "
+            "the TrainConfig(...) constructor)"
+        )
+
+
 @dataclass(init=False)
 class TrainConfig:
     """A run's settings: one section per capability, each checked when made; the rules between
@@ -160,6 +182,7 @@ class TrainConfig:
         where = FLAT.get(name)
         if where is None or where[0] not in self.__dict__:
             raise AttributeError(f"'TrainConfig' object has no attribute {name!r}")
+        _at_an_edge(name, where)
         return getattr(self.__dict__[where[0]], where[1])
 
     def __setattr__(self, name: str, value) -> None:
@@ -167,6 +190,7 @@ class TrainConfig:
         if where is None:
             object.__setattr__(self, name, value)
         else:
+            _at_an_edge(name, where)
             setattr(getattr(self, where[0]), where[1], value)
 
     def _fill_reference_defaults(self) -> dict:

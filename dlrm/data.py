@@ -17,6 +17,7 @@ from data_pipeline.synthetic import (
     scaled_table_sizes,
 )
 from dlrm.config import ConfigError, TrainConfig
+from dlrm.settings.sections import DataConfig
 
 
 @dataclass
@@ -41,23 +42,23 @@ class DataSplits:
 
 
 def build_data(cfg: TrainConfig, rank: int = 0, world_size: int = 1) -> DataSplits:
-    if cfg.data_set == "taobao":
+    if cfg.data.data_set == "taobao":
         return _taobao(cfg, rank, world_size)
-    if cfg.model == "tbsm":
+    if cfg.arch.model == "tbsm":
         raise ConfigError(
-            f"--model tbsm: needs --data-set taobao (user event sequences), got {cfg.data_set}"
+            f"--model tbsm: needs --data-set taobao (user event sequences), got {cfg.data.data_set}"
         )
-    if cfg.data_set == "synthetic":
+    if cfg.data.data_set == "synthetic":
         return _synthetic(cfg, rank, world_size)
-    if cfg.data_set in ("kaggle", "terabyte"):
+    if cfg.data.data_set in ("kaggle", "terabyte"):
         return _criteo(cfg, rank, world_size)
-    raise ConfigError(f"--data-set {cfg.data_set}: not available for --model {cfg.model}")
+    raise ConfigError(f"--data-set {cfg.data.data_set}: not available for --model {cfg.arch.model}")
 
 
-def bag_sizes(cfg: TrainConfig, n_tables: int) -> list[int] | None:
+def bag_sizes(data: DataConfig, n_tables: int) -> list[int] | None:
     """`--multi-hot-sizes` for `n_tables` features (one number: every feature); None for one id
     per feature, which bags of one id each are too: one-hot data stays the one-hot path."""
-    sizes = cfg.multi_hot_sizes
+    sizes = data.multi_hot_sizes
     if sizes is None:
         return None
     if len(sizes) == 1:
@@ -71,18 +72,18 @@ def bag_sizes(cfg: TrainConfig, n_tables: int) -> list[int] | None:
 
 
 def _synthetic(cfg: TrainConfig, rank: int, world_size: int) -> DataSplits:
-    sizes = list(cfg.arch_embedding_size or scaled_table_sizes(cfg.synthetic_table_scale))
+    sizes = list(cfg.arch.embedding_size or scaled_table_sizes(cfg.data.synthetic_table_scale))
     world = PlantedWorld(
         SyntheticConfig(
-            table_sizes=sizes, zipf_alpha=cfg.synthetic_zipf, seed=cfg.seed,
-            multi_hot_sizes=bag_sizes(cfg, len(sizes)),
+            table_sizes=sizes, zipf_alpha=cfg.data.synthetic_zipf, seed=cfg.training.seed,
+            multi_hot_sizes=bag_sizes(cfg.data, len(sizes)),
         )
     )  # fmt: skip
     train = SyntheticBatchSource(
         world,
         "train",
-        cfg.mini_batch_size,
-        math.ceil(cfg.data_size / cfg.mini_batch_size),
+        cfg.training.mini_batch_size,
+        math.ceil(cfg.data.data_size / cfg.training.mini_batch_size),
         rank,
         world_size,
     )
@@ -90,7 +91,7 @@ def _synthetic(cfg: TrainConfig, rank: int, world_size: int) -> DataSplits:
         world,
         "test",
         cfg.eval_batch_size,
-        math.ceil(cfg.test_data_size / cfg.eval_batch_size),
+        math.ceil(cfg.data.test_data_size / cfg.eval_batch_size),
         rank,
         world_size,
     )
@@ -101,30 +102,34 @@ def _criteo(cfg: TrainConfig, rank: int, world_size: int) -> DataSplits:
     """Kaggle / Terabyte: preprocess the raw files on first use, then read the memory-mapped days."""
     from data_pipeline.criteo import CriteoBatchSource, CriteoDataset, ensure_preprocessed
 
-    directory = Path(cfg.processed_data_file or f"{cfg.raw_data_file}.processed")
-    if cfg.raw_data_file:
+    directory = Path(cfg.data.processed_data_file or f"{cfg.data.raw_data_file}.processed")
+    if cfg.data.raw_data_file:
         options = {
-            "max_ind_range": cfg.max_ind_range if (cfg.max_ind_range or 0) > 0 else None,
-            "frequency_threshold": cfg.frequency_threshold if cfg.frequency_threshold > 0 else None,
-            "sub_sample_rate": cfg.data_sub_sample_rate,
-            "seed": cfg.seed,
-            "on_bad_line": cfg.on_bad_line,
-            "progress": cfg.progress,
+            "max_ind_range": cfg.data.max_ind_range if (cfg.data.max_ind_range or 0) > 0 else None,
+            "frequency_threshold": cfg.data.frequency_threshold
+            if cfg.data.frequency_threshold > 0
+            else None,
+            "sub_sample_rate": cfg.data.data_sub_sample_rate,
+            "seed": cfg.training.seed,
+            "on_bad_line": cfg.data.on_bad_line,
+            "progress": cfg.run.progress,
         }
-        directory = ensure_preprocessed(cfg.data_set, cfg.raw_data_file, directory, **options)
+        directory = ensure_preprocessed(
+            cfg.data.data_set, cfg.data.raw_data_file, directory, **options
+        )
     elif not (directory / "meta.json").is_file():
         raise ConfigError(
             f"--processed-data-file: {directory} is not a preprocessed data set (no meta.json)"
         )
     dataset = CriteoDataset(directory)
     made_from = dataset.meta.get("dataset")
-    if made_from != cfg.data_set:
+    if made_from != cfg.data.data_set:
         raise ConfigError(
-            f"--processed-data-file: {directory} holds {made_from} data, not {cfg.data_set}"
+            f"--processed-data-file: {directory} holds {made_from} data, not {cfg.data.data_set}"
         )
     bags = _materialised_bags(cfg, directory, dataset.table_sizes)
     train = CriteoBatchSource(
-        dataset, "train", cfg.mini_batch_size, randomize=cfg.data_randomize, seed=cfg.seed,
+        dataset, "train", cfg.training.mini_batch_size, randomize=cfg.data.data_randomize, seed=cfg.training.seed,
         rank=rank, world_size=world_size, bags=bags,
     )  # fmt: skip
     test = CriteoBatchSource(
@@ -139,13 +144,13 @@ def _materialised_bags(cfg: TrainConfig, directory: Path, table_sizes: list[int]
     or waits for the same one. The materialisation seed is fixed (0), as the reference's: the
     bags are the data, not the run's randomness, so runs with other seeds share them. With
     `--multi-hot-materialize false` the loader makes the same bags batch by batch instead."""
-    sizes = bag_sizes(cfg, len(table_sizes))
+    sizes = bag_sizes(cfg.data, len(table_sizes))
     if sizes is None:
         return None
     from data_pipeline.multi_hot import BagSpec, MultiHotDataset, default_directory, materialise
 
-    spec = BagSpec(sizes, table_sizes, cfg.multi_hot_distribution, seed=0)
-    if not cfg.multi_hot_materialize:
+    spec = BagSpec(sizes, table_sizes, cfg.data.multi_hot_distribution, seed=0)
+    if not cfg.data.multi_hot_materialize:
         return spec  # the loader makes each batch's bags: the same ones, nothing on disk
     return MultiHotDataset(materialise(directory, default_directory(directory, spec), spec))
 
@@ -158,28 +163,28 @@ def _taobao(cfg: TrainConfig, rank: int, world_size: int) -> DataSplits:
     from data_pipeline.taobao_dataset import TaobaoBatchSource, TaobaoDataset
 
     directory = Path(
-        cfg.processed_data_file
-        or f"{cfg.raw_data_file}.t{cfg.ts_length}_p{cfg.points_per_user}.processed"
+        cfg.data.processed_data_file
+        or f"{cfg.data.raw_data_file}.t{cfg.tbsm.ts_length}_p{cfg.tbsm.points_per_user}.processed"
     )
-    if cfg.raw_data_file:
+    if cfg.data.raw_data_file:
         options = TaobaoOptions(
-            ts_length=cfg.ts_length, points_per_user=cfg.points_per_user, seed=0,
-            on_bad_line=cfg.on_bad_line, progress=cfg.progress,
+            ts_length=cfg.tbsm.ts_length, points_per_user=cfg.tbsm.points_per_user, seed=0,
+            on_bad_line=cfg.data.on_bad_line, progress=cfg.run.progress,
         )  # fmt: skip
-        directory = preprocess_taobao(cfg.raw_data_file, directory, options)
+        directory = preprocess_taobao(cfg.data.raw_data_file, directory, options)
     elif not (directory / "meta.json").is_file():
         raise ConfigError(
             f"--processed-data-file: {directory} is not a preprocessed data set (no meta.json)"
         )
     dataset = TaobaoDataset(directory)
-    if dataset.ts_length != cfg.ts_length:
+    if dataset.ts_length != cfg.tbsm.ts_length:
         raise ConfigError(
-            f"--ts-length {cfg.ts_length}: {directory} was made with --ts-length {dataset.ts_length}"
+            f"--ts-length {cfg.tbsm.ts_length}: {directory} was made with --ts-length {dataset.ts_length}"
         )
-    layout = "sequence" if cfg.model == "tbsm" else "candidate"
+    layout = "sequence" if cfg.arch.model == "tbsm" else "candidate"
     train = TaobaoBatchSource(
-        dataset, "train", cfg.mini_batch_size, layout=layout, randomize=cfg.data_randomize != "none",
-        seed=cfg.seed, rank=rank, world_size=world_size,
+        dataset, "train", cfg.training.mini_batch_size, layout=layout, randomize=cfg.data.data_randomize != "none",
+        seed=cfg.training.seed, rank=rank, world_size=world_size,
     )  # fmt: skip
     test = TaobaoBatchSource(
         dataset, "test", cfg.eval_batch_size, layout=layout, rank=rank, world_size=world_size

@@ -38,7 +38,7 @@ ALIASES = {"lr": "learning_rate"} | {
 
 def allowed_changes(cfg: TrainConfig) -> set[str]:
     out = set()
-    for name in cfg.allow_changed:
+    for name in cfg.run.allow_changed:
         name = ALIASES.get(name, name)
         if name not in FLAT:
             raise ConfigError(f"--allow-changed: no setting named {name!r}")
@@ -87,9 +87,9 @@ def check_resume_settings(before: dict, cfg: TrainConfig, source: str) -> dict[s
 def resume_source_dir(cfg: TrainConfig) -> Path | None:
     """The run directory `--resume` continues (for a checkpoint file, the run holding it; None
     for a file outside a run's checkpoints/ directory)."""
-    if cfg.resume == "auto":
+    if cfg.run.resume == "auto":
         return cfg.run_dir
-    source = Path(cfg.resume)
+    source = Path(cfg.run.resume)
     if source.is_dir():
         return source
     return source.parent.parent if source.parent.name == "checkpoints" else None
@@ -108,7 +108,7 @@ def check_run_dir_is_free(cfg: TrainConfig) -> None:
     metrics.jsonl keeps the stopped attempt's events, as a resumed run's keeps those past its
     checkpoint)."""
     run = cfg.run_dir
-    if cfg.resume or not run.is_dir():
+    if cfg.run.resume or not run.is_dir():
         return
     if holds_a_run(run):
         raise ConfigError(
@@ -128,7 +128,7 @@ def check_resume_target(cfg: TrainConfig) -> None:
         return
     if source.resolve() != run.resolve() and run.is_dir() and holds_a_run(run):
         raise ConfigError(
-            f"--out-dir: {run} already holds another run; resuming {cfg.resume} there would "
+            f"--out-dir: {run} already holds another run; resuming {cfg.run.resume} there would "
             "overwrite it: choose an empty --out-dir, or leave --out-dir out to continue in "
             f"{source}"
         )
@@ -161,15 +161,15 @@ def check_write_paths(cfg: TrainConfig) -> None:
     """--out-dir, --save-model, --perf-log, and --profile-file / --placement-plan (reused when
     they exist, else written after profiling) can be written."""
     check_writable_dir(cfg.run_dir, "--out-dir")
-    if cfg.save_model:
-        check_file_target(Path(cfg.save_model), "--save-model")
-    if cfg.profile_file:
-        check_file_target(Path(cfg.profile_file), "--profile-file")
-    if cfg.placement_plan:  # written as X.npz and X.json whatever X's suffix
-        check_file_target(Path(cfg.placement_plan), "--placement-plan")
-        check_file_target(Path(cfg.placement_plan).with_suffix(".npz"), "--placement-plan")
-    if cfg.perf_log:
-        check_writable_dir(Path(cfg.perf_log), "--perf-log")
+    if cfg.run.save_model:
+        check_file_target(Path(cfg.run.save_model), "--save-model")
+    if cfg.placing.profile_file:
+        check_file_target(Path(cfg.placing.profile_file), "--profile-file")
+    if cfg.placing.placement_plan:  # written as X.npz and X.json whatever X's suffix
+        check_file_target(Path(cfg.placing.placement_plan), "--placement-plan")
+        check_file_target(Path(cfg.placing.placement_plan).with_suffix(".npz"), "--placement-plan")
+    if cfg.run.perf_log:
+        check_writable_dir(Path(cfg.run.perf_log), "--perf-log")
 
 
 def read_run_settings(run: Path, warn: bool = True) -> dict | None:

@@ -51,7 +51,7 @@ class RunFiles:
     def open(self, cfg: TrainConfig, changed: dict) -> None:
         """The directory, and its config.json unless a resumed run keeps it unchanged."""
         self.path.mkdir(parents=True, exist_ok=True)
-        kept = cfg.resume and run_checks.read_run_settings(self.path, warn=False)
+        kept = cfg.run.resume and run_checks.read_run_settings(self.path, warn=False)
         if not kept or changed:
             (self.path / "config.json").write_text(json.dumps(cfg.to_json(), indent=2) + "\n")
         if self._make_board is not None:

@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         # first: the load before the imports, which the thread count's first reading spans
         start = thread_watch.CpuSampler().read()
         cfg = config_from_args(argv)
-        choice = threads.choose(cfg.threads, wait=threads.wait_policy())
+        choice = threads.choose(cfg.training.threads, wait=threads.wait_policy())
         from dlrm.pipelines import step_hooks
         from dlrm.pipelines.base import StepHooks
         from dlrm.processes import distributed
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
             rank, world = distributed.init_from_env(cfg)
             cfg = distributed.first_attempt_resume(cfg)
         step_hooks.load_plugins()
-        hook = StepHooks.of(watch, step_hooks.hook_for(cfg))
+        hook = StepHooks.of(watch, step_hooks.hook_for(cfg.run))
         trainer = Trainer(cfg, rank, world, step_hook=hook)
         summary = trainer.fit()
         finished = True
@@ -113,7 +113,7 @@ def _interrupted(cfg: TrainConfig, argv: list[str] | None) -> str:
     temporary (hybrid_dlrm/common/atomic.py), so the newest complete file is the last good one."""
     from dlrm.checkpoints import format as ckpt
 
-    run = Path(cfg.out_dir)
+    run = Path(cfg.run.out_dir)
     found = ckpt.list_checkpoints(run / "checkpoints")
     if not found:
         return f"interrupted before the first checkpoint; nothing to resume in {run}"
@@ -148,7 +148,7 @@ def _ranked(e: Exception, rank: int, world: int) -> str:
 def _print_summary(cfg: TrainConfig, s: dict) -> None:
     from dlrm.summary_text import summary_lines
 
-    print("\n".join(summary_lines(s, cfg.out_dir)), flush=True)
+    print("\n".join(summary_lines(s, cfg.run.out_dir)), flush=True)
 
 
 if __name__ == "__main__":

@@ -127,7 +127,7 @@ class Trainer:
         self.state = TrainState()
         self.finished_summary: dict | None = None  # fit() found the run finished: its summary
         self.timer = _Timer()
-        self._lr = cfg.learning_rate
+        self._lr = cfg.training.learning_rate
         self._warm_left, self._steady_since = WARMUP_STEPS, None  # this process's warm-up
         self._reported = (0, 0.0)  # samples and training seconds at the last progress line
         self.pipeline.hook.attach(self)
@@ -141,7 +141,7 @@ class Trainer:
     def _open_run_dir(self) -> None:
         self.files.open(self.cfg, self._resume_changes)
         resumed_from = self._last_checkpoint()
-        if self.cfg.resume and resumed_from is not None:
+        if self.cfg.run.resume and resumed_from is not None:
             dropped = self.files.drop_events_after(self.state.step)
             changed = {k: {"before": a, "now": b} for k, (a, b) in self._resume_changes.items()}
             self._event(
@@ -159,10 +159,10 @@ class Trainer:
         c = self.cfg
         lr = learning_rate_at(
             self.state.step,
-            c.learning_rate,
-            c.lr_num_warmup_steps,
-            c.lr_decay_start_step,
-            c.lr_num_decay_steps,
+            c.training.learning_rate,
+            c.training.lr_num_warmup_steps,
+            c.training.lr_decay_start_step,
+            c.training.lr_num_decay_steps,
         )
         if lr != self._lr:
             for group in self.dense_optimizer.param_groups:
@@ -182,18 +182,18 @@ class Trainer:
             self._lock.release()
 
     def _fit(self) -> dict:
-        if self.cfg.inference_only:
+        if self.cfg.run.inference_only:
             return self.evaluate_only()
         cfg, st = self.cfg, self.state
         per_epoch = self.steps_per_epoch()
-        total = per_epoch * cfg.nepochs
+        total = per_epoch * cfg.training.nepochs
         # resumed at its end (a pipeline that skips inputs, Slipstream's, ends an epoch in fewer
         # steps than it has batches: the epoch count says so, the step count does not)
-        stop = st.stop_reason != "" or st.step >= total or st.epoch >= cfg.nepochs
+        stop = st.stop_reason != "" or st.step >= total or st.epoch >= cfg.training.nepochs
         if stop and self._finished_before():
             return self.finished_summary
         self._open_run_dir()
-        talk = Progress(total, st.step, cfg.nepochs, bar=self._progress,
+        talk = Progress(total, st.step, cfg.training.nepochs, bar=self._progress,
                         lines=sys.stdout if self._lines else None)  # fmt: skip
         self._reported = (st.samples, st.train_time_s)
         batches, clock = None, time.perf_counter()
@@ -205,23 +205,23 @@ class Trainer:
             if out is not None:
                 self._record(out)
                 talk.step()
-                if cfg.print_freq and st.step % cfg.print_freq == 0:
+                if cfg.run.print_freq and st.step % cfg.run.print_freq == 0:
                     clock = self._lap(clock)
                     self._log_train(talk)
             epoch_done = out is None or st.batch_in_epoch >= per_epoch
             if epoch_done:
                 st.epoch, st.batch_in_epoch, batches = st.epoch + 1, 0, None
-            if epoch_done or (cfg.test_freq and st.step % cfg.test_freq == 0):
+            if epoch_done or (cfg.run.test_freq and st.step % cfg.run.test_freq == 0):
                 clock = self._lap(clock)
                 stop = self._evaluate_and_checkpoint()
                 clock = time.perf_counter()  # evaluation and checkpoints are not training time
-            stop = stop or st.epoch >= cfg.nepochs
+            stop = stop or st.epoch >= cfg.training.nepochs
         self._lap(clock)
         talk.close()
         if not st.stop_reason:
             st.stop_reason = "completed"
-        if cfg.save_model:
-            self.save_model_file(Path(cfg.save_model))
+        if cfg.run.save_model:
+            self.save_model_file(Path(cfg.run.save_model))
         return self._write_summary()
 
     def _finished_before(self) -> bool:
@@ -233,8 +233,8 @@ class Trainer:
         # finishes before another rank has looked
         if self.processes.mean(torch.tensor(float(done is not None))) < 1.0:
             return False
-        if self.cfg.save_model and not Path(self.cfg.save_model).exists():
-            self.save_model_file(Path(self.cfg.save_model))
+        if self.cfg.run.save_model and not Path(self.cfg.run.save_model).exists():
+            self.save_model_file(Path(self.cfg.run.save_model))
         log.warning("run already finished at step %d; nothing to do", self.state.step)
         self.finished_summary = done
         return True
@@ -256,7 +256,7 @@ class Trainer:
     def _calmer(self) -> str:
         """What usually trains where a run diverged (e.g. sum-pooled multi-hot bags under the
         one-hot recipe's SGD rate): a lower rate, or an optimizer with per-row steps."""
-        return (f"a lower --learning-rate than {self.cfg.learning_rate:g}, or --optimizer "
+        return (f"a lower --learning-rate than {self.cfg.training.learning_rate:g}, or --optimizer "
                 "adagrad, may train")  # fmt: skip
 
     def _record(self, out) -> None:
@@ -306,7 +306,8 @@ class Trainer:
         self._event("eval", train_time_s=self.state.train_time_s,
                     **{f"test_{k}": v for k, v in metrics.items()})  # fmt: skip
         reached = (
-            bool(self.cfg.mlperf_auc_threshold) and metrics["auc"] >= self.cfg.mlperf_auc_threshold
+            bool(self.cfg.run.mlperf_auc_threshold)
+            and metrics["auc"] >= self.cfg.run.mlperf_auc_threshold
         )
         if reached:
             self.state.stop_reason = "auc_threshold"
@@ -316,7 +317,7 @@ class Trainer:
     def evaluate(self) -> dict:
         t0 = time.perf_counter()
         metrics = evaluate(
-            self.model, self.data.test, self.device, self.cfg.precision, self._progress
+            self.model, self.data.test, self.device, self.cfg.training.precision, self._progress
         )
         self.timer.add("eval_s", time.perf_counter() - t0)
         return metrics
@@ -354,9 +355,9 @@ class Trainer:
             "stop_reason": st.stop_reason,
             "time_breakdown_s": times,
             "device": str(self.device),
-            "precision": c.precision,
+            "precision": c.training.precision,
             "compiled": self.compiled is not None and not self.compiled.fell_back,
-            "placement": placement_summary(self.model.embeddings, self.device, c.placement),
+            "placement": placement_summary(self.model.embeddings, self.device, c.placing.placement),
             "throughput": {
                 "steady_samples_per_s": steady,
                 "overall_samples_per_s": overall,

@@ -212,7 +212,7 @@ def _predict(args, rest: list[str]) -> int:
     else:
         b = out["breakdown"]
         print(f"predicted per-batch time: {out['per_batch_us'] / 1e3:.3f} ms  (batch {out['batch_size']}, "
-              f"{cfg.precision}, {out['ops']} ops, {out['kernels']} kernels)")  # fmt: skip
+              f"{cfg.training.precision}, {out['ops']} ops, {out['kernels']} kernels)")  # fmt: skip
         print(
             f"  device active: {out['device_active_total_us'] / 1e3:.3f} ms; host overheads: "
             + ", ".join(f"{k} {v / 1e3:.3f} ms" for k, v in b["overhead_us"].items())
@@ -245,7 +245,7 @@ def _plan(args, rest: list[str]) -> int:
     step_hooks.load_plugins()
     if importlib.util.find_spec("perfmodel.placement_costs") is not None:
         importlib.import_module("perfmodel.placement_costs")  # registers the predictor
-    decision = plan(cfg, build_data(cfg), resolve_device(cfg.device), write=False)
+    decision = plan(cfg, build_data(cfg), resolve_device(cfg.training.device), write=False)
     print(json.dumps(decision.to_json()) if args.json else decision.table())
     return 0
 

@@ -123,12 +123,12 @@ def trace_config(
 
     threads = torch.get_num_threads()
     trainer = build_trainer(cfg)
-    bs = batches_for(trainer, cfg.mini_batch_size, warmup + timed + steps)
+    bs = batches_for(trainer, cfg.training.mini_batch_size, warmup + timed + steps)
     torch.set_num_threads(threads)
     wall, cpu, graphs, slow = measure_steps(
         trainer, bs[:warmup], bs[warmup : warmup + timed], bs[warmup + timed :]
     )
-    meta = trace_meta(trainer, cfg.mini_batch_size)
+    meta = trace_meta(trainer, cfg.training.mini_batch_size)
     meta["unprofiled_step_us"], meta["unprofiled_step_cpu_us"] = wall, cpu
     meta["machine_slowdown"] = slow
     log.info("fit trace %s: machine slowdown %.2f", out.name, slow)

@@ -264,7 +264,7 @@ def graph_for(
     """({kind: (weight, ops)}, meta) of the configuration's training step at `batch_size`
     (default: the config's). One kind ("step") except with FAE ("hot" and "cold", weighted by
     the share of hot mini-batches)."""
-    batch = int(batch_size or cfg.mini_batch_size)
+    batch = int(batch_size or cfg.training.mini_batch_size)
     template = capture_template(cfg)
     meta = dict(template["meta"], batch_size=batch)
     out = {}

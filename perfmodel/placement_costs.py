@@ -79,8 +79,8 @@ class ColdBatch:
 
 
 def _row_bytes(cfg) -> tuple[int, int, SparseOptimizer]:
-    opt = SparseOptimizer(cfg.optimizer, cfg.learning_rate or 0.1)
-    dim = int(cfg.arch_sparse_feature_size)
+    opt = SparseOptimizer(cfg.training.optimizer, cfg.training.learning_rate or 0.1)
+    dim = int(cfg.arch.sparse_feature_size)
     return dim, dim + opt.state_floats(dim), opt
 
 
@@ -186,18 +186,18 @@ def _capturable(cfg, sizes: list[int]):
         return cfg
     f = CAPTURE_ROWS / total_rows
     # smaller tables: a profile or plan of the real ones does not fit them (FAE makes its own)
-    changes: dict[str, Any] = {"synthetic_table_scale": cfg.synthetic_table_scale * f,
+    changes: dict[str, Any] = {"synthetic_table_scale": cfg.data.synthetic_table_scale * f,
                                "profile_file": None, "placement_plan": None}  # fmt: skip
-    if cfg.data_set in CRITEO_LAYOUTS and cfg.model == "dlrm":
+    if cfg.data.data_set in CRITEO_LAYOUTS and cfg.arch.model == "dlrm":
         changes.update(data_set="synthetic", raw_data_file=None, processed_data_file=None,
                        max_ind_range=None, arch_embedding_size=list(sizes))  # fmt: skip
-    elif cfg.data_set != "synthetic":
+    elif cfg.data.data_set != "synthetic":
         return None
-    sizes_given = changes.get("arch_embedding_size") or cfg.arch_embedding_size
+    sizes_given = changes.get("arch_embedding_size") or cfg.arch.embedding_size
     if sizes_given:
         changes["arch_embedding_size"] = [max(1, int(n * f)) for n in sizes_given]
-    if cfg.placement == "fae":  # the same share of the (smaller) tables on the device
-        changes["hot_budget"] = max(1, int(parse_bytes(cfg.hot_budget) * f))
+    if cfg.placing.placement == "fae":  # the same share of the (smaller) tables on the device
+        changes["hot_budget"] = max(1, int(parse_bytes(cfg.placing.hot_budget) * f))
     return _with(cfg, **changes)
 
 
@@ -227,10 +227,10 @@ def step_time(
         return roofline_step(cfg, table_sizes)
     from perfmodel.graph import graph_for, graph_key
 
-    key = (graph_key(proxy), int(cfg.mini_batch_size), tuple(int(s) for s in table_sizes))
+    key = (graph_key(proxy), int(cfg.training.mini_batch_size), tuple(int(s) for s in table_sizes))
     if key in _STEPS:
         return _STEPS[key]
-    graphs, meta = graph_for(proxy, cfg.mini_batch_size)
+    graphs, meta = graph_for(proxy, cfg.training.mini_batch_size)
     total_ms = dense_ms = lookup_ms = 0.0
     for weight, ops in graphs.values():
         for op in ops:
@@ -260,13 +260,13 @@ def roofline_step(cfg, table_sizes: list[int]) -> dict:
     from perfmodel.hardware import describe
 
     hw = describe()
-    B = int(cfg.mini_batch_size)
+    B = int(cfg.training.mini_batch_size)
     T = len(table_sizes)
     dim, rf, _ = _row_bytes(cfg)
-    layers = [_widths(cfg.arch_mlp_bot), _widths(cfg.arch_mlp_top)]
+    layers = [_widths(cfg.arch.mlp_bot), _widths(cfg.arch.mlp_top)]
     flops = sum(2 * B * a * b for w in layers for a, b in zip(w, w[1:]))
     flops += 2 * B * (T + 1) ** 2 * dim  # the dot interaction
-    gflops = hw["matmul_gflops"].get(cfg.precision, hw["matmul_gflops"]["fp32"])
+    gflops = hw["matmul_gflops"].get(cfg.training.precision, hw["matmul_gflops"]["fp32"])
     dense = 3 * flops / (gflops * 1e9) * 1e3
     lookup_bytes = B * T * 4 * (dim + 2 * rf)  # forward read, backward read+write with state
     lookup = lookup_bytes / (hw["mem_bw_gbs"] / 2 * 1e9) * 1e3 + B * T * 30e-6
@@ -299,8 +299,8 @@ def predict_candidate(cfg, candidate: Candidate, sample) -> Prediction:
             from perfmodel.hardware import describe
 
             hw = describe()
-            dim = int(cfg.arch_sparse_feature_size)
-            pooled = int(cfg.mini_batch_size) * len(sizes) * dim * 4
+            dim = int(cfg.arch.sparse_feature_size)
+            pooled = int(cfg.training.mini_batch_size) * len(sizes) * dim * 4
             parts["link"] = (
                 pooled / (hw["d2h_gbs"] * 1e9) * 1e3 + pooled / (hw["h2d_gbs"] * 1e9) * 1e3
             )
@@ -358,9 +358,11 @@ def _staged(cfg, candidate: Candidate, sample, sizes: list[int]) -> Prediction:
         # the run's first batches (a sample without them: its spread batches, as if in a row)
         first_batches = sample.stream() or sample.batches
         stream = [b.cold for b in cold_batches(first_batches, plan, timed=False)]
-        where = cfg.scm_dir or (Path(cfg.out_dir) / "scm" if cfg.out_dir else None)  # its default
+        where = cfg.scm.directory or (
+            Path(cfg.run.out_dir) / "scm" if cfg.run.out_dir else None
+        )  # its default
         disk = describe_disk(where)
-        depth = int(cfg.scm_io_depth)
+        depth = int(cfg.scm.io_depth)
         seconds = lambda n: read_seconds(disk, n, depth)  # noqa: E731
 
         def io_parts(window) -> tuple[float, float, Any]:
@@ -390,7 +392,7 @@ def _staged(cfg, candidate: Candidate, sample, sizes: list[int]) -> Prediction:
         )  # fmt: skip
     parts["load"] = load + home
     parts["staging"] = staging
-    prefetch = int(getattr(cfg, "hotline_prefetch", 1) or 0)
+    prefetch = int(cfg.hotline.prefetch or 0)
     compute = step["ms"] + parts["load"]
     spare = _spare_core()
 

@@ -126,16 +126,16 @@ def trace_meta(trainer, batch_size: int) -> dict:
     emb = trainer.model.embeddings
     return {
         "batch_size": int(batch_size),
-        "precision": cfg.precision,
+        "precision": cfg.training.precision,
         "device": str(trainer.device),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "config": cfg.to_json(),
         "table_sizes": [int(t.num_embeddings) for t in emb.tables],
-        "embedding_dim": int(cfg.arch_sparse_feature_size),
-        "zipf": float(cfg.synthetic_zipf),
-        "optimizer": cfg.optimizer,
-        "placement": str(cfg.placement),
+        "embedding_dim": int(cfg.arch.sparse_feature_size),
+        "zipf": float(cfg.data.synthetic_zipf),
+        "optimizer": cfg.training.optimizer,
+        "placement": str(cfg.placing.placement),
         "profiler_event_cost_us": profiler_event_cost_us(),
         "dense_params": int(sum(p.numel() for p in trainer.model.dense_parameters())),
     }

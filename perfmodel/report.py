@@ -144,19 +144,19 @@ def measure(cfg, steps: int, profiled: int = 6) -> dict:
     fae = is_fae(trainer)
     warm = 3
     if fae:  # whole scheduling windows, in the scheduler's order
-        period = cfg.fae_switch_period
+        period = cfg.fae.switch_period
         n = warm + max(steps, 2 * period) + profiled
         it = trainer.data.train.batches(0)
         bs = [next(it).to(trainer.device) for _ in range(n)]
         timed = bs[warm : n - profiled]
         timed = timed[: len(timed) // period * period] or timed
     else:
-        bs = batches_for(trainer, cfg.mini_batch_size, warm + steps + profiled)
+        bs = batches_for(trainer, cfg.training.mini_batch_size, warm + steps + profiled)
         timed = bs[warm : warm + steps]
     torch.set_num_threads(threads)
     agg = statistics.mean if fae else statistics.median
     wall, cpu, graphs, slow = measure_steps(trainer, bs[:warm], timed, bs[-profiled:], agg)
-    meta = trace_meta(trainer, cfg.mini_batch_size)
+    meta = trace_meta(trainer, cfg.training.mini_batch_size)
     meta["unprofiled_step_us"], meta["unprofiled_step_cpu_us"] = wall, cpu
     meta["timed_steps"] = len(timed)
     meta["machine_slowdown"] = slow
@@ -307,11 +307,11 @@ def score(
         # training thread's CPU time (other processes' time slices excluded)
         measured = wall if _on_cuda(metas[0]) else cpu
         row = {
-            "config": name, "batch_size": cfg.mini_batch_size, "precision": cfg.precision,
-            "mlp_bot": "-".join(map(str, cfg.arch_mlp_bot)), "mlp_top": "-".join(map(str, cfg.arch_mlp_top)),
-            "placement": cfg.placement, "interaction": cfg.arch_interaction_op,
-            "dcn_num_layers": cfg.dcn_num_layers if cfg.arch_interaction_op == "dcn" else None,
-            "dcn_low_rank_dim": cfg.dcn_low_rank_dim if cfg.arch_interaction_op == "dcn" else None,
+            "config": name, "batch_size": cfg.training.mini_batch_size, "precision": cfg.training.precision,
+            "mlp_bot": "-".join(map(str, cfg.arch.mlp_bot)), "mlp_top": "-".join(map(str, cfg.arch.mlp_top)),
+            "placement": cfg.placing.placement, "interaction": cfg.arch.interaction_op,
+            "dcn_num_layers": cfg.arch.dcn_num_layers if cfg.arch.interaction_op == "dcn" else None,
+            "dcn_low_rank_dim": cfg.arch.dcn_low_rank_dim if cfg.arch.interaction_op == "dcn" else None,
             "predicted_us": pred["per_batch_us"], "measured_us": measured,
             "measured_cpu_us": cpu,
             "measured_wall_us": wall, "timed_steps": metas[0].get("timed_steps"),

@@ -63,10 +63,12 @@ def oracle_bound(base: TrainConfig) -> dict:
     product of the per-table hot shares; each table's hot rows are a prefix of its hottest ids).
     An FAE input is trained on the device only if it is all-hot, and a cold input moves the
     host-only bytes, so host-only bytes / FAE bytes <= 1 / (1 - all-hot share), syncs aside."""
-    world = PlantedWorld(SyntheticConfig(table_sizes=list(base.arch_embedding_size),
-                                         zipf_alpha=base.synthetic_zipf, seed=base.seed))  # fmt: skip
-    opt = SparseOptimizer(base.optimizer, base.learning_rate)
-    budget_rows = parse_bytes(base.hot_budget) // row_bytes(base.arch_sparse_feature_size, opt)
+    world = PlantedWorld(SyntheticConfig(table_sizes=list(base.arch.embedding_size),
+                                         zipf_alpha=base.data.synthetic_zipf, seed=base.training.seed))  # fmt: skip
+    opt = SparseOptimizer(base.training.optimizer, base.training.learning_rate)
+    budget_rows = parse_bytes(base.placing.hot_budget) // row_bytes(
+        base.arch.sparse_feature_size, opt
+    )
     u_grid = np.linspace(0.0, 1.0, world.quantiles.shape[1])
     cdfs, gains = [], []
     for t, n in enumerate(world.n_rows):
@@ -90,10 +92,12 @@ def hotline_oracle(base: TrainConfig) -> dict:
     probability (from the generator, not a sample), as many as the budget holds. A mini-batch of
     B inputs moves each unique cold row it touches once to the device and its gradient once back:
     expected unique cold rows = sum over cold rows of 1 - (1 - p)^B per table lookup stream."""
-    world = PlantedWorld(SyntheticConfig(table_sizes=list(base.arch_embedding_size),
-                                         zipf_alpha=base.synthetic_zipf, seed=base.seed))  # fmt: skip
-    opt = SparseOptimizer(base.optimizer, base.learning_rate)
-    budget_rows = parse_bytes(base.hot_budget) // row_bytes(base.arch_sparse_feature_size, opt)
+    world = PlantedWorld(SyntheticConfig(table_sizes=list(base.arch.embedding_size),
+                                         zipf_alpha=base.data.synthetic_zipf, seed=base.training.seed))  # fmt: skip
+    opt = SparseOptimizer(base.training.optimizer, base.training.learning_rate)
+    budget_rows = parse_bytes(base.placing.hot_budget) // row_bytes(
+        base.arch.sparse_feature_size, opt
+    )
     u_grid = np.linspace(0.0, 1.0, world.quantiles.shape[1])
     probs = []
     for t, n in enumerate(world.n_rows):
@@ -102,14 +106,14 @@ def hotline_oracle(base: TrainConfig) -> dict:
     allp = np.concatenate(probs)
     k = min(budget_rows, allp.size)
     cut = np.partition(allp, allp.size - k)[allp.size - k] if k else np.inf
-    B = base.mini_batch_size
+    B = base.training.mini_batch_size
     unique_cold = 0.0
     hot_lookups = 0.0
     for p in probs:
         cold = p[p < cut]
         unique_cold += float(-np.expm1(B * np.log1p(-np.clip(cold, 0, 1 - 1e-12))).sum())
         hot_lookups += float(p[p >= cut].sum())
-    row = base.arch_sparse_feature_size * 4
+    row = base.arch.sparse_feature_size * 4
     return {"hot_rows": int(k), "hot_lookup_share": round(hot_lookups / len(probs), 4),
             "unique_cold_rows_per_batch": round(unique_cold, 1),
             "emb_bytes_per_sample": round(2 * row * unique_cold / B, 2)}  # fmt: skip
@@ -268,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
             "train_samples": math.ceil(args.train_samples / args.batch_size) * args.batch_size,
             "test_samples": args.test_samples, "batch_size": args.batch_size, "device": args.device,
             "fae_switch_period": args.switch_period, "cpus": os.cpu_count(), "load_before": load_average(),
-            "cpu_flags": cpu_flags(), "hotline_prefetch": base.hotline_prefetch,
+            "cpu_flags": cpu_flags(), "hotline_prefetch": base.hotline.prefetch,
         },
     }  # fmt: skip
     profile_file, plan_file = out_dir / "profile.npz", out_dir / "plan.npz"

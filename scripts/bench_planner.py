@@ -103,7 +103,9 @@ def base_config(scale: float, batch: int, limit: int | None, args, out: Path) ->
 def candidates(cfg: TrainConfig, sizes: list[int], quick: bool) -> list[Candidate]:
     """device, host, FAE at one budget, Hotline at two, tiered at one budget and two caches:
     budgets as shares of the tables' bytes (weights + optimizer state)."""
-    total = sum(sizes) * row_bytes(cfg.arch_sparse_feature_size, SparseOptimizer(cfg.optimizer))
+    total = sum(sizes) * row_bytes(
+        cfg.arch.sparse_feature_size, SparseOptimizer(cfg.training.optimizer)
+    )
     small, large = int(total * 0.05), int(total * 0.25)
     out = [Candidate("device"), Candidate("host"), Candidate("fae", large),
            Candidate("hotline", small), Candidate("hotline", large),
@@ -170,7 +172,7 @@ def measure(cfgs: dict[str, TrainConfig], args, counted: set[int]) -> dict[str, 
         trainers[name] = Trainer(cfg, checkpoints=False)
         streams[name] = uncounted(trainers[name].data.train.batches(0, 0), counted)
         wall[name], cpu[name], done[name] = [], [], 0
-        tiered = cfg.placement == "tiered"
+        tiered = cfg.placing.placement == "tiered"
         steps[name] = args.warmup + (args.tiered_steps if tiered else args.rounds * args.steps)
         per_round[name] = -(-steps[name] // args.rounds)
     waited = {name: [] for name in trainers}
@@ -207,7 +209,7 @@ def measure(cfgs: dict[str, TrainConfig], args, counted: set[int]) -> dict[str, 
         # time holds the neighbours' time slices; thread CPU time is what the model predicts
         step = [c + w for c, w in zip(cpu[name], waited[name])]
         # a tiered run's steps change as its cache fills: their mean is its time per step
-        avg = statistics.mean if cfgs[name].placement == "tiered" else statistics.median
+        avg = statistics.mean if cfgs[name].placing.placement == "tiered" else statistics.median
         out[name] = {
             "measured_ms": round(avg(step) * 1e3, 3),
             "measured_as": avg.__name__,
@@ -268,7 +270,7 @@ def run_config(spec, args, root: Path) -> dict:
     limit = None if room is None else resident_bytes() + room
     out = root / name
     cfg = base_config(scale, batch, limit, args, out)
-    sizes = list(cfg.arch_embedding_size)
+    sizes = list(cfg.arch.embedding_size)
     profile = out / "profile.npz"
     out.mkdir(parents=True, exist_ok=True)
     predict = predictor()

@@ -100,7 +100,7 @@ def run(cfg: TrainConfig) -> dict:
     if s:
         out["slipstream"] = s
         out["history"] = trainer.pipeline.history  # [step, threshold, stale share, median drift]
-        pre = cfg.slipstream_warmup * cfg.mini_batch_size
+        pre = cfg.slipstreaming.warmup * cfg.training.mini_batch_size
         seen = s["samples_trained"] + s["samples_skipped"]
         out["skip_share_after_warmup"] = s["samples_skipped"] / max(1, seen - pre)
         out["all_tracked_input_share"] = all_tracked_share(trainer)

@@ -262,8 +262,8 @@ def quantize_for_evaluation(model: nn.Module, cfg) -> nn.Module:
     emb.sync()
     device = next(iter(model.dense_parameters())).device
     tables = list(emb.tables)
-    precision = EMB_BITS[cfg.quantize_emb_with_bit]
+    precision = EMB_BITS[cfg.run.quantize_emb_with_bit]
     state = model.state_dict()
     q, _ = from_float_state(model.arch, tables, state, [precision] * len(tables),
-                            MLP_BITS[cfg.quantize_mlp_with_bit], device, cfg.embedding_backend)  # fmt: skip
+                            MLP_BITS[cfg.run.quantize_mlp_with_bit], device, cfg.arch.embedding_backend)  # fmt: skip
     return q

@@ -44,10 +44,11 @@ def load_plugins() -> None:
         importlib.import_module(name.split(":")[0])
 
 
-def hook_for(cfg: Any, settings: tuple[str, ...] = ("perf_log",)) -> StepHook | None:
-    """The hook of the first of `settings` that `cfg` sets; ConfigError when no plugin provides it."""
+def hook_for(run: Any, settings: tuple[str, ...] = ("perf_log",)) -> StepHook | None:
+    """The hook of the first of `settings` that the run section (`RunConfig`) sets; ConfigError
+    when no plugin provides it."""
     for setting in settings:
-        value = getattr(cfg, setting, None)
+        value = getattr(run, setting, None)
         if not value:
             continue
         if setting not in _FACTORIES:

@@ -224,7 +224,7 @@ class _Scale:
     def __init__(self, cfg, tables, base: Needs, room: MemoryInventory, margin: float) -> None:
         self.cfg, self.tables, self.base, self.room, self.margin = cfg, tables, base, room, margin
         self.on_cpu = room.device is None
-        opt = SparseOptimizer(cfg.optimizer, cfg.learning_rate)
+        opt = SparseOptimizer(cfg.training.optimizer, cfg.training.learning_rate)
         self.row_bytes = row_bytes(tables[0].embedding_dim, opt)
         self.total = sum(t.num_embeddings * row_bytes(t.embedding_dim, opt) for t in tables)
         self.rows_cap = rows_cap(cfg)
@@ -243,7 +243,7 @@ class _Scale:
 
     def weigh(self, cand: Candidate) -> Weighed:
         over = cand.settings()
-        if cand.placement == "tiered" and not self.cfg.scm_dir:
+        if cand.placement == "tiered" and not self.cfg.scm.directory:
             over["scm_dir"] = scm_directory(self.cfg)
         cfg = _changed(self.cfg, over)
         if cfg is None:
@@ -296,9 +296,9 @@ def rows_cap(cfg: TrainConfig) -> int | None:
     before the planner; None: the device's room alone bounds them."""
     from dlrm.settings.placement import PlacementConfig
 
-    if cfg.hot_budget == PlacementConfig.__dataclass_fields__["hot_budget"].default:
+    if cfg.placing.hot_budget == PlacementConfig.__dataclass_fields__["hot_budget"].default:
         return None
-    return parse_bytes(cfg.hot_budget)
+    return parse_bytes(cfg.placing.hot_budget)
 
 
 def candidates(scale: _Scale, budgets: list[int]) -> list[Candidate]:
@@ -353,17 +353,19 @@ def read_sample(
     names = [t.feature_name for t in tables]
     sizes = [t.num_embeddings for t in tables]
     try:
-        if write or (cfg.profile_file and Path(cfg.profile_file).is_file()):
+        if write or (cfg.placing.profile_file and Path(cfg.placing.profile_file).is_file()):
             profile = obtain_profile(cfg, names, sizes, data.train)
         else:
-            profile = profile_training_sample(data.train, names, sizes, cfg.profile_sample_rate)
+            profile = profile_training_sample(
+                data.train, names, sizes, cfg.placing.profile_sample_rate
+            )
     except (ProfileError, PlacementError) as e:
         raise ConfigError(str(e)) from None
     n = len(data.train)
-    counted = counted_batches(n, profile.sample_rate or cfg.profile_sample_rate)
+    counted = counted_batches(n, profile.sample_rate or cfg.placing.profile_sample_rate)
     idx = sample_batches(n, counted)
     batches = [data.train.batch(0, j).sparse_features for j in idx]
-    run = steps_per_epoch(cfg, data) * cfg.nepochs
+    run = steps_per_epoch(cfg, data) * cfg.training.nepochs
 
     @functools.cache
     def stream() -> list:  # the run's first uncounted batches, read once, only when asked
@@ -388,8 +390,8 @@ def plan(
     tables = run_tables(cfg, data)
     base = dense_needs(cfg, data)
     limit = lambda v, flag: None if v is None else parse_bytes(v, flag)  # noqa: E731
-    room = inventory(device, limit(cfg.memory_limit, "--memory-limit"),
-                     limit(cfg.device_memory_limit, "--device-memory-limit"),
+    room = inventory(device, limit(cfg.placing.memory_limit, "--memory-limit"),
+                     limit(cfg.placing.device_memory_limit, "--device-memory-limit"),
                      scm_directory(cfg))  # fmt: skip
     scale = _Scale(cfg, tables, base, room, margin)
     shown_room = {t: {"bytes": r.bytes, "source": r.source}
@@ -399,7 +401,7 @@ def plan(
         how = "every table fits on the device: nothing to plan"
         return Decision(first.candidate, how, [first], shown_room, margin, time.perf_counter() - t0)
     sample = read_sample(cfg, data, tables, room, write)
-    opt = SparseOptimizer(cfg.optimizer, cfg.learning_rate)
+    opt = SparseOptimizer(cfg.training.optimizer, cfg.training.learning_rate)
     weighed = [first] + [
         scale.weigh(c) for c in candidates(scale, hot_budgets(sample.profile, tables, opt))
     ]
@@ -461,7 +463,7 @@ def resolve_auto(
     """`cfg` with the placement `--placement auto` chose applied, and the decision (None: not
     auto, or several processes). The decision is printed and written to the run directory; a
     resumed run reuses its own (the checkpoint's tables must match), never planning anew."""
-    if cfg.placement != "auto":
+    if cfg.placing.placement != "auto":
         return cfg, None
     if world_size > 1:
         if rank == 0:
@@ -488,7 +490,7 @@ def _resumed_decision(cfg: TrainConfig, data: DataSplits) -> Decision | None:
     """On `--resume`: the decision of the run it continues; for a run from before the planner
     (a checkpoint and no decision), the rule it was made with: device when every table fits
     `--hot-budget`, else fae. None: plan (a fresh run, or one stopped before any checkpoint)."""
-    if not cfg.resume:
+    if not cfg.run.resume:
         return None
     from dlrm.run_checks import holds_a_run, resume_source_dir
 
@@ -509,9 +511,9 @@ def _resumed_decision(cfg: TrainConfig, data: DataSplits) -> Decision | None:
         return None
     from dlrm.placement.build_collection import resolve_placement
 
-    opt = SparseOptimizer(cfg.optimizer, cfg.learning_rate)
+    opt = SparseOptimizer(cfg.training.optimizer, cfg.training.learning_rate)
     kind = resolve_placement(cfg, run_tables(cfg, data), opt)
-    budget = parse_bytes(cfg.hot_budget) if kind != "device" else 0
+    budget = parse_bytes(cfg.placing.hot_budget) if kind != "device" else 0
     how = "resumed a run from before the planner: device if every table fits --hot-budget, else fae"
     return Decision(Candidate(kind, budget), how, [], {})
 
@@ -523,10 +525,10 @@ def applied(cfg: TrainConfig, decision: Decision) -> TrainConfig:
 
     over = decision.chosen.settings()
     kind = decision.chosen.placement
-    if kind == "tiered" and not cfg.scm_dir:
+    if kind == "tiered" and not cfg.scm.directory:
         over["scm_dir"] = scm_directory(cfg)
     made = cfg.run_dir / PROFILE_NAME
-    if kind in ("fae", "hotline", "tiered") and not cfg.profile_file and made.is_file():
+    if kind in ("fae", "hotline", "tiered") and not cfg.placing.profile_file and made.is_file():
         over["profile_file"] = str(made)
     out = _changed(cfg, over)
     if out is None:

@@ -53,7 +53,7 @@ class MeasuredAgainstPredicted(StepHook):
         t = self.trainer
         if t is None:
             return self.steps
-        left = t.steps_per_epoch() * t.cfg.nepochs - t.state.step
+        left = t.steps_per_epoch() * t.cfg.training.nepochs - t.state.step
         return max(1, min(self.steps, left))
 
     def step(self, batch, run: Callable[[], torch.Tensor]) -> torch.Tensor:

@@ -58,9 +58,9 @@ def resolve_placement(cfg: TrainConfig, tables: list[TableSpec], opt: SparseOpti
     """The placement `cfg` names; `auto` outside a run (see the module docstring): device when
     every table fits `--hot-budget`, else fae. A run replaces auto by the planner's choice first
     (dlrm/compose.py, dlrm/placement/auto.py's `resolve_auto`)."""
-    if cfg.placement != "auto":
-        return cfg.placement
-    budget = parse_bytes(cfg.hot_budget)
+    if cfg.placing.placement != "auto":
+        return cfg.placing.placement
+    budget = parse_bytes(cfg.placing.hot_budget)
     sizes, dims = [t.num_embeddings for t in tables], [t.embedding_dim for t in tables]
     return "device" if fits_on_device(sizes, dims, opt, budget) else "fae"
 
@@ -69,15 +69,15 @@ def build_embeddings(
     cfg: TrainConfig, tables: list[TableSpec], train_source, device: torch.device
 ) -> PlacedEmbeddings:
     """The embedding collection `--placement` asks for (profiling and planning when it is fae)."""
-    opt = SparseOptimizer(cfg.optimizer, cfg.learning_rate)
-    backend, seed = cfg.embedding_backend, cfg.seed
+    opt = SparseOptimizer(cfg.training.optimizer, cfg.training.learning_rate)
+    backend, seed = cfg.arch.embedding_backend, cfg.training.seed
     try:
         kind = resolve_placement(cfg, tables, opt)
         if kind == "device":
             coll = FusedEmbeddingBagCollection(
                 tables, opt, device=device, backend=backend, seed=seed
             )
-            if cfg.embedding_init == "hashed":  # the tiered placement's initial values
+            if cfg.placing.embedding_init == "hashed":  # the tiered placement's initial values
                 hashed_init_(coll.table_weights(), seed)
                 coll.after_tables_written()
             return PlacedEmbeddings(coll, kind)
@@ -124,11 +124,11 @@ def placement_needs(cfg: TrainConfig, tables: list[TableSpec], kind: str | None 
     cold ones where a row has one home) in their tier, the access profile's counts while
     planning; the SSD tier's part is dlrm/placement/tiered_setup.py's. Bounds from the budgets: the plan
     itself needs the profile, which comes later."""
-    opt = SparseOptimizer(cfg.optimizer, cfg.learning_rate)
+    opt = SparseOptimizer(cfg.training.optimizer, cfg.training.learning_rate)
     kind = kind or resolve_placement(cfg, tables, opt)
     total = sum(t.num_embeddings * row_bytes(t.embedding_dim, opt) for t in tables)
     rows = sum(t.num_embeddings for t in tables)
-    hot = min(parse_bytes(cfg.hot_budget), total)
+    hot = min(parse_bytes(cfg.placing.hot_budget), total)
     if kind == "tiered":
         needs = tiered_needs(cfg, tables, opt, hot)
     else:
@@ -136,7 +136,7 @@ def placement_needs(cfg: TrainConfig, tables: list[TableSpec], kind: str | None 
         if at.hot_on_device:
             needs.add("device", "hot rows + optimizer state", hot, rows=True)
             if at.one_home:
-                staging = max(cfg.mini_batch_size, cfg.test_mini_batch_size)
+                staging = max(cfg.training.mini_batch_size, cfg.training.test_mini_batch_size)
                 needs.add("device", "staging slots", staging * total // max(1, rows) * len(tables))
             needs.add("host", "access profile", 4 * rows)
         needs.add(
@@ -144,7 +144,7 @@ def placement_needs(cfg: TrainConfig, tables: list[TableSpec], kind: str | None 
         )
         if at.remaps:
             needs.add("host", "placement plan remaps", 4 * rows)
-    if cfg.slipstream and not any(i.what == "access profile" for i in needs.items):
+    if cfg.slipstreaming.enabled and not any(i.what == "access profile" for i in needs.items):
         needs.add("host", "access profile", 4 * rows)
     return needs
 
@@ -154,7 +154,7 @@ def schedule_training_data(cfg: TrainConfig, data, placed: PlacedEmbeddings, per
     if placed.kind != "fae" or placed.plan is None or not placed.plan.num_hot:
         return data
     classify = AllHotClassifier(placed.plan)
-    train = FAEBatchSource(data.train, classify, cfg.fae_switch_period, cfg.fae_order, per_epoch)
+    train = FAEBatchSource(data.train, classify, cfg.fae.switch_period, cfg.fae.order, per_epoch)
     return dataclasses.replace(data, train=train)
 
 

@@ -53,16 +53,16 @@ def dense_needs(cfg: TrainConfig, data: DataSplits) -> Needs:
     widths = sum(m.out_features for m in model.modules() if isinstance(m, nn.Linear))
     del model
     n = len(data.table_sizes)
-    per_row = widths + n * cfg.arch_sparse_feature_size + (n + 1) ** 2
-    opt = SparseOptimizer(cfg.optimizer, cfg.learning_rate)
+    per_row = widths + n * cfg.arch.sparse_feature_size + (n + 1) ** 2
+    opt = SparseOptimizer(cfg.training.optimizer, cfg.training.learning_rate)
     needs = Needs()
     needs.add("device", "dense part", 4 * params * (2 + opt.dense_state_floats()))
     if len(data.train):
         batch = data.train.batch(0, 0)
         rows, size = batch.dense_features.shape[0], _batch_bytes(batch)
-        test = cfg.eval_batch_size / cfg.mini_batch_size
+        test = cfg.eval_batch_size / cfg.training.mini_batch_size
         acts = 4 * per_row * rows * max(ACTIVATION_COPIES, test)
-        needs.add("device", f"activations at batch {cfg.mini_batch_size}", int(acts))
+        needs.add("device", f"activations at batch {cfg.training.mini_batch_size}", int(acts))
         needs.add("host", "data loader", int(size * (LOADER_BATCHES + 2 * test)))
     return needs
 
@@ -75,7 +75,7 @@ def _batch_bytes(batch) -> int:
 
 def run_tables(cfg: TrainConfig, data: DataSplits) -> list[TableSpec]:
     sizes = table_sizes(cfg, data)
-    return tables_for_features(sizes, cfg.arch_sparse_feature_size, data.feature_names)
+    return tables_for_features(sizes, cfg.arch.sparse_feature_size, data.feature_names)
 
 
 def check_memory(cfg: TrainConfig, data: DataSplits, device: torch.device, world_size: int = 1):
@@ -86,8 +86,8 @@ def check_memory(cfg: TrainConfig, data: DataSplits, device: torch.device, world
     tables = run_tables(cfg, data)
     base = dense_needs(cfg, data)
     needs = _with_placement(base, cfg, tables)
-    room = inventory(device, _size(cfg.memory_limit, "--memory-limit"),
-                     _size(cfg.device_memory_limit, "--device-memory-limit"),
+    room = inventory(device, _size(cfg.placing.memory_limit, "--memory-limit"),
+                     _size(cfg.placing.device_memory_limit, "--device-memory-limit"),
                      needs.disk_dir if needs.on("disk") else None)  # fmt: skip
     on_cpu = room.device is None
     short = _short(needs, room, on_cpu)
@@ -99,9 +99,9 @@ def check_memory(cfg: TrainConfig, data: DataSplits, device: torch.device, world
                       for t in TIERS if shown.on(t) and room.on(t) is not None),
         )  # fmt: skip
         return needs, room
-    placement = cfg.placement
+    placement = cfg.placing.placement
     if placement == "auto":
-        placement += f" ({resolve_placement(cfg, tables, SparseOptimizer(cfg.optimizer))})"
+        placement += f" ({resolve_placement(cfg, tables, SparseOptimizer(cfg.training.optimizer))})"
     fixes = _fixes(cfg, data, tables, base, room, on_cpu)
     if fixes is None:  # what to get more of: the tier that is short
         more = (
@@ -119,7 +119,7 @@ def _size(value, flag: str) -> int | None:
 
 def _with_placement(base: Needs, cfg: TrainConfig, tables: list[TableSpec]) -> Needs:
     needs = Needs(list(base.items), base.disk_dir).extend(placement_needs(cfg, tables))
-    if cfg.resume:
+    if cfg.run.resume:
         needs.add("host", "checkpoint read (--resume)", needs.rows_in_memory())
     return needs
 
@@ -174,9 +174,9 @@ def _candidates(cfg, tables, base: Needs, room: MemoryInventory, on_cpu: bool) -
     out = []
     if not on_cpu and room.device is not None:
         hot = (room.device.bytes - base.on("device")) * 4 // 5
-        if cfg.placement == "device":
+        if cfg.placing.placement == "device":
             out.append([dict(placement="host")])
-        if cfg.placement in ("fae", "hotline", "tiered"):
+        if cfg.placing.placement in ("fae", "hotline", "tiered"):
             out.append([dict(hot_budget=flag_bytes(int(hot * s))) for s in SHRINK
                         if hot * s >= SMALLEST])  # fmt: skip
     if len({t.embedding_dim for t in tables}) == 1:
@@ -195,7 +195,7 @@ def _tiered(cfg, tables, base: Needs, room: MemoryInventory, on_cpu: bool) -> li
         hot, cache = host * 2 // 5, host * 3 // 10
     else:
         hot, cache = (room.device.bytes - fixed.on("device")) // 2, host // 2
-    opt = SparseOptimizer(probe.optimizer)
+    opt = SparseOptimizer(probe.training.optimizer)
     rows = sum(t.num_embeddings * row_bytes(t.embedding_dim, opt) for t in tables)
     hot, cache = min(hot, rows), min(cache, rows)  # --scm-cache is capped at the rows anyway
     return [dict(placement="tiered", hot_budget=flag_bytes(int(hot * s)),
@@ -231,7 +231,7 @@ def _spell(over: dict, cfg: TrainConfig, base: Needs, tables) -> str:
 def _max_ind_range(cfg, tables, base: Needs, room: MemoryInventory, on_cpu: bool) -> int | None:
     """The largest `--max-ind-range` (rounded down to two significant digits) whose tables fit
     with the placement as it is; None where the tables are not hashed from raw Criteo data."""
-    if cfg.data_set not in ("kaggle", "terabyte") or not cfg.raw_data_file:
+    if cfg.data.data_set not in ("kaggle", "terabyte") or not cfg.data.raw_data_file:
         return None
 
     def fits(m: int) -> bool:

@@ -45,7 +45,7 @@ def tracked_plan(cfg: TrainConfig, placed: PlacedEmbeddings | None, train_source
     if placed.plan is not None:
         return placed.plan
     coll = placed.collection
-    opt = SparseOptimizer(cfg.optimizer, cfg.learning_rate)
+    opt = SparseOptimizer(cfg.training.optimizer, cfg.training.learning_rate)
     try:
         return obtain_plan(cfg, coll.tables, opt, train_source)
     except (PlacementError, ProfileError) as e:
@@ -57,7 +57,7 @@ def hotline_plan(
 ) -> PlacementPlan | None:
     """Hotline's one-home plan, or None while it is to be learned online (a resumed run that
     learned it already reuses the run directory's)."""
-    if cfg.hotline_learn_batches and not (cfg.resume and (cfg.run_dir / PLAN_NAME).is_file()):
+    if cfg.hotline.learn_batches and not (cfg.run.resume and (cfg.run_dir / PLAN_NAME).is_file()):
         return None
     return obtain_plan(cfg, tables, opt, train_source, one_home=True)
 
@@ -68,7 +68,7 @@ def learned_plan(cfg: TrainConfig, coll: StagedEmbeddingBagCollection) -> Placem
     names = [t.feature_name for t in coll.tables]
     profile = AccessProfile(names, coll.sizes, coll.learned_counts(), coll.stats.train_inputs)
     plan = plan_placement(
-        profile, coll.dims, coll.optimizer, parse_bytes(cfg.hot_budget), one_home=True
+        profile, coll.dims, coll.optimizer, parse_bytes(cfg.placing.hot_budget), one_home=True
     )
     plan.report["learned_batches"] = coll.learned_batches
     offline = _offline_plan(cfg, coll)
@@ -90,14 +90,16 @@ def learned_plan(cfg: TrainConfig, coll: StagedEmbeddingBagCollection) -> Placem
 def _offline_plan(cfg: TrainConfig, coll: StagedEmbeddingBagCollection) -> PlacementPlan | None:
     """The plan an existing `--placement-plan` or `--profile-file` gives under the same budget
     (what the learned hot set is compared with), or None."""
-    given = Path(cfg.placement_plan).with_suffix(".npz") if cfg.placement_plan else None
+    given = (
+        Path(cfg.placing.placement_plan).with_suffix(".npz") if cfg.placing.placement_plan else None
+    )
     if given is not None and given.is_file():
         return PlacementPlan.load(given)
-    if cfg.profile_file and Path(cfg.profile_file).is_file():
+    if cfg.placing.profile_file and Path(cfg.placing.profile_file).is_file():
         names = [t.feature_name for t in coll.tables]
         profile = obtain_profile(cfg, names, coll.sizes, None)
         return plan_placement(
-            profile, coll.dims, coll.optimizer, parse_bytes(cfg.hot_budget), one_home=True
+            profile, coll.dims, coll.optimizer, parse_bytes(cfg.placing.hot_budget), one_home=True
         )
     return None
 
@@ -113,14 +115,18 @@ def obtain_plan(
     sizes = [t.num_embeddings for t in tables]
     dims = [t.embedding_dim for t in tables]
     run_plan = cfg.run_dir / PLAN_NAME
-    given = Path(cfg.placement_plan).with_suffix(".npz") if cfg.placement_plan else None
+    given = (
+        Path(cfg.placing.placement_plan).with_suffix(".npz") if cfg.placing.placement_plan else None
+    )
     if given is not None and given.is_file():
         plan, source = PlacementPlan.load(given), f"--placement-plan {given}"
-    elif cfg.resume and run_plan.is_file():
+    elif cfg.run.resume and run_plan.is_file():
         plan, source = PlacementPlan.load(run_plan), str(run_plan)
     else:
         profile = obtain_profile(cfg, names, sizes, train_source)
-        plan = plan_placement(profile, dims, opt, parse_bytes(cfg.hot_budget), one_home=one_home)
+        plan = plan_placement(
+            profile, dims, opt, parse_bytes(cfg.placing.hot_budget), one_home=one_home
+        )
         source = None
         if given is not None:
             plan.save(given)
@@ -129,7 +135,7 @@ def obtain_plan(
     r = plan.report
     log.info(
         "%s placement: %d hot rows (%.1f MB), in-sample hot lookups %.3f, hot inputs %.3f",
-        cfg.placement, plan.num_hot, plan.device_bytes() / 2**20, r.get("hot_lookup_share") or 0.0, r.get("hot_input_share") or 0.0,
+        cfg.placing.placement, plan.num_hot, plan.device_bytes() / 2**20, r.get("hot_lookup_share") or 0.0, r.get("hot_input_share") or 0.0,
     )  # fmt: skip
     return plan
 
@@ -137,13 +143,13 @@ def obtain_plan(
 def obtain_profile(
     cfg: TrainConfig, names: list[str], sizes: list[int], train_source
 ) -> AccessProfile:
-    given = Path(cfg.profile_file) if cfg.profile_file else None
+    given = Path(cfg.placing.profile_file) if cfg.placing.profile_file else None
     if given is not None and given.is_file():
         profile = AccessProfile.load(given)
         if profile.feature_names != names or profile.table_sizes != sizes:
             raise ProfileError(f"--profile-file {given}: made for other tables than this model's")
         return profile
-    profile = profile_training_sample(train_source, names, sizes, cfg.profile_sample_rate)
+    profile = profile_training_sample(train_source, names, sizes, cfg.placing.profile_sample_rate)
     profile.save(given if given is not None else cfg.run_dir / PROFILE_NAME)
     return profile
 

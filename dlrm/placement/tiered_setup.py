@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 
 
 def scm_directory(cfg: TrainConfig) -> str:
-    return cfg.scm_dir or str(cfg.run_dir / "scm")
+    return cfg.scm.directory or str(cfg.run_dir / "scm")
 
 
 def cache_bytes(
@@ -44,7 +44,7 @@ def cache_bytes(
 ) -> int:
     """`--scm-cache`, capped at the bytes of the rows the tier holds (every row but the
     `hot_rows` the device tier holds)."""
-    asked = parse_bytes(cfg.scm_cache, "--scm-cache")
+    asked = parse_bytes(cfg.scm.cache, "--scm-cache")
     rows = sum(t.num_embeddings for t in tables) - hot_rows
     return min(asked, max(0, rows) * row_bytes(tables[0].embedding_dim, opt))
 
@@ -58,7 +58,7 @@ def tiered_needs(
     but every block is written once its rows are)."""
     dim, rb = tables[0].embedding_dim, row_bytes(tables[0].embedding_dim, opt)
     rows = sum(t.num_embeddings for t in tables)
-    staging = max(cfg.mini_batch_size, cfg.test_mini_batch_size)
+    staging = max(cfg.training.mini_batch_size, cfg.training.test_mini_batch_size)
     cache = cache_bytes(cfg, tables, opt, hot_bytes // rb)
     slots = cache // rb
     blocks = -(-rows // max(1, PAYLOAD // rb))
@@ -71,7 +71,7 @@ def tiered_needs(
     needs.add("host", "access profile", 4 * rows)
     needs.add("host", "SSD tier block maps", 2 * blocks)
     file = f"SSD tier file (--scm-dir, rows of {dim} + state floats)"
-    written = written_blocks(cfg, tables, rb) if cfg.scm_overcommit else None
+    written = written_blocks(cfg, tables, rb) if cfg.scm.overcommit else None
     if written is None or written >= blocks:
         needs.add("disk", file, blocks * BLOCK)
     else:
@@ -82,10 +82,10 @@ def tiered_needs(
 def run_steps(cfg: TrainConfig) -> int | None:
     """The steps a run takes, where the settings say it: `--num-batches` per epoch, or the
     synthetic data's own size; None for a whole epoch of a data set on disk."""
-    if cfg.num_batches:
-        return cfg.nepochs * cfg.num_batches
-    if cfg.data_set == "synthetic":
-        return cfg.nepochs * -(-cfg.data_size // cfg.mini_batch_size)
+    if cfg.training.num_batches:
+        return cfg.training.nepochs * cfg.training.num_batches
+    if cfg.data.data_set == "synthetic":
+        return cfg.training.nepochs * -(-cfg.data.data_size // cfg.training.mini_batch_size)
     return None
 
 
@@ -99,8 +99,10 @@ def written_blocks(cfg: TrainConfig, tables: list[TableSpec], rb: int) -> int | 
     steps = run_steps(cfg)
     if steps is None:
         return None
-    rows_per_step = cfg.mini_batch_size * (cfg.ts_length + 1 if cfg.model == "tbsm" else 1)
-    sizes = bag_sizes(cfg, len(tables)) or [1] * len(tables)
+    rows_per_step = cfg.training.mini_batch_size * (
+        cfg.tbsm.ts_length + 1 if cfg.arch.model == "tbsm" else 1
+    )
+    sizes = bag_sizes(cfg.data, len(tables)) or [1] * len(tables)
     per_block = max(1, PAYLOAD // rb)
     return sum(
         min(-(-t.num_embeddings // per_block) + 1, steps * rows_per_step * k)  # +1: a shared edge
@@ -112,19 +114,19 @@ def scm_settings(cfg: TrainConfig, cache: int | None = None) -> ScmSettings:
     """The SSD tier's settings; `cache`: the row cache's bytes (default `--scm-cache`)."""
     return ScmSettings(
         directory=scm_directory(cfg),
-        cache_bytes=parse_bytes(cfg.scm_cache, "--scm-cache") if cache is None else cache,
-        io=cfg.scm_io,
-        io_threads=cfg.scm_io_threads,
-        io_engine=cfg.scm_io_engine,
-        io_depth=cfg.scm_io_depth,
-        resume=bool(cfg.resume),
+        cache_bytes=parse_bytes(cfg.scm.cache, "--scm-cache") if cache is None else cache,
+        io=cfg.scm.io,
+        io_threads=cfg.scm.io_threads,
+        io_engine=cfg.scm.io_engine,
+        io_depth=cfg.scm.io_depth,
+        resume=bool(cfg.run.resume),
         owner=str(cfg.run_dir),
     )
 
 
 def _profile_counts(cfg: TrainConfig):
     """The access profile the plan came from, if one was written or given."""
-    for path in (cfg.profile_file, cfg.run_dir / PROFILE_NAME):
+    for path in (cfg.placing.profile_file, cfg.run_dir / PROFILE_NAME):
         if path and Path(path).is_file():
             return AccessProfile.load(Path(path)).counts
     return None
@@ -140,13 +142,13 @@ def build_tiered(
         priority = profile_priority(counts, sizes) if counts is not None else None
         del counts  # dense per-row counts (1 GB at Terabyte scale): the priority keeps seen rows
         cache = cache_bytes(cfg, tables, opt, plan.num_hot)
-        if cache < parse_bytes(cfg.scm_cache, "--scm-cache"):
+        if cache < parse_bytes(cfg.scm.cache, "--scm-cache"):
             log.info(
-                "--scm-cache %s: capped at the tier's %s of rows", cfg.scm_cache, fmt_bytes(cache)
+                "--scm-cache %s: capped at the tier's %s of rows", cfg.scm.cache, fmt_bytes(cache)
             )
         coll = tiered_collection(
-            tables, opt, plan, scm_settings(cfg, cache), torch.device(device), cfg.embedding_backend,
-            cfg.seed, priority, staging_rows=max(cfg.mini_batch_size, cfg.test_mini_batch_size),
+            tables, opt, plan, scm_settings(cfg, cache), torch.device(device), cfg.arch.embedding_backend,
+            cfg.training.seed, priority, staging_rows=max(cfg.training.mini_batch_size, cfg.training.test_mini_batch_size),
         )  # fmt: skip
     except (PlacementError, ProfileError, ScmError) as e:
         raise ConfigError(str(e)) from None
@@ -161,7 +163,7 @@ def build_tiered(
 def _say_overcommitted(cfg: TrainConfig, tables: list[TableSpec], opt: SparseOptimizer) -> None:
     """The start line of an over-committed tier: its file is larger than what the disk was
     checked for."""
-    if not cfg.scm_overcommit:
+    if not cfg.scm.overcommit:
         return
     rb = row_bytes(tables[0].embedding_dim, opt)
     blocks = -(-sum(t.num_embeddings for t in tables) // max(1, PAYLOAD // rb))

@@ -66,11 +66,11 @@ def resolve_backend(name: str, device: str) -> str:
 
 def init_from_env(cfg: TrainConfig) -> tuple[int, int]:
     """Join the process group torchrun describes; returns (rank, world size)."""
-    backend = resolve_backend(cfg.dist_backend, cfg.device)
+    backend = resolve_backend(cfg.distributed.dist_backend, cfg.training.device)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if backend == "nccl":
         torch.cuda.set_device(local_rank)  # "cuda" is then this rank's own device
-    timeout = timedelta(seconds=cfg.dist_timeout_s)
+    timeout = timedelta(seconds=cfg.distributed.timeout_s)
     store = _attempt_store(timeout)
     if store is None:
         dist.init_process_group(backend, timeout=timeout)
@@ -106,7 +106,7 @@ def first_attempt_resume(cfg: TrainConfig) -> TrainConfig:
     first one, which finds no run in `--out-dir` yet, starts it (elsewhere `--resume` of an
     empty directory is an error)."""
     restarts = os.environ.get("TORCHELASTIC_RESTART_COUNT")
-    if restarts is None or cfg.resume != "auto" or (cfg.run_dir / "config.json").is_file():
+    if restarts is None or cfg.run.resume != "auto" or (cfg.run_dir / "config.json").is_file():
         return cfg
     log.info("--resume: nothing in %s yet (attempt %s); starting the run", cfg.run_dir, restarts)
     return dataclasses.replace(cfg, resume=None)
@@ -288,24 +288,26 @@ def sharded_embeddings(cfg: TrainConfig, tables, device: torch.device):
     from embeddings import SparseOptimizer
     from embeddings.sharded import ShardedEmbeddingBagCollection, ShardingError
 
-    opt = SparseOptimizer(cfg.optimizer, cfg.learning_rate)
-    min_columns = cfg.sharding_min_columns or None
+    opt = SparseOptimizer(cfg.training.optimizer, cfg.training.learning_rate)
+    min_columns = cfg.distributed.sharding_min_columns or None
     try:
-        if cfg.placement in ("fae", "hotline"):
+        if cfg.placing.placement in ("fae", "hotline"):
             from embeddings.hot_replicated import HotReplicatedCollection
 
             hot = hot_rows(cfg, tables, opt)
-            coll = HotReplicatedCollection(tables, opt, hot, device, cfg.sharding, cfg.seed,
+            coll = HotReplicatedCollection(tables, opt, hot, device, cfg.distributed.sharding, cfg.training.seed,
                                            min_columns)  # fmt: skip
         else:
-            coll = ShardedEmbeddingBagCollection(tables, opt, device, cfg.sharding, seed=cfg.seed,
+            coll = ShardedEmbeddingBagCollection(tables, opt, device, cfg.distributed.sharding, seed=cfg.training.seed,
                                                  min_column_shard=min_columns)  # fmt: skip
     except ShardingError as e:
         raise ConfigError(str(e)) from None
     if dist.get_rank() == 0:
         log.info("sharding plan:\n%s", coll.plan_text())
         write_plan(cfg.run_dir, coll.plan_text(), coll.plan_table())
-    return PlacedEmbeddings(coll, cfg.placement)  # the placement asked for; the plan is none
+    return PlacedEmbeddings(
+        coll, cfg.placing.placement
+    )  # the placement asked for; the plan is none
 
 
 def hot_rows(cfg: TrainConfig, tables, opt) -> list:
@@ -324,7 +326,7 @@ def hot_rows(cfg: TrainConfig, tables, opt) -> list:
     if dist.get_rank() == 0:
         try:
             whole = build_data(cfg, 0, 1).train  # every sample of the global batches
-            plan = obtain_plan(cfg, tables, opt, whole, one_home=cfg.placement == "hotline")
+            plan = obtain_plan(cfg, tables, opt, whole, one_home=cfg.placing.placement == "hotline")
             table_of, rows = plan.hot_ids()
             counts = torch.as_tensor(np.bincount(table_of, minlength=len(tables)))
             ids = torch.as_tensor(rows)
@@ -334,7 +336,9 @@ def hot_rows(cfg: TrainConfig, tables, opt) -> list:
     if failure is not None:
         raise ConfigError(str(failure)) from None
     if bool((counts < 0).any()):
-        raise ConfigError(f"--placement {cfg.placement}: rank 0 could not make the placement plan")
+        raise ConfigError(
+            f"--placement {cfg.placing.placement}: rank 0 could not make the placement plan"
+        )
     if dist.get_rank() != 0:
         ids = torch.empty(int(counts.sum()), dtype=torch.int64)
     dist.broadcast(ids, 0)
@@ -343,28 +347,28 @@ def hot_rows(cfg: TrainConfig, tables, opt) -> list:
 
 def check_supported(cfg: TrainConfig, world: int) -> None:
     """What several processes cannot run (yet): one line, before any work."""
-    for flag, batch in (("--mini-batch-size", cfg.mini_batch_size),
+    for flag, batch in (("--mini-batch-size", cfg.training.mini_batch_size),
                         ("--test-mini-batch-size", cfg.eval_batch_size)):  # fmt: skip
         if batch % world:
             raise ConfigError(
                 f"{flag} {batch}: the global batch must split evenly over the {world} processes"
             )
-    if cfg.placement in ("host", "tiered"):
+    if cfg.placing.placement in ("host", "tiered"):
         raise ConfigError(
-            f"--placement {cfg.placement}: not with several processes (the tables are sharded "
+            f"--placement {cfg.placing.placement}: not with several processes (the tables are sharded "
             "across them); use device, fae or hotline (hot rows replicated, cold rows sharded)"
         )
-    if cfg.placement == "hotline" and cfg.hotline_learn_batches:
+    if cfg.placing.placement == "hotline" and cfg.hotline.learn_batches:
         raise ConfigError(
             "--hotline-learn-batches: not with several processes (the hot rows replicated on "
             "every rank are fixed before training); give a profile or let the run profile"
         )
-    if cfg.slipstream:
+    if cfg.slipstreaming.enabled:
         raise ConfigError(
             "--slipstream: single-process only for now (which rows are stale would have to be "
             "agreed across ranks every interval)"
         )
-    if cfg.compile:
+    if cfg.training.compile:
         raise ConfigError(
             "--compile: single-process only for now (the compiled dense part under DDP is "
             "untested); leave it at auto, which trains eagerly with several processes"
@@ -383,7 +387,7 @@ def resumable_with(cfg: TrainConfig, path: Path, data: dict, world: int) -> dict
     written = int(data.get("world_size", 1))
     if (written == 1) == (world == 1):
         return data
-    if cfg.placement == "fae":
+    if cfg.placing.placement == "fae":
         raise ConfigError(
             f"--resume: {path} was written by {written} process(es) and is resumed by {world}: "
             "not with --placement fae (one process regroups the batches into FAE's schedule, "

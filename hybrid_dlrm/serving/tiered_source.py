@@ -97,9 +97,9 @@ def _read_tables(path, data, prefix, run, scm, config, scratch: Path) -> dict[st
     )  # fmt: skip
     splits = build_data(cfg)
     tables = tables_for_features(
-        table_sizes(cfg, splits), cfg.arch_sparse_feature_size, splits.feature_names
+        table_sizes(cfg, splits), cfg.arch.sparse_feature_size, splits.feature_names
     )
-    opt = SparseOptimizer(cfg.optimizer, cfg.learning_rate)
+    opt = SparseOptimizer(cfg.training.optimizer, cfg.training.learning_rate)
     coll = build_tiered(cfg, tables, opt, splits.train, torch.device("cpu")).collection
     try:
         mine = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
