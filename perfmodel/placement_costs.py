@@ -26,7 +26,7 @@ What each kind is predicted from:
   a step's kernels, plus a cost per row; the fixed part and the renewal were missing before and
   made Hotline 0.5-1.2 ms slower than predicted). Row costs are this machine's, measured once
   (`staging_figures`). With
-  `--hotline-prefetch` >= 1 the worker's part overlaps the step: hidden = min(staging, step) when
+  `--hotline-prefetch` >= 1 the worker's part overlaps the step: hidden = min(staging, step + load) when
   the process has a core beyond torch's threads (2 cores, 1 torch thread: yes); without a spare
   core the worker takes the step's core and nothing is hidden.
 - tiered: Hotline's, with the cold rows read from the SSD tier behind the DRAM row cache, over

@@ -208,3 +208,80 @@ def test_every_command_in_the_docs_exists_with_its_flags(monkeypatch) -> None:
             seen += 1
     assert seen > 100, seen  # the extraction found the pages' commands
     assert not wrong, "\n".join(wrong)
+
+
+# --- every repository path and `-m` module a page names exists ------------------------------
+
+# The pages that must name today's files: the user pages and the index of measurements. The
+# measurement histories (docs/measurements/*.md but its README) are left out: each records a run
+# as it was made, with the files and commands of its day, and a file renamed since does not make
+# that record wrong (the user page beside it gives today's command).
+NAMING_PAGES = sorted(
+    [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), ROOT / "docs" / "measurements" / "README.md"]
+)
+ROOTS = ("dlrm", "embeddings", "data_pipeline", "perfmodel", "hybrid_dlrm", "scripts", "tests", "docs")
+REPO_PATH = re.compile(r"(?<![\w./-])((?:" + "|".join(ROOTS) + r")/[\w./*-]*)")
+RUN_MODULE = re.compile(r"(?:\bpython3?|\btorchrun\b[^`\n]*?)\s+-m\s+([A-Za-z_][\w.]*)")
+
+
+def _module_runs(name: str) -> bool:
+    """`python -m name` would run: a module, or a package with a `__main__`."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.submodule_search_locations:
+            spec = importlib.util.find_spec(f"{name}.__main__")
+    except (ImportError, ValueError):  # a parent that is no package
+        return False
+    return spec is not None
+
+
+def missing_names(text: str, root: Path = ROOT) -> list[str]:
+    """`LINE: name` for every repository path (`dlrm/foo.py`, `embeddings/ssd/`, a glob such as
+    `docs/measurements/scm/*.json`, `tests/x.py::test_y`) and every `python -m X` or torchrun
+    `-m X` module in `text` that does not exist under `root`. A path is a word that starts with
+    one of the repository's top folders; one inside a URL (`github.com/x/dlrm/...`) is none."""
+    out = []
+    for n, line in enumerate(text.splitlines(), 1):
+        for m in REPO_PATH.finditer(line):
+            path = m.group(1).split("::")[0].split("#")[0].rstrip(".")
+            found = any(root.glob(path)) if "*" in path else (root / path).exists()
+            if not found:
+                out.append(f"{n}: {path}")
+        for m in RUN_MODULE.finditer(line):
+            name = m.group(1).rstrip(".")
+            if name != "X" and not _module_runs(name):  # `python -m X`: a placeholder
+                out.append(f"{n}: python -m {name}")
+    return out
+
+
+def test_the_checker_finds_planted_names() -> None:
+    page = "\n".join(
+        [
+            "Fine: `dlrm/compose.py`, [the tier](embeddings/ssd/tier.py), `dlrm/placement/`,",
+            "`docs/measurements/scm/*.json`, `tests/test_layers.py::violations`, and",
+            "`python -m dlrm.train --placement fae`, `torchrun --standalone -m dlrm.train`.",
+            "Not ours: https://github.com/facebookresearch/dlrm/blob/main/dlrm/x.py, runs/dlrm/a.",
+            "Gone: `dlrm/placement.py`, see [this](embeddings/scm_tier.py)",
+            "`scripts/bench_nothing.py` and `docs/measurements/nothing/*.json`.",
+            "`python -m hybrid_dlrm.serving.nothing --out x` and `python -m serving.quantize`,",
+            "`torchrun --nproc_per_node 2 -m dlrm.nothing`, `python -m hybrid_dlrm` (no __main__).",
+        ]
+    )
+    assert missing_names(page) == [
+        "5: dlrm/placement.py",
+        "5: embeddings/scm_tier.py",
+        "6: scripts/bench_nothing.py",
+        "6: docs/measurements/nothing/*.json",
+        "7: python -m hybrid_dlrm.serving.nothing",
+        "7: python -m serving.quantize",
+        "8: python -m dlrm.nothing",
+        "8: python -m hybrid_dlrm",
+    ]
+
+
+@pytest.mark.parametrize("page", NAMING_PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_path_and_module_a_page_names_exists(page: Path) -> None:
+    missing = missing_names(page.read_text(encoding="utf-8"))
+    assert not missing, f"{page.relative_to(ROOT)}: " + "; ".join(missing)
