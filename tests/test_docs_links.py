@@ -1,7 +1,8 @@
 """Every relative link in README.md and docs/ points at a file that exists, and every `#anchor`
 into a markdown file names one of its headings (GitHub's heading ids); every command the user
-pages name (`python -m X`, `python scripts/X.py`, `scripts/X.sh`, torchrun's `-m X`) exists and takes every flag
-the page gives it."""
+pages name (`python -m X`, `python scripts/X.py`, `scripts/X.sh`, torchrun's `-m X`) exists and
+takes every flag the page gives it; every repository path and `-m` module a page names exists;
+docs/architecture.md's counts are what their commands count."""
 
 from __future__ import annotations
 
@@ -22,15 +23,15 @@ HEADING = re.compile(r"^#{1,6}\s+(.*?)\s*#*\s*$")
 
 
 def _prose_lines(path: Path) -> list[str]:
-    """The page's lines outside fenced code blocks (a `# comment` in a shell block is no
-    heading, and a `](` in code is no link)."""
+    """The page's lines outside fenced code blocks and HTML comments (a `# comment` in a shell
+    block is no heading, and a `](` in code or in a comment is no link)."""
     lines, fenced = [], False
     for line in path.read_text(encoding="utf-8").splitlines():
         if FENCE.match(line):
             fenced = not fenced
             continue
         if not fenced:
-            lines.append(line)
+            lines.append(re.sub(r"<!--.*?-->", "", line))
     return lines
 
 
@@ -216,10 +217,10 @@ def test_every_command_in_the_docs_exists_with_its_flags(monkeypatch) -> None:
 # measurement histories (docs/measurements/*.md but its README) are left out: each records a run
 # as it was made, with the files and commands of its day, and a file renamed since does not make
 # that record wrong (the user page beside it gives today's command).
-NAMING_PAGES = sorted(
-    [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), ROOT / "docs" / "measurements" / "README.md"]
-)
-ROOTS = ("dlrm", "embeddings", "data_pipeline", "perfmodel", "hybrid_dlrm", "scripts", "tests", "docs")
+NAMING_PAGES = [*USER_PAGES, ROOT / "docs" / "measurements" / "README.md"]
+# the repository's top folders: a word that starts with one of them is a path
+ROOTS = ("dlrm", "embeddings", "data_pipeline", "perfmodel", "hybrid_dlrm", "scripts", "tests",
+         "docs")  # fmt: skip
 REPO_PATH = re.compile(r"(?<![\w./-])((?:" + "|".join(ROOTS) + r")/[\w./*-]*)")
 RUN_MODULE = re.compile(r"(?:\bpython3?|\btorchrun\b[^`\n]*?)\s+-m\s+([A-Za-z_][\w.]*)")
 
@@ -285,3 +286,24 @@ def test_the_checker_finds_planted_names() -> None:
 def test_every_path_and_module_a_page_names_exists(page: Path) -> None:
     missing = missing_names(page.read_text(encoding="utf-8"))
     assert not missing, f"{page.relative_to(ROOT)}: " + "; ".join(missing)
+
+
+# --- the counts on the maintainer's page are what their commands count -----------------------
+
+COUNT = re.compile(r"\*\*(\d+)\*\*\s*<!-- count: (.+?) -->")
+
+
+def test_architecture_counts_are_what_their_commands_count() -> None:
+    """docs/architecture.md's "what to edit" counts each name the command that counts it; when a
+    mechanism changes (a placement becomes one registered object), the count must follow."""
+    import subprocess
+
+    page = ROOT / "docs" / "architecture.md"
+    counts = COUNT.findall(page.read_text(encoding="utf-8"))
+    assert len(counts) >= 4, counts
+    wrong = []
+    for shown, command in counts:
+        out = subprocess.run(["bash", "-c", command], cwd=ROOT, capture_output=True, text=True)
+        if out.stdout.strip() != shown:
+            wrong.append(f"{shown} shown, {out.stdout.strip() or out.stderr.strip()!r}: {command}")
+    assert not wrong, "docs/architecture.md: " + "; ".join(wrong)
