@@ -307,3 +307,13 @@ def test_architecture_counts_are_what_their_commands_count() -> None:
         if out.stdout.strip() != shown:
             wrong.append(f"{shown} shown, {out.stdout.strip() or out.stderr.strip()!r}: {command}")
     assert not wrong, "docs/architecture.md: " + "; ".join(wrong)
+
+
+def test_every_module_the_architecture_page_names_exists() -> None:
+    """The map names most modules bare (`fused.py` in the row of `embeddings/`): each such name is
+    a file's somewhere in the repository (the paths with folders are checked above)."""
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    bare = set(re.findall(r"`(\w+\.(?:py|sh))`", text))
+    assert len(bare) > 100, len(bare)  # the page's tables were read
+    names = {p.name for top in ROOTS for p in (ROOT / top).rglob("*") if p.is_file()}
+    assert not sorted(bare - names), sorted(bare - names)
