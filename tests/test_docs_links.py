@@ -213,11 +213,12 @@ def test_every_command_in_the_docs_exists_with_its_flags(monkeypatch) -> None:
 
 # --- every repository path and `-m` module a page names exists ------------------------------
 
-# The pages that must name today's files: the user pages and the index of measurements. The
-# measurement histories (docs/measurements/*.md but its README) are left out: each records a run
-# as it was made, with the files and commands of its day, and a file renamed since does not make
-# that record wrong (the user page beside it gives today's command).
-NAMING_PAGES = [*USER_PAGES, ROOT / "docs" / "measurements" / "README.md"]
+# the pages that must name today's files (see test_every_path_and_module_a_page_names_exists)
+NAMING_PAGES = [
+    *USER_PAGES,
+    ROOT / "data_pipeline" / "CRITEO.md",
+    ROOT / "docs/measurements/README.md",
+]
 # the repository's top folders: a word that starts with one of them is a path
 ROOTS = ("dlrm", "embeddings", "data_pipeline", "perfmodel", "hybrid_dlrm", "scripts", "tests",
          "docs")  # fmt: skip
@@ -284,6 +285,11 @@ def test_the_checker_finds_planted_names() -> None:
 
 @pytest.mark.parametrize("page", NAMING_PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_path_and_module_a_page_names_exists(page: Path) -> None:
+    """The user pages (data_pipeline/CRITEO.md among them) and the index of measurements name only
+    files and modules that exist. The measurement histories (docs/measurements/*.md but its
+    README) are left out: each records a run as it was made, with the files and commands of its
+    day; a file renamed since does not make that record wrong, and the user page beside it gives
+    today's command."""
     missing = missing_names(page.read_text(encoding="utf-8"))
     assert not missing, f"{page.relative_to(ROOT)}: " + "; ".join(missing)
 
