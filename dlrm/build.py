@@ -5,23 +5,26 @@ from __future__ import annotations
 
 import torch
 
-from dlrm.config import TrainConfig
+from dlrm.config import SETTINGS, TrainConfig
 from dlrm.data import DataSplits
 from dlrm.errors import ArchError, ConfigError
-from dlrm.models.dlrm import DLRM, DLRMArch
-from dlrm.models.tbsm import TBSM, TBSMArch
+from dlrm.models.contract import RecModel
+from dlrm.models.kinds import model_kind
 from dlrm.placement.build_collection import build_embeddings
 from dlrm.placement.run_plan import PlacedEmbeddings
 from embeddings import tables_for_features
 
-# the command-line flag of each architecture field, for messages
+# the command-line flag of each architecture field not named as its setting, for messages
 ARCH_FLAGS = {
     "bottom": "--arch-mlp-bot", "top": "--arch-mlp-top", "interaction": "--arch-interaction-op",
-    "embedding_dim": "--arch-sparse-feature-size", "model_type": "--model-type", "tsl_inner": "--tsl-inner",
-    "tsl_mechanism": "--tsl-mechanism", "arch_mlp": "--arch-mlp", "ts_length": "--ts-length",
-    "tsl_num_heads": "--tsl-num-heads", "mha_num_heads": "--mha-num-heads", "rnn_num_layers": "--rnn-num-layers",
-    "dcn_num_layers": "--dcn-num-layers", "dcn_low_rank_dim": "--dcn-low-rank-dim",
+    "embedding_dim": "--arch-sparse-feature-size",
 }  # fmt: skip
+_FLAG_OF_SETTING = {f.metadata["name"]: f.metadata["flag"] for f in SETTINGS}
+
+
+def arch_flag(field: str) -> str:
+    """The flag of an architecture field: a kind's own fields are named as their settings."""
+    return ARCH_FLAGS.get(field) or _FLAG_OF_SETTING.get(field, field)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -69,28 +72,13 @@ def build_model(
     data: DataSplits,
     device: torch.device,
     embeddings: torch.nn.Module | None = None,
-) -> DLRM | TBSM:
+) -> RecModel:
     """The model `cfg` describes, around `embeddings` (built from `--placement` when None)."""
-    num_sparse = len(data.table_sizes)
-    common = dict(
-        num_dense=data.num_dense, embedding_dim=cfg.arch.sparse_feature_size, num_sparse=num_sparse,
-        bottom=cfg.arch.mlp_bot, top=cfg.arch.mlp_top, interaction=cfg.arch.interaction_op,
-        interaction_itself=cfg.arch.interaction_itself, dcn_num_layers=cfg.arch.dcn_num_layers,
-        dcn_low_rank_dim=cfg.arch.dcn_low_rank_dim,
-    )  # fmt: skip
+    kind = model_kind(cfg.arch.model)
     try:
-        if cfg.arch.model == "tbsm":
-            arch = TBSMArch(
-                **common, ts_length=cfg.tbsm.ts_length, model_type=cfg.tbsm.model_type, tsl_inner=cfg.tbsm.tsl_inner,
-                tsl_mechanism=cfg.tbsm.tsl_mechanism, tsl_num_heads=cfg.tbsm.tsl_num_heads, tsl_mlp=cfg.tbsm.tsl_mlp,
-                arch_mlp=cfg.tbsm.arch_mlp, tsl_proj=cfg.tbsm.tsl_proj, mha_num_heads=cfg.tbsm.mha_num_heads,
-                rnn_num_layers=cfg.tbsm.rnn_num_layers,
-            )  # fmt: skip
-        else:
-            arch = DLRMArch(**common)
+        arch = kind.arch_from_settings(cfg, data.num_dense, len(data.table_sizes))
     except ArchError as e:
-        raise ConfigError(f"{ARCH_FLAGS.get(e.field, e.field)}: {e.reason}") from None
+        raise ConfigError(f"{arch_flag(e.field)}: {e.reason}") from None
     if embeddings is None:
         embeddings = build_placed_embeddings(cfg, data, device).collection
-    model_class = TBSM if cfg.arch.model == "tbsm" else DLRM
-    return model_class(arch, embeddings, seed=cfg.training.seed).to(device)
+    return kind.model_class(arch, embeddings, seed=cfg.training.seed).to(device)

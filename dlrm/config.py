@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dlrm.errors import ConfigError
+from dlrm.models.kinds import model_kind
 from dlrm.settings.model import ArchConfig, TbsmConfig
 from dlrm.settings.placement import (
     FaeConfig,
@@ -285,9 +286,7 @@ class TrainConfig:
         ]  # fmt: skip
         if self.arch_interaction_op == "dcn":  # only then: dot and cat checkpoints load as before
             keys += list(DCN_FIELDS)
-        if self.model == "tbsm":
-            keys += ["ts_length", "model_type", "tsl_inner", "tsl_mechanism", "tsl_num_heads", "tsl_mlp",
-                     "arch_mlp", "tsl_proj", "mha_num_heads", "rnn_num_layers"]  # fmt: skip
+        keys += model_kind(self.model).signature_fields
         out = {k: getattr(self, k) for k in keys}
         return json.loads(json.dumps(out))
 

@@ -17,6 +17,7 @@ from data_pipeline.synthetic import (
     scaled_table_sizes,
 )
 from dlrm.config import ConfigError, TrainConfig
+from dlrm.models.kinds import model_kind
 from dlrm.settings.sections import DataConfig
 
 
@@ -44,9 +45,10 @@ class DataSplits:
 def build_data(cfg: TrainConfig, rank: int = 0, world_size: int = 1) -> DataSplits:
     if cfg.data.data_set == "taobao":
         return _taobao(cfg, rank, world_size)
-    if cfg.arch.model == "tbsm":
+    if model_kind(cfg.arch.model).layout == "sequence":
         raise ConfigError(
-            f"--model tbsm: needs --data-set taobao (user event sequences), got {cfg.data.data_set}"
+            f"--model {cfg.arch.model}: needs --data-set taobao (user event sequences), "
+            f"got {cfg.data.data_set}"
         )
     if cfg.data.data_set == "synthetic":
         return _synthetic(cfg, rank, world_size)
@@ -181,7 +183,7 @@ def _taobao(cfg: TrainConfig, rank: int, world_size: int) -> DataSplits:
         raise ConfigError(
             f"--ts-length {cfg.tbsm.ts_length}: {directory} was made with --ts-length {dataset.ts_length}"
         )
-    layout = "sequence" if cfg.arch.model == "tbsm" else "candidate"
+    layout = model_kind(cfg.arch.model).layout
     train = TaobaoBatchSource(
         dataset, "train", cfg.training.mini_batch_size, layout=layout, randomize=cfg.data.data_randomize != "none",
         seed=cfg.training.seed, rank=rank, world_size=world_size,

@@ -50,6 +50,7 @@ import numpy as np
 import torch
 
 from dlrm.config import TrainConfig
+from dlrm.models.kinds import model_kind
 from dlrm.placement.auto_check import MEASURE_STEPS
 from dlrm.placement.candidates import Candidate, Prediction, register_predictor
 from embeddings.config import SparseOptimizer
@@ -188,7 +189,9 @@ def _capturable(cfg, sizes: list[int]):
     # smaller tables: a profile or plan of the real ones does not fit them (FAE makes its own)
     changes: dict[str, Any] = {"synthetic_table_scale": cfg.data.synthetic_table_scale * f,
                                "profile_file": None, "placement_plan": None}  # fmt: skip
-    if cfg.data.data_set in CRITEO_LAYOUTS and cfg.arch.model == "dlrm":
+    # a candidate's row is all a Criteo sample is: synthetic data of its tables' sizes stands in
+    candidate = model_kind(cfg.arch.model).layout == "candidate"
+    if cfg.data.data_set in CRITEO_LAYOUTS and candidate:
         changes.update(data_set="synthetic", raw_data_file=None, processed_data_file=None,
                        max_ind_range=None, arch_embedding_size=list(sizes))  # fmt: skip
     elif cfg.data.data_set != "synthetic":

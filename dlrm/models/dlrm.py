@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from dlrm.errors import ArchError
+from dlrm.models.kinds import ModelKind
 
 if TYPE_CHECKING:  # torchrec costs seconds to import: serving raw lines needs no KJT
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
@@ -333,3 +334,43 @@ class DLRM(nn.Module):
         """Everything after the embedding lookup: what `--compile` compiles (dlrm/pipelines/compile.py)."""
         z = self.interaction(self.bottom_mlp(dense), pooled)
         return self.top_mlp(z).squeeze(1)
+
+
+# --- the kind ------------------------------------------------------------------------------------
+
+
+def arch_fields(cfg: Any, num_dense: int, num_sparse: int) -> dict[str, Any]:
+    """DLRMArch's fields from the run's `arch` section (TBSM's step encoder has the same)."""
+    a = cfg.arch
+    return dict(
+        num_dense=num_dense, embedding_dim=a.sparse_feature_size, num_sparse=num_sparse,
+        bottom=a.mlp_bot, top=a.mlp_top, interaction=a.interaction_op,
+        interaction_itself=a.interaction_itself, dcn_num_layers=a.dcn_num_layers,
+        dcn_low_rank_dim=a.dcn_low_rank_dim,
+    )  # fmt: skip
+
+
+def arch_fields_from_signature(sig: dict, num_sparse: int) -> dict[str, Any]:
+    """DLRMArch's fields from a checkpoint's `arch` (TrainConfig.arch_signature); the DCN ones
+    only where the signature has them (dot and cat checkpoints from before DCN)."""
+    bottom = tuple(sig["arch_mlp_bot"])
+    return dict(
+        num_dense=bottom[0], embedding_dim=int(sig["arch_sparse_feature_size"]),
+        num_sparse=num_sparse, bottom=bottom, top=tuple(sig["arch_mlp_top"]),
+        interaction=sig["arch_interaction_op"], interaction_itself=bool(sig["arch_interaction_itself"]),
+        **{k: int(sig[k]) for k in ("dcn_num_layers", "dcn_low_rank_dim") if k in sig},
+    )  # fmt: skip
+
+
+KIND = ModelKind(
+    name="dlrm",
+    title="DLRM",
+    arch_class=DLRMArch,
+    model_class=DLRM,
+    arch_from_settings=lambda cfg, num_dense, num_sparse: DLRMArch(
+        **arch_fields(cfg, num_dense, num_sparse)
+    ),
+    arch_from_signature=lambda sig, num_sparse: DLRMArch(
+        **arch_fields_from_signature(sig, num_sparse)
+    ),
+)

@@ -27,14 +27,15 @@ per-layer precisions record it.
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import torch
 import torch.ao.nn.quantized.dynamic as nnqd
 import torch.nn.functional as F
 from torch import nn
 
-from dlrm.models.dlrm import DLRM, DLRMArch
-from dlrm.models.tbsm import TBSM, TBSMArch
+from dlrm.models.contract import RecModel
+from dlrm.models.kinds import kind_of
 from embeddings.collection import EmbeddingLookup
 from embeddings.config import TableSpec
 from embeddings.quantized import QuantizedEmbeddingBagCollection, quantize_rows
@@ -196,38 +197,37 @@ def convert_dense(model: nn.Module, precision: str) -> dict[str, str]:
 # --- building ------------------------------------------------------------------------------------
 
 
-def embedding_prefix(arch: DLRMArch | TBSMArch) -> str:
+def embedding_prefix(arch: Any) -> str:
     """Where the tables sit in the model's state dict."""
-    return "step.embeddings." if isinstance(arch, TBSMArch) else "embeddings."
+    return kind_of(arch).embedding_prefix
 
 
 def build_model(
-    arch: DLRMArch | TBSMArch,
+    arch: Any,
     tables: list[TableSpec],
     precisions: list[str],
     rows: list[torch.Tensor],
     device: torch.device | str = "cpu",
     backend: str = "auto",
     embeddings: EmbeddingLookup | None = None,
-) -> DLRM | TBSM:
+) -> RecModel:
     """The model around quantized tables (`embeddings`: a collection serving them already, e.g.
     from the SSD tier); its dense weights are still to be loaded."""
     emb = embeddings or QuantizedEmbeddingBagCollection(tables, precisions, rows, device, backend)
-    model_class = TBSM if isinstance(arch, TBSMArch) else DLRM
     with torch.no_grad():
-        model = model_class(arch, emb, seed=0)
+        model = kind_of(arch).model_class(arch, emb, seed=0)
     return model.to(device).eval().requires_grad_(False)
 
 
 def from_float_state(
-    arch: DLRMArch | TBSMArch,
+    arch: Any,
     tables: list[TableSpec],
     state: dict[str, torch.Tensor],
     precisions: list[str],
     mlp_precision: str,
     device: torch.device | str = "cpu",
     backend: str = "auto",
-) -> tuple[DLRM | TBSM, dict[str, str]]:
+) -> tuple[RecModel, dict[str, str]]:
     """A trained model's state dict -> the inference model at the given precisions, and its
     per-layer precisions."""
     prefix = embedding_prefix(arch)

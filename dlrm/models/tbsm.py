@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -36,12 +36,15 @@ from torch import nn
 from dlrm.errors import ArchError
 from dlrm.models.dlrm import (
     INTERACTIONS,
+    arch_fields,
+    arch_fields_from_signature,
     check_bottom_mlp,
     check_dcn,
     interaction_width,
     make_interaction,
     make_mlp,
 )
+from dlrm.models.kinds import ModelKind
 
 if TYPE_CHECKING:  # torchrec costs seconds to import: serving raw lines needs no KJT
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
@@ -240,3 +243,34 @@ class TBSM(nn.Module):
             _, (h, _) = self.lstm(H)
             out = self.head_mlps[0](torch.cat([h[-1], w], dim=1))
         return out.squeeze(1)
+
+
+# --- the kind ------------------------------------------------------------------------------------
+
+# TBSMArch's own fields, named as their settings (so a checkpoint's signature holds them as is)
+SIGNATURE_FIELDS = ("ts_length", "model_type", "tsl_inner", "tsl_mechanism", "tsl_num_heads",
+                    "tsl_mlp", "arch_mlp", "tsl_proj", "mha_num_heads", "rnn_num_layers")  # fmt: skip
+
+
+def _arch_from_settings(cfg: Any, num_dense: int, num_sparse: int) -> TBSMArch:
+    own = {k: getattr(cfg.tbsm, k) for k in SIGNATURE_FIELDS}
+    return TBSMArch(**arch_fields(cfg, num_dense, num_sparse), **own)
+
+
+def _arch_from_signature(sig: dict, num_sparse: int) -> TBSMArch:
+    own = {k: tuple(sig[k]) if isinstance(sig[k], list) else sig[k] for k in SIGNATURE_FIELDS}
+    return TBSMArch(**arch_fields_from_signature(sig, num_sparse), **own)
+
+
+KIND = ModelKind(
+    name="tbsm",
+    title="TBSM",
+    arch_class=TBSMArch,
+    model_class=TBSM,
+    arch_from_settings=_arch_from_settings,
+    arch_from_signature=_arch_from_signature,
+    signature_fields=SIGNATURE_FIELDS,
+    layout="sequence",
+    rows_per_sample=lambda cfg: cfg.tbsm.ts_length + 1,
+    embedding_prefix="step.embeddings.",
+)

@@ -22,6 +22,7 @@ import torch
 
 from dlrm.config import TrainConfig
 from dlrm.errors import ConfigError
+from dlrm.models.kinds import model_kind
 from dlrm.placement.run_plan import PLAN_NAME, PROFILE_NAME, PlacedEmbeddings, obtain_plan
 from embeddings.config import SparseOptimizer, TableSpec
 from embeddings.errors import PlacementError, ProfileError, ScmError
@@ -99,9 +100,7 @@ def written_blocks(cfg: TrainConfig, tables: list[TableSpec], rb: int) -> int | 
     steps = run_steps(cfg)
     if steps is None:
         return None
-    rows_per_step = cfg.training.mini_batch_size * (
-        cfg.tbsm.ts_length + 1 if cfg.arch.model == "tbsm" else 1
-    )
+    rows_per_step = cfg.training.mini_batch_size * model_kind(cfg.arch.model).rows_per_sample(cfg)
     sizes = bag_sizes(cfg.data, len(tables)) or [1] * len(tables)
     per_block = max(1, PAYLOAD // rb)
     return sum(

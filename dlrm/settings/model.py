@@ -8,9 +8,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from dlrm.errors import ConfigError
+from dlrm.models.kinds import kind_names
 from dlrm.settings.fields import POSITIVE, Section, setting
-
-MODELS = ("dlrm", "tbsm")
 
 
 def parse_widths(text: str | list[int] | tuple[int, ...], flag: str) -> tuple[int, ...]:
@@ -42,7 +41,7 @@ class ArchConfig(Section):
 
     title: ClassVar[str] = "Model (DLRM architecture)"
 
-    model: str = setting("dlrm", "--model", "the model", choices=MODELS)
+    model: str = setting("dlrm", "--model", "the model", choices=kind_names)
     sparse_feature_size: int | None = setting(
         None, "--arch-sparse-feature-size", "embedding dimension", check=POSITIVE,
         shown_default=REFERENCE,

@@ -13,6 +13,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torchrec.datasets.utils import Batch
@@ -20,9 +21,7 @@ from torchrec.datasets.utils import Batch
 from dlrm.checkpoints import format as ckpt
 from dlrm.checkpoints import store as checkpoint_store
 from dlrm.errors import ArchError, CheckpointError, ConfigError
-from dlrm.models.dlrm import DLRMArch
-from dlrm.models.quantized import embedding_prefix
-from dlrm.models.tbsm import TBSMArch
+from dlrm.models.kinds import DEFAULT, UnknownModelKind, kind_of, model_kind
 from embeddings.config import TableSpec
 from hybrid_dlrm.common.manifest import sha256_file
 from hybrid_dlrm.serving.tiered_source import is_tiered, tiered_tables
@@ -35,7 +34,7 @@ class Source:
     """A trained model: its float weights, architecture, tables and run settings (if known)."""
 
     path: Path  # the checkpoint or model file read
-    arch: DLRMArch | TBSMArch
+    arch: Any  # its kind's architecture (dlrm/models/kinds.py)
     tables: list[TableSpec]
     state: dict[str, torch.Tensor]
     config: dict | None  # the run's config.json fields (checkpoints), None for model files
@@ -71,8 +70,11 @@ def load_source(where: str | Path) -> Source:
         raise CheckpointError(f"{where}: no such run directory, checkpoint or model file")
     sig = data.get("arch") or {}
     state = data["model"]
-    model = sig.get("model", "dlrm")
-    prefix = "step.embeddings." if model == "tbsm" else "embeddings."
+    try:
+        kind = model_kind(sig.get("model", DEFAULT))
+    except UnknownModelKind as e:
+        raise CheckpointError(f"{path}: {e}") from None
+    prefix = kind.embedding_prefix
     if is_tiered(state, prefix):  # the cold rows are in the run's SSD tier, not the checkpoint
         state = {k: v for k, v in state.items() if not k.startswith(f"{prefix}tiered.")}
         state.update(tiered_tables(path, data, prefix))
@@ -85,33 +87,13 @@ def load_source(where: str | Path) -> Source:
         feature = name[2:] if name.startswith("t_") else name  # embeddings.tables_for_features
         tables.append(TableSpec(name, int(w.shape[0]), int(w.shape[1]), feature))
     try:
-        arch = arch_from_signature(sig, len(tables))
+        arch = kind.arch_from_signature(sig, len(tables))
     except (ArchError, KeyError, TypeError) as e:
         raise CheckpointError(
             f"{path}: its architecture is incomplete or inconsistent ({e})"
         ) from None
-    if embedding_prefix(arch) != prefix:
-        raise CheckpointError(f"{path}: tables are not where a {model} model keeps them")
     step = data["train_state"]["step"] if "train_state" in data else None
     return Source(path, arch, tables, state, data.get("config"), step)
-
-
-def arch_from_signature(sig: dict, num_sparse: int) -> DLRMArch | TBSMArch:
-    """The model's architecture from a checkpoint's `arch` (TrainConfig.arch_signature)."""
-    bottom = tuple(sig["arch_mlp_bot"])
-    common = dict(
-        num_dense=bottom[0], embedding_dim=int(sig["arch_sparse_feature_size"]),
-        num_sparse=num_sparse, bottom=bottom, top=tuple(sig["arch_mlp_top"]),
-        interaction=sig["arch_interaction_op"], interaction_itself=bool(sig["arch_interaction_itself"]),
-        **{k: int(sig[k]) for k in ("dcn_num_layers", "dcn_low_rank_dim") if k in sig},
-    )  # fmt: skip
-    if sig.get("model") == "tbsm":
-        tbsm = {k: sig[k] for k in ("ts_length", "model_type", "tsl_inner", "tsl_mechanism",
-                                    "tsl_num_heads", "tsl_proj", "mha_num_heads", "rnn_num_layers")}  # fmt: skip
-        return TBSMArch(
-            **common, **tbsm, tsl_mlp=tuple(sig["tsl_mlp"]), arch_mlp=tuple(sig["arch_mlp"])
-        )
-    return DLRMArch(**common)
 
 
 # --- data ----------------------------------------------------------------------------------------
@@ -146,7 +128,7 @@ def _data_dir(config: dict) -> Path:
 def data_source(source: Source, data: str | None, split: str, batch_size: int):
     """A split of `data` (a preprocessed Criteo or Taobao directory), or of the source run's own
     data set when `data` is None (its synthetic world, or its preprocessed directory)."""
-    tbsm = isinstance(source.arch, TBSMArch)
+    kind = kind_of(source.arch)
     if data is None:
         cfg = source.config
         if cfg is None:
@@ -170,14 +152,15 @@ def data_source(source: Source, data: str | None, split: str, batch_size: int):
         raise ConfigError(f"--data: {directory} is not a preprocessed data set (no meta.json)")
     import json
 
-    kind = json.loads((directory / "meta.json").read_text()).get("dataset")
-    if kind == "taobao":
+    dataset = json.loads((directory / "meta.json").read_text()).get("dataset")
+    if dataset == "taobao":
         from data_pipeline.taobao_dataset import TaobaoBatchSource, TaobaoDataset
 
-        layout = "sequence" if tbsm else "candidate"
-        return TaobaoBatchSource(TaobaoDataset(directory), split, batch_size, layout=layout)
-    if tbsm:
-        raise ConfigError(f"--data: {directory} holds {kind} data; a TBSM model reads Taobao data")
+        return TaobaoBatchSource(TaobaoDataset(directory), split, batch_size, layout=kind.layout)
+    if kind.layout == "sequence":
+        raise ConfigError(
+            f"--data: {directory} holds {dataset} data; a {kind.title} model reads Taobao data"
+        )
     from data_pipeline.criteo import CriteoBatchSource, CriteoDataset
 
     dataset = CriteoDataset(directory)

@@ -7,28 +7,28 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import asdict
+from typing import Any
 
 import torch
 import torch.ao.nn.quantized.dynamic as nnqd
 from torch import nn
 
-from dlrm.models.dlrm import DLRMArch
+from dlrm.models.kinds import kind_of, model_kind
 from dlrm.models.quantized import make_int8, set_module
-from dlrm.models.tbsm import TBSMArch
 from embeddings.quantized import QuantizedEmbeddingBagCollection
 
 
-def arch_to_json(arch: DLRMArch | TBSMArch) -> dict:
-    kind = "tbsm" if isinstance(arch, TBSMArch) else "dlrm"
+def arch_to_json(arch: Any) -> dict:
     return {
-        "model": kind,
+        "model": kind_of(arch).name,
         **{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(arch).items()},
     }
 
 
-def arch_from_json(data: dict) -> DLRMArch | TBSMArch:
+def arch_from_json(data: dict) -> Any:
+    """KeyError (an unknown kind too) or TypeError where `data` does not describe an arch."""
     fields = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k != "model"}
-    return TBSMArch(**fields) if data["model"] == "tbsm" else DLRMArch(**fields)
+    return model_kind(data["model"]).arch_class(**fields)
 
 
 def _int8_paths(model: nn.Module) -> list[str]:

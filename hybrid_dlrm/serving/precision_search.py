@@ -31,8 +31,7 @@ from torch import nn
 from torchrec.sparse.jagged_tensor import KeyedTensor
 
 from dlrm.metrics import binary_metrics
-from dlrm.models.quantized import build_model, convert_dense, embedding_prefix
-from dlrm.models.tbsm import TBSMArch
+from dlrm.models.quantized import build_model, convert_dense, embedding_prefix, set_module
 from embeddings.config import TableSpec
 from embeddings.kjt_ops import in_feature_order
 from embeddings.quantized import dequantize_rows, quantize_rows, table_bytes
@@ -59,10 +58,7 @@ class _GivenPooled(nn.Module):
 
 
 def _set_embeddings(model: nn.Module, emb: nn.Module) -> None:
-    if isinstance(model.arch, TBSMArch):
-        model.step.embeddings = emb
-    else:
-        model.embeddings = emb
+    set_module(model, embedding_prefix(model.arch).removesuffix("."), emb)
 
 
 @dataclass
@@ -141,7 +137,7 @@ class Calibration:
     def ne(self, precisions: dict[int, str], mlp_precision: str) -> float:
         """The model's NE with the tables in `precisions` quantized (the rest fp32)."""
         model = self.models[mlp_precision]
-        emb = model.step.embeddings if isinstance(model.arch, TBSMArch) else model.embeddings
+        emb = model.embeddings
         touched = {t: self.quantized_rows(t, p) for t, p in precisions.items() if p != "fp32"}
         starts = [0]
         for d in self.dims:

@@ -231,12 +231,11 @@ def predict_dataset(
 ) -> dict:
     meta = json.loads((directory / "meta.json").read_text())
     _check_tables(meta.get("table_sizes"), predictor.artifact.tables, directory / "meta.json")
-    tbsm = predictor.manifest["model"]["model"] == "tbsm"
     if meta.get("dataset") == "taobao":
         from data_pipeline.taobao_dataset import TaobaoBatchSource, TaobaoDataset
 
-        source = TaobaoBatchSource(TaobaoDataset(directory), split, batch_size,
-                                   layout="sequence" if tbsm else "candidate")  # fmt: skip
+        layout = predictor.kind.layout
+        source = TaobaoBatchSource(TaobaoDataset(directory), split, batch_size, layout=layout)
     else:
         from data_pipeline.criteo import CriteoBatchSource
 

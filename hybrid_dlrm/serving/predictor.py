@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from dlrm.models.dlrm import DLRM
+from dlrm.models.kinds import ModelKind, kind_of
 from dlrm.models.quantized import build_model, convert_dense
 from hybrid_dlrm.serving import artifact as art
 from hybrid_dlrm.serving.model_tensors import arch_from_json, load_dense_tensors
@@ -88,6 +88,10 @@ class Predictor:
         return self.artifact.manifest
 
     @property
+    def kind(self) -> ModelKind:
+        return kind_of(self.model.arch)
+
+    @property
     def feature_names(self) -> list[str]:
         return [t.feature_name for t in self.artifact.tables]
 
@@ -111,9 +115,10 @@ class Predictor:
         MLPerf's DLRM-DCNv2 data): `bags[i][f]` the ids of sample i's feature f (feature order,
         an empty list for none), each bag sum-pooled. The numbers of `predict` on the
         KeyedJaggedTensor of those bags (DLRM only; a one-hot batch may use `predict_rows`)."""
-        if not isinstance(self.model, DLRM):
+        if self.kind.layout != "candidate":
             raise TypeError(
-                "predict_bags scores DLRM samples; a TBSM sample is a sequence (predict)"
+                f"predict_bags scores DLRM samples; a {self.kind.title} sample is a sequence "
+                "(predict)"
             )
         return self.predict((dense, bags_to_kjt(bags, self.feature_names)))
 
@@ -122,8 +127,10 @@ class Predictor:
         """Click probabilities [B] of rows with one id per feature, as raw Criteo lines have:
         dense features [B, num_dense] and ids [B, num_sparse] in feature order. The same numbers
         as `predict` on the equivalent KeyedJaggedTensor, without building one (DLRM only)."""
-        if not isinstance(self.model, DLRM):
-            raise TypeError("predict_rows scores DLRM rows; a TBSM sample is a sequence (predict)")
+        if self.kind.layout != "candidate":
+            raise TypeError(
+                f"predict_rows scores DLRM rows; a {self.kind.title} sample is a sequence (predict)"
+            )
         self.check_rows(dense, ids)
         batch, tables = ids.shape
         values = ids.to(self.device).t().reshape(-1)  # feature-major, as a KJT holds them
