@@ -13,7 +13,7 @@ module is imported only when the kind is first asked for.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -93,6 +93,21 @@ def unregister(name: str) -> None:
 def kind_names() -> tuple[str, ...]:
     """`--model`'s choices, built-in ones first."""
     return tuple(dict.fromkeys([*BUILT_IN, *_registered]))
+
+
+class _KindNames(Sequence[str]):
+    """`kind_names()` as a sequence that reads the registry whenever it is read: `--model`'s
+    choices, listed by `--help` and checked when a config is made, so a kind registered after
+    the settings were imported is a choice too."""
+
+    def __getitem__(self, i):  # type: ignore[override]
+        return kind_names()[i]
+
+    def __len__(self) -> int:
+        return len(kind_names())
+
+
+KIND_NAMES: Sequence[str] = _KindNames()
 
 
 def model_kind(name: str) -> ModelKind:

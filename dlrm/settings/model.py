@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from dlrm.errors import ConfigError
-from dlrm.models.kinds import kind_names
+from dlrm.models.kinds import KIND_NAMES
 from dlrm.settings.fields import POSITIVE, Section, setting
 
 
@@ -41,7 +41,7 @@ class ArchConfig(Section):
 
     title: ClassVar[str] = "Model (DLRM architecture)"
 
-    model: str = setting("dlrm", "--model", "the model", choices=kind_names)
+    model: str = setting("dlrm", "--model", "the model", choices=KIND_NAMES)
     sparse_feature_size: int | None = setting(
         None, "--arch-sparse-feature-size", "embedding dimension", check=POSITIVE,
         shown_default=REFERENCE,
