@@ -44,7 +44,6 @@ from dlrm.processes import distributed, third_party, threads
 from dlrm.processes.distributed import Processes
 from dlrm.progress import wanted_lines as progress_lines
 from dlrm.run_files import NoRunFiles, RunFiles, tensorboard_writer
-from embeddings.optimizer import SparseOptimizer
 from embeddings.staged.contract import stages
 from hybrid_dlrm.common.lock import DirectoryLock, LockError
 
@@ -130,7 +129,7 @@ def build_run(
         check_memory(cfg, data, device, world_size)  # before any table is allocated
         placement = build_placed_embeddings(cfg, data, device, world_size)
         model = build_model(cfg, data, device, placement.collection)
-        data = schedule_training_data(cfg, data, placement, steps_per_epoch(cfg, data))
+        data = schedule_training_data(cfg.fae, data, placement, steps_per_epoch(cfg, data))
     distributed.check_replicated(model.embeddings, rank)
     if checkpoints and leads and not cfg.run.inference_only:
         run_checks.check_free_space(
@@ -175,9 +174,7 @@ def _check_learning_fits(cfg: TrainConfig, data: DataSplits) -> None:
 def make_dense_optimizer(
     cfg: TrainConfig, params: list[torch.nn.Parameter]
 ) -> torch.optim.Optimizer:
-    return SparseOptimizer(cfg.training.optimizer).dense_optimizer(
-        params, cfg.training.learning_rate
-    )
+    return cfg.training.sparse_optimizer().dense_optimizer(params, cfg.training.learning_rate)
 
 
 def evaluation_model(cfg: TrainConfig, model: torch.nn.Module) -> torch.nn.Module:

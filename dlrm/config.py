@@ -19,6 +19,7 @@ from pathlib import Path
 
 from dlrm.errors import ConfigError
 from dlrm.models.kinds import model_kind
+from dlrm.settings.fields import ByteSize
 from dlrm.settings.model import ArchConfig, TbsmConfig
 from dlrm.settings.placement import (
     FaeConfig,
@@ -142,6 +143,12 @@ def _at_an_edge(name: str, where: tuple[str, str]) -> None:
         )
 
 
+def _plain(section, name: str):
+    """A setting's value as config.json holds it (a byte size as it was given)."""
+    value = getattr(section, name)
+    return value.to_json() if isinstance(value, ByteSize) else value
+
+
 @dataclass(init=False)
 class TrainConfig:
     """A run's settings: one section per capability, each checked when made; the rules between
@@ -176,6 +183,10 @@ class TrainConfig:
             base = sections.get(attr)  # copied: a replaced config shares no section with its source
             section = dataclasses.replace(base, **given[attr]) if base else cls(**given[attr])
             object.__setattr__(self, attr, section)
+        # the flat names the user set (a flag on the command line, a keyword, a key of
+        # config.json), whatever the value: `--hot-budget 256MB` is given though it is the
+        # default. None is "not given" (the settings' own meaning: filled from a recipe).
+        self.given = frozenset(k for k, v in settings.items() if k in FLAT and v is not None)
         self.reference_defaults = self._fill_reference_defaults()
         self.check()
 
@@ -203,7 +214,7 @@ class TrainConfig:
             **REFERENCE_TRAINING.get(key, {}),
         }
         by_op = REFERENCE_BY_INTERACTION.get((self.model, self.data_set, self.arch_interaction_op))
-        if by_op and all(getattr(self, n) is None for n in ARCH_GIVEN):
+        if by_op and not self.given.intersection(ARCH_GIVEN):
             reference = {**reference, **by_op}  # only without other architecture flags
         filled = {}
         for name, value in reference.items():
@@ -239,6 +250,14 @@ class TrainConfig:
                 "--hotline-learn-batches: not with --placement tiered (its plan is fixed)"
             )
 
+    def replace(self, **changes) -> TrainConfig:
+        """This configuration with `changes` (flat names, or whole sections), checked as a new
+        one: the one way a changed configuration is derived. What was given stays given, and
+        the changes are given too."""
+        out = TrainConfig(**{attr: getattr(self, attr) for attr in SECTIONS}, **changes)
+        out.given = self.given | out.given
+        return out
+
     def validate(self) -> None:
         """Every rule again (after fields were assigned one by one)."""
         for attr in SECTIONS:
@@ -254,8 +273,12 @@ class TrainConfig:
     def to_json(self, nested: bool = False) -> dict:
         """The settings by flat name (config.json), or with `nested` by section."""
         if nested:
-            return json.loads(json.dumps(dataclasses.asdict(self)))
-        flat = {name: getattr(getattr(self, attr), f) for name, (attr, f) in FLAT.items()}
+            out = {
+                attr: {f.name: _plain(getattr(self, attr), f.name) for f in dataclasses.fields(cls)}
+                for attr, cls in SECTIONS.items()
+            }
+            return json.loads(json.dumps(out))
+        flat = {name: _plain(getattr(self, attr), f) for name, (attr, f) in FLAT.items()}
         return json.loads(json.dumps(flat))
 
     @classmethod

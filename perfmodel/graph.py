@@ -49,12 +49,6 @@ CTX_FIELDS = (
 _MEMO: dict[str, dict] = {}
 
 
-def _with(cfg: TrainConfig, **changes) -> TrainConfig:
-    data = cfg.to_json()
-    data.update(changes)
-    return TrainConfig.from_json(data)
-
-
 @functools.cache
 def _scratch_root() -> Path:
     """One scratch directory per process for the trainers built here, removed at exit."""
@@ -75,7 +69,7 @@ def build_trainer(cfg: TrainConfig):
     from dlrm.trainer import Trainer  # here: `python -m perfmodel --help` need not load torchrec
 
     tmp = str(scratch_dir("run-"))
-    cfg = _with(cfg, out_dir=tmp, perf_log=None, resume=None, progress=False, compile=False)
+    cfg = cfg.replace(out_dir=tmp, perf_log=None, resume=None, progress=False, compile=False)
     return Trainer(cfg, checkpoints=False)
 
 
@@ -231,7 +225,7 @@ def capture_template(cfg: TrainConfig) -> dict:
     meta: dict = {}
     share = 0.0
     for b in (B1, B2):
-        trainer = build_trainer(_with(cfg, mini_batch_size=b, **plan))
+        trainer = build_trainer(cfg.replace(mini_batch_size=b, **plan))
         variants.append(capture_variants(trainer, b))
         if b == B1:
             from perfmodel.recorder import trace_meta

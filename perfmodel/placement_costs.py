@@ -55,7 +55,7 @@ from dlrm.placement.auto_check import MEASURE_STEPS
 from dlrm.placement.candidates import Candidate, Prediction, register_predictor
 from embeddings.config import SparseOptimizer
 from embeddings.hot_map import HotRowMap
-from embeddings.hot_rows import parse_bytes, plan_placement
+from embeddings.hot_rows import plan_placement
 from embeddings.row_layout import table_row_base
 from embeddings.ssd.file import PAYLOAD
 from embeddings.staged.lookup_map import map_lookups
@@ -80,7 +80,7 @@ class ColdBatch:
 
 
 def _row_bytes(cfg) -> tuple[int, int, SparseOptimizer]:
-    opt = SparseOptimizer(cfg.training.optimizer, cfg.training.learning_rate or 0.1)
+    opt = cfg.training.sparse_optimizer()
     dim = int(cfg.arch.sparse_feature_size)
     return dim, dim + opt.state_floats(dim), opt
 
@@ -153,12 +153,6 @@ def cold_batches(batches: list, plan, timed: bool = True) -> list[ColdBatch]:
 # --- the step itself ---------------------------------------------------------------------------
 
 
-def _with(cfg, **changes):
-    data = cfg.to_json()
-    data.update(changes)
-    return type(cfg).from_json(data)
-
-
 def _fitted_model():
     from perfmodel import load_model
     from perfmodel.errors import ModelError
@@ -200,8 +194,8 @@ def _capturable(cfg, sizes: list[int]):
     if sizes_given:
         changes["arch_embedding_size"] = [max(1, int(n * f)) for n in sizes_given]
     if cfg.placing.placement == "fae":  # the same share of the (smaller) tables on the device
-        changes["hot_budget"] = max(1, int(parse_bytes(cfg.placing.hot_budget) * f))
-    return _with(cfg, **changes)
+        changes["hot_budget"] = max(1, int(cfg.placing.hot_budget.bytes * f))
+    return cfg.replace(**changes)
 
 
 # A device or host step runs the same operators whatever another placement's settings are: they
@@ -223,8 +217,8 @@ def step_time(
     table_sizes = list(sizes if table_sizes is None else table_sizes)
     model = _fitted_model()
     # the capture builds the step at batch 16, not the user's run: their memory limits are not its
-    base = _with(cfg, placement=placement, memory_limit=None, device_memory_limit=None,
-                 **(_UNPLACED if placement != "fae" else {}))  # fmt: skip
+    base = cfg.replace(placement=placement, memory_limit=None, device_memory_limit=None,
+                       **(_UNPLACED if placement != "fae" else {}))  # fmt: skip
     proxy = _capturable(base, sizes) if model is not None else None
     if proxy is None:
         return roofline_step(cfg, table_sizes)

@@ -60,7 +60,7 @@ from dlrm.placement.run_plan import obtain_profile, profile_training_sample, pro
 from dlrm.placement.tiered_setup import scm_directory
 from embeddings import SparseOptimizer, TableSpec
 from embeddings.errors import PlacementError, ProfileError
-from embeddings.hot_rows import parse_bytes, row_bytes
+from embeddings.hot_rows import row_bytes
 from embeddings.profile import AccessProfile
 from embeddings.room import MemoryInventory, Needs, fmt_bytes, inventory
 from embeddings.ssd.cache import RowCache, SlotMap
@@ -224,7 +224,7 @@ class _Scale:
     def __init__(self, cfg, tables, base: Needs, room: MemoryInventory, margin: float) -> None:
         self.cfg, self.tables, self.base, self.room, self.margin = cfg, tables, base, room, margin
         self.on_cpu = room.device is None
-        opt = SparseOptimizer(cfg.training.optimizer, cfg.training.learning_rate)
+        opt = cfg.training.sparse_optimizer()
         self.row_bytes = row_bytes(tables[0].embedding_dim, opt)
         self.total = sum(t.num_embeddings * row_bytes(t.embedding_dim, opt) for t in tables)
         self.rows_cap = rows_cap(cfg)
@@ -244,7 +244,7 @@ class _Scale:
     def weigh(self, cand: Candidate) -> Weighed:
         over = cand.settings()
         if cand.placement == "tiered" and not self.cfg.scm.directory:
-            over["scm_dir"] = scm_directory(self.cfg)
+            over["scm_dir"] = scm_directory(self.cfg.scm, self.cfg.run_dir)
         cfg = _changed(self.cfg, over)
         if cfg is None:
             return Weighed(cand, {}, rejected="refused by the settings' rules")
@@ -291,14 +291,10 @@ class _Scale:
 
 
 def rows_cap(cfg: TrainConfig) -> int | None:
-    """A `--hot-budget` the user gave (one other than the setting's default): the device bytes
+    """A `--hot-budget` the user gave (whatever its value, the default's too): the device bytes
     auto may give embedding rows (every table for `device`, the hot rows otherwise), as it was
     before the planner; None: the device's room alone bounds them."""
-    from dlrm.settings.placement import PlacementConfig
-
-    if cfg.placing.hot_budget == PlacementConfig.__dataclass_fields__["hot_budget"].default:
-        return None
-    return parse_bytes(cfg.placing.hot_budget)
+    return cfg.placing.hot_budget.bytes if "hot_budget" in cfg.given else None
 
 
 def candidates(scale: _Scale, budgets: list[int]) -> list[Candidate]:
@@ -389,10 +385,8 @@ def plan(
     t0 = time.perf_counter()
     tables = run_tables(cfg, data)
     base = dense_needs(cfg, data)
-    limit = lambda v, flag: None if v is None else parse_bytes(v, flag)  # noqa: E731
-    room = inventory(device, limit(cfg.placing.memory_limit, "--memory-limit"),
-                     limit(cfg.placing.device_memory_limit, "--device-memory-limit"),
-                     scm_directory(cfg))  # fmt: skip
+    room = inventory(device, cfg.placing.memory_bytes(), cfg.placing.device_memory_bytes(),
+                     scm_directory(cfg.scm, cfg.run_dir))  # fmt: skip
     scale = _Scale(cfg, tables, base, room, margin)
     shown_room = {t: {"bytes": r.bytes, "source": r.source}
                   for t in ("device", "host", "disk") if (r := room.on(t)) is not None}  # fmt: skip
@@ -401,7 +395,7 @@ def plan(
         how = "every table fits on the device: nothing to plan"
         return Decision(first.candidate, how, [first], shown_room, margin, time.perf_counter() - t0)
     sample = read_sample(cfg, data, tables, room, write)
-    opt = SparseOptimizer(cfg.training.optimizer, cfg.training.learning_rate)
+    opt = cfg.training.sparse_optimizer()
     weighed = [first] + [
         scale.weigh(c) for c in candidates(scale, hot_budgets(sample.profile, tables, opt))
     ]
@@ -511,9 +505,8 @@ def _resumed_decision(cfg: TrainConfig, data: DataSplits) -> Decision | None:
         return None
     from dlrm.placement.build_collection import resolve_placement
 
-    opt = SparseOptimizer(cfg.training.optimizer, cfg.training.learning_rate)
-    kind = resolve_placement(cfg, run_tables(cfg, data), opt)
-    budget = parse_bytes(cfg.placing.hot_budget) if kind != "device" else 0
+    kind = resolve_placement(cfg.placing, run_tables(cfg, data), cfg.training.sparse_optimizer())
+    budget = cfg.placing.hot_budget.bytes if kind != "device" else 0
     how = "resumed a run from before the planner: device if every table fits --hot-budget, else fae"
     return Decision(Candidate(kind, budget), how, [], {})
 
@@ -526,7 +519,7 @@ def applied(cfg: TrainConfig, decision: Decision) -> TrainConfig:
     over = decision.chosen.settings()
     kind = decision.chosen.placement
     if kind == "tiered" and not cfg.scm.directory:
-        over["scm_dir"] = scm_directory(cfg)
+        over["scm_dir"] = scm_directory(cfg.scm, cfg.run_dir)
     made = cfg.run_dir / PROFILE_NAME
     if kind in ("fae", "hotline", "tiered") and not cfg.placing.profile_file and made.is_file():
         over["profile_file"] = str(made)

@@ -35,16 +35,13 @@ from dlrm.errors import ConfigError
 from dlrm.pipelines.fae_batches import FAEBatchSource
 from dlrm.placement.run_plan import PlacedEmbeddings, hotline_plan, obtain_plan
 from dlrm.placement.tiered_setup import build_tiered, tiered_needs
+from dlrm.settings.placement import FaeConfig, PlacementConfig
 from embeddings import FusedEmbeddingBagCollection, SparseOptimizer, TableSpec
 from embeddings.collection import EmbeddingCollection
 from embeddings.errors import PlacementError, ProfileError
 from embeddings.fae import FAEEmbeddingBagCollection
 from embeddings.hot_inputs import AllHotClassifier
-from embeddings.hot_rows import (
-    fits_on_device,
-    parse_bytes,
-    row_bytes,
-)
+from embeddings.hot_rows import fits_on_device, row_bytes
 from embeddings.room import Needs
 from embeddings.row_init import hashed_init_
 from embeddings.staged.hotline import hotline_collection
@@ -54,13 +51,15 @@ log = logging.getLogger(__name__)
 PLACEMENTS = ("device", "host", "fae", "hotline", "tiered", "auto")
 
 
-def resolve_placement(cfg: TrainConfig, tables: list[TableSpec], opt: SparseOptimizer) -> str:
-    """The placement `cfg` names; `auto` outside a run (see the module docstring): device when
-    every table fits `--hot-budget`, else fae. A run replaces auto by the planner's choice first
-    (dlrm/compose.py, dlrm/placement/auto.py's `resolve_auto`)."""
-    if cfg.placing.placement != "auto":
-        return cfg.placing.placement
-    budget = parse_bytes(cfg.placing.hot_budget)
+def resolve_placement(
+    placing: PlacementConfig, tables: list[TableSpec], opt: SparseOptimizer
+) -> str:
+    """The placement `placing` names; `auto` outside a run (see the module docstring): device
+    when every table fits `--hot-budget`, else fae. A run replaces auto by the planner's choice
+    first (dlrm/compose.py, dlrm/placement/auto.py's `resolve_auto`)."""
+    if placing.placement != "auto":
+        return placing.placement
+    budget = placing.hot_budget.bytes
     sizes, dims = [t.num_embeddings for t in tables], [t.embedding_dim for t in tables]
     return "device" if fits_on_device(sizes, dims, opt, budget) else "fae"
 
@@ -69,10 +68,10 @@ def build_embeddings(
     cfg: TrainConfig, tables: list[TableSpec], train_source, device: torch.device
 ) -> PlacedEmbeddings:
     """The embedding collection `--placement` asks for (profiling and planning when it is fae)."""
-    opt = SparseOptimizer(cfg.training.optimizer, cfg.training.learning_rate)
+    opt = cfg.training.sparse_optimizer()
     backend, seed = cfg.arch.embedding_backend, cfg.training.seed
     try:
-        kind = resolve_placement(cfg, tables, opt)
+        kind = resolve_placement(cfg.placing, tables, opt)
         if kind == "device":
             coll = FusedEmbeddingBagCollection(
                 tables, opt, device=device, backend=backend, seed=seed
@@ -124,11 +123,11 @@ def placement_needs(cfg: TrainConfig, tables: list[TableSpec], kind: str | None 
     cold ones where a row has one home) in their tier, the access profile's counts while
     planning; the SSD tier's part is dlrm/placement/tiered_setup.py's. Bounds from the budgets: the plan
     itself needs the profile, which comes later."""
-    opt = SparseOptimizer(cfg.training.optimizer, cfg.training.learning_rate)
-    kind = kind or resolve_placement(cfg, tables, opt)
+    opt = cfg.training.sparse_optimizer()
+    kind = kind or resolve_placement(cfg.placing, tables, opt)
     total = sum(t.num_embeddings * row_bytes(t.embedding_dim, opt) for t in tables)
     rows = sum(t.num_embeddings for t in tables)
-    hot = min(parse_bytes(cfg.placing.hot_budget), total)
+    hot = min(cfg.placing.hot_budget.bytes, total)
     if kind == "tiered":
         needs = tiered_needs(cfg, tables, opt, hot)
     else:
@@ -149,12 +148,12 @@ def placement_needs(cfg: TrainConfig, tables: list[TableSpec], kind: str | None 
     return needs
 
 
-def schedule_training_data(cfg: TrainConfig, data, placed: PlacedEmbeddings, per_epoch: int):
+def schedule_training_data(fae: FaeConfig, data, placed: PlacedEmbeddings, per_epoch: int):
     """`data` with its training split regrouped into hot and cold mini-batches when FAE is on."""
     if placed.kind != "fae" or placed.plan is None or not placed.plan.num_hot:
         return data
     classify = AllHotClassifier(placed.plan)
-    train = FAEBatchSource(data.train, classify, cfg.fae.switch_period, cfg.fae.order, per_epoch)
+    train = FAEBatchSource(data.train, classify, fae.switch_period, fae.order, per_epoch)
     return dataclasses.replace(data, train=train)
 
 

@@ -31,12 +31,12 @@ import torch
 from torch import nn
 
 from dlrm.build import build_model, table_sizes
-from dlrm.config import SECTIONS, TrainConfig
+from dlrm.config import TrainConfig
 from dlrm.data import DataSplits
 from dlrm.errors import ConfigError
 from dlrm.placement.build_collection import placement_needs, resolve_placement
-from embeddings import SparseOptimizer, TableSpec, tables_for_features
-from embeddings.hot_rows import parse_bytes, row_bytes
+from embeddings import TableSpec, tables_for_features
+from embeddings.hot_rows import row_bytes
 from embeddings.room import TIERS, MemoryInventory, Needs, flag_bytes, fmt_bytes, inventory
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ def dense_needs(cfg: TrainConfig, data: DataSplits) -> Needs:
     del model
     n = len(data.table_sizes)
     per_row = widths + n * cfg.arch.sparse_feature_size + (n + 1) ** 2
-    opt = SparseOptimizer(cfg.training.optimizer, cfg.training.learning_rate)
+    opt = cfg.training.sparse_optimizer()
     needs = Needs()
     needs.add("device", "dense part", 4 * params * (2 + opt.dense_state_floats()))
     if len(data.train):
@@ -86,8 +86,7 @@ def check_memory(cfg: TrainConfig, data: DataSplits, device: torch.device, world
     tables = run_tables(cfg, data)
     base = dense_needs(cfg, data)
     needs = _with_placement(base, cfg, tables)
-    room = inventory(device, _size(cfg.placing.memory_limit, "--memory-limit"),
-                     _size(cfg.placing.device_memory_limit, "--device-memory-limit"),
+    room = inventory(device, cfg.placing.memory_bytes(), cfg.placing.device_memory_bytes(),
                      needs.disk_dir if needs.on("disk") else None)  # fmt: skip
     on_cpu = room.device is None
     short = _short(needs, room, on_cpu)
@@ -101,7 +100,7 @@ def check_memory(cfg: TrainConfig, data: DataSplits, device: torch.device, world
         return needs, room
     placement = cfg.placing.placement
     if placement == "auto":
-        placement += f" ({resolve_placement(cfg, tables, SparseOptimizer(cfg.training.optimizer))})"
+        placement += f" ({resolve_placement(cfg.placing, tables, cfg.training.sparse_optimizer())})"
     fixes = _fixes(cfg, data, tables, base, room, on_cpu)
     if fixes is None:  # what to get more of: the tier that is short
         more = (
@@ -111,10 +110,6 @@ def check_memory(cfg: TrainConfig, data: DataSplits, device: torch.device, world
         )
         fixes = f"no placement fits: use {more}"
     raise ConfigError(f"--placement {placement}: {'; '.join(short.values())}; {fixes}")
-
-
-def _size(value, flag: str) -> int | None:
-    return None if value is None else parse_bytes(value, flag)
 
 
 def _with_placement(base: Needs, cfg: TrainConfig, tables: list[TableSpec]) -> Needs:
@@ -195,7 +190,7 @@ def _tiered(cfg, tables, base: Needs, room: MemoryInventory, on_cpu: bool) -> li
         hot, cache = host * 2 // 5, host * 3 // 10
     else:
         hot, cache = (room.device.bytes - fixed.on("device")) // 2, host // 2
-    opt = SparseOptimizer(probe.training.optimizer)
+    opt = probe.training.sparse_optimizer()
     rows = sum(t.num_embeddings * row_bytes(t.embedding_dim, opt) for t in tables)
     hot, cache = min(hot, rows), min(cache, rows)  # --scm-cache is capped at the rows anyway
     return [dict(placement="tiered", hot_budget=flag_bytes(int(hot * s)),
@@ -206,7 +201,7 @@ def _tiered(cfg, tables, base: Needs, room: MemoryInventory, on_cpu: bool) -> li
 def _changed(cfg: TrainConfig, over: dict) -> TrainConfig | None:
     """`cfg` with `over`, or None when the combination is refused by the settings' rules."""
     try:
-        return TrainConfig(**{a: getattr(cfg, a) for a in SECTIONS}, **over)
+        return cfg.replace(**over)
     except ConfigError:
         return None
 

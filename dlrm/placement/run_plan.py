@@ -15,7 +15,7 @@ from dlrm.errors import ConfigError
 from embeddings import SparseOptimizer, TableSpec
 from embeddings.collection import EmbeddingCollection
 from embeddings.errors import PlacementError, ProfileError
-from embeddings.hot_rows import PlacementPlan, parse_bytes, plan_placement
+from embeddings.hot_rows import PlacementPlan, plan_placement
 from embeddings.profile import AccessProfile, AccessProfiler
 from embeddings.staged.collection import StagedEmbeddingBagCollection
 
@@ -45,9 +45,8 @@ def tracked_plan(cfg: TrainConfig, placed: PlacedEmbeddings | None, train_source
     if placed.plan is not None:
         return placed.plan
     coll = placed.collection
-    opt = SparseOptimizer(cfg.training.optimizer, cfg.training.learning_rate)
     try:
-        return obtain_plan(cfg, coll.tables, opt, train_source)
+        return obtain_plan(cfg, coll.tables, cfg.training.sparse_optimizer(), train_source)
     except (PlacementError, ProfileError) as e:
         raise ConfigError(str(e)) from None
 
@@ -68,7 +67,7 @@ def learned_plan(cfg: TrainConfig, coll: StagedEmbeddingBagCollection) -> Placem
     names = [t.feature_name for t in coll.tables]
     profile = AccessProfile(names, coll.sizes, coll.learned_counts(), coll.stats.train_inputs)
     plan = plan_placement(
-        profile, coll.dims, coll.optimizer, parse_bytes(cfg.placing.hot_budget), one_home=True
+        profile, coll.dims, coll.optimizer, cfg.placing.hot_budget.bytes, one_home=True
     )
     plan.report["learned_batches"] = coll.learned_batches
     offline = _offline_plan(cfg, coll)
@@ -99,7 +98,7 @@ def _offline_plan(cfg: TrainConfig, coll: StagedEmbeddingBagCollection) -> Place
         names = [t.feature_name for t in coll.tables]
         profile = obtain_profile(cfg, names, coll.sizes, None)
         return plan_placement(
-            profile, coll.dims, coll.optimizer, parse_bytes(cfg.placing.hot_budget), one_home=True
+            profile, coll.dims, coll.optimizer, cfg.placing.hot_budget.bytes, one_home=True
         )
     return None
 
@@ -124,9 +123,7 @@ def obtain_plan(
         plan, source = PlacementPlan.load(run_plan), str(run_plan)
     else:
         profile = obtain_profile(cfg, names, sizes, train_source)
-        plan = plan_placement(
-            profile, dims, opt, parse_bytes(cfg.placing.hot_budget), one_home=one_home
-        )
+        plan = plan_placement(profile, dims, opt, cfg.placing.hot_budget.bytes, one_home=one_home)
         source = None
         if given is not None:
             plan.save(given)

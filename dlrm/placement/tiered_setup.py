@@ -24,9 +24,11 @@ from dlrm.config import TrainConfig
 from dlrm.errors import ConfigError
 from dlrm.models.kinds import model_kind
 from dlrm.placement.run_plan import PLAN_NAME, PROFILE_NAME, PlacedEmbeddings, obtain_plan
+from dlrm.settings.placement import ScmConfig
+from dlrm.settings.sections import DataConfig, TrainingConfig
 from embeddings.config import SparseOptimizer, TableSpec
 from embeddings.errors import PlacementError, ProfileError, ScmError
-from embeddings.hot_rows import parse_bytes, row_bytes
+from embeddings.hot_rows import row_bytes
 from embeddings.profile import AccessProfile
 from embeddings.room import Needs, fmt_bytes
 from embeddings.ssd.cache import RowCache, SlotMap
@@ -36,16 +38,16 @@ from embeddings.ssd.file import BLOCK, PAYLOAD
 log = logging.getLogger(__name__)
 
 
-def scm_directory(cfg: TrainConfig) -> str:
-    return cfg.scm.directory or str(cfg.run_dir / "scm")
+def scm_directory(scm: ScmConfig, run_dir: Path) -> str:
+    return scm.directory or str(run_dir / "scm")
 
 
 def cache_bytes(
-    cfg: TrainConfig, tables: list[TableSpec], opt: SparseOptimizer, hot_rows: int
+    scm: ScmConfig, tables: list[TableSpec], opt: SparseOptimizer, hot_rows: int
 ) -> int:
     """`--scm-cache`, capped at the bytes of the rows the tier holds (every row but the
     `hot_rows` the device tier holds)."""
-    asked = parse_bytes(cfg.scm.cache, "--scm-cache")
+    asked = scm.cache.bytes
     rows = sum(t.num_embeddings for t in tables) - hot_rows
     return min(asked, max(0, rows) * row_bytes(tables[0].embedding_dim, opt))
 
@@ -60,10 +62,10 @@ def tiered_needs(
     dim, rb = tables[0].embedding_dim, row_bytes(tables[0].embedding_dim, opt)
     rows = sum(t.num_embeddings for t in tables)
     staging = max(cfg.training.mini_batch_size, cfg.training.test_mini_batch_size)
-    cache = cache_bytes(cfg, tables, opt, hot_bytes // rb)
+    cache = cache_bytes(cfg.scm, tables, opt, hot_bytes // rb)
     slots = cache // rb
     blocks = -(-rows // max(1, PAYLOAD // rb))
-    needs = Needs(disk_dir=scm_directory(cfg))
+    needs = Needs(disk_dir=scm_directory(cfg.scm, cfg.run_dir))
     needs.add("device", "hot rows + optimizer state", hot_bytes, rows=True)
     needs.add("device", "staging slots", len(tables) * staging * rb, rows=True)
     needs.add("host", f"SSD tier row cache (--scm-cache {fmt_bytes(cache)})", cache)
@@ -80,13 +82,13 @@ def tiered_needs(
     return needs
 
 
-def run_steps(cfg: TrainConfig) -> int | None:
+def run_steps(training: TrainingConfig, data: DataConfig) -> int | None:
     """The steps a run takes, where the settings say it: `--num-batches` per epoch, or the
     synthetic data's own size; None for a whole epoch of a data set on disk."""
-    if cfg.training.num_batches:
-        return cfg.training.nepochs * cfg.training.num_batches
-    if cfg.data.data_set == "synthetic":
-        return cfg.training.nepochs * -(-cfg.data.data_size // cfg.training.mini_batch_size)
+    if training.num_batches:
+        return training.nepochs * training.num_batches
+    if data.data_set == "synthetic":
+        return training.nepochs * -(-data.data_size // training.mini_batch_size)
     return None
 
 
@@ -97,7 +99,7 @@ def written_blocks(cfg: TrainConfig, tables: list[TableSpec], rb: int) -> int | 
     it went to the tier (hot rows and repeats make the truth smaller). None: steps unknown."""
     from dlrm.data import bag_sizes
 
-    steps = run_steps(cfg)
+    steps = run_steps(cfg.training, cfg.data)
     if steps is None:
         return None
     rows_per_step = cfg.training.mini_batch_size * model_kind(cfg.arch.model).rows_per_sample(cfg)
@@ -109,23 +111,26 @@ def written_blocks(cfg: TrainConfig, tables: list[TableSpec], rb: int) -> int | 
     )
 
 
-def scm_settings(cfg: TrainConfig, cache: int | None = None) -> ScmSettings:
-    """The SSD tier's settings; `cache`: the row cache's bytes (default `--scm-cache`)."""
+def scm_settings(
+    scm: ScmConfig, run_dir: Path, resume: bool, cache: int | None = None
+) -> ScmSettings:
+    """The SSD tier's settings, of the run in `run_dir` (`resume`: it continues, and keeps the
+    tier's files); `cache`: the row cache's bytes (default `--scm-cache`)."""
     return ScmSettings(
-        directory=scm_directory(cfg),
-        cache_bytes=parse_bytes(cfg.scm.cache, "--scm-cache") if cache is None else cache,
-        io=cfg.scm.io,
-        io_threads=cfg.scm.io_threads,
-        io_engine=cfg.scm.io_engine,
-        io_depth=cfg.scm.io_depth,
-        resume=bool(cfg.run.resume),
-        owner=str(cfg.run_dir),
+        directory=scm_directory(scm, run_dir),
+        cache_bytes=scm.cache.bytes if cache is None else cache,
+        io=scm.io,
+        io_threads=scm.io_threads,
+        io_engine=scm.io_engine,
+        io_depth=scm.io_depth,
+        resume=resume,
+        owner=str(run_dir),
     )
 
 
-def _profile_counts(cfg: TrainConfig):
+def _profile_counts(profile_file: str | None, run_dir: Path):
     """The access profile the plan came from, if one was written or given."""
-    for path in (cfg.placing.profile_file, cfg.run_dir / PROFILE_NAME):
+    for path in (profile_file, run_dir / PROFILE_NAME):
         if path and Path(path).is_file():
             return AccessProfile.load(Path(path)).counts
     return None
@@ -136,17 +141,18 @@ def build_tiered(
 ) -> PlacedEmbeddings:
     try:
         plan = obtain_plan(cfg, tables, opt, train_source, one_home=True)
-        counts = _profile_counts(cfg)
+        counts = _profile_counts(cfg.placing.profile_file, cfg.run_dir)
         sizes = [t.num_embeddings for t in tables]
         priority = profile_priority(counts, sizes) if counts is not None else None
         del counts  # dense per-row counts (1 GB at Terabyte scale): the priority keeps seen rows
-        cache = cache_bytes(cfg, tables, opt, plan.num_hot)
-        if cache < parse_bytes(cfg.scm.cache, "--scm-cache"):
+        cache = cache_bytes(cfg.scm, tables, opt, plan.num_hot)
+        if cache < cfg.scm.cache.bytes:
             log.info(
                 "--scm-cache %s: capped at the tier's %s of rows", cfg.scm.cache, fmt_bytes(cache)
             )
+        scm = scm_settings(cfg.scm, cfg.run_dir, bool(cfg.run.resume), cache)
         coll = tiered_collection(
-            tables, opt, plan, scm_settings(cfg, cache), torch.device(device), cfg.arch.embedding_backend,
+            tables, opt, plan, scm, torch.device(device), cfg.arch.embedding_backend,
             cfg.training.seed, priority, staging_rows=max(cfg.training.mini_batch_size, cfg.training.test_mini_batch_size),
         )  # fmt: skip
     except (PlacementError, ProfileError, ScmError) as e:
@@ -174,5 +180,5 @@ def _say_overcommitted(cfg: TrainConfig, tables: list[TableSpec], opt: SparseOpt
     log.warning(
         "--scm-overcommit: the SSD tier file is over-committed: %s sparse, the disk checked for "
         "the %s its %d steps can write; a disk that fills stops the run at its last checkpoint",
-        fmt_bytes(blocks * BLOCK), fmt_bytes(written * BLOCK), run_steps(cfg),
+        fmt_bytes(blocks * BLOCK), fmt_bytes(written * BLOCK), run_steps(cfg.training, cfg.data),
     )  # fmt: skip

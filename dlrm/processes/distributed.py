@@ -109,7 +109,7 @@ def first_attempt_resume(cfg: TrainConfig) -> TrainConfig:
     if restarts is None or cfg.run.resume != "auto" or (cfg.run_dir / "config.json").is_file():
         return cfg
     log.info("--resume: nothing in %s yet (attempt %s); starting the run", cfg.run_dir, restarts)
-    return dataclasses.replace(cfg, resume=None)
+    return cfg.replace(resume=None)
 
 
 def shutdown(finished: bool = False) -> None:
@@ -285,10 +285,9 @@ def sharded_embeddings(cfg: TrainConfig, tables, device: torch.device):
     (`--sharding`), or with `--placement fae|hotline` the hot rows replicated and the cold rows
     sharded; the plan is logged, and written to the run directory by rank 0."""
     from dlrm.placement.run_plan import PlacedEmbeddings
-    from embeddings import SparseOptimizer
     from embeddings.sharded import ShardedEmbeddingBagCollection, ShardingError
 
-    opt = SparseOptimizer(cfg.training.optimizer, cfg.training.learning_rate)
+    opt = cfg.training.sparse_optimizer()
     min_columns = cfg.distributed.sharding_min_columns or None
     try:
         if cfg.placing.placement in ("fae", "hotline"):

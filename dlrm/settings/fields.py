@@ -40,6 +40,37 @@ def int_range(lo: int, hi: int) -> Check:
     return Check(lambda v: lo <= v <= hi, f"expected an integer from {lo} to {hi}")
 
 
+@dataclass(frozen=True)
+class ByteSize:
+    """A size setting parsed once: `bytes` for every use, `text` as the user wrote it for
+    config.json and messages (so `--hot-budget 2GB` is shown as 2GB, not 2147483648)."""
+
+    bytes: int
+    text: str
+    number: bool = False  # given as a count of bytes: config.json keeps it a number
+
+    def __str__(self) -> str:
+        return self.text
+
+    def to_json(self) -> str | int:
+        """As it was given: config.json's value (a resumed run compares it with its own)."""
+        return self.bytes if self.number else self.text
+
+
+def byte_size(value: str | int | ByteSize, flag: str) -> ByteSize:
+    """'256MB', '1.5GB', 1048576 -> a ByteSize; a mistake is found here, before any work."""
+    if isinstance(value, ByteSize) or not isinstance(value, (str, int)) or isinstance(value, bool):
+        return value  # parsed already, or the type check names the mistake
+    from embeddings.hot_rows import parse_bytes  # imports torch: not while --help is parsed
+
+    try:
+        size = parse_bytes(value, flag)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    number = isinstance(value, int) and not isinstance(value, bool)
+    return ByteSize(size, str(value), number)
+
+
 def setting(
     default: Any,
     flag: str,
@@ -101,10 +132,11 @@ def _as(value: Any, hint: Any) -> Any:
     kind = {int: numbers.Integral, float: numbers.Real}.get(hint, hint)
     if not isinstance(value, kind) or (isinstance(value, bool) and hint is not bool):
         raise TypeError
-    return hint(value)
+    return hint(value) if hint in (int, float, str, bool) else value  # ByteSize: as parsed
 
 
-_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false",
+          ByteSize: "a string or an integer"}  # fmt: skip
 
 
 def _type_name(hint: Any) -> str:

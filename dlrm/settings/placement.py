@@ -12,8 +12,10 @@ from dlrm.settings.fields import (
     AT_LEAST_0,
     FINITE_AT_LEAST_0,
     POSITIVE,
+    ByteSize,
     Check,
     Section,
+    byte_size,
     int_range,
     setting,
 )
@@ -34,17 +36,6 @@ PLACEMENTS = {
 }
 
 
-def byte_size(value: str | int, flag: str) -> str | int:
-    """A size like 256MB, checked here so the mistake is found before any work."""
-    from embeddings.hot_rows import parse_bytes  # imports torch: not while --help is parsed
-
-    try:
-        parse_bytes(value, flag)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    return value
-
-
 @dataclass
 class PlacementConfig(Section):
     """Which placement, its device budget, and the profile and plan it is made from."""
@@ -54,7 +45,7 @@ class PlacementConfig(Section):
     placement: str = setting(
         "device", "--placement", "where embedding rows live", choices=PLACEMENTS
     )
-    hot_budget: str | int = setting(
+    hot_budget: ByteSize = setting(
         "256MB", "--hot-budget",
         "device bytes for hot rows, weights + optimizer state (e.g. 256MB, 2GB; binary units)",
         parse=byte_size,
@@ -78,16 +69,24 @@ class PlacementConfig(Section):
         choices=("auto", "uniform", "hashed"),
     )  # fmt: skip
 
-    memory_limit: str | int | None = setting(
+    memory_limit: ByteSize | None = setting(
         None, "--memory-limit",
         "host DRAM this run may use at most (e.g. 24GB): a run planned for a smaller machine; "
         "the placement's needs are checked against it before any table is made",
         parse=byte_size, free=True, shown_default="what the machine, cgroup and ulimit allow",
     )  # fmt: skip
-    device_memory_limit: str | int | None = setting(
+    device_memory_limit: ByteSize | None = setting(
         None, "--device-memory-limit", "CUDA memory this run may use at most (e.g. 16GB)",
         parse=byte_size, free=True, shown_default="the device's free memory",
     )  # fmt: skip
+
+    def memory_bytes(self) -> int | None:
+        """`--memory-limit` in bytes (None: what the machine allows)."""
+        return None if self.memory_limit is None else self.memory_limit.bytes
+
+    def device_memory_bytes(self) -> int | None:
+        """`--device-memory-limit` in bytes (None: the device's free memory)."""
+        return None if self.device_memory_limit is None else self.device_memory_limit.bytes
 
     def check(self) -> None:
         if self.embedding_init == "hashed" and self.placement not in ("device", "tiered"):
@@ -147,7 +146,7 @@ class ScmConfig(Section):
         None, "--scm-dir", "tiered: directory of the SSD tier's files",
         shown_default="OUT_DIR/scm",
     )  # fmt: skip
-    cache: str | int = setting(
+    cache: ByteSize = setting(
         "256MB", "--scm-cache", "tiered: DRAM row cache in front of the tier's files",
         parse=byte_size, free=True,
     )  # fmt: skip

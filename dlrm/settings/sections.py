@@ -217,6 +217,15 @@ class TrainingConfig(Section):
         aliases=("--numpy-rand-seed",), check=int_range(0, 2**32 - 1),  # numpy's and the reference's
     )  # fmt: skip
 
+    def sparse_optimizer(self):
+        """The run's optimizer (embeddings/optimizer.py): made here alone, from this section,
+        and handed to every part that sizes, places or trains rows."""
+        from embeddings.optimizer import (
+            SparseOptimizer,  # imports torch: not while --help is parsed
+        )
+
+        return SparseOptimizer(self.optimizer, self.learning_rate)
+
     def check(self) -> None:
         # None: not given, filled from the data set's recipe (TrainConfig checks again then)
         if (

@@ -67,7 +67,7 @@ def _read_tables(path, data, prefix, run, scm, config, scratch: Path) -> dict[st
     from dlrm.build import table_sizes
     from dlrm.data import build_data
     from dlrm.placement.tiered_setup import build_tiered
-    from embeddings import SparseOptimizer, tables_for_features
+    from embeddings import tables_for_features
 
     for name in (MANIFEST, JOURNAL, ROWS):
         if not (scm / name).is_file():
@@ -99,7 +99,7 @@ def _read_tables(path, data, prefix, run, scm, config, scratch: Path) -> dict[st
     tables = tables_for_features(
         table_sizes(cfg, splits), cfg.arch.sparse_feature_size, splits.feature_names
     )
-    opt = SparseOptimizer(cfg.training.optimizer, cfg.training.learning_rate)
+    opt = cfg.training.sparse_optimizer()
     coll = build_tiered(cfg, tables, opt, splits.train, torch.device("cpu")).collection
     try:
         mine = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}

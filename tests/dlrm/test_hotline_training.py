@@ -11,7 +11,7 @@ from dlrm import Trainer
 from dlrm.errors import ConfigError
 from dlrm.pipelines.staging import HotlineTrainPipeline
 from dlrm.placement.run_plan import profile_training_sample
-from embeddings.hot_rows import PlacementPlan, parse_bytes, plan_placement
+from embeddings.hot_rows import PlacementPlan, plan_placement
 from embeddings.profile import AccessProfile
 
 HOTLINE = dict(placement="hotline", hot_budget="2KB", profile_sample_rate=0.2, device="cpu")
@@ -119,7 +119,7 @@ def test_learned_popularity_plans_online_and_stays_exact(make_config, tmp_path):
     assert plan.num_hot == p["hot_rows"] and not plan.replicated
     offline = plan_placement(
         AccessProfile.load(tmp_path / "profile.npz"), [t.embedding_dim for t in hotline.model.embeddings.tables],
-        hotline.model.embeddings.optimizer, parse_bytes(cfg.hot_budget), one_home=True,
+        hotline.model.embeddings.optimizer, cfg.placing.hot_budget.bytes, one_home=True,
     )  # fmt: skip
     common_rows = sum(int(((a >= 0) & (b >= 0)).sum()) for a, b in zip(plan.remaps, offline.remaps))
     overlap = p["hot_set_overlap_with_offline"]
