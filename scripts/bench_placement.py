@@ -27,7 +27,6 @@ Checkpoints are not written (the tables are 2.2 GB; writing them is not what is 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gc
 import json
 import logging
@@ -50,8 +49,7 @@ from data_pipeline.synthetic import (  # noqa: E402
     scaled_table_sizes,
 )
 from dlrm import TrainConfig, Trainer  # noqa: E402
-from embeddings.config import SparseOptimizer  # noqa: E402
-from embeddings.hot_rows import parse_bytes, row_bytes  # noqa: E402
+from embeddings.hot_rows import row_bytes  # noqa: E402
 
 RUNS = ("host", "fae", "fae_block", "hotline", "hotline_learned", "device")
 
@@ -65,10 +63,8 @@ def oracle_bound(base: TrainConfig) -> dict:
     host-only bytes, so host-only bytes / FAE bytes <= 1 / (1 - all-hot share), syncs aside."""
     world = PlantedWorld(SyntheticConfig(table_sizes=list(base.arch.embedding_size),
                                          zipf_alpha=base.data.synthetic_zipf, seed=base.training.seed))  # fmt: skip
-    opt = SparseOptimizer(base.training.optimizer, base.training.learning_rate)
-    budget_rows = parse_bytes(base.placing.hot_budget) // row_bytes(
-        base.arch.sparse_feature_size, opt
-    )
+    opt = base.training.sparse_optimizer()
+    budget_rows = base.placing.hot_budget.bytes // row_bytes(base.arch.sparse_feature_size, opt)
     u_grid = np.linspace(0.0, 1.0, world.quantiles.shape[1])
     cdfs, gains = [], []
     for t, n in enumerate(world.n_rows):
@@ -94,10 +90,8 @@ def hotline_oracle(base: TrainConfig) -> dict:
     expected unique cold rows = sum over cold rows of 1 - (1 - p)^B per table lookup stream."""
     world = PlantedWorld(SyntheticConfig(table_sizes=list(base.arch.embedding_size),
                                          zipf_alpha=base.data.synthetic_zipf, seed=base.training.seed))  # fmt: skip
-    opt = SparseOptimizer(base.training.optimizer, base.training.learning_rate)
-    budget_rows = parse_bytes(base.placing.hot_budget) // row_bytes(
-        base.arch.sparse_feature_size, opt
-    )
+    opt = base.training.sparse_optimizer()
+    budget_rows = base.placing.hot_budget.bytes // row_bytes(base.arch.sparse_feature_size, opt)
     u_grid = np.linspace(0.0, 1.0, world.quantiles.shape[1])
     probs = []
     for t, n in enumerate(world.n_rows):
@@ -130,7 +124,7 @@ def run_one(
                       fae_order="block" if name == "fae_block" else "interleave")  # fmt: skip
     if name == "hotline_learned":  # hot rows learned online, compared with the plan's
         fields.update(hotline_learn_batches=args.hotline_learn_batches)
-    cfg = dataclasses.replace(base, **fields)
+    cfg = base.replace(**fields)
     t0 = time.perf_counter()
     trainer = Trainer(cfg, checkpoints=False)  # the benchmark measures training, not 2 GB writes
     build_s = time.perf_counter() - t0
@@ -179,7 +173,7 @@ def step_interleaved(
         fields = dict(out_dir=str(Path(args.out_dir) / f"{name}-steps"), placement=name)
         if name != "device":
             fields.update(profile_file=str(profile_file), placement_plan=str(plan_file))
-        trainers[name] = Trainer(dataclasses.replace(base, **fields), checkpoints=False)
+        trainers[name] = Trainer(base.replace(**fields), checkpoints=False)
         streams[name] = trainers[name].data.train.batches(0, 0)
         times[name] = []
     steps = min(args.interleave_steps, len(trainers[names[0]].data.train))

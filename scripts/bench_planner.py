@@ -56,7 +56,6 @@ from dlrm.errors import ConfigError  # noqa: E402
 from dlrm.placement.auto import counted_batches, plan, read_sample  # noqa: E402
 from dlrm.placement.candidates import Candidate, predictor  # noqa: E402
 from dlrm.placement.memory_check import check_memory, run_tables  # noqa: E402
-from embeddings.config import SparseOptimizer  # noqa: E402
 from embeddings.hot_rows import row_bytes  # noqa: E402
 from hybrid_dlrm.common.machine import cpu_model  # noqa: E402
 from scripts._shared import cpu_flags, load_average  # noqa: E402
@@ -103,9 +102,7 @@ def base_config(scale: float, batch: int, limit: int | None, args, out: Path) ->
 def candidates(cfg: TrainConfig, sizes: list[int], quick: bool) -> list[Candidate]:
     """device, host, FAE at one budget, Hotline at two, tiered at one budget and two caches:
     budgets as shares of the tables' bytes (weights + optimizer state)."""
-    total = sum(sizes) * row_bytes(
-        cfg.arch.sparse_feature_size, SparseOptimizer(cfg.training.optimizer)
-    )
+    total = sum(sizes) * row_bytes(cfg.arch.sparse_feature_size, cfg.training.sparse_optimizer())
     small, large = int(total * 0.05), int(total * 0.25)
     out = [Candidate("device"), Candidate("host"), Candidate("fae", large),
            Candidate("hotline", small), Candidate("hotline", large),
@@ -118,7 +115,7 @@ def with_candidate(cfg: TrainConfig, c: Candidate, out: Path, profile: Path) -> 
     fields = dict(c.settings(), out_dir=str(out / name))
     if c.placement != "device" and c.placement != "host":
         fields["profile_file"] = str(profile)
-    return TrainConfig.from_json({**cfg.to_json(), **fields})
+    return cfg.replace(**fields)
 
 
 def auto_decision(cfg: TrainConfig, profile_path: Path, rate: float):
@@ -127,8 +124,7 @@ def auto_decision(cfg: TrainConfig, profile_path: Path, rate: float):
     `profile_path` for every measured candidate to reuse), the planning sample and a prediction
     of every candidate that fits; then the planner's sample, read again from that profile, for
     the bench's own candidates."""
-    auto = TrainConfig.from_json({**cfg.to_json(), "placement": "auto",
-                                  "profile_file": str(profile_path), "profile_sample_rate": rate})  # fmt: skip
+    auto = cfg.replace(placement="auto", profile_file=str(profile_path), profile_sample_rate=rate)
     data = build_data(auto)
     t0 = time.perf_counter()
     decision = plan(auto, data, torch.device("cpu"), write=True)
@@ -285,9 +281,7 @@ def run_config(spec, args, root: Path) -> dict:
         p0 = time.perf_counter()
         pred = predict(ccfg, c, sample)
         if room is not None:  # --memory-limit counts what the process holds now
-            ccfg = TrainConfig.from_json(
-                {**ccfg.to_json(), "memory_limit": resident_bytes() + room}
-            )
+            ccfg = ccfg.replace(memory_limit=resident_bytes() + room)
         ok, why = fits(ccfg)
         rows[c.label()] = {
             "placement": c.placement, "hot_budget": c.hot_budget, "scm_cache": c.scm_cache,
@@ -297,15 +291,13 @@ def run_config(spec, args, root: Path) -> dict:
             "fits": ok, "rejected": why, "predict_s": round(time.perf_counter() - p0, 3),
         }  # fmt: skip
         # measured on this machine whether or not it fits the limit (the limit decides the choice)
-        cfgs[c.label()] = TrainConfig.from_json({**ccfg.to_json(), "memory_limit": None})
+        cfgs[c.label()] = ccfg.replace(memory_limit=None)
     chosen = decision.chosen.label()
     rows[chosen]["auto"] = True
     rows[chosen]["planner_predicted_ms"] = decision.predicted_ms()
     # the device placement a second time, on its own trainer in the same rounds: how far two
     # measurements of one configuration land apart here (the error's noise floor)
-    cfgs[AGAIN] = TrainConfig.from_json(
-        {**cfgs["device"].to_json(), "out_dir": str(out / "device-again")}
-    )
+    cfgs[AGAIN] = cfgs["device"].replace(out_dir=str(out / "device-again"))
     measured = measure(
         cfgs, args, set(counted_batches(args.batches, args.profile_batches / args.batches))
     )

@@ -40,7 +40,6 @@ cache (O_DIRECT) unless `--scm-io buffered`.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gc
 import json
 import logging
@@ -201,8 +200,8 @@ def _tiered_cfg(args, base: TrainConfig, profile: Path, name: str = "tiered") ->
     dram = parse_bytes(args.dram, "--dram")
     hot = parse_bytes(args.hot_budget, "--hot-budget")
     run = Path(args.dir) / "runs" / name
-    return dataclasses.replace(
-        base, placement="tiered", hot_budget=str(hot), scm_cache=str(dram - hot),
+    return base.replace(
+        placement="tiered", hot_budget=str(hot), scm_cache=str(dram - hot),
         scm_dir=str(run / "scm"), scm_io=args.scm_io, scm_io_threads=args.io_threads,
         scm_io_engine=args.io_engine, scm_io_depth=args.io_depth,
         profile_file=str(profile), out_dir=str(run),
@@ -221,7 +220,7 @@ def bench_kaggle(args) -> dict:
     profile = _profile(args, base)
     t0 = time.perf_counter()
     device = Trainer(
-        dataclasses.replace(base, placement="device", embedding_init="hashed",
+        base.replace(placement="device", embedding_init="hashed",
                             out_dir=str(Path(args.dir) / "runs" / "device")),
         checkpoints=False,
     )  # fmt: skip
@@ -430,15 +429,15 @@ def bench_contention(args) -> dict:
     stagings, and the step thread's CPU time."""
     sizes = (args.ct_rows,) * 26
     d = Path(args.dir) / "contention"
-    base = dataclasses.replace(
-        kaggle_base(args), arch_embedding_size=sizes, out_dir=str(d / "base"),
+    base = kaggle_base(args).replace(
+        arch_embedding_size=sizes, out_dir=str(d / "base"),
         data_size=2048 * (args.warmup_steps + 2 * args.rounds * args.round_steps + 8),
     )  # fmt: skip
     profile = d / "profile.npz"
     d.mkdir(parents=True, exist_ok=True)
     make_profile(base, args.ct_profile_samples, profile)
-    cfg = dataclasses.replace(
-        base, placement="tiered", hot_budget=args.ct_hot, scm_cache=args.ct_cache,
+    cfg = base.replace(
+        placement="tiered", hot_budget=args.ct_hot, scm_cache=args.ct_cache,
         scm_dir=str(d / "scm"), scm_io=args.scm_io, scm_io_threads=args.io_threads,
         profile_file=str(profile), out_dir=str(d / "tiered"),
     )  # fmt: skip
@@ -549,8 +548,8 @@ def bench_serve(args) -> dict:
 
     d = Path(args.dir) / "serve"
     d.mkdir(parents=True, exist_ok=True)
-    base = dataclasses.replace(
-        kaggle_base(args), placement="device", embedding_init="hashed", data_size=2048 * 20,
+    base = kaggle_base(args).replace(
+        placement="device", embedding_init="hashed", data_size=2048 * 20,
         test_data_size=2048, out_dir=str(d / "run"), save_model=str(d / "model.pt"),
     )  # fmt: skip
     t0 = time.perf_counter()
@@ -570,8 +569,8 @@ def bench_serve(args) -> dict:
                      "scm_io": args.scm_io, "artifact_made_s": round(made_s, 1)}}  # fmt: skip
     memory = Predictor.load(art)
     for batch in (1, 64):
-        data = build_data(dataclasses.replace(
-            base, mini_batch_size=batch,
+        data = build_data(base.replace(
+            mini_batch_size=batch,
             data_size=batch * (args.serve_warm + 2 * args.serve_requests + 1),
         ))  # fmt: skip
         stream = _stream(data.train, 0)

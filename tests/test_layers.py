@@ -122,3 +122,56 @@ def test_relative_imports_are_resolved(tmp_path):
         "data_pipeline.errors", "data_pipeline.errors.DataError", "data_pipeline",
         "data_pipeline.y",
     ]  # fmt: skip
+
+
+# --- flat setting names ---------------------------------------------------------------------------
+# Flat names (`cfg.hot_budget`) are the command line's and config.json's; a feature reads its own
+# section (`cfg.placing.hot_budget`). These layers are checked statically, so a flat read on a path
+# no test runs is found too (dlrm/config.py's FlatNameRead finds the rest at run time).
+FLAT_FREE = ("embeddings", "perfmodel", "hybrid_dlrm/serving")
+CONFIG_NAMES = ("cfg", "config")
+
+
+def _config_like(node: ast.expr) -> bool:
+    """`cfg`, `config`, `base_cfg`, `self.cfg`, `trainer.config`: what holds a TrainConfig."""
+    name = node.id if isinstance(node, ast.Name) else getattr(node, "attr", None)
+    if name is None:
+        return False
+    return name in CONFIG_NAMES or name.endswith(tuple(f"_{n}" for n in CONFIG_NAMES))
+
+
+def flat_reads(source: str, filename: str = "<source>") -> list[str]:
+    """'file:line: cfg.NAME' for each attribute read by a flat setting name from a config."""
+    from dlrm.config import FLAT
+
+    return [
+        f"{filename}:{node.lineno}: {ast.unparse(node)}"
+        for node in ast.walk(ast.parse(source, filename))
+        if isinstance(node, ast.Attribute) and node.attr in FLAT and _config_like(node.value)
+    ]
+
+
+def test_no_flat_setting_is_read_outside_dlrm():
+    found = []
+    for package in FLAT_FREE:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            found += flat_reads(path.read_text(), str(path.relative_to(ROOT)))
+    assert not found, (
+        "flat setting names read; read the section (cfg.training.seed):\n" + "\n".join(found)
+    )
+
+
+def test_a_planted_flat_read_is_found():
+    planted = (
+        "def step(cfg, trainer):\n"
+        "    a = cfg.training.mini_batch_size\n"  # a section's field: fine
+        "    b = cfg.mini_batch_size\n"
+        "    c = trainer.cfg.hot_budget\n"
+        "    d = base_cfg.slipstream\n"
+        "    e = plan.seed, cfg.placing, config.run\n"  # not a config / sections: fine
+    )
+    assert flat_reads(planted, "x.py") == [
+        "x.py:3: cfg.mini_batch_size",
+        "x.py:4: trainer.cfg.hot_budget",
+        "x.py:5: base_cfg.slipstream",
+    ]

@@ -142,3 +142,55 @@ def test_a_section_checks_itself_when_made():
         SlipstreamConfig(mode="skip")
     with pytest.raises(ConfigError, match="--scm-io-engine aio: needs --scm-io direct"):
         ScmConfig(io="buffered", io_engine="aio")
+
+
+def test_a_flag_written_out_is_given_even_at_its_default(tmp_path):
+    from dlrm.placement.auto import rows_cap
+    from dlrm.train import config_from_args
+
+    out = ["--out-dir", str(tmp_path)]
+    written = config_from_args(["--hot-budget", "256MB", *out])
+    assert "hot_budget" in written.given and rows_cap(written) == 256 * 2**20
+    left_out = config_from_args(out)
+    assert "hot_budget" not in left_out.given and rows_cap(left_out) is None
+    assert left_out.placing.hot_budget == written.placing.hot_budget  # the same value either way
+    assert TrainConfig(hot_budget="256MB", out_dir=str(tmp_path)).given >= {"hot_budget"}
+    assert "hot_budget" not in TrainConfig(arch_mlp_bot=None, out_dir=str(tmp_path)).given
+    assert "arch_mlp_bot" not in TrainConfig(arch_mlp_bot=None, out_dir=str(tmp_path)).given
+
+
+def test_a_byte_size_is_parsed_once_and_shown_as_written(tmp_path):
+    cfg = TrainConfig(
+        hot_budget="1.5GB", scm_cache=4096, memory_limit="24 GB", out_dir=str(tmp_path)
+    )
+    assert cfg.placing.hot_budget.bytes == 3 * 2**29 and str(cfg.placing.hot_budget) == "1.5GB"
+    assert cfg.scm.cache.bytes == 4096 and cfg.placing.memory_bytes() == 24 * 2**30
+    flat = cfg.to_json()
+    assert (flat["hot_budget"], flat["scm_cache"], flat["memory_limit"]) == ("1.5GB", 4096, "24 GB")
+    assert cfg.to_json(nested=True)["placing"]["hot_budget"] == "1.5GB"
+    for form in (flat, cfg.to_json(nested=True)):
+        again = TrainConfig.from_json(json.loads(json.dumps(form)))
+        assert again.placing == cfg.placing and again.scm == cfg.scm
+    with pytest.raises(ConfigError, match=r"^--scm-cache: expected a size like 256MB"):
+        TrainConfig(scm_cache="lots", out_dir=str(tmp_path))
+    with pytest.raises(
+        ConfigError, match=r"^--hot-budget: expected a string or an integer, got 1.5$"
+    ):
+        TrainConfig(hot_budget=1.5, out_dir=str(tmp_path))
+
+
+def test_replace_derives_a_checked_config_that_keeps_what_was_given(tmp_path):
+    cfg = TrainConfig(out_dir=str(tmp_path), learning_rate=0.5)
+    fae = cfg.replace(placement="fae", hot_budget=2**20)
+    assert fae.placing.placement == "fae" and fae.placing.hot_budget.bytes == 2**20
+    assert cfg.placing.placement == "device" and fae.placing is not cfg.placing
+    assert fae.given == cfg.given | {"placement", "hot_budget"}
+    assert fae.training.learning_rate == 0.5 and fae.to_json()["hot_budget"] == 2**20
+    with pytest.raises(ConfigError, match="^--embedding-init hashed"):
+        cfg.replace(placement="host", embedding_init="hashed")
+
+
+def test_one_sparse_optimizer_factory_on_the_training_section(tmp_path):
+    opt = TrainConfig(optimizer="adagrad", learning_rate=0.3, out_dir=str(tmp_path))
+    made = opt.training.sparse_optimizer()
+    assert (made.kind, made.learning_rate) == ("adagrad", 0.3)
