@@ -332,7 +332,7 @@ def _pipeline(
             *args,
             prefetch=cfg.hotline.prefetch,
             learn_batches=cfg.hotline.learn_batches,
-            make_plan=lambda coll: learned_plan(cfg, coll),
+            make_plan=lambda coll: learned_plan(cfg.placing, cfg.run_dir, coll),
             written=compiled,
         )
     if world_size > 1:  # the dense part under DDP (dlrm/processes/distributed.py)

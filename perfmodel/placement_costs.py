@@ -53,6 +53,8 @@ from dlrm.config import TrainConfig
 from dlrm.models.kinds import model_kind
 from dlrm.placement.auto_check import MEASURE_STEPS
 from dlrm.placement.candidates import Candidate, Prediction, register_predictor
+from dlrm.settings.model import ArchConfig
+from dlrm.settings.sections import TrainingConfig
 from embeddings.config import SparseOptimizer
 from embeddings.hot_map import HotRowMap
 from embeddings.hot_rows import plan_placement
@@ -79,18 +81,18 @@ class ColdBatch:
     map_s: float  # the worker's mapping of the batch (embeddings/staged/lookup_map.py), timed here
 
 
-def _row_bytes(cfg) -> tuple[int, int, SparseOptimizer]:
-    opt = cfg.training.sparse_optimizer()
-    dim = int(cfg.arch.sparse_feature_size)
+def _row_bytes(arch: ArchConfig, training: TrainingConfig) -> tuple[int, int, SparseOptimizer]:
+    opt = training.sparse_optimizer()
+    dim = int(arch.sparse_feature_size)
     return dim, dim + opt.state_floats(dim), opt
 
 
 _PLANS: dict[tuple, Any] = {}
 
 
-def hot_plan(cfg, sample, hot_budget: int):
-    """The one-home plan Hotline and tiered runs make at `hot_budget` (memoised per sample)."""
-    dim, _, opt = _row_bytes(cfg)
+def hot_plan(sample, hot_budget: int, dim: int, opt: SparseOptimizer):
+    """The one-home plan Hotline and tiered runs make at `hot_budget` of rows of width `dim`
+    (memoised per sample)."""
     key = (id(sample.profile), dim, opt.kind, int(hot_budget))
     if key not in _PLANS:
         if len(_PLANS) > 64:
@@ -259,7 +261,7 @@ def roofline_step(cfg, table_sizes: list[int]) -> dict:
     hw = describe()
     B = int(cfg.training.mini_batch_size)
     T = len(table_sizes)
-    dim, rf, _ = _row_bytes(cfg)
+    dim, rf, _ = _row_bytes(cfg.arch, cfg.training)
     layers = [_widths(cfg.arch.mlp_bot), _widths(cfg.arch.mlp_top)]
     flops = sum(2 * B * a * b for w in layers for a, b in zip(w, w[1:]))
     flops += 2 * B * (T + 1) ** 2 * dim  # the dot interaction
@@ -307,9 +309,9 @@ def predict_candidate(cfg, candidate: Candidate, sample) -> Prediction:
 
 
 def _staged(cfg, candidate: Candidate, sample, sizes: list[int]) -> Prediction:
-    dim, rf, opt = _row_bytes(cfg)
+    dim, rf, opt = _row_bytes(cfg.arch, cfg.training)
     row_bytes = 4 * rf
-    plan = hot_plan(cfg, sample, candidate.hot_budget)
+    plan = hot_plan(sample, candidate.hot_budget, dim, opt)
     batches = cold_batches(sample.batches, plan)
     hot = [int(plan.tier("device").held_count(t)) for t in range(len(sizes))]
     rows = float(np.mean([b.cold.numel() for b in batches])) if batches else 0.0

@@ -350,7 +350,7 @@ def read_sample(
     sizes = [t.num_embeddings for t in tables]
     try:
         if write or (cfg.placing.profile_file and Path(cfg.placing.profile_file).is_file()):
-            profile = obtain_profile(cfg, names, sizes, data.train)
+            profile = obtain_profile(cfg.placing, cfg.run_dir, names, sizes, data.train)
         else:
             profile = profile_training_sample(
                 data.train, names, sizes, cfg.placing.profile_sample_rate

@@ -33,7 +33,7 @@ import torch
 from dlrm.config import TrainConfig
 from dlrm.errors import ConfigError
 from dlrm.pipelines.fae_batches import FAEBatchSource
-from dlrm.placement.run_plan import PlacedEmbeddings, hotline_plan, obtain_plan
+from dlrm.placement.run_plan import PlacedEmbeddings, PlanFiles, hotline_plan, obtain_plan
 from dlrm.placement.tiered_setup import build_tiered, tiered_needs
 from dlrm.settings.placement import FaeConfig, PlacementConfig
 from embeddings import FusedEmbeddingBagCollection, SparseOptimizer, TableSpec
@@ -90,7 +90,7 @@ def build_embeddings(
             plan = hotline_plan(cfg, tables, opt, train_source)
             coll = hotline_collection(tables, opt, plan, device, backend, seed)
             return PlacedEmbeddings(coll, kind, plan)
-        plan = obtain_plan(cfg, tables, opt, train_source)
+        plan = obtain_plan(cfg.placing, PlanFiles.of(cfg), tables, opt, train_source)
         return PlacedEmbeddings(
             FAEEmbeddingBagCollection(tables, opt, plan, device, backend, seed), kind, plan
         )

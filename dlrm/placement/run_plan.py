@@ -12,6 +12,7 @@ from pathlib import Path
 
 from dlrm.config import TrainConfig
 from dlrm.errors import ConfigError
+from dlrm.settings.placement import PlacementConfig
 from embeddings import SparseOptimizer, TableSpec
 from embeddings.collection import EmbeddingCollection
 from embeddings.errors import PlacementError, ProfileError
@@ -44,9 +45,9 @@ def tracked_plan(cfg: TrainConfig, placed: PlacedEmbeddings | None, train_source
         )
     if placed.plan is not None:
         return placed.plan
-    coll = placed.collection
+    coll, opt = placed.collection, cfg.training.sparse_optimizer()
     try:
-        return obtain_plan(cfg, coll.tables, cfg.training.sparse_optimizer(), train_source)
+        return obtain_plan(cfg.placing, PlanFiles.of(cfg), coll.tables, opt, train_source)
     except (PlacementError, ProfileError) as e:
         raise ConfigError(str(e)) from None
 
@@ -58,22 +59,24 @@ def hotline_plan(
     learned it already reuses the run directory's)."""
     if cfg.hotline.learn_batches and not (cfg.run.resume and (cfg.run_dir / PLAN_NAME).is_file()):
         return None
-    return obtain_plan(cfg, tables, opt, train_source, one_home=True)
+    return obtain_plan(cfg.placing, PlanFiles.of(cfg), tables, opt, train_source, one_home=True)
 
 
-def learned_plan(cfg: TrainConfig, coll: StagedEmbeddingBagCollection) -> PlacementPlan:
+def learned_plan(
+    placing: PlacementConfig, run_dir: Path, coll: StagedEmbeddingBagCollection
+) -> PlacementPlan:
     """The plan of the accesses Hotline counted online, under `--hot-budget`; written to the run
     directory (a resumed run starts from it)."""
     names = [t.feature_name for t in coll.tables]
     profile = AccessProfile(names, coll.sizes, coll.learned_counts(), coll.stats.train_inputs)
     plan = plan_placement(
-        profile, coll.dims, coll.optimizer, cfg.placing.hot_budget.bytes, one_home=True
+        profile, coll.dims, coll.optimizer, placing.hot_budget.bytes, one_home=True
     )
     plan.report["learned_batches"] = coll.learned_batches
-    offline = _offline_plan(cfg, coll)
+    offline = _offline_plan(placing, run_dir, coll)
     if offline is not None:
         plan.report["offline_overlap"] = plan.overlap(offline)
-    plan.save(cfg.run_dir / PLAN_NAME)
+    plan.save(run_dir / PLAN_NAME)
     log.info(
         "hotline: learned %d hot rows over %d mini-batches", plan.num_hot, coll.learned_batches
     )
@@ -86,25 +89,38 @@ def learned_plan(cfg: TrainConfig, coll: StagedEmbeddingBagCollection) -> Placem
     return plan
 
 
-def _offline_plan(cfg: TrainConfig, coll: StagedEmbeddingBagCollection) -> PlacementPlan | None:
+def _offline_plan(
+    placing: PlacementConfig, run_dir: Path, coll: StagedEmbeddingBagCollection
+) -> PlacementPlan | None:
     """The plan an existing `--placement-plan` or `--profile-file` gives under the same budget
     (what the learned hot set is compared with), or None."""
-    given = (
-        Path(cfg.placing.placement_plan).with_suffix(".npz") if cfg.placing.placement_plan else None
-    )
+    given = Path(placing.placement_plan).with_suffix(".npz") if placing.placement_plan else None
     if given is not None and given.is_file():
         return PlacementPlan.load(given)
-    if cfg.placing.profile_file and Path(cfg.placing.profile_file).is_file():
+    if placing.profile_file and Path(placing.profile_file).is_file():
         names = [t.feature_name for t in coll.tables]
-        profile = obtain_profile(cfg, names, coll.sizes, None)
+        profile = obtain_profile(placing, run_dir, names, coll.sizes, None)
         return plan_placement(
-            profile, coll.dims, coll.optimizer, cfg.placing.hot_budget.bytes, one_home=True
+            profile, coll.dims, coll.optimizer, placing.hot_budget.bytes, one_home=True
         )
     return None
 
 
+@dataclass(frozen=True)
+class PlanFiles:
+    """Where a run keeps its profile and plan, and whether it reuses the plan found there."""
+
+    run_dir: Path
+    resume: bool
+
+    @classmethod
+    def of(cls, cfg: TrainConfig) -> PlanFiles:
+        return cls(cfg.run_dir, bool(cfg.run.resume))
+
+
 def obtain_plan(
-    cfg: TrainConfig,
+    placing: PlacementConfig,
+    files: PlanFiles,
     tables: list[TableSpec],
     opt: SparseOptimizer,
     train_source,
@@ -113,17 +129,15 @@ def obtain_plan(
     names = [t.feature_name for t in tables]
     sizes = [t.num_embeddings for t in tables]
     dims = [t.embedding_dim for t in tables]
-    run_plan = cfg.run_dir / PLAN_NAME
-    given = (
-        Path(cfg.placing.placement_plan).with_suffix(".npz") if cfg.placing.placement_plan else None
-    )
+    run_plan = files.run_dir / PLAN_NAME
+    given = Path(placing.placement_plan).with_suffix(".npz") if placing.placement_plan else None
     if given is not None and given.is_file():
         plan, source = PlacementPlan.load(given), f"--placement-plan {given}"
-    elif cfg.run.resume and run_plan.is_file():
+    elif files.resume and run_plan.is_file():
         plan, source = PlacementPlan.load(run_plan), str(run_plan)
     else:
-        profile = obtain_profile(cfg, names, sizes, train_source)
-        plan = plan_placement(profile, dims, opt, cfg.placing.hot_budget.bytes, one_home=one_home)
+        profile = obtain_profile(placing, files.run_dir, names, sizes, train_source)
+        plan = plan_placement(profile, dims, opt, placing.hot_budget.bytes, one_home=one_home)
         source = None
         if given is not None:
             plan.save(given)
@@ -132,22 +146,22 @@ def obtain_plan(
     r = plan.report
     log.info(
         "%s placement: %d hot rows (%.1f MB), in-sample hot lookups %.3f, hot inputs %.3f",
-        cfg.placing.placement, plan.num_hot, plan.device_bytes() / 2**20, r.get("hot_lookup_share") or 0.0, r.get("hot_input_share") or 0.0,
+        placing.placement, plan.num_hot, plan.device_bytes() / 2**20, r.get("hot_lookup_share") or 0.0, r.get("hot_input_share") or 0.0,
     )  # fmt: skip
     return plan
 
 
 def obtain_profile(
-    cfg: TrainConfig, names: list[str], sizes: list[int], train_source
+    placing: PlacementConfig, run_dir: Path, names: list[str], sizes: list[int], train_source
 ) -> AccessProfile:
-    given = Path(cfg.placing.profile_file) if cfg.placing.profile_file else None
+    given = Path(placing.profile_file) if placing.profile_file else None
     if given is not None and given.is_file():
         profile = AccessProfile.load(given)
         if profile.feature_names != names or profile.table_sizes != sizes:
             raise ProfileError(f"--profile-file {given}: made for other tables than this model's")
         return profile
-    profile = profile_training_sample(train_source, names, sizes, cfg.placing.profile_sample_rate)
-    profile.save(given if given is not None else cfg.run_dir / PROFILE_NAME)
+    profile = profile_training_sample(train_source, names, sizes, placing.profile_sample_rate)
+    profile.save(given if given is not None else run_dir / PROFILE_NAME)
     return profile
 
 

@@ -23,7 +23,13 @@ import torch
 from dlrm.config import TrainConfig
 from dlrm.errors import ConfigError
 from dlrm.models.kinds import model_kind
-from dlrm.placement.run_plan import PLAN_NAME, PROFILE_NAME, PlacedEmbeddings, obtain_plan
+from dlrm.placement.run_plan import (
+    PLAN_NAME,
+    PROFILE_NAME,
+    PlacedEmbeddings,
+    PlanFiles,
+    obtain_plan,
+)
 from dlrm.settings.placement import ScmConfig
 from dlrm.settings.sections import DataConfig, TrainingConfig
 from embeddings.config import SparseOptimizer, TableSpec
@@ -140,7 +146,8 @@ def build_tiered(
     cfg: TrainConfig, tables: list[TableSpec], opt: SparseOptimizer, train_source, device
 ) -> PlacedEmbeddings:
     try:
-        plan = obtain_plan(cfg, tables, opt, train_source, one_home=True)
+        files = PlanFiles.of(cfg)
+        plan = obtain_plan(cfg.placing, files, tables, opt, train_source, one_home=True)
         counts = _profile_counts(cfg.placing.profile_file, cfg.run_dir)
         sizes = [t.num_embeddings for t in tables]
         priority = profile_priority(counts, sizes) if counts is not None else None

@@ -316,7 +316,7 @@ def hot_rows(cfg: TrainConfig, tables, opt) -> list:
     import numpy as np
 
     from dlrm.data import build_data
-    from dlrm.placement.run_plan import obtain_plan
+    from dlrm.placement.run_plan import PlanFiles, obtain_plan
     from embeddings.errors import PlacementError, ProfileError
 
     counts = torch.full((len(tables),), -1, dtype=torch.int64)
@@ -325,7 +325,9 @@ def hot_rows(cfg: TrainConfig, tables, opt) -> list:
     if dist.get_rank() == 0:
         try:
             whole = build_data(cfg, 0, 1).train  # every sample of the global batches
-            plan = obtain_plan(cfg, tables, opt, whole, one_home=cfg.placing.placement == "hotline")
+            one_home = cfg.placing.placement == "hotline"
+            files = PlanFiles.of(cfg)
+            plan = obtain_plan(cfg.placing, files, tables, opt, whole, one_home=one_home)
             table_of, rows = plan.hot_ids()
             counts = torch.as_tensor(np.bincount(table_of, minlength=len(tables)))
             ids = torch.as_tensor(rows)

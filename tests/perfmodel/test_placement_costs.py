@@ -70,7 +70,7 @@ def stubbed(monkeypatch):
 
 def test_counted_cold_rows_equal_a_direct_count(sample):
     cfg = config()
-    plan = pc.hot_plan(cfg, sample, 20 * DIM * 4 * 8)
+    plan = pc.hot_plan(sample, 20 * DIM * 4 * 8, DIM, cfg.training.sparse_optimizer())
     base = table_row_base(SIZES).numpy()
     held = [plan.tier("device").held_ids(t) for t in range(len(SIZES))]
     got = pc.cold_batches(sample.batches, plan)
@@ -91,7 +91,7 @@ def test_replayed_hit_rate_equals_the_real_tier_on_the_same_accesses(tmp_path, s
     warm-up reads, each batch's cold rows read, written back WRITEBACK_LAG stagings later."""
     cfg = config()
     opt = SparseOptimizer("sgd", 0.1)
-    plan = pc.hot_plan(cfg, sample, 10 * DIM * 4)
+    plan = pc.hot_plan(sample, 10 * DIM * 4, DIM, cfg.training.sparse_optimizer())
     cold = [b.cold for b in pc.cold_batches(sample.batches, plan)]
     prio = profile_priority(sample.profile.counts, SIZES)
     warm = rcm.warm_rows(sample.profile.counts, SIZES, pc.hot_row_map(plan), cache_rows, 50)
