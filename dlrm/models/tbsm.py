@@ -12,9 +12,17 @@ batch dimension B*(T+1), see data_pipeline/taobao_dataset.py); the result is vie
 logits, as the reference does):
     x = w (`dot`), A w (`ind`) or A^T A w (`def`), A an m x m parameter
     a = H x                                   scores [B, T]
-    `mul`: c = sum_t a_t H_t;  `mlp`: c = sum_t y_t H_t with y = sigmoid(MLP(a)), MLP T->...->T
+    `mul`: c = 1/T sum_t a_t H_t;  `mlp`: c = 1/T sum_t y_t H_t with y = sigmoid(MLP(a)),
+    MLP T->...->T
     logit = MLP([c, w])
   with `proj`, H and w are first projected onto the unit sphere (L2), as the reference does.
+
+Unlike the reference, the context is the weighted *mean* of the history, not its sum. The sum of
+T unit vectors weighted by sigmoids in (0, 1) is about T/2 long, an order of magnitude longer than
+w beside it in [c, w]; under Adagrad, whose first steps move every weight by about the learning
+rate whatever its gradient, the final MLP's pre-activations then swung by ~T/2 times the scale
+the rest of the model trains at, most of its ReLUs died, and on the data.md sample 1 of 10 seeds
+(the default among them) ended at chance while DLRM learned (docs/measurements/tbsm.md).
 `mha`: c = MultiheadAttention(query = Q w, keys = values = H), Q: m -> heads*m;
     logit = MLP([c, w]).
 `rnn`: c = the last layer's final hidden state of an LSTM over H; logit = MLP([c, w]).
@@ -161,7 +169,8 @@ class TSLHead(nn.Module):
         a = torch.bmm(H, x.unsqueeze(2)).squeeze(2)  # [B, T]
         if self.mechanism == "mlp":
             a = self.attention_mlp(a)
-        return torch.bmm(a.unsqueeze(1), H).squeeze(1)
+        # the mean, not the reference's sum: the context keeps w's scale (see the docstring)
+        return torch.bmm(a.unsqueeze(1), H).squeeze(1) / H.shape[1]
 
 
 class TBSM(nn.Module):

@@ -62,7 +62,7 @@ def _reference(model: TBSM, ids, dense) -> torch.Tensor:
         scores = torch.stack([(H[:, t] * x).sum(1) for t in range(T)], dim=1)
         if a.tsl_mechanism == "mlp":
             scores = torch.sigmoid(head.attention_mlp[:-1](scores))
-        c = sum(scores[:, t : t + 1] * H[:, t] for t in range(T))
+        c = sum(scores[:, t : t + 1] * H[:, t] for t in range(T)) / T  # the mean, not the sum
         logits.append(mlp(torch.cat([c, w], dim=1)))
     out = torch.cat(logits, dim=1)
     return (model.combine(out) if len(logits) > 1 else out).squeeze(1)
