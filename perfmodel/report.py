@@ -51,7 +51,7 @@ from perfmodel.graph import (
 )
 from perfmodel.hardware import SLOW_LIMIT
 from perfmodel.kernel_models import gmae
-from perfmodel.recorder import trace_meta
+from perfmodel.profiling import trace_meta
 
 log = logging.getLogger(__name__)
 
