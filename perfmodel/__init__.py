@@ -4,8 +4,9 @@
     out = predict_step_time(cfg)                  # cfg: a dlrm.config.TrainConfig
     out["per_batch_us"], out["breakdown"]
 
-Pieces: `trace` (the perf-trace JSON format), `recorder` (`--perf-log`), `hardware` (measured
-machine description), `sweeps` (kernel sweeps), `fit_traces` (the fit configurations' traces),
+Pieces: `trace` (the perf-trace JSON format), `profiling` (profiled, labelled steps), `recorder`
+(`--perf-log`), `hardware` (measured machine description), `machine_cache` (where measurements
+are cached, per machine), `sweeps` (kernel sweeps), `fit_traces` (the fit configurations' traces),
 `microbench` (runs both), `kernel_models` (one model per operator type), `kernels` (their
 collection and in-situ factors), `overheads` (the five host overheads), `graph` (the step's
 execution graph at any batch size), `critical_path` (the traversal), `model` (fit/save/load),
