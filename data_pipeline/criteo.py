@@ -4,13 +4,14 @@
     train = CriteoBatchSource("processed/kaggle", "train", 128, randomize="total", seed=1)
     for batch in train.batches(epoch=0, start=0): ...
 
-See preprocess.py (options, resumption), dataset_meta.py (directory layout) and
-criteo_dataset.py (batch order, sharding).
+See preprocess.py (options, resumption), dataset_meta.py (directory layout), criteo_directory.py
+(an opened directory) and criteo_dataset.py (batch order, sharding).
 """
 
 from __future__ import annotations
 
-from .criteo_dataset import RANDOMIZE, CriteoBatchSource, CriteoDataset
+from .criteo_dataset import RANDOMIZE, CriteoBatchSource
+from .criteo_directory import CriteoDataset
 from .criteo_format import DENSE_NAMES, FEATURE_NAMES, NUM_DENSE, NUM_SPARSE, SPARSE_NAMES
 from .dataset_meta import load_meta
 from .preprocess import PreprocessOptions, ensure_preprocessed, preprocess

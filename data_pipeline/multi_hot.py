@@ -46,7 +46,7 @@ from hybrid_dlrm.common.header import check_header
 from hybrid_dlrm.common.lock import DirectoryLock, LockError
 from hybrid_dlrm.common.manifest import record_problem
 
-from .criteo_dataset import CriteoDataset
+from .criteo_directory import CriteoDataset
 from .dataset_meta import describe_difference, marker_path, read_json
 from .errors import DataError, write_error
 from .npy_stream import NpyWriter, check_file, first_id_outside
@@ -145,7 +145,7 @@ class BagSpec:
         if not parallel:
             _bags_serial(*args)
             return out
-        import torch  # loaded already (criteo_dataset): the thread count the run chose
+        import torch  # loaded already (the trainer; the CLI, by criteo_dataset): its thread count
 
         threads = torch.get_num_threads()
         numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))

@@ -1,7 +1,7 @@
 """The per-block work of preprocessing, run in worker processes (or inline).
 
 Run as `python -m data_pipeline.preprocess_worker`, it serves tasks on stdin/stdout (see
-worker_pool for the message format) until stdin closes.
+worker_messages for the message format) until stdin closes.
 
 A task is a block of whole lines plus a small `TaskSpec`; the result is either the block's
 encoded columns (labels, dense, sparse ids) or its per-feature value counts, plus the lines it
@@ -15,39 +15,17 @@ import ctypes
 import logging
 import sys
 import traceback
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from . import categorical
 from .criteo_format import NUM_SPARSE, dense_transform, parse_block
 from .errors import DataError
+from .worker_messages import TaskResult, TaskSpec, read_task, write_error, write_result
 
 logger = logging.getLogger(__name__)
 
 _M64 = (1 << 64) - 1
-
-
-@dataclass(frozen=True)
-class TaskSpec:
-    kind: str  # "encode" or "count"
-    has_label: bool
-    sub_sample_rate: float  # 0.0 except on training days
-    sub_sample_key: int  # seeds the per-line down-sampling draw (see keep_mask)
-    max_ind_range: int  # > 0: hash mode
-    vocab_dir: str | None  # frequency mode: the Vocabulary directory
-    index_dtype: str  # "int32" or "int64"
-
-
-@dataclass
-class TaskResult:
-    num_lines: int
-    bad: list[tuple[int, str, str]]  # (0-based line in the block, reason, message)
-    rows: int = 0
-    labels: np.ndarray | None = None
-    dense: np.ndarray | None = None
-    sparse: np.ndarray | None = None
-    counts: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
 
 
 def _mix64(x: np.ndarray) -> np.ndarray:
@@ -132,8 +110,6 @@ def init_worker() -> None:
 
 
 def main() -> None:
-    from .worker_pool import read_task, write_error, write_result
-
     init_worker()
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     while True:

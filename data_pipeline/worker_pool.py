@@ -4,12 +4,7 @@ through pipes.
 Why not multiprocessing: its spawn/forkserver children re-import the caller's `__main__` (for
 the trainer that is torch and more: seconds per worker), fork is unsafe in a process with
 threads, and its messages are pickles. Here a child imports only numpy and this package, and a
-message is one JSON line followed by raw bytes:
-
-    task:   {"spec": {...TaskSpec}, "offset": int, "nbytes": int} \\n <nbytes of raw lines>
-            or {"spec": ..., "offset": int, "path": str, "end": int} \\n (the child reads them)
-    result: {"num_lines", "rows", "bad", "arrays": [[name, dtype, shape], ...]} \\n <array bytes>
-            or {"error": "traceback"} \\n, or {"data_error": "one line"} \\n
+message is one JSON line followed by raw bytes (worker_messages.py).
 
 Each child is driven by one thread of a ThreadPoolExecutor (request, then response), so a
 child's output pipe is always being read while its input is written: no pipe deadlock.
@@ -17,106 +12,15 @@ child's output pipe is always being read while its input is written: no pipe dea
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
 import queue
 import subprocess
 import sys
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import BinaryIO
 
-import numpy as np
-
-from .errors import DataError
-from .preprocess_worker import TaskResult, TaskSpec
-from .raw_files import Block, read_range
-
-_ARRAY_FIELDS = ("labels", "dense", "sparse")
-
-
-def _read_exactly(stream: BinaryIO, n: int) -> bytes:
-    data = stream.read(n)
-    if len(data) != n:
-        raise EOFError(f"worker pipe closed after {len(data)} of {n} bytes")
-    return data
-
-
-def write_task(stream: BinaryIO, spec: TaskSpec, block: Block) -> None:
-    header: dict = {"spec": dataclasses.asdict(spec), "offset": block.offset}
-    if block.data is None:
-        header.update(path=str(Path(block.path).absolute()), end=block.end)
-        stream.write(json.dumps(header).encode() + b"\n")
-    else:
-        header["nbytes"] = len(block.data)
-        stream.write(json.dumps(header).encode() + b"\n")
-        stream.write(block.data)
-    stream.flush()
-
-
-def read_task(stream: BinaryIO) -> tuple[TaskSpec, bytearray | bytes, int] | None:
-    line = stream.readline()
-    if not line:
-        return None
-    header = json.loads(line)
-    offset = header["offset"]
-    if "path" in header:
-        data: bytearray | bytes = read_range(header["path"], offset, header["end"])
-    else:
-        data = _read_exactly(stream, header["nbytes"])
-    return TaskSpec(**header["spec"]), data, offset
-
-
-def write_result(stream: BinaryIO, result: TaskResult) -> None:
-    arrays: list[tuple[str, np.ndarray]] = [
-        (name, getattr(result, name)) for name in _ARRAY_FIELDS if getattr(result, name) is not None
-    ]
-    for f, (values, counts) in enumerate(result.counts):
-        arrays += [(f"values_{f}", values), (f"counts_{f}", counts)]
-    arrays = [(name, np.ascontiguousarray(a)) for name, a in arrays]
-    header = {
-        "num_lines": result.num_lines,
-        "rows": result.rows,
-        "bad": result.bad,
-        "arrays": [[name, a.dtype.str, list(a.shape)] for name, a in arrays],
-    }
-    stream.write(json.dumps(header).encode() + b"\n")
-    for _, a in arrays:
-        if a.size:  # a block whose every line was bad: no bytes (and a zero-size view has no cast)
-            stream.write(memoryview(a).cast("B"))
-    stream.flush()
-
-
-def write_error(stream: BinaryIO, text: str, data_error: bool = False) -> None:
-    stream.write(json.dumps({"data_error" if data_error else "error": text}).encode() + b"\n")
-    stream.flush()
-
-
-def read_result(stream: BinaryIO) -> TaskResult:
-    line = stream.readline()
-    if not line:
-        raise EOFError("worker exited")
-    header = json.loads(line)
-    if "data_error" in header:
-        raise DataError(header["data_error"])
-    if "error" in header:
-        raise RuntimeError(f"preprocessing worker failed:\n{header['error']}")
-    result = TaskResult(
-        num_lines=header["num_lines"], bad=[tuple(b) for b in header["bad"]], rows=header["rows"]
-    )
-    named = {}
-    for name, dtype, shape in header["arrays"]:
-        dt = np.dtype(dtype)
-        n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-        named[name] = np.frombuffer(_read_exactly(stream, n), dtype=dt).reshape(shape)
-    for name in _ARRAY_FIELDS:
-        setattr(result, name, named.get(name))
-    f = 0
-    while f"values_{f}" in named:
-        result.counts.append((named[f"values_{f}"], named[f"counts_{f}"]))
-        f += 1
-    return result
+from .raw_files import Block
+from .worker_messages import TaskResult, TaskSpec, read_result, write_task
 
 
 class _Child:

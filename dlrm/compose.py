@@ -33,7 +33,7 @@ from dlrm.checkpoints.store import (
     ShardedCheckpoints,
 )
 from dlrm.config import TrainConfig
-from dlrm.data import DataSplits, build_data
+from dlrm.data import DataSplits, build_data, steps_per_epoch
 from dlrm.errors import ConfigError
 from dlrm.pipelines import compile as compile_
 from dlrm.pipelines import dense_step
@@ -151,11 +151,6 @@ def build_run(
         store, bool(show) and leads, resume_changes, resuming,
         leads and progress_lines(cfg.run.progress), lock,
     )  # fmt: skip
-
-
-def steps_per_epoch(cfg: TrainConfig, data: DataSplits) -> int:
-    n = len(data.train)
-    return min(n, cfg.training.num_batches) if cfg.training.num_batches else n
 
 
 def _check_learning_fits(cfg: TrainConfig, data: DataSplits) -> None:

@@ -42,6 +42,11 @@ class DataSplits:
         return splits_from_batches(cls, train, test, table_sizes)
 
 
+def steps_per_epoch(cfg: TrainConfig, data: DataSplits) -> int:
+    n = len(data.train)
+    return min(n, cfg.training.num_batches) if cfg.training.num_batches else n
+
+
 def build_data(cfg: TrainConfig, rank: int = 0, world_size: int = 1) -> DataSplits:
     if cfg.data.data_set == "taobao":
         return _taobao(cfg, rank, world_size)

@@ -36,7 +36,7 @@ from dlrm.checkpoints import format as ckpt
 from dlrm.checkpoints.store import CheckpointState
 from dlrm.compose import set_flush_denormal  # noqa: F401  (its home before dlrm/compose.py)
 from dlrm.config import TrainConfig
-from dlrm.data import DataSplits
+from dlrm.data import DataSplits, steps_per_epoch
 from dlrm.errors import CheckpointError, NonFiniteLoss, TrainingDiverged
 from dlrm.evaluation import evaluate
 from dlrm.lr_schedule import learning_rate_at
@@ -171,7 +171,7 @@ class Trainer:
             self._lr = lr
 
     def steps_per_epoch(self) -> int:
-        return compose.steps_per_epoch(self.cfg, self.data)
+        return steps_per_epoch(self.cfg, self.data)
 
     def fit(self) -> dict:
         """Train to the configured end (or the AUC threshold), evaluate, write the summary. The

@@ -200,7 +200,7 @@ def _fit(args) -> int:
 
 def _predict(args, rest: list[str]) -> int:
     from dlrm.train import build_parser as train_parser
-    from perfmodel import predict_step_time
+    from perfmodel.model import predict_step_time
 
     cfg_args = vars(train_parser().parse_args(rest))
     from dlrm.config import TrainConfig

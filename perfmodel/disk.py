@@ -40,7 +40,7 @@ SECONDS_PER_DEPTH = 0.4
 def filesystem_key(directory: str | Path) -> str:
     """The file system a directory is on: its device number and type (from /proc/mounts), so a
     tmpfs, an NVMe and a network disk of one machine each get their own figures."""
-    from perfmodel.hardware import machine_key
+    from perfmodel.machine_cache import machine_key
 
     path = Path(directory).resolve()
     while not path.exists():
@@ -60,7 +60,7 @@ def filesystem_key(directory: str | Path) -> str:
 
 
 def default_path(directory: str | Path) -> Path:
-    from perfmodel.hardware import cache_dir
+    from perfmodel.machine_cache import cache_dir
 
     return cache_dir() / f"disk-{filesystem_key(directory)}.json"
 

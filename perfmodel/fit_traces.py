@@ -119,7 +119,7 @@ def trace_config(
     on a steady machine (see `hardware.on_steady_machine`). Returns the trace's path and the
     machine's slowdown while it was measured."""
     from perfmodel.graph import batches_for, build_trainer
-    from perfmodel.recorder import trace_meta
+    from perfmodel.profiling import trace_meta
 
     threads = torch.get_num_threads()
     trainer = build_trainer(cfg)
@@ -163,7 +163,7 @@ def measure_steps(trainer, warm: list, timed: list, profiled: list, agg=statisti
     """Warm-up steps, then `timed` plain steps and `profiled` profiled ones, all on a steady
     machine (see `hardware.on_steady_machine`). Returns (wall us, thread-CPU us, each `agg` over
     the timed steps; the profiled steps' graphs; the machine's slowdown)."""
-    from perfmodel.recorder import profile_steps, run_steps
+    from perfmodel.profiling import profile_steps, run_steps
 
     def run():
         run_steps(trainer.pipeline, warm)

@@ -87,7 +87,7 @@ def batches_for(trainer, batch_size: int, n: int, start: int = 0) -> list:
 def capture_ops(
     trainer, batch_size: int, warmup: int = 2, steps: int = 1
 ) -> tuple[list[dict], dict]:
-    from perfmodel.recorder import profile_steps, run_steps, trace_meta
+    from perfmodel.profiling import profile_steps, run_steps, trace_meta
 
     bs = batches_for(trainer, batch_size, warmup + steps)
     run_steps(trainer.pipeline, bs[:warmup])
@@ -167,7 +167,7 @@ def capture_variants(trainer, batch_size: int, max_steps: int = 64) -> dict[str,
     scheduler makes run different operators (the device-tier lookup vs the host one)."""
     if not is_fae(trainer):
         return {"step": capture_ops(trainer, batch_size)[0]}
-    from perfmodel.recorder import profile_steps, run_steps
+    from perfmodel.profiling import profile_steps, run_steps
 
     all_hot = AllHotClassifier(trainer.placement.plan)
     found: dict[str, list[dict]] = {}
@@ -228,7 +228,7 @@ def capture_template(cfg: TrainConfig) -> dict:
         trainer = build_trainer(cfg.replace(mini_batch_size=b, **plan))
         variants.append(capture_variants(trainer, b))
         if b == B1:
-            from perfmodel.recorder import trace_meta
+            from perfmodel.profiling import trace_meta
 
             meta = trace_meta(trainer, b)
             share = hot_share(trainer)

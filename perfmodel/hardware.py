@@ -24,7 +24,6 @@ CUDA device) one JSON file under ``~/.cache/hybrid-dlrm/`` (or ``HYBRID_DLRM_CAC
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -35,13 +34,10 @@ from pathlib import Path
 import torch
 
 from hybrid_dlrm.common.machine import cpu_flag_list, cpu_model  # noqa: F401  (cpu_model: benchmarks import it from here)
+from perfmodel.machine_cache import cache_dir, machine_key
 
 log = logging.getLogger(__name__)
 VERSION = 1
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("HYBRID_DLRM_CACHE", Path.home() / ".cache" / "hybrid-dlrm"))
 
 
 def cpu_flags() -> list[str]:
@@ -55,13 +51,6 @@ def cpu_flags() -> list[str]:
 def has_bf16_units() -> bool:
     """avx512_bf16 or AMX: bf16 matrix products in hardware (elsewhere they are emulated)."""
     return any(f in ("avx512_bf16", "amx_bf16") for f in cpu_flags())
-
-
-def machine_key() -> str:
-    parts = [cpu_model(), str(torch.get_num_threads()), torch.__version__]
-    if torch.cuda.is_available():
-        parts.append(torch.cuda.get_device_name(0))
-    return hashlib.sha1("|".join(parts).encode()).hexdigest()[:12]
 
 
 def default_path() -> Path:

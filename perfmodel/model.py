@@ -175,3 +175,25 @@ def _weighted(results: list[dict]) -> dict:
         [{k: v for k, v in r.items() if k != "weight"} for r in results],
         [w / total for w in weights],
     )
+
+
+_LOADED: dict[str, object] = {}
+
+
+def load_model(path: str | Path | None = None):
+    """The fitted model (default: this machine's, under the cache directory), loaded once."""
+    key = str(path or default_model_path())
+    if key not in _LOADED:
+        _LOADED[key] = PerfModel.load(key)
+    return _LOADED[key]
+
+
+def predict_step_time(
+    cfg, batch_size: int | None = None, model_path: str | Path | None = None
+) -> dict:
+    """Predicted training time of one batch of `cfg` (a TrainConfig; placement, precision and
+    architecture as configured) at `batch_size` (default the config's), in microseconds:
+    ``per_batch_us``, ``host_us``, ``device_active_us`` per stream and a ``breakdown`` by phase,
+    kernel type and overhead kind. The first call for an architecture captures its execution
+    graph (two tiny profiled steps, cached); later calls take milliseconds."""
+    return load_model(model_path).predict(cfg, batch_size)

@@ -156,8 +156,8 @@ def cold_batches(batches: list, plan, timed: bool = True) -> list[ColdBatch]:
 
 
 def _fitted_model():
-    from perfmodel import load_model
     from perfmodel.errors import ModelError
+    from perfmodel.model import load_model
 
     try:
         return load_model()

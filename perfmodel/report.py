@@ -51,7 +51,7 @@ from perfmodel.graph import (
 )
 from perfmodel.hardware import SLOW_LIMIT
 from perfmodel.kernel_models import gmae
-from perfmodel.recorder import trace_meta
+from perfmodel.profiling import trace_meta
 
 log = logging.getLogger(__name__)
 
@@ -212,7 +212,7 @@ def run(
     """Measure every held-out configuration (with `dcn`, the matched dot/DCN set of
     `dcn_configs` instead) `passes` times (rounds over all of them), writing each
     measurement's trace, then `score` them."""
-    from perfmodel import load_model
+    from perfmodel.model import load_model
 
     if passes < 1:
         raise ValueError(f"passes must be >= 1, got {passes}")
@@ -236,7 +236,7 @@ def run(
 def rescore(report_dir: str | Path, model_path: str | Path | None = None) -> dict:
     """Score the traces an earlier `report` wrote (``traces/<config>[.pass<p>].trace.json``)
     with a model, measuring nothing: a refitted model against the same measurements."""
-    from perfmodel import load_model
+    from perfmodel.model import load_model
 
     report_dir = Path(report_dir)
     docs: dict[str, list[dict]] = {}

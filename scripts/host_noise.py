@@ -29,7 +29,7 @@ def sample(seconds: float, pause_s: float = 0.2) -> tuple[dict[str, list[float]]
     from perfmodel import hardware
     from perfmodel.fit_traces import base_config
     from perfmodel.graph import batches_for, build_trainer
-    from perfmodel.recorder import run_steps
+    from perfmodel.profiling import run_steps
     from perfmodel.report import MLPS
 
     hw = hardware.describe()

@@ -38,9 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
-from dlrm.compose import steps_per_epoch
 from dlrm.config import TrainConfig
-from dlrm.data import DataSplits
+from dlrm.data import DataSplits, steps_per_epoch
 from dlrm.errors import ConfigError
 from dlrm.placement.candidates import (
     STREAM_BATCHES,

@@ -450,7 +450,7 @@ def test_worker_messages_round_trip(tmp_path) -> None:
 
     from data_pipeline.preprocess_worker import TaskResult, TaskSpec
     from data_pipeline.raw_files import Block
-    from data_pipeline.worker_pool import read_result, read_task, write_result, write_task
+    from data_pipeline.worker_messages import read_result, read_task, write_result, write_task
 
     spec = TaskSpec("encode", False, 0.25, 2**63 + 5, 0, "/some/vocab", "int32")
     stream = io.BytesIO()

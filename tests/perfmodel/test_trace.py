@@ -7,7 +7,8 @@ from dlrm import Trainer
 from dlrm.errors import ConfigError
 from dlrm.pipelines.base import StepHook, TrainPipeline
 from perfmodel import trace as tr
-from perfmodel.recorder import StepRecorder, profile_steps
+from perfmodel.profiling import profile_steps
+from perfmodel.recorder import StepRecorder
 from tests.dlrm.conftest import tiny
 
 
