@@ -17,6 +17,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from dlrm import recipes
 from dlrm.errors import ConfigError
 from dlrm.models.kinds import model_kind
 from dlrm.settings.fields import ByteSize
@@ -30,71 +31,8 @@ from dlrm.settings.placement import (
 )
 from dlrm.settings.sections import DataConfig, DistributedConfig, RunConfig, TrainingConfig
 
-# The reference recipes (facebookresearch/dlrm's bench/dlrm_s_criteo_kaggle.sh and
-# dlrm_s_criteo_terabyte.sh, facebookresearch/tbsm's bench/tbsm_bench.sh) for the fields a run
-# does not set: the architecture and the training step. The synthetic data is Kaggle-shaped and
-# takes Kaggle's architecture; DLRM on Taobao is the candidate-step baseline TBSM is compared
-# with (scripts/bench_tbsm_vs_dlrm.py), trained as TBSM is.
-_KAGGLE = dict(
-    arch_sparse_feature_size=16, arch_mlp_bot=(13, 512, 256, 64, 16), arch_mlp_top=(512, 256, 1)
-)
-REFERENCE_ARCH: dict[tuple[str, str], dict] = {
-    ("dlrm", "synthetic"): _KAGGLE,
-    ("dlrm", "kaggle"): _KAGGLE,
-    ("dlrm", "terabyte"): dict(
-        arch_sparse_feature_size=64, arch_mlp_bot=(13, 512, 256, 64), arch_mlp_top=(512, 512, 256, 1),
-        max_ind_range=10_000_000,
-    ),
-    ("dlrm", "taobao"): dict(arch_sparse_feature_size=16, arch_mlp_bot=(1, 16), arch_mlp_top=(15, 1)),
-    ("tbsm", "taobao"): dict(arch_sparse_feature_size=16, arch_mlp_bot=(1, 16), arch_mlp_top=(15, 15)),
-}  # fmt: skip
-
-# MLPerf's DLRM-DCNv2 (since 2023; its reference is torchrec's DLRM example): one more entry per
-# (model, data set, interaction), over the data set's own. Adagrad is the reference's optimizer;
-# it fills `--optimizer` only where that setting has no default of its own.
-MLPERF_DCNV2_TABLES = (
-    40000000, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 40000000, 3067956, 405282, 10, 2209,
-    11938, 155, 4, 976, 14, 40000000, 40000000, 40000000, 590152, 12973, 108, 36,
-)  # fmt: skip
-# MLPerf's bags: ids per sample and feature, materialised from the one-hot days (docs/data.md)
-MLPERF_DCNV2_MULTI_HOT = (
-    3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1,
-)  # fmt: skip
 # architecture fields of the cross layers: in the signature of a dcn model only
 DCN_FIELDS = ("dcn_num_layers", "dcn_low_rank_dim")
-# the architecture flags whose absence lets an interaction's entry apply
-ARCH_GIVEN = ("arch_sparse_feature_size", "arch_mlp_bot", "arch_mlp_top", "arch_embedding_size")
-REFERENCE_BY_INTERACTION: dict[tuple[str, str, str], dict] = {
-    ("dlrm", "terabyte", "dcn"): dict(
-        arch_sparse_feature_size=128, arch_mlp_bot=(13, 512, 256, 128),
-        arch_mlp_top=(1024, 1024, 512, 256, 1), arch_embedding_size=MLPERF_DCNV2_TABLES,
-        max_ind_range=40_000_000, dcn_num_layers=3, dcn_low_rank_dim=512, optimizer="adagrad",
-        multi_hot_sizes=MLPERF_DCNV2_MULTI_HOT,
-    ),
-}  # fmt: skip
-
-
-def _step(batch: int, test_batch: int, optimizer: str, lr: float, warmup=0, decay_start=0, decay=0):
-    return dict(
-        mini_batch_size=batch, test_mini_batch_size=test_batch, optimizer=optimizer,
-        learning_rate=lr, lr_num_warmup_steps=warmup, lr_decay_start_step=decay_start,
-        lr_num_decay_steps=decay,
-    )  # fmt: skip
-
-
-# The training step of each reference run (neither dlrm script sets --optimizer or a schedule:
-# the reference's defaults, SGD and a constant rate; tbsm_pytorch.py always trains with Adagrad
-# and one batch size for training and evaluation).
-_TBSM_STEP = _step(256, -1, "adagrad", 0.05)
-REFERENCE_TRAINING: dict[tuple[str, str], dict] = {
-    ("dlrm", "kaggle"): _step(128, 16384, "sgd", 0.1),
-    ("dlrm", "terabyte"): _step(2048, 16384, "sgd", 0.1),
-    ("dlrm", "taobao"): _TBSM_STEP,
-    ("tbsm", "taobao"): _TBSM_STEP,
-}
-# The synthetic data set is this project's demonstration, not a reference run: a large batch,
-# so the default run finishes in about a minute. Not printed (no reference to name).
-PLAIN_TRAINING = _step(2048, -1, "sgd", 0.1)
 
 
 # The sections, in the order --help and the docs list them: attribute -> class. No attribute
@@ -120,6 +58,24 @@ FLAT: dict[str, tuple[str, str]] = {
     for f in dataclasses.fields(cls)
 }
 assert not set(FLAT) & set(SECTIONS), "a section named like a flag"
+# flat name -> flag, the vocabulary of recipe files
+NAMES = {f.metadata["name"]: f.metadata["flag"] for f in SETTINGS}
+assert not set(NAMES) & set(recipes.DECLARATIONS), "a setting named like a recipe declaration"
+
+# The reference recipes, dlrm/recipes/*.toml: each run's defaults, filled where it was not given.
+RECIPES = recipes.shipped(NAMES)
+_MLPERF = next(r for r in RECIPES if r.shown.endswith("terabyte-dcn.toml")).settings
+MLPERF_DCNV2_TABLES = tuple(_MLPERF["arch_embedding_size"])
+MLPERF_DCNV2_MULTI_HOT = tuple(_MLPERF["multi_hot_sizes"])
+# each reference run's training step by (model, data set), as its file sets it
+REFERENCE_TRAINING: dict[tuple[str, str], dict] = {
+    (model, data_set): {
+        n: v for n, v in r.settings.items() if FLAT[n][0] == "training" and n not in r.unprinted
+    }
+    for r in RECIPES
+    for model, data_set, interaction in r.default_for
+    if interaction == recipes.ANY and recipes.ANY not in (model, data_set)
+}
 
 
 # Flat names are the edges' vocabulary (the command line, config.json, the constructor): inside
@@ -149,6 +105,27 @@ def _plain(section, name: str):
     return value.to_json() if isinstance(value, ByteSize) else value
 
 
+def _as_flags(settings: dict) -> str:
+    """Settings spelled as the flags that give them: `--arch-mlp-bot 13-512 --optimizer sgd`."""
+    shown = []
+    for name, value in settings.items():
+        if isinstance(value, tuple):
+            text = "-".join(map(str, value))
+        else:
+            text = str(value).lower() if isinstance(value, bool) else str(value)
+        shown.append(f"{NAMES[name]} {text}")
+    return " ".join(shown)
+
+
+def _in_recipe(error: ConfigError, path: str | None, from_file: dict) -> ConfigError:
+    """A value's error ("--flag: expected ...") names the recipe file and key it came from."""
+    for name in from_file:
+        flag = NAMES[name]
+        if str(error).startswith(flag + ":"):
+            return ConfigError(f"--recipe {path}: {name}{str(error)[len(flag) :]}")
+    return error
+
+
 @dataclass(init=False)
 class TrainConfig:
     """A run's settings: one section per capability, each checked when made; the rules between
@@ -168,7 +145,24 @@ class TrainConfig:
 
     def __init__(self, **settings) -> None:
         """Flat names (`mini_batch_size=256`) and whole sections (`slipstreaming=...`, as
-        `dataclasses.replace` passes them); a flat name wins over its section's value."""
+        `dataclasses.replace` passes them); a flat name wins over its section's value. A user's
+        recipe (`recipe="my.toml"`) is as if its settings were given, under those given here;
+        the run's reference recipe then fills what is still unset."""
+        path = settings.get(recipes.RECIPE_SETTING)
+        from_file: dict = {}
+        if isinstance(path, str):  # anything else: the run section's type check names it
+            recipe = recipes.read(path, NAMES, f"--recipe {path}")
+            from_file = {k: v for k, v in recipe.settings.items() if k not in settings}
+            settings = {**from_file, **settings}
+        try:
+            self._make(settings)
+            self.reference_defaults = self._fill_from_recipe()
+            self.check()
+        except ConfigError as e:
+            raise _in_recipe(e, path, from_file) from None
+        self.recipe_settings = {name: getattr(self, name) for name in from_file}
+
+    def _make(self, settings: dict) -> None:
         given: dict[str, dict] = {attr: {} for attr in SECTIONS}
         sections = {}
         for key, value in settings.items():
@@ -184,11 +178,10 @@ class TrainConfig:
             section = dataclasses.replace(base, **given[attr]) if base else cls(**given[attr])
             object.__setattr__(self, attr, section)
         # the flat names the user set (a flag on the command line, a keyword, a key of
-        # config.json), whatever the value: `--hot-budget 256MB` is given though it is the
-        # default. None is "not given" (the settings' own meaning: filled from a recipe).
+        # config.json or of the user's recipe), whatever the value: `--hot-budget 256MB` is given
+        # though it is the default. None is "not given" (the settings' own meaning: filled from
+        # a recipe).
         self.given = frozenset(k for k, v in settings.items() if k in FLAT and v is not None)
-        self.reference_defaults = self._fill_reference_defaults()
-        self.check()
 
     def __getattr__(self, name: str):  # only for names that are not attributes: the flat ones
         where = FLAT.get(name)
@@ -205,36 +198,37 @@ class TrainConfig:
             _at_an_edge(name, where)
             setattr(getattr(self, where[0]), where[1], value)
 
-    def _fill_reference_defaults(self) -> dict:
-        """Fields left None take the data set's reference configuration; returns what was filled
-        (so it can be printed at start)."""
-        key = (self.model, self.data_set)
-        reference = {
-            **REFERENCE_ARCH.get(key, REFERENCE_ARCH[("dlrm", "kaggle")]),
-            **REFERENCE_TRAINING.get(key, {}),
-        }
-        by_op = REFERENCE_BY_INTERACTION.get((self.model, self.data_set, self.arch_interaction_op))
-        if by_op and not self.given.intersection(ARCH_GIVEN):
-            reference = {**reference, **by_op}  # only without other architecture flags
-        filled = {}
-        for name, value in reference.items():
-            if getattr(self, name) is None:
-                setattr(self, name, value)
-                filled[name] = value
-        for name, value in PLAIN_TRAINING.items():
-            if getattr(self, name) is None:
-                setattr(self, name, value)
-        return filled
+    def _fill_from_recipe(self) -> dict:
+        """Settings still unset (None) take the values of the run's reference recipe
+        (dlrm/recipes/); returns those it names at start, in the file's order."""
+        run = (self.model, self.data_set, self.arch_interaction_op)
+        recipe = recipes.default_for(RECIPES, run, lambda name: name in self.given)
+        self.default_recipe = recipe
+        fill = {n: v for n, v in recipe.settings.items() if getattr(self, n) is None}
+        by_section: dict[str, dict] = {}
+        for name, value in fill.items():
+            attr, field = FLAT[name]
+            by_section.setdefault(attr, {})[field] = value
+        for attr, values in by_section.items():  # replaced, so each value is parsed and checked
+            object.__setattr__(self, attr, dataclasses.replace(getattr(self, attr), **values))
+        return {n: getattr(self, n) for n in fill if n not in recipe.unprinted}
 
     def describe_reference_defaults(self) -> str:
         """One line: the reference settings this run took for fields it was not given."""
         if not self.reference_defaults:
             return ""
-        shown = []
-        for name, value in self.reference_defaults.items():
-            text = "-".join(map(str, value)) if isinstance(value, tuple) else str(value)
-            shown.append(f"--{name.replace('_', '-')} {text}")
-        return f"{self.model} on {self.data_set}: reference settings {' '.join(shown)}"
+        shown = _as_flags(self.reference_defaults)
+        return f"{self.model} on {self.data_set}: reference settings {shown}"
+
+    def describe_recipes(self) -> list[str]:
+        """The start lines: what the user's recipe set (the flags given won over the rest), and
+        what the reference recipe filled, naming its file."""
+        lines = []
+        if self.recipe_settings:
+            lines.append(f"recipe {self.run.recipe}: {_as_flags(self.recipe_settings)}")
+        if self.reference_defaults:
+            lines.append(f"{self.describe_reference_defaults()} ({self.default_recipe.shown})")
+        return lines
 
     def check(self) -> None:
         """The rules between sections (each section checked its own when it was made), and the
@@ -299,7 +293,12 @@ class TrainConfig:
                 unknown.append(key)
         if unknown:
             raise ConfigError(f"config: unknown fields {', '.join(sorted(unknown))}")
-        return cls(**flat)
+        # a saved config holds every value its recipe set: the file is not read again (it may
+        # have moved or changed since), only recorded
+        path = flat.pop(recipes.RECIPE_SETTING, None)
+        cfg = cls(**flat)
+        object.__setattr__(cfg, "run", dataclasses.replace(cfg.run, recipe=path))
+        return cfg
 
     def arch_signature(self) -> dict:
         """What must match for a checkpoint to load into this model."""

@@ -64,8 +64,8 @@ def main(argv: list[str] | None = None) -> int:
             line = choice.describe()
         if _leads():
             print(line, flush=True)
-        if cfg.reference_defaults and _leads():
-            print(cfg.describe_reference_defaults(), flush=True)
+        for recipe_line in cfg.describe_recipes() if _leads() else []:
+            print(recipe_line, flush=True)
         if distributed.launched_by_torchrun():
             rank, world = distributed.init_from_env(cfg)
             cfg = distributed.first_attempt_resume(cfg)

@@ -36,8 +36,8 @@ REFERENCE = "the data set's reference"
 
 @dataclass
 class ArchConfig(Section):
-    """Which model, and the DLRM architecture (None: the data set's reference, REFERENCE_ARCH in
-    dlrm/config.py)."""
+    """Which model, and the DLRM architecture (None: the data set's reference recipe,
+    dlrm/recipes/*.toml)."""
 
     title: ClassVar[str] = "Model (DLRM architecture)"
 

@@ -25,7 +25,7 @@ LOSSES = ("bce", "mse")
 PRECISIONS = ("fp32", "bf16")
 DEVICES = ("auto", "cpu", "cuda")
 RAW_DATA_SETS = ("kaggle", "terabyte", "taobao")
-# where a None default is filled from (REFERENCE_TRAINING in dlrm/config.py)
+# where a None default is filled from (the run's reference recipe, dlrm/recipes/*.toml)
 RECIPE = "the data set's reference recipe (docs/training.md#defaults-per-data-set)"
 
 
@@ -257,6 +257,14 @@ class RunConfig(Section):
     """The run: its directory, logging, evaluation, checkpoints and resuming."""
 
     title: ClassVar[str] = "Run, evaluation, checkpoints"
+
+    # free: a resume compares the values it set one by one, wherever the file is now
+    recipe: str | None = setting(
+        None, "--recipe",
+        "a TOML file of settings by flat name, as dlrm/recipes/*.toml; flags given win over it "
+        "(docs/training.md#recipes)",
+        free=True, shown_default="none (the run's reference recipe, dlrm/recipes/)",
+    )  # fmt: skip
 
     print_freq: int = setting(
         256, "--print-freq", "steps between log lines", check=AT_LEAST_0, free=True
