@@ -14,7 +14,7 @@
 #             lr 1.0, stop at test AUC 0.8025
 #   --mlperf-dcnv2: dim 128, bottom 13-512-256-128, DCNv2 interaction (3 cross layers, rank
 #             512), top 1024-1024-512-256-1, --max-ind-range 40000000 (the 26 tables of
-#             dlrm/config.py's MLPERF_DCNV2_TABLES, ~104 GB of fp32 weights), Adagrad (its
+#             dlrm/recipes/terabyte-dcn.toml, ~104 GB of fp32 weights), Adagrad (its
 #             per-element state doubles that), lr 0.004, batches of 65536, stop at test AUC
 #             0.80275, every training row kept (no negative down-sampling: its own dataset,
 #             data/criteo_terabyte_40000000_full). Placement: `device` where the weights and
