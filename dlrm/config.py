@@ -6,7 +6,8 @@
 
 A flat name is the flag without its dashes (`--numpy-rand-seed` is `seed`, `--dist-timeout` is
 `dist_timeout_s`, `--slipstream` is `slipstream`); config.json holds the flat names, as it
-always has, and `from_json` also reads the sections' nested form.
+always has, and `from_json` also reads the sections' nested form. What a run leaves unset its
+recipe fills: a user's `--recipe FILE`, then the run's reference recipe (dlrm/recipes/*.toml).
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ from dlrm.settings.sections import DataConfig, DistributedConfig, RunConfig, Tra
 
 # architecture fields of the cross layers: in the signature of a dcn model only
 DCN_FIELDS = ("dcn_num_layers", "dcn_low_rank_dim")
-
 
 # The sections, in the order --help and the docs list them: attribute -> class. No attribute
 # is also a flat name (`placement` and `slipstream` are flags, hence `placing`, `slipstreaming`).
@@ -199,19 +199,31 @@ class TrainConfig:
             setattr(getattr(self, where[0]), where[1], value)
 
     def _fill_from_recipe(self) -> dict:
-        """Settings still unset (None) take the values of the run's reference recipe
-        (dlrm/recipes/); returns those it names at start, in the file's order."""
+        """Settings still unset (None) take the values of the run's reference recipes
+        (dlrm/recipes/), the most specific first; returns those named at start, in order."""
         run = (self.model, self.data_set, self.arch_interaction_op)
-        recipe = recipes.default_for(RECIPES, run, lambda name: name in self.given)
-        self.default_recipe = recipe
-        fill = {n: v for n, v in recipe.settings.items() if getattr(self, n) is None}
+        chain = recipes.defaults_for(RECIPES, run, lambda name: name in self.given)
+        fill: dict = {}
+        printed: list[str] = []
+        self.default_recipes = []  # the files the printed values came from
+        for recipe in chain:
+            mine = {
+                n: v
+                for n, v in recipe.settings.items()
+                if n not in fill and getattr(self, n) is None
+            }
+            fill.update(mine)
+            shown = [n for n in mine if n not in recipe.unprinted]
+            printed += shown
+            if shown:
+                self.default_recipes.append(recipe.shown)
         by_section: dict[str, dict] = {}
         for name, value in fill.items():
             attr, field = FLAT[name]
             by_section.setdefault(attr, {})[field] = value
         for attr, values in by_section.items():  # replaced, so each value is parsed and checked
             object.__setattr__(self, attr, dataclasses.replace(getattr(self, attr), **values))
-        return {n: getattr(self, n) for n in fill if n not in recipe.unprinted}
+        return {n: getattr(self, n) for n in printed}
 
     def describe_reference_defaults(self) -> str:
         """One line: the reference settings this run took for fields it was not given."""
@@ -227,7 +239,8 @@ class TrainConfig:
         if self.recipe_settings:
             lines.append(f"recipe {self.run.recipe}: {_as_flags(self.recipe_settings)}")
         if self.reference_defaults:
-            lines.append(f"{self.describe_reference_defaults()} ({self.default_recipe.shown})")
+            files = ", ".join(self.default_recipes)
+            lines.append(f"{self.describe_reference_defaults()} ({files})")
         return lines
 
     def check(self) -> None:

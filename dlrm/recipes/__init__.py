@@ -3,7 +3,8 @@ flag without its dashes), as nanoGPT keeps its config/ files. Data, never code: 
 tomllib, never executed.
 
 The files in this folder are the reference recipes. Each declares which runs it is the default
-for, and a run takes the most specific one that matches it, for the settings it was not given:
+for; a run takes, for the settings it was not given, the most specific file that matches it,
+then the less specific ones for what that one left unset:
 
     source        where the values come from
     default_for   [{ model = ..., data_set = ..., interaction = ... }, ...]; "*" matches any
@@ -124,23 +125,29 @@ def shipped(names: Mapping[str, str]) -> list[Recipe]:
     return found
 
 
-def default_for(
+def defaults_for(
     recipes: list[Recipe], run: tuple[str, str, str], is_set: Callable[[str], bool]
-) -> Recipe:
-    """The recipe a run (model, data set, interaction) takes: of the files declaring themselves
-    its default, and not set aside by a setting in their `unless_given`, the most specific (the
-    fewest "*")."""
-    matches = [
-        (sum(want != ANY for want in declared), recipe)
-        for recipe in recipes
-        if not any(is_set(name) for name in recipe.unless_given)
-        for declared in recipe.default_for
-        if all(want in (ANY, got) for want, got in zip(declared, run))
-    ]
-    if not matches:
+) -> list[Recipe]:
+    """The recipes a run (model, data set, interaction) takes, most specific (fewest "*") first:
+    the files declaring themselves its default and not set aside by a setting in their
+    `unless_given`. Each fills what the ones before it left unset; two equally specific would
+    make that order a guess, so they are an error."""
+    found: dict[str, tuple[int, Recipe]] = {}  # file -> (its most specific match, recipe)
+    for recipe in recipes:
+        if any(is_set(name) for name in recipe.unless_given):
+            continue
+        scores = [
+            sum(want != ANY for want in declared)
+            for declared in recipe.default_for
+            if all(want in (ANY, got) for want, got in zip(declared, run))
+        ]
+        if scores:
+            found[recipe.shown] = (max(scores), recipe)
+    if not found:
         raise ConfigError(f"no recipe in {HERE} is the default for {' '.join(run)}")
-    best = max(score for score, _ in matches)
-    chosen = {recipe.shown: recipe for score, recipe in matches if score == best}
-    if len(chosen) > 1:
-        raise ConfigError(f"recipes {', '.join(sorted(chosen))} are equally the default for {run}")
-    return next(iter(chosen.values()))
+    order = sorted(found, key=lambda shown: -found[shown][0])
+    for a, b in zip(order, order[1:]):
+        if found[a][0] == found[b][0]:
+            tied = ", ".join(sorted((a, b)))
+            raise ConfigError(f"recipes {tied} are equally the default for {' '.join(run)}")
+    return [found[shown][1] for shown in order]

@@ -151,18 +151,37 @@ def _parsed(r: recipes.Recipe) -> dict:
     }
 
 
-def test_the_most_specific_declaration_wins_and_a_tie_is_refused():
+def test_the_most_specific_declaration_comes_first_and_a_tie_is_refused():
     def recipe(name, *runs):
         return recipes.Recipe(shown=name, settings={}, default_for=runs)
 
     anything, kaggle = recipe("any", ("*", "*", "*")), recipe("kaggle", ("dlrm", "kaggle", "*"))
-    assert recipes.default_for([anything, kaggle], ("dlrm", "kaggle", "dot"), bool) is kaggle
-    assert recipes.default_for([anything, kaggle], ("tbsm", "kaggle", "dot"), bool) is anything
+    both = [anything, kaggle]
+    assert recipes.defaults_for(both, ("dlrm", "kaggle", "dot"), bool) == [kaggle, anything]
+    assert recipes.defaults_for(both, ("tbsm", "kaggle", "dot"), bool) == [anything]
     tie = recipe("dot", ("dlrm", "*", "dot"))
-    with pytest.raises(ConfigError, match="^recipes dot, kaggle are equally the default"):
-        recipes.default_for([kaggle, tie], ("dlrm", "kaggle", "dot"), bool)
+    with pytest.raises(ConfigError, match="^recipes dot, kaggle are equally the default for dlrm"):
+        recipes.defaults_for([kaggle, tie], ("dlrm", "kaggle", "dot"), bool)
     with pytest.raises(ConfigError, match="is the default for tbsm kaggle dot$"):
-        recipes.default_for([kaggle], ("tbsm", "kaggle", "dot"), bool)
+        recipes.defaults_for([kaggle], ("tbsm", "kaggle", "dot"), bool)
+
+
+def test_what_a_recipe_leaves_unset_the_next_fills(monkeypatch):
+    """A new default recipe need not repeat the quick step: synthetic.toml, the default of
+    every run, fills what it leaves (unprinted, as before the files)."""
+    trial = recipes.Recipe(
+        shown="dlrm/recipes/trial.toml", settings={"arch_mlp_top": "8-1", "mini_batch_size": 64},
+        default_for=(("tbsm", "kaggle", "*"),),
+    )  # fmt: skip
+    monkeypatch.setattr("dlrm.config.RECIPES", [*RECIPES, trial])
+    cfg = TrainConfig(model="tbsm", data_set="kaggle", raw_data_file="raw")
+    assert (cfg.arch_mlp_top, cfg.mini_batch_size, cfg.optimizer) == ((8, 1), 64, "sgd")
+    assert list(cfg.reference_defaults) == [
+        "arch_mlp_top", "mini_batch_size", "arch_sparse_feature_size", "arch_mlp_bot",
+    ]  # fmt: skip
+    assert cfg.describe_recipes()[0].endswith(
+        "(dlrm/recipes/trial.toml, dlrm/recipes/synthetic.toml)"
+    )
 
 
 # --- a user's recipe -------------------------------------------------------------------------
