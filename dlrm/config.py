@@ -310,7 +310,9 @@ class TrainConfig:
         # have moved or changed since), only recorded
         path = flat.pop(recipes.RECIPE_SETTING, None)
         cfg = cls(**flat)
-        object.__setattr__(cfg, "run", dataclasses.replace(cfg.run, recipe=path))
+        if path is not None:
+            object.__setattr__(cfg, "run", dataclasses.replace(cfg.run, recipe=path))
+            cfg.given = cfg.given | {recipes.RECIPE_SETTING}
         return cfg
 
     def arch_signature(self) -> dict:

@@ -211,6 +211,8 @@ def test_a_users_recipe_applies_under_the_flags_given(tmp_path):
     )
     assert (cfg.mini_batch_size, cfg.optimizer, cfg.arch_mlp_bot) == (16, "adagrad", (13, 8, 4))
     assert cfg.run.recipe == mine and "mini_batch_size" not in cfg.recipe_settings
+    assert {"recipe", "optimizer", "arch_mlp_bot", "mini_batch_size"} <= cfg.given  # the user's
+    assert "learning_rate" not in cfg.given  # the reference recipe's
     # as if its settings were flags: the same config as giving them on the command line
     spelled = ["--arch-embedding-size", "30-20-10", "--arch-sparse-feature-size", "4", "--arch-mlp-bot",
                "13-8-4", "--arch-mlp-top", "8-1", "--optimizer", "adagrad", "--data-size", "320",
@@ -250,6 +252,7 @@ def test_the_recipe_is_recorded_and_a_saved_config_does_not_read_it_again(tmp_pa
     mine.unlink()  # moved away: the run's own config still loads, with every value it set
     again = TrainConfig.from_json(saved)
     assert again.run.recipe == str(mine) and again.to_json() == saved
+    assert again.given == frozenset(k for k, v in saved.items() if v is not None)
 
 
 @pytest.mark.parametrize(
