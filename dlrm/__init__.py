@@ -11,6 +11,9 @@ package, which builds on this one.
 
 from dlrm.config import TrainConfig
 from dlrm.errors import ConfigError
+from hybrid_dlrm.common.stack import require
+
+require("dlrm")  # before anything imports torch: one line, not a traceback
 
 __all__ = ["ConfigError", "DataSplits", "TrainConfig", "Trainer"]
 

@@ -5,6 +5,9 @@ The names below are imported on first use (PEP 562), so `import embeddings.confi
 """
 
 from hybrid_dlrm.common.lazy import lazy_exports
+from hybrid_dlrm.common.stack import require
+
+require("embeddings")  # before anything imports torch: one line, not a traceback
 
 _HOME = {
     "EmbeddingCollection": "embeddings.collection",

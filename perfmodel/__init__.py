@@ -18,6 +18,9 @@ from __future__ import annotations
 import os
 
 from hybrid_dlrm.common.lazy import lazy_exports
+from hybrid_dlrm.common.stack import require
+
+require("perfmodel")  # before anything imports torch: one line, not a traceback
 
 # torch's profiler (kineto) prints two "USDT ... profiler_start/stop" lines to stderr for every
 # profiled region; the model profiles steps to capture their graphs (a --placement auto run's

@@ -8,6 +8,10 @@ neither of them imports serving.
 `Predictor` is imported on first use: `import hybrid_dlrm.serving` costs nothing until it is needed.
 """
 
+from hybrid_dlrm.common.stack import require
+
+require("hybrid_dlrm.serving")  # before anything imports torch: one line, not a traceback
+
 __all__ = ["Predictor"]
 
 

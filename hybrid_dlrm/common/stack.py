@@ -1,0 +1,35 @@
+"""Is the stack installed in the Python running us? Asked by every package face before anything
+imports it, so that `python -m dlrm.train` under an interpreter without torch (the system
+Python, where `make venv` built .venv/) ends in one line naming the fix, not a traceback.
+
+Asked with `importlib.util.find_spec`, which finds a module without importing it: parsing a
+command line still does not pay for torch.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+# what every package above this one imports (fbgemm is optional: a pure-PyTorch path stands in)
+STACK = ("numpy", "torch", "torchrec")
+
+
+class StackMissing(ModuleNotFoundError):
+    """The stack is not installed in this interpreter."""
+
+
+def require(package: str) -> None:
+    """Return when the stack is importable; otherwise one line naming the fix: exit 2 while
+    `python -m` is locating a command (argv[0] is '-m' then), a StackMissing for a library user."""
+    missing = [m for m in STACK if importlib.util.find_spec(m) is None]
+    if not missing:
+        return
+    message = (
+        f"{package}: {', '.join(missing)} not installed for {sys.executable}: run `make venv` in "
+        "the checkout, then use .venv/bin/python (or `source .venv/bin/activate` first)"
+    )
+    if sys.argv[:1] == ["-m"]:
+        print(message, file=sys.stderr)
+        raise SystemExit(2)
+    raise StackMissing(message, name=missing[0])
