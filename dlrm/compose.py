@@ -15,8 +15,10 @@ run instead of subclassing the trainer.
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,6 +74,8 @@ class Run:
     lock: DirectoryLock | None = (
         None  # the run directory's, held by rank 0 (hybrid_dlrm/common/lock.py)
     )
+    # a line for the person running it, in the command line's style: rank 0 says it for all
+    say: Callable[[str], None] = functools.partial(print, flush=True)
 
     def resume_target(self) -> tuple[Path, dict] | None:
         """The checkpoint to continue from with its verified contents; None: start afresh."""
@@ -150,6 +154,7 @@ def build_run(
         else NoRunFiles(cfg.run_dir),
         store, bool(show) and leads, resume_changes, resuming,
         leads and progress_lines(cfg.run.progress), lock,
+        say=functools.partial(print, flush=True) if leads else lambda line: None,
     )  # fmt: skip
 
 

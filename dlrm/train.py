@@ -12,7 +12,9 @@ import argparse
 import logging
 import os
 import shlex
+import signal
 import sys
+import threading
 from pathlib import Path
 
 from data_pipeline.errors import DataError
@@ -43,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     # ours to fix and would be the first line a user sees.
     logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
     rank, world, finished, cfg = 0, 1, False, None
+    previous = _end_on_sigterm()
     try:
         # first: the load before the imports, which the thread count's first reading spans
         start = thread_watch.CpuSampler().read()
@@ -80,16 +83,19 @@ def main(argv: list[str] | None = None) -> int:
     except TrainingDiverged as e:
         sys.stderr.write(f"python -m dlrm.train: training stopped: {_ranked(e, rank, world)}\n")
         return 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
+        how = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted"
         if cfg is not None and rank == 0 and _leads():
-            sys.stderr.write(f"\n{_interrupted(cfg, argv)}\n")
-        return EXIT_INTERRUPTED
+            sys.stderr.write(f"\n{_interrupted(cfg, argv, how)}\n")
+        return EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_INTERRUPTED
     except Exception as e:
         if world == 1 or not distributed.is_communication_failure(e):
             raise
         sys.stderr.write(f"python -m dlrm.train: error: {distributed.failure_message(e, rank)}\n")
         return 1
     finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
         if world > 1:
             distributed.shutdown(finished)
     if rank == 0 and trainer.finished_summary is None:  # else it said "nothing to do"
@@ -97,8 +103,27 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-# a run ended by Ctrl-C (SIGINT) exits as a shell reports a process killed by it: 128 + 2
+# a run ended by Ctrl-C (SIGINT) or SIGTERM exits as a shell reports a process killed by it:
+# 128 + the signal's number, which is what a batch scheduler or supervisor expects back
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (what a batch scheduler sends before it kills a job), ended as Ctrl-C ends a run:
+    the last checkpoint and the command that resumes, then the signal's exit code."""
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise Terminated()
+
+
+def _end_on_sigterm():
+    """SIGTERM raises Terminated in the main thread; the handler it replaced (None: not set,
+    off the main thread, where Python lets no handler be set)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, _raise_terminated)
 
 
 def _leads() -> bool:
@@ -107,7 +132,7 @@ def _leads() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
 
-def _interrupted(cfg: TrainConfig, argv: list[str] | None) -> str:
+def _interrupted(cfg: TrainConfig, argv: list[str] | None, how: str = "interrupted") -> str:
     """Ctrl-C's one line: where the last complete checkpoint is and the command that resumes.
     A checkpoint being written when the signal came is not it: the atomic write removed its
     temporary (hybrid_dlrm/common/atomic.py), so the newest complete file is the last good one."""
@@ -116,10 +141,10 @@ def _interrupted(cfg: TrainConfig, argv: list[str] | None) -> str:
     run = Path(cfg.run.out_dir)
     found = ckpt.list_checkpoints(run / "checkpoints")
     if not found:
-        return f"interrupted before the first checkpoint; nothing to resume in {run}"
+        return f"{how} before the first checkpoint; nothing to resume in {run}"
     args = _without_out_dir(list(sys.argv[1:] if argv is None else argv))
     command = shlex.join(["python", "-m", "dlrm.train", *args, "--out-dir", str(run), "--resume"])
-    return f"interrupted; the last checkpoint is {found[-1]}; resume with: {command}"
+    return f"{how}; the last checkpoint is {found[-1]}; resume with: {command}"
 
 
 def _without_out_dir(args: list[str]) -> list[str]:

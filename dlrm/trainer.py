@@ -119,7 +119,7 @@ class Trainer:
         self.pipeline, self.compiled = run.pipeline, run.compiled  # compiled None: eager
         self.processes, self.files, self.checkpoints = run.processes, run.files, run.checkpoints
         self.run_dir, self.ckpt_dir = cfg.run_dir, run.checkpoints.directory
-        self._progress, self._lines = run.progress, run.lines
+        self._progress, self._lines, self._say = run.progress, run.lines, run.say
         self._resume_changes = run.resume_changes
         self._lock = (
             run.lock
@@ -235,7 +235,7 @@ class Trainer:
             return False
         if self.cfg.run.save_model and not Path(self.cfg.run.save_model).exists():
             self.save_model_file(Path(self.cfg.run.save_model))
-        log.warning("run already finished at step %d; nothing to do", self.state.step)
+        self._say(f"run already finished at step {self.state.step}; nothing to do")
         self.finished_summary = done
         return True
 
@@ -438,7 +438,13 @@ class Trainer:
         ckpt.set_rng_state(data["rng"])
         self._lr = float("nan")  # force the LR of the next step to be applied
         self.checkpoints.resumed_from(path)
-        log.info("resumed from %s at step %d", path, self.state.step)
+        st, epochs = self.state, self.cfg.training.nepochs
+        where = (
+            f"epoch {st.epoch + 1} of {epochs}, batch {st.batch_in_epoch}"
+            if st.batch_in_epoch
+            else f"{st.epoch} of {epochs} epochs done"
+        )
+        self._say(f"resumed from {path} at step {st.step} ({where})")
 
     def save_model_file(self, path: Path) -> None:
         """Weights only (no optimizer), for --load-model and inference."""

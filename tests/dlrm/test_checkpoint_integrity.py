@@ -469,8 +469,13 @@ def test_resuming_a_finished_run_changes_nothing_and_says_so(trained, tmp_path, 
     out = capsys.readouterr()
     assert rc == 0
     said = [(r.levelname, r.getMessage()) for r in caplog.records if r.levelno >= logging.WARNING]
-    assert said == [("WARNING", "run already finished at step 30; nothing to do")]
-    # the start-up line (threads) only: no summary
-    assert [x.split()[0] for x in out.out.splitlines()] == ["threads"]
+    assert said == []  # no logger-style line: the CLI's own style, on stdout
+    # the start-up line (threads), where it resumed, and that it is finished: no summary
+    lines = out.out.splitlines()
+    assert [x.split()[0] for x in lines] == ["threads", "resumed", "run"]
+    assert lines[1].startswith("resumed from ") and lines[1].endswith(
+        " at step 30 (1 of 1 epochs done)"
+    )
+    assert lines[2] == "run already finished at step 30; nothing to do"
     assert "Traceback" not in out.err
     assert {p: p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()} == before

@@ -62,7 +62,14 @@ def test_progress_setting_and_durations():
     assert [duration(s) for s in (0.4, 42, 185, 3720)] == ["0s", "42s", "3m05s", "1h02m"]
 
 
-def test_ctrl_c_says_where_the_last_checkpoint_is_and_how_to_resume(tmp_path):
+@pytest.mark.parametrize(
+    "sig,code,how",
+    [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated (SIGTERM)")],
+    ids=["SIGINT", "SIGTERM"],
+)
+def test_ctrl_c_says_where_the_last_checkpoint_is_and_how_to_resume(tmp_path, sig, code, how):
+    """Ctrl-C, and SIGTERM (what a batch scheduler sends) alike: one line, the checkpoint, the
+    resume command, then the signal's exit code (128 + its number)."""
     run = tmp_path / "r"
     args = ["--data-size", str(32 * 5000), "--test-freq", "100", "--test-data-size", "64",
             "--print-freq", "0", "--out-dir", str(run)]  # fmt: skip
@@ -71,12 +78,12 @@ def test_ctrl_c_says_where_the_last_checkpoint_is_and_how_to_resume(tmp_path):
     while not ckpt.list_checkpoints(run / "checkpoints") and time.monotonic() < deadline:
         assert p.poll() is None, p.communicate()
         time.sleep(0.05)
-    p.send_signal(signal.SIGINT)
+    p.send_signal(sig)
     out, err = p.communicate(timeout=120)
-    assert p.returncode == 130, err
+    assert p.returncode == code, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err
     (line,) = err.strip().splitlines()
-    assert line.startswith("interrupted; the last checkpoint is ")
+    assert line.startswith(f"{how}; the last checkpoint is ")
     found = ckpt.list_checkpoints(run / "checkpoints")
     named = Path(line.split("the last checkpoint is ")[1].split(";")[0])
     assert named == found[-1]

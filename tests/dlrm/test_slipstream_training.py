@@ -301,7 +301,7 @@ def test_slipstream_on_cuda_skips_and_resumes_exactly(make_config, tmp_path, mod
 
 
 def test_a_kill_after_the_final_checkpoint_or_a_finished_run_trains_no_more(
-    make_config, tmp_path, caplog
+    make_config, tmp_path, capsys
 ):
     # Issue 37, 4: drop ends the epoch early, so the run ends with fewer steps than the epoch's
     # batches; a resume from the final checkpoint took that for "not done" and trained a step.
@@ -324,8 +324,9 @@ def test_a_kill_after_the_final_checkpoint_or_a_finished_run_trains_no_more(
     run = tmp_path / "full"
     before = {p: p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
     again = Trainer(make_config(**common, out_dir=str(run), resume="auto"))
-    with caplog.at_level("WARNING"):
-        assert again.fit() == json.loads((run / "summary.json").read_text())
-    assert f"run already finished at step {want['steps']}; nothing to do" in caplog.text
+    capsys.readouterr()
+    assert again.fit() == json.loads((run / "summary.json").read_text())
+    said = capsys.readouterr().out.splitlines()
+    assert f"run already finished at step {want['steps']}; nothing to do" in said
     assert_same_model(full, again, 0.0)
     assert {p: p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()} == before

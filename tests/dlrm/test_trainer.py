@@ -248,3 +248,14 @@ def test_checkpoint_contents_are_listed_once(make_config):
         "model",
         "sparse_optimizer",
     }
+
+
+def test_a_resumed_run_says_where_it_resumes_from(make_config, capsys):
+    cfg = make_config(num_batches=10, test_freq=5, keep_checkpoints=3)
+    Trainer(cfg).fit()
+    (cfg.run_dir / "checkpoints" / "step_000000010.pt").unlink()  # as if killed before it
+    capsys.readouterr()
+    Trainer(make_config(num_batches=10, test_freq=5, keep_checkpoints=3, resume="auto")).fit()
+    said = [x for x in capsys.readouterr().out.splitlines() if x.startswith("resumed from ")]
+    assert len(said) == 1, said
+    assert said[0].endswith("step_000000005.pt at step 5 (epoch 1 of 1, batch 5)"), said
