@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import re
 import sys
 import types
@@ -41,8 +42,19 @@ class OneLineParser(argparse.ArgumentParser):
     """argparse with a flag mistake as one line and exit code 2 (the dlrm CLIs' parser)."""
 
     def error(self, message: str) -> None:  # one line, not the usage block
-        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        sys.stderr.write(f"{self.prog}: error: {message}{self._did_you_mean(message)}\n")
         sys.exit(EXIT_USAGE)
+
+    def _did_you_mean(self, message: str) -> str:
+        """For a mistyped flag (`--num-batchs`), the flags it is closest to."""
+        if not message.startswith("unrecognized arguments: "):
+            return ""
+        flags = [s for a in self._actions for s in a.option_strings if s.startswith("--")]
+        guesses = []
+        for word in message.removeprefix("unrecognized arguments: ").split():
+            if word.startswith("--"):
+                guesses += difflib.get_close_matches(word.split("=")[0], flags, n=2, cutoff=0.75)
+        return f" (did you mean {' or '.join(dict.fromkeys(guesses))}?)" if guesses else ""
 
 
 def _types(hint) -> set:

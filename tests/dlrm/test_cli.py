@@ -59,6 +59,8 @@ def test_reference_flags_map_to_config():
         ),
         (["--resume"], "--resume: no checkpoint found"),
         (["--bogus-flag", "1"], "unrecognized arguments: --bogus-flag 1"),
+        (["--num-batchs", "3"], "--num-batchs 3 (did you mean --num-batches?)"),
+        (["--hot-budjet=3MB"], "--hot-budjet=3MB (did you mean --hot-budget?)"),
     ],
 )
 def test_user_mistakes_get_one_line_and_exit_2(argv, message, capsys, tmp_path):
