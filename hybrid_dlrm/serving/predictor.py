@@ -139,9 +139,15 @@ class Predictor:
         return torch.sigmoid(self.model.dense_forward(dense.to(self.device), pooled).float())
 
     def check_ids(self, sparse: KeyedJaggedTensor) -> None:
-        """ValueError naming the first id of `sparse` outside its table (its sample, feature and
-        table): a lookup past a table's end is a raw kernel error, and -1 no error at all."""
+        """ValueError naming features that are not the artifact's (both lists), or the first id of
+        `sparse` outside its table (its sample, feature and table): a lookup past a table's end
+        is a raw kernel error, and -1 no error at all."""
         tables = {t.feature_name: t for t in self.artifact.tables}
+        if list(sparse.keys()) != list(tables):
+            raise ValueError(
+                f"the batch's features ({_names(sparse.keys())}) are not the artifact's "
+                f"({_names(list(tables))}), in its order"
+            )
         values, offsets = sparse.values().cpu(), sparse.offsets().cpu()
         stride, start = sparse.stride(), 0
         for k, (key, n) in enumerate(zip(sparse.keys(), sparse.length_per_key())):
@@ -221,3 +227,11 @@ def _serve_from_tier(a: art.Artifact, device, scm_dir, scm_cache, scm_io, scm_io
         raise art.ArtifactError(str(e)) from None
     a.rows = []  # the memory-mapped tables are not needed: the tier serves them
     return ScmQuantizedEmbeddingBagCollection(tier, device)
+
+
+def _names(keys: list[str]) -> str:
+    """cat_0..cat_25 for a long run of the usual names, else the names."""
+    keys = list(keys)
+    if len(keys) > 4:
+        return f"{len(keys)}: {', '.join(keys[:2])}, ..., {keys[-1]}"
+    return ", ".join(keys) or "none"

@@ -52,8 +52,8 @@ EMB_CHOICES = (*TABLE_PRECISIONS, "auto")
 MOVED = 0.01  # a prediction "moved" when its probability changed by more than this
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = OneLineParser(prog=PROG, description=__doc__.splitlines()[0])
+def build_parser(parser: type[argparse.ArgumentParser] = OneLineParser) -> argparse.ArgumentParser:
+    p = parser(prog=PROG, description=__doc__.splitlines()[0])
     p.add_argument("source", nargs="?", help="run directory, checkpoint or --save-model file")
     p.add_argument("--out", help="the artifact directory to write (must not exist)")
     p.add_argument("--emb-precision", default="int8", help=f"one of {', '.join(EMB_CHOICES)}")
@@ -333,6 +333,25 @@ def check(a: argparse.Namespace) -> dict:
         "quantized": metrics_of(q_logits, labels),
         "moved_share": moved.float().mean().item(),
     }
+
+
+class _RaisingParser(OneLineParser):
+    """The command's parser for a library caller: a flag mistake is a ConfigError to catch."""
+
+    def error(self, message: str) -> None:
+        raise ConfigError(message)
+
+
+def quantize(argv: list[str]) -> dict:
+    """The command's work for a library user, with its arguments: the artifact's manifest (or,
+    with --check, the comparison). A mistake raises the typed error the command would report
+    (ConfigError, DataError, CheckpointError, ArtifactError, ArchError); exit codes are main's.
+
+        quantize(["runs/a", "--out", "art/int8", "--emb-precision", "int8"])
+    """
+    a = build_parser(_RaisingParser).parse_args(argv)
+    _check_args(a)
+    return check(a) if a.check else export(a)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -329,3 +329,34 @@ def test_a_data_set_with_other_tables_is_one_line(tmp_path):
     with pytest.raises(DataError, match=r"meta.json: 2 tables, the model has 1;"):
         predict_dataset(SimpleNamespace(artifact=SimpleNamespace(tables=tables[:1])), tmp_path,
                         "test", None, 8)  # fmt: skip
+
+
+def test_the_library_face_of_quantize_raises_what_the_command_reports(world, tmp_path):
+    """docs/library.md's `quantize([...])`: a mistake is an exception to catch, never a return
+    code a script can miss and go on with (then loading an older artifact)."""
+    from dlrm.errors import ConfigError
+    from hybrid_dlrm.serving.quantize import quantize as quantize_lib
+
+    with pytest.raises(ArtifactError, match="exists"):  # the artifact is there already
+        quantize_lib([str(world / "run"), "--out", str(world / "art")])
+    with pytest.raises(ConfigError, match="unrecognized arguments: --bogus"):
+        quantize_lib([str(world / "run"), "--bogus"])
+    manifest = quantize_lib(
+        [str(world / "run"), "--out", str(tmp_path / "a"), "--batch-size", "256"]
+    )
+    assert manifest["bytes"]["model_bytes"] > 0 and (tmp_path / "a" / "manifest.json").exists()
+
+
+def test_a_batch_of_other_features_is_one_line_naming_both(world):
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    p = Predictor.load(world / "art")
+    names = ["cat_0", "cat_1", "cat_2", "cat_3"]
+    kjt = KeyedJaggedTensor(keys=names, values=torch.zeros(8, dtype=torch.int64),
+                            lengths=torch.ones(8, dtype=torch.int32))  # fmt: skip
+    with pytest.raises(ValueError) as e:
+        p.predict((torch.zeros(2, 13), kjt))
+    assert str(e.value) == (
+        "the batch's features (cat_0, cat_1, cat_2, cat_3) are not the artifact's "
+        "(26: cat_0, cat_1, ..., cat_25), in its order"
+    )
