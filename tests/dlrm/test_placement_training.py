@@ -3,6 +3,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from dlrm import Trainer
@@ -67,6 +68,7 @@ def test_fae_epoch_is_a_regrouping_of_the_same_inputs_and_replays_from_any_batch
         assert torch.equal(a.dense_features, b.dense_features) and torch.equal(a.labels, b.labels)
 
 
+@pytest.mark.usefixtures("long_training")
 def test_fae_resume_reproduces_the_uninterrupted_run_exactly(make_config, tmp_path):
     for optimizer in ["sgd", "rowwise_adagrad"]:
         common = dict(FAE, test_freq=10, nepochs=2, data_size=64 * 15, optimizer=optimizer)

@@ -132,6 +132,7 @@ def test_resume_with_other_settings_is_refused_unless_allowed(make_config, stopp
         Trainer(make_config(out_dir=cfg.out_dir, resume="auto", allow_changed=("speed",)))
 
 
+@pytest.mark.usefixtures("long_training")
 def test_resume_into_another_run_is_refused_and_into_an_empty_directory_continues(
     make_config, stopped_run, tmp_path
 ):
