@@ -7,6 +7,7 @@ import math
 import pytest
 
 from dlrm import Trainer
+from dlrm.pipelines.slipstream import SlipstreamTrainPipeline
 
 STEPS = 6
 HOT = dict(hot_budget="2KB", profile_sample_rate=0.2)
@@ -31,6 +32,7 @@ def test_the_placement_trains_a_few_steps(make_config, tmp_path, name):
     summary = trainer.fit()
     assert summary["steps"] == STEPS
     assert summary["placement"]["kind"] == kind
+    assert isinstance(trainer.pipeline, SlipstreamTrainPipeline) == (name == "slipstream")
     assert math.isfinite(summary["test_logloss"]) and 0.0 < summary["test_auc"] < 1.0
     after = trainer.model.embeddings.table_weights()
     assert any(not b.equal(a) for b, a in zip(before, after)), "no embedding row was trained"
