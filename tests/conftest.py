@@ -61,11 +61,12 @@ def pytest_collection_modifyitems(config, items):
 
 # --- the tier rule (see the top of this file) -------------------------------------------------
 
-# The tiny config (tests/dlrm/conftest.py `tiny`) trains 30 steps an epoch in about a second: 40
-# lets a test train one tiny run and a short second one (a resume, a probe). Two full runs compared
-# bit for bit, several epochs, a learning curve: the slow tier's business, whose cost grows with
-# the steps (the fast tier's budget, a minute on two cores, holds no more).
-MAX_FAST_STEPS = 40
+# The tiny config (tests/dlrm/conftest.py `tiny`) trains 30 steps an epoch. 20 lets a fast test
+# train a short run: a few steps, a checkpoint or two, a resume of them. A full epoch, two runs
+# compared bit for bit, a learning curve are the slow tier's: measured under load, the tests
+# training 21 to 40 steps held half the fast tier's CPU time, and it must fit in a minute on two
+# cores (60, then 40, did not).
+MAX_FAST_STEPS = 20
 ROOT = Path(__file__).resolve().parent.parent
 # Whose code the scan follows from a test: the tests' helpers and the scripts they drive. Product
 # code is left to the run-time guard: followed, it reaches nearly everything from any test.
@@ -184,7 +185,7 @@ _MACHINERY = (*_LAUNCHER_MODULES, "os", "concurrent.futures", "torch.distributed
 
 
 def _refuse(why: str) -> None:
-    _guard.broken = f"{_guard.test} is not marked slow, yet {why}"
+    _guard.broken = f"{_guard.test} is not marked slow, yet it (or a fixture it set up) {why}"
     # a worker thread refused gets to die quietly: the test fails at the end of its phase
     if threading.current_thread() is threading.main_thread():
         pytest.fail(_guard.broken, pytrace=False)
@@ -214,7 +215,8 @@ def _count_step() -> None:
         _refuse(
             f"trained more than {MAX_FAST_STEPS} steps (MAX_FAST_STEPS, tests/conftest.py): "
             "train fewer (tests/dlrm/conftest.py `tiny` trains 30 an epoch) or request the "
-            "`long_training` fixture, which marks the test slow"
+            "`long_training` fixture (from the fixture that trains, if one does), which marks "
+            "the test slow"
         )
 
 

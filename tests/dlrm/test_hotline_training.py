@@ -76,6 +76,7 @@ def test_hotline_is_exact_however_far_ahead_it_stages(make_config, tmp_path, pre
         assert p["emb_bytes_h2d_gather"] == p["cold_rows"] * row and p["hidden_share"] == 0.0
 
 
+@pytest.mark.usefixtures("long_training")
 def test_hotline_resume_reproduces_the_uninterrupted_run_exactly(make_config, tmp_path):
     common = dict(HOTLINE, test_freq=10, nepochs=2, data_size=64 * 15, optimizer="adagrad")
     full_cfg = make_config(**common, keep_checkpoints=10, out_dir=str(tmp_path / "full"))
@@ -152,6 +153,7 @@ def test_hotline_trains_tbsm_like_the_device_placement(make_config, tmp_path):
     assert 0 < b["placement"]["popular_input_share"] < 1
 
 
+@pytest.mark.usefixtures("long_training")
 def test_hotline_counters_reach_metrics_jsonl(make_config, tmp_path):
     cfg = make_config(**HOTLINE, print_freq=10, hotline_prefetch=0)
     Trainer(cfg).fit()

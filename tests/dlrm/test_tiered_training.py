@@ -280,6 +280,7 @@ def test_bad_tier_flags_are_one_line_each(make_config, tmp_path):
         Trainer(make_config(**TIERED, out_dir=str(tmp_path / "b"), scm_dir=str(tmp_path / "scm")))
 
 
+@pytest.mark.usefixtures("long_training")
 def test_tier_counters_reach_metrics_jsonl_and_the_checkpoint_holds_no_cold_rows(
     make_config, tmp_path
 ):

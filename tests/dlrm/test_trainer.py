@@ -137,6 +137,7 @@ def test_crash_while_writing_a_checkpoint_leaves_the_previous_one(make_config, m
     assert ckpt.load(directory / "step_000000005.pt")["train_state"]["step"] == 5
 
 
+@pytest.mark.usefixtures("long_training")
 def test_corrupt_or_foreign_checkpoints_are_refused(make_config, tmp_path):
     bad = tmp_path / "bad.pt"
     bad.write_bytes(b"\x80\x04not a zip")
@@ -154,6 +155,7 @@ def test_corrupt_or_foreign_checkpoints_are_refused(make_config, tmp_path):
         Trainer(make_config(resume=str(tmp_path / "nowhere")))
 
 
+@pytest.mark.usefixtures("long_training")
 def test_save_model_then_inference_only(make_config, tmp_path):
     model_file = tmp_path / "model.pt"
     trained = Trainer(make_config(save_model=str(model_file)))
@@ -188,6 +190,7 @@ def test_config_round_trips_through_json(make_config):
     assert TrainConfig.from_json(json.loads(json.dumps(cfg.to_json()))) == cfg
 
 
+@pytest.mark.usefixtures("long_training")
 def test_a_new_run_refuses_a_directory_holding_a_run(make_config):
     cfg = make_config()
     Trainer(cfg).fit()

@@ -27,7 +27,7 @@ def _csv(path):
 
 
 @pytest.fixture(scope="module")
-def kaggle(tmp_path_factory):
+def kaggle(tmp_path_factory, long_training):  # tiny epochs
     d = tmp_path_factory.mktemp("predict")
     write_kaggle(d / "raw", 7 * DAY, 50, SyntheticSpec(vocab_cap=300))
     runs = {}
