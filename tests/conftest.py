@@ -1,7 +1,8 @@
 """Fixtures for the whole suite, and the rule that splits it into two tiers.
 
 `make test` runs every test (CI); `make test-fast` runs `pytest -m "not slow"`, which still
-imports every module (tests/test_imports.py) and trains every placement a few steps.
+imports every module (tests/test_imports.py) and trains every placement a few steps
+(tests/dlrm/test_every_placement_trains.py).
 
 The rule: a test is `slow` when it starts a process or trains more than MAX_FAST_STEPS steps.
 It lives here and nowhere else; no test is marked slow by hand.
@@ -126,7 +127,8 @@ def _launcher(root: Callable) -> str | None:
             todo.extend(v.__func__ if isinstance(v, staticmethod | classmethod) else v
                         for v in vars(obj).values())  # fmt: skip
             continue
-        obj = inspect.unwrap(getattr(obj, "hypothesis", None) and obj.hypothesis.inner_test or obj)
+        inner = getattr(getattr(obj, "hypothesis", None), "inner_test", None)  # under @given
+        obj = inspect.unwrap(inner or obj)
         code = getattr(obj, "__code__", None)
         if code is None or not _ours(code.co_filename, _FOLLOWED):
             continue
