@@ -1,11 +1,12 @@
 # Two entry points (see README): `make run` trains on the embedded default, `make test` runs the
-# suite. Both build .venv from nothing when it is missing or requirements changed.
+# suite (CI: .ci/run); `make test-fast` its fast tier, the rule in tests/conftest.py. All build
+# .venv from nothing when it is missing or requirements changed.
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test lint venv clean
+.PHONY: run test test-fast lint venv clean
 
 venv: $(STAMP)
 
@@ -22,6 +23,9 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check hybrid_dlrm dlrm embeddings data_pipeline perfmodel scripts tests

@@ -6,11 +6,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 import torch
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "library.md"
 
 
+@pytest.mark.usefixtures("long_training")
 def test_every_python_block_of_the_library_page_runs(tmp_path, monkeypatch, capsys):
     blocks = re.findall(r"```python\n(.*?)```", PAGE.read_text(), re.S)
     assert len(blocks) == 4

@@ -52,6 +52,7 @@ def test_placement_examples_do_what_their_comments_say(tmp_path, monkeypatch, ca
     assert ran == 5
 
 
+@pytest.mark.usefixtures("starts_processes")
 def test_the_quantize_predict_sequence_runs_as_pasted(tmp_path, monkeypatch, capsys):
     from data_pipeline.__main__ import main as data_pipeline
     from dlrm.train import main as train
@@ -78,6 +79,7 @@ def test_the_quantize_predict_sequence_runs_as_pasted(tmp_path, monkeypatch, cap
     assert (tmp_path / "submission.csv").read_text() == (tmp_path / "s.csv").read_text()
 
 
+@pytest.mark.usefixtures("starts_processes")
 def test_the_inference_page_block_runs_as_pasted(tmp_path, monkeypatch, capsys):
     """docs/inference.md's "Run it" block, in order (tiny sizes): raw lines -> run -> every
     export -> check -> both predictions -> the reference's --inference-only."""

@@ -332,6 +332,7 @@ def test_reuse_checks_raw_files_and_tolerates_their_absence(tmp_path) -> None:
     assert ensure_preprocessed("kaggle", tmp_path / "raw", out, max_ind_range=50) == out
 
 
+@pytest.mark.usefixtures("starts_processes")
 def test_worker_processes_give_the_same_bytes(tmp_path) -> None:
     raw, bad = _bad_kaggle(tmp_path)  # bad lines travel back from the workers too
     options = dict(frequency_threshold=2, sub_sample_rate=0.2, seed=7, block_bytes=16384)

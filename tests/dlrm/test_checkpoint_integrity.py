@@ -74,6 +74,7 @@ def trained(make_config, tmp_path):
 
 @pytest.mark.parametrize("kind", ["checkpoint", "model file"])
 @pytest.mark.parametrize("damage", list(DAMAGE))
+@pytest.mark.usefixtures("long_training")
 def test_damage_anywhere_is_detected_and_named(trained, tmp_path, kind, damage):
     run = Path(trained.out_dir)
     original = (
@@ -102,6 +103,7 @@ def test_damage_anywhere_is_detected_and_named(trained, tmp_path, kind, damage):
             assert message == f"{damaged}: not a readable checkpoint ({said})"
 
 
+@pytest.mark.usefixtures("long_training")
 def test_damaged_optimizer_state_is_named_not_trained_on(make_config, caplog):
     # as measured in the issue: 64 flipped bytes in the optimizer state once became NaN, and the
     # resumed run blamed divergence on the corrupt file it called "the last good checkpoint"
@@ -120,6 +122,7 @@ def test_damaged_optimizer_state_is_named_not_trained_on(make_config, caplog):
     assert resumed.state.step == 20 and resumed._last_checkpoint().name == "step_000000020.pt"
 
 
+@pytest.mark.usefixtures("long_training")
 def test_resume_falls_back_to_the_newest_checkpoint_that_verifies(trained, make_config, caplog):
     checkpoints = Path(trained.out_dir) / "checkpoints"
     newest = checkpoints / "step_000000030.pt"
@@ -139,6 +142,7 @@ def test_resume_falls_back_to_the_newest_checkpoint_that_verifies(trained, make_
     assert ckpt.load(newest)["train_state"]["step"] == 30
 
 
+@pytest.mark.usefixtures("long_training")
 def test_resume_of_a_directory_where_nothing_verifies_names_every_file(trained, make_config):
     checkpoints = Path(trained.out_dir) / "checkpoints"
     for p in ckpt.list_checkpoints(checkpoints):
@@ -164,6 +168,7 @@ def largest_record_payload(path: Path) -> int:
     return info.header_offset + 30 + name_len + extra_len
 
 
+@pytest.mark.usefixtures("long_training")
 def test_cli_corrupt_resume_file_is_one_line_exit_2(trained, capsys):
     path = Path(trained.out_dir) / "checkpoints" / "step_000000020.pt"
     zero_4k(path, largest_record_payload(path) + 64)
@@ -208,6 +213,7 @@ def test_cli_unreadable_and_foreign_files_never_advise_weights_only_false(tmp_pa
                                 f"{Foreign.__module__}.{Foreign.__qualname__} was not an allowed global by default)")  # fmt: skip
 
 
+@pytest.mark.usefixtures("long_training")
 def test_cli_model_file_given_to_resume_is_named_as_such(trained, capsys):
     rc, err = run_cli(
         [*TINY_CLI, "--out-dir", trained.out_dir, "--resume", trained.save_model], capsys
@@ -241,6 +247,7 @@ def stop_at_first_checkpoint(make_config, monkeypatch):
     return cfg, temporary
 
 
+@pytest.mark.usefixtures("long_training")
 def test_run_killed_in_its_first_checkpoint_resumes_from_scratch(
     make_config, monkeypatch, capsys, caplog
 ):
@@ -258,6 +265,7 @@ def test_run_killed_in_its_first_checkpoint_resumes_from_scratch(
     assert names == ["step_000000020.pt", "step_000000030.pt"]
 
 
+@pytest.mark.usefixtures("long_training")
 def test_run_killed_in_its_first_checkpoint_can_be_rerun(make_config, monkeypatch, caplog):
     cfg, temporary = stop_at_first_checkpoint(make_config, monkeypatch)
     with caplog.at_level(logging.WARNING):
@@ -273,6 +281,7 @@ def test_a_run_directory_with_nothing_in_it_is_still_an_error(tmp_path, make_con
         Trainer(make_config(resume=str(tmp_path / "empty")))
 
 
+@pytest.mark.usefixtures("long_training")
 def test_temporaries_of_interrupted_writes_are_removed(trained, make_config):
     checkpoints = Path(trained.out_dir) / "checkpoints"
     gone = NO_SUCH_PID
@@ -360,6 +369,7 @@ def test_disk_full_on_a_real_small_file_system(make_config, tmpfs):
         subprocess.run(["umount", str(mount)], check=True)
 
 
+@pytest.mark.usefixtures("long_training")
 def test_files_from_before_checksums_load_with_a_warning_after_their_crcs(
     trained, tmp_path, caplog
 ):
@@ -430,6 +440,7 @@ def test_the_fuzzed_checkpoint_loads_whole_when_undamaged(small):
     assert same(SMALL, ckpt.load(small))
 
 
+@pytest.mark.usefixtures("long_training")
 def test_cli_corrupt_model_file_given_to_load_model_is_one_line_exit_2(trained, tmp_path, capsys):
     path = Path(trained.save_model)
     flip_bit(path, offset_of(path, ckpt.load(path)["model"]["bottom_mlp.0.weight"]) + 3)
@@ -442,6 +453,7 @@ def test_cli_corrupt_model_file_given_to_load_model_is_one_line_exit_2(trained, 
     )
 
 
+@pytest.mark.usefixtures("long_training")
 def test_a_verified_checkpoint_from_another_version_names_the_file(trained, make_config, tmp_path):
     data = ckpt.load(Path(trained.out_dir) / "checkpoints" / "step_000000030.pt")
     data["train_state"]["future_field"] = 1  # written by a later version of the trainer
@@ -453,6 +465,7 @@ def test_a_verified_checkpoint_from_another_version_names_the_file(trained, make
         Trainer(make_config(resume=str(path), out_dir=str(tmp_path / "r")))
 
 
+@pytest.mark.usefixtures("long_training")
 def test_resuming_a_finished_run_changes_nothing_and_says_so(trained, tmp_path, capsys, caplog):
     # Issue 37, 4 (the general case): a finished plain run resumed trains nothing and writes
     # nothing (metrics.jsonl gained a resume event, summary.json and config.json were written

@@ -48,6 +48,7 @@ def _params(trainer: Trainer) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
 
 
+@pytest.mark.usefixtures("long_training")
 def test_compiled_training_equals_eager_and_compiles_once_per_mode(compiled_run, tmp_path):
     summary, trainer, graphs = compiled_run
     assert summary["compiled"] and summary["steps"] == 11

@@ -33,6 +33,7 @@ def assert_same_model(a: Trainer, b: Trainer, rel: float) -> None:
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "rowwise_adagrad"])
+@pytest.mark.usefixtures("long_training")
 def test_hotline_trains_like_the_device_placement_for_200_steps(make_config, tmp_path, optimizer):
     # The same computation in the same order: the device tier is the device placement's fused
     # table-batched op over remapped rows (hot rows and staged cold rows), and each row's
@@ -57,6 +58,7 @@ def test_hotline_trains_like_the_device_placement_for_200_steps(make_config, tmp
 
 
 @pytest.mark.parametrize("prefetch", [0, 2])
+@pytest.mark.usefixtures("long_training")
 def test_hotline_is_exact_however_far_ahead_it_stages(make_config, tmp_path, prefetch):
     """Two ahead: a staging is read before the two steps before it write their rows back, so
     rows are renewed from the slots and from the host; none: staged on the step's path."""
@@ -74,6 +76,7 @@ def test_hotline_is_exact_however_far_ahead_it_stages(make_config, tmp_path, pre
         assert p["emb_bytes_h2d_gather"] == p["cold_rows"] * row and p["hidden_share"] == 0.0
 
 
+@pytest.mark.usefixtures("long_training")
 def test_hotline_resume_reproduces_the_uninterrupted_run_exactly(make_config, tmp_path):
     common = dict(HOTLINE, test_freq=10, nepochs=2, data_size=64 * 15, optimizer="adagrad")
     full_cfg = make_config(**common, keep_checkpoints=10, out_dir=str(tmp_path / "full"))
@@ -97,6 +100,7 @@ def test_hotline_resume_reproduces_the_uninterrupted_run_exactly(make_config, tm
         assert p["emb_bytes_h2d_gather"] >= p["cold_rows"] * 8 * 4
 
 
+@pytest.mark.usefixtures("long_training")
 def test_learned_popularity_plans_online_and_stays_exact(make_config, tmp_path):
     common = dict(data_size=64 * 40, optimizer="rowwise_adagrad")
     device = Trainer(make_config(**common, out_dir=str(tmp_path / "device"), device="cpu"))
@@ -128,6 +132,7 @@ def test_learned_popularity_plans_online_and_stays_exact(make_config, tmp_path):
     assert p["popular_inputs"] > 0  # after the move, popular inputs trained on the device
 
 
+@pytest.mark.usefixtures("long_training")
 def test_hotline_trains_tbsm_like_the_device_placement(make_config, tmp_path):
     """A TBSM input is ts_length + 1 steps; it is popular only when every step's lookups are."""
     from data_pipeline.taobao_synthetic import PlantedBehavior, write_user_behavior
@@ -148,6 +153,7 @@ def test_hotline_trains_tbsm_like_the_device_placement(make_config, tmp_path):
     assert 0 < b["placement"]["popular_input_share"] < 1
 
 
+@pytest.mark.usefixtures("long_training")
 def test_hotline_counters_reach_metrics_jsonl(make_config, tmp_path):
     cfg = make_config(**HOTLINE, print_freq=10, hotline_prefetch=0)
     Trainer(cfg).fit()

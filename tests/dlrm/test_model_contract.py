@@ -107,6 +107,7 @@ def test_each_kind_meets_the_contract_and_keeps_its_tables_at_its_prefix(toy, tm
     assert model_kind("tbsm").rows_per_sample(cfg) == 6
 
 
+@pytest.mark.usefixtures("long_training")
 def test_a_registered_kind_trains_and_resumes_bit_identically(toy, tmp_path):
     run = dict(TINY, test_freq=10, nepochs=2, data_size=64 * 15, optimizer="rowwise_adagrad")
     full = Trainer(TrainConfig(**run, keep_checkpoints=10, out_dir=str(tmp_path / "full")))
@@ -130,6 +131,7 @@ def test_a_registered_kind_trains_and_resumes_bit_identically(toy, tmp_path):
         assert full_summary[key] == resumed_summary[key], key
 
 
+@pytest.mark.usefixtures("long_training")
 def test_a_registered_kind_exports_and_the_predictor_scores_it(toy, tmp_path):
     Trainer(TrainConfig(**TINY, data_size=64 * 30, out_dir=str(tmp_path / "run"))).fit()
     out = tmp_path / "int8"

@@ -97,6 +97,7 @@ def test_all_ones_is_the_one_hot_data(make_config):
     assert torch.equal(a.labels, b.labels)
 
 
+@pytest.mark.usefixtures("long_training")
 def test_synthetic_multi_hot_trains_on_placement_device(make_config):
     cfg = make_config(multi_hot_sizes=(3, 1, 8, 2), placement="device", data_size=64 * 120,
                       test_freq=0, print_freq=0, embedding_backend="torch")  # fmt: skip

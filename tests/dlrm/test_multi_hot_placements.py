@@ -87,6 +87,7 @@ def test_the_source_is_multi_hot_with_empty_bags_and_replays():
 
 @pytest.mark.parametrize("interaction", ["dot", "dcn"])
 @pytest.mark.parametrize("placement", ["host", "hotline", "hotline-learned", "tiered"])
+@pytest.mark.usefixtures("long_training")
 def test_every_placement_trains_the_device_placements_multi_hot_model(
     tmp_path, device_runs, placement, interaction
 ):
@@ -109,6 +110,7 @@ def test_every_placement_trains_the_device_placements_multi_hot_model(
     "interaction,backend,optimizer",
     [("dot", "torch", "adagrad"), ("dcn", "torch", "adagrad"), ("dot", "auto", "sgd")],
 )
+@pytest.mark.usefixtures("long_training")
 def test_fae_trains_the_device_placements_multi_hot_model(
     tmp_path, interaction, backend, optimizer
 ):
@@ -165,6 +167,7 @@ SLIP = dict(slipstream=True, slipstream_interval=6, slipstream_warmup=8, hot_bud
     [("drop", "device", "dot"), ("freeze", "device", "dcn"), ("drop", "hotline", "dcn"),
      ("freeze", "tiered", "dot"), ("drop", "fae", "dcn")],
 )  # fmt: skip
+@pytest.mark.usefixtures("long_training")
 def test_with_nothing_stale_slipstream_trains_the_multi_hot_model_unchanged(
     tmp_path, device_runs, mode, placement, interaction
 ):
@@ -223,6 +226,7 @@ class Decisions:
 
 
 @pytest.mark.parametrize("placement", ["device", "hotline"])
+@pytest.mark.usefixtures("long_training")
 def test_drop_leaves_out_exactly_the_inputs_whose_every_bag_is_stale(tmp_path, placement):
     cfg = tiny(tmp_path / placement, **{**BASE, **PLACEMENTS.get(placement, {}), **SLIP,
                "slipstream_mode": "drop", "slipstream_target_skip": 0.3, "data_size": 32 * 60,
@@ -237,6 +241,7 @@ def test_drop_leaves_out_exactly_the_inputs_whose_every_bag_is_stale(tmp_path, p
 
 
 @pytest.mark.parametrize("placement", ["device", "hotline"])
+@pytest.mark.usefixtures("long_training")
 def test_freeze_keeps_every_stale_row_of_a_bag_as_it_was(tmp_path, placement):
     class Watch(StepHook):
         frozen_changed = frozen_checked = 0

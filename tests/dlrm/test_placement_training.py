@@ -3,6 +3,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from dlrm import Trainer
@@ -23,6 +24,7 @@ def sample_key(batch):
     return [tuple(r) + (float(lbl),) for r, lbl in zip(ids.tolist(), batch.labels.tolist())]
 
 
+@pytest.mark.usefixtures("long_training")
 def test_fae_training_reports_placement_and_counters(make_config):
     cfg = make_config(**FAE, optimizer="rowwise_adagrad")
     trainer = Trainer(cfg)
@@ -67,6 +69,7 @@ def test_fae_epoch_is_a_regrouping_of_the_same_inputs_and_replays_from_any_batch
         assert torch.equal(a.dense_features, b.dense_features) and torch.equal(a.labels, b.labels)
 
 
+@pytest.mark.usefixtures("long_training")
 def test_fae_resume_reproduces_the_uninterrupted_run_exactly(make_config, tmp_path):
     for optimizer in ["sgd", "rowwise_adagrad"]:
         common = dict(FAE, test_freq=10, nepochs=2, data_size=64 * 15, optimizer=optimizer)
@@ -98,6 +101,7 @@ def test_fae_resume_reproduces_the_uninterrupted_run_exactly(make_config, tmp_pa
             assert full_summary["placement"][key] == resumed_summary["placement"][key], key
 
 
+@pytest.mark.usefixtures("long_training")
 def test_auto_placement_and_plan_reuse(make_config, tmp_path):
     small = Trainer(make_config(placement="auto", hot_budget="1GB", device="cpu"))
     assert small.model.embeddings.placement_info()["kind"] == "device"

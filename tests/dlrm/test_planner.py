@@ -168,6 +168,7 @@ def _events(run: Path, kind: str) -> list[dict]:
     return [e for e in map(json.loads, lines) if e["event"] == kind]
 
 
+@pytest.mark.usefixtures("long_training")
 def test_decision_is_written_measured_and_reused_on_resume(
     make_config, tmp_path, monkeypatch, predicted, capsys
 ):
@@ -206,6 +207,7 @@ def test_several_processes_keep_their_rules(make_config, capsys):
     assert line.startswith("--placement auto with 2 processes: no planning;") and "\n" not in line
 
 
+@pytest.mark.usefixtures("long_training")
 def test_tbsm_is_planned_and_trained(make_config, tmp_path, monkeypatch, predicted):
     from data_pipeline.taobao_synthetic import PlantedBehavior, write_user_behavior
 
@@ -312,6 +314,7 @@ def test_the_check_composes_with_another_hook_and_reports_once():
     assert r["relative_error"] == pytest.approx((r["measured_ms"] - 2.0) / 2.0, rel=1e-3)
 
 
+@pytest.mark.usefixtures("long_training")
 def test_a_run_from_before_the_planner_resumes_with_its_rule(make_config, no_predictor, capsys):
     common = dict(BIG, data_size=64 * 10, nepochs=2, test_freq=10, keep_checkpoints=5)
     first = Trainer(make_config(**common, hot_budget="1MB"))

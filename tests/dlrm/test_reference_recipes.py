@@ -44,6 +44,7 @@ def _fit(directory, out, extra):
     return cfg, Trainer(cfg).fit()
 
 
+@pytest.mark.usefixtures("long_training")
 def test_tbsm_defaults_train_as_the_spelled_out_reference_recipe(planted, tmp_path):
     cfg, default = _fit(planted, tmp_path / "default", [])
     assert (cfg.mini_batch_size, cfg.eval_batch_size, cfg.optimizer, cfg.learning_rate) == (

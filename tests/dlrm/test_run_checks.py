@@ -93,6 +93,7 @@ def events(text: str) -> list[dict]:
     return out
 
 
+@pytest.mark.usefixtures("long_training")
 def test_a_resumed_log_reads_as_one_run_and_times_add_up(make_config, stopped_run):
     cfg, summary, complete_log = stopped_run
     resumed = Trainer(
@@ -113,6 +114,7 @@ def test_a_resumed_log_reads_as_one_run_and_times_add_up(make_config, stopped_ru
     assert again["time_breakdown_s"]["compute_s"] > before > 0  # the whole run's, not the tail's
 
 
+@pytest.mark.usefixtures("long_training")
 def test_resume_with_other_settings_is_refused_unless_allowed(make_config, stopped_run, capsys):
     cfg, _, _ = stopped_run
     with pytest.raises(ConfigError, match=r"--seed 123 -> 5.*--allow-changed seed"):
@@ -132,6 +134,7 @@ def test_resume_with_other_settings_is_refused_unless_allowed(make_config, stopp
         Trainer(make_config(out_dir=cfg.out_dir, resume="auto", allow_changed=("speed",)))
 
 
+@pytest.mark.usefixtures("long_training")
 def test_resume_into_another_run_is_refused_and_into_an_empty_directory_continues(
     make_config, stopped_run, tmp_path
 ):
@@ -169,6 +172,7 @@ def test_profile_plan_and_perf_log_paths_are_checked_before_any_work(tmp_path, c
         assert not out.exists() and a_file.read_text() == "mine"
 
 
+@pytest.mark.usefixtures("long_training")
 def test_resume_of_a_run_whose_config_json_is_damaged(make_config, stopped_run, caplog):
     cfg, summary, _ = stopped_run
     config = Path(cfg.out_dir) / "config.json"

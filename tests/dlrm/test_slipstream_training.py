@@ -55,6 +55,7 @@ class Watch(StepHook):
     "mode,placement",
     [("drop", "device"), ("freeze", "device"), ("drop", "hotline"), ("drop", "fae")],
 )
+@pytest.mark.usefixtures("long_training")
 def test_with_nothing_stale_slipstream_trains_exactly_like_the_baseline(
     make_config, tmp_path, mode, placement
 ):
@@ -77,6 +78,7 @@ def test_with_nothing_stale_slipstream_trains_exactly_like_the_baseline(
 @pytest.mark.parametrize(
     "mode,placement", [("drop", "device"), ("freeze", "device"), ("freeze", "hotline")]
 )
+@pytest.mark.usefixtures("long_training")
 def test_only_stale_inputs_are_dropped_and_frozen_rows_stay_put(
     make_config, tmp_path, mode, placement
 ):
@@ -117,6 +119,7 @@ def test_only_stale_inputs_are_dropped_and_frozen_rows_stay_put(
     ],
     ids=["drop", "freeze", "random-normalized", "hotline"],
 )
+@pytest.mark.usefixtures("long_training")
 def test_resume_reproduces_the_uninterrupted_run_exactly(make_config, tmp_path, extra):
     # checkpoints every 7 steps, snapshots every 6: resumed between snapshots and right after
     common = {**SLIP, "slipstream_target_skip": 0.3, "test_freq": 7, "nepochs": 2,
@@ -184,6 +187,7 @@ def _logged(run_dir: Path) -> list[tuple]:
 
 
 @pytest.mark.parametrize("mode", ["drop", "freeze"])
+@pytest.mark.usefixtures("long_training")
 def test_tiered_skips_and_resumes_after_crashes_exactly(make_config, tmp_path, mode):
     # The tier's rows live in an SSD file a crash leaves as it is (later writes than the
     # checkpoint included), so a resume is tested as the tier's own tests do it: crash, resume
@@ -233,6 +237,7 @@ def test_normalized_features_are_unit_vectors_in_evaluation(make_config, tmp_pat
     torch.testing.assert_close(pooled.norm(dim=2), torch.ones(64, 4))
 
 
+@pytest.mark.usefixtures("long_training")
 def test_tbsm_drops_whole_histories(make_config, tmp_path):
     from data_pipeline.taobao_synthetic import PlantedBehavior, write_user_behavior
 

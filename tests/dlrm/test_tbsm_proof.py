@@ -46,6 +46,7 @@ def _train(directory, out, **kw):
     return summary, moved, trainer
 
 
+@pytest.mark.usefixtures("long_training")
 def test_tbsm_beats_candidate_only_dlrm(planted, tmp_path):
     dlrm, _, _ = _train(planted, tmp_path / "dlrm", model="dlrm", arch_mlp_top=(15, 1))
     tbsm, _, trainer = _train(planted, tmp_path / "tbsm", model="tbsm")
@@ -57,6 +58,7 @@ def test_tbsm_beats_candidate_only_dlrm(planted, tmp_path):
 
 
 @pytest.mark.parametrize("kind,modules", [("mha", ("query", "attention")), ("rnn", ("lstm",))])
+@pytest.mark.usefixtures("long_training")
 def test_mha_and_rnn_learn(planted, tmp_path, kind, modules):
     summary, moved, trainer = _train(
         planted, tmp_path / kind, model="tbsm", model_type=kind, mha_num_heads=2

@@ -1,6 +1,7 @@
 """The thread count follows the machine's load (dlrm/processes/thread_watch.py): what it reads, what it
 decides, and that changing the count between steps leaves the training bit-identical."""
 
+import pytest
 import torch
 
 from dlrm import Trainer
@@ -129,6 +130,7 @@ class Toggle(StepHook):
         return run()
 
 
+@pytest.mark.usefixtures("long_training")
 def test_training_is_bit_identical_whatever_the_thread_count_does(make_config):
     """The watch may change the count at any step: the result must not depend on it. Widths
     and batch large enough that the GEMMs and the embedding update split over threads."""

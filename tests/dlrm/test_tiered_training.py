@@ -48,6 +48,7 @@ def same_tables(a: Trainer, b: Trainer) -> None:
     "optimizer,steps,io",
     [("adagrad", 200, "buffered"), ("sgd", 40, "direct"), ("rowwise_adagrad", 40, "buffered")],
 )
+@pytest.mark.usefixtures("long_training")
 def test_tiered_trains_like_the_device_placement(make_config, tmp_path, optimizer, steps, io):
     # Hotline's exactness argument holds with the SSD tier as the cold rows' home: each row,
     # hot or staged from the tier, gets one update per step from its summed gradient in the
@@ -68,6 +69,7 @@ def test_tiered_trains_like_the_device_placement(make_config, tmp_path, optimize
     assert p["scm_io_p50_us"] > 0 and p["scm_read_amplification"] >= 1
 
 
+@pytest.mark.usefixtures("long_training")
 def test_tiered_with_sparse_plan_and_hashed_map_trains_like_the_device_placement(
     make_config, tmp_path, monkeypatch
 ):
@@ -91,6 +93,7 @@ def test_tiered_with_sparse_plan_and_hashed_map_trains_like_the_device_placement
     assert plan["version"] == 3 and plan["tiers"][0]["form"] == "rows"
 
 
+@pytest.mark.usefixtures("long_training")
 def test_tiered_trains_tbsm_like_the_device_placement(make_config, tmp_path):
     from data_pipeline.taobao_synthetic import PlantedBehavior, write_user_behavior
 
@@ -147,6 +150,7 @@ def _after_crash(make_config, tmp_path, uninterrupted) -> None:
 
 
 @pytest.mark.parametrize("moment", ["mid_block_writes", "before_checkpoint_file", "before_commit"])
+@pytest.mark.usefixtures("long_training")
 def test_a_crash_at_any_moment_then_resume_ends_as_the_uninterrupted_run(
     make_config, tmp_path, monkeypatch, uninterrupted, moment
 ):
@@ -276,6 +280,7 @@ def test_bad_tier_flags_are_one_line_each(make_config, tmp_path):
         Trainer(make_config(**TIERED, out_dir=str(tmp_path / "b"), scm_dir=str(tmp_path / "scm")))
 
 
+@pytest.mark.usefixtures("long_training")
 def test_tier_counters_reach_metrics_jsonl_and_the_checkpoint_holds_no_cold_rows(
     make_config, tmp_path
 ):

@@ -18,6 +18,7 @@ def raw(tmp_path_factory):
     return d / "train.txt"
 
 
+@pytest.mark.usefixtures("long_training")
 def test_kaggle_preprocesses_on_first_use_and_reuses(raw, tmp_path, capsys):
     processed = tmp_path / "processed"
     argv = ["--data-set", "kaggle", "--raw-data-file", str(raw), "--processed-data-file", str(processed),

@@ -16,6 +16,7 @@ def weights(trainer):
     return {k: v.clone() for k, v in trainer.model.state_dict().items()}
 
 
+@pytest.mark.usefixtures("long_training")
 def test_fit_writes_run_directory_and_learns(make_config):
     cfg = make_config(data_size=64 * 240, test_freq=80, arch_mlp_top=(32, 1), optimizer="adagrad")
     summary = Trainer(cfg).fit()
@@ -43,6 +44,7 @@ def test_fit_writes_run_directory_and_learns(make_config):
     ]
 
 
+@pytest.mark.usefixtures("long_training")
 def test_resume_reproduces_the_uninterrupted_run_exactly(make_config, tmp_path):
     for optimizer in ["sgd", "rowwise_adagrad"]:
         full_cfg = make_config(test_freq=10, nepochs=2, data_size=64 * 15, optimizer=optimizer,
@@ -72,6 +74,7 @@ def test_resume_reproduces_the_uninterrupted_run_exactly(make_config, tmp_path):
             assert full_summary[key] == resumed_summary[key], key
 
 
+@pytest.mark.usefixtures("long_training")
 def test_fbgemm_and_torch_backends_train_identically(make_config, tmp_path):
     a = Trainer(make_config(embedding_backend="fbgemm", out_dir=str(tmp_path / "a")))
     b = Trainer(make_config(embedding_backend="torch", out_dir=str(tmp_path / "b")))
@@ -82,6 +85,7 @@ def test_fbgemm_and_torch_backends_train_identically(make_config, tmp_path):
     assert abs(sa["test_auc"] - sb["test_auc"]) < 1e-4
 
 
+@pytest.mark.usefixtures("long_training")
 def test_bf16_trains_like_fp32(make_config, tmp_path):
     kw = dict(optimizer="adagrad", data_size=64 * 300)
     fp32 = Trainer(make_config(**kw, out_dir=str(tmp_path / "fp32"))).fit()
@@ -133,6 +137,7 @@ def test_crash_while_writing_a_checkpoint_leaves_the_previous_one(make_config, m
     assert ckpt.load(directory / "step_000000005.pt")["train_state"]["step"] == 5
 
 
+@pytest.mark.usefixtures("long_training")
 def test_corrupt_or_foreign_checkpoints_are_refused(make_config, tmp_path):
     bad = tmp_path / "bad.pt"
     bad.write_bytes(b"\x80\x04not a zip")
@@ -150,6 +155,7 @@ def test_corrupt_or_foreign_checkpoints_are_refused(make_config, tmp_path):
         Trainer(make_config(resume=str(tmp_path / "nowhere")))
 
 
+@pytest.mark.usefixtures("long_training")
 def test_save_model_then_inference_only(make_config, tmp_path):
     model_file = tmp_path / "model.pt"
     trained = Trainer(make_config(save_model=str(model_file)))
@@ -167,6 +173,7 @@ def test_auc_threshold_stops_early(make_config):
     assert summary["steps"] == 5 and summary["stop_reason"] == "auc_threshold"
 
 
+@pytest.mark.usefixtures("long_training")
 def test_readme_library_snippet_runs(tmp_path, monkeypatch):
     readme = (Path(__file__).parents[2] / "README.md").read_text()
     block = re.search(r"```python\n(from dlrm import .*?)```", readme, re.S)
@@ -183,6 +190,7 @@ def test_config_round_trips_through_json(make_config):
     assert TrainConfig.from_json(json.loads(json.dumps(cfg.to_json()))) == cfg
 
 
+@pytest.mark.usefixtures("long_training")
 def test_a_new_run_refuses_a_directory_holding_a_run(make_config):
     cfg = make_config()
     Trainer(cfg).fit()

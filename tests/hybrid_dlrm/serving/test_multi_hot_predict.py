@@ -23,7 +23,7 @@ TINY = dict(
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def run(tmp_path_factory, long_training):  # a tiny epoch and more
     d = tmp_path_factory.mktemp("multi_hot_quant")
     cfg = TrainConfig(**TINY, arch_interaction_op="dcn", dcn_num_layers=2, dcn_low_rank_dim=3,
                       out_dir=str(d / "run"))  # fmt: skip

@@ -27,7 +27,7 @@ def _csv(path):
 
 
 @pytest.fixture(scope="module")
-def kaggle(tmp_path_factory):
+def kaggle(tmp_path_factory, long_training):  # tiny epochs
     d = tmp_path_factory.mktemp("predict")
     write_kaggle(d / "raw", 7 * DAY, 50, SyntheticSpec(vocab_cap=300))
     runs = {}
@@ -46,6 +46,7 @@ def kaggle(tmp_path_factory):
 
 
 @pytest.mark.parametrize("mode", ["freq", "hash"])
+@pytest.mark.usefixtures("starts_processes")
 def test_raw_lines_score_as_their_preprocessed_rows(kaggle, mode, tmp_path):
     d, runs = kaggle
     proc, art = runs[mode]
@@ -63,6 +64,7 @@ def test_raw_lines_score_as_their_preprocessed_rows(kaggle, mode, tmp_path):
     assert [r[1:] for r in raw_part] == [r[1:] for r in test_rows]
 
 
+@pytest.mark.usefixtures("starts_processes")
 def test_kaggle_test_txt_gets_the_submission_layout_and_unseen_values_the_oov_id(kaggle, tmp_path):
     d, runs = kaggle
     proc, art = runs["freq"]
@@ -102,6 +104,7 @@ def test_kaggle_test_txt_gets_the_submission_layout_and_unseen_values_the_oov_id
     assert got == pytest.approx(expected, abs=5e-7)
 
 
+@pytest.mark.usefixtures("starts_processes")
 def test_malformed_lines_are_named_or_skipped_and_nothing_is_lost(kaggle, tmp_path, capsys):
     d, runs = kaggle
     _, art = runs["hash"]

@@ -31,7 +31,7 @@ TINY = dict(
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def run(tmp_path_factory, long_training):  # a tiny epoch
     d = tmp_path_factory.mktemp("quant")
     cfg = TrainConfig(**TINY, out_dir=str(d / "run"), save_model=str(d / "model.pt"))
     Trainer(cfg).fit()

@@ -26,7 +26,7 @@ TIER_FILES = ("rows.dat", "journal.log", "tier.json")
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, long_training):  # two tiny runs
     d = tmp_path_factory.mktemp("qtiered")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny batches: threads cost more than they save

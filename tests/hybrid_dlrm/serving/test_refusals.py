@@ -141,6 +141,7 @@ def test_wrong_column_counts_and_backend_are_named(world):
 # --- 8. --out never destroys what is there -------------------------------------------------------
 
 
+@pytest.mark.usefixtures("starts_processes")
 def test_an_existing_out_is_refused_unless_overwrite(world, tmp_path, capsys):
     out = tmp_path / "p.csv"
     out.write_text("an earlier result\n")
@@ -186,6 +187,7 @@ def test_out_that_is_not_a_regular_file_is_refused(world, tmp_path, capsys):
     assert stat.S_ISCHR(os.lstat("/dev/null").st_mode)
 
 
+@pytest.mark.usefixtures("starts_processes")
 def test_out_dash_writes_to_stdout(world, tmp_path, capsys):
     assert _run(world, tmp_path, "--out", "-") == 0
     cap = capsys.readouterr()
@@ -270,6 +272,7 @@ def test_data_directory_that_is_not_a_dataset_is_named(world, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("skip", [False, True])
+@pytest.mark.usefixtures("starts_processes")
 def test_crlf_lines_score_as_their_lf_lines(world, tmp_path, capsys, skip):
     lf = world / "raw" / "test.txt"
     crlf = tmp_path / "crlf.txt"
@@ -282,6 +285,7 @@ def test_crlf_lines_score_as_their_lf_lines(world, tmp_path, capsys, skip):
     assert (tmp_path / "crlf.csv").read_text() == (tmp_path / "lf.csv").read_text()
 
 
+@pytest.mark.usefixtures("starts_processes")
 def test_a_block_of_bad_lines_skipped_is_no_crash(world, tmp_path, capsys):
     bad = tmp_path / "bad.txt"
     good = (world / "raw" / "test.txt").read_bytes().splitlines(keepends=True)[:3]
