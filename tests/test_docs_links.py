@@ -323,3 +323,47 @@ def test_every_module_the_architecture_page_names_exists() -> None:
     assert len(bare) > 100, len(bare)  # the page's tables were read
     names = {p.name for top in ROOTS for p in (ROOT / top).rglob("*") if p.is_file()}
     assert not sorted(bare - names), sorted(bare - names)
+
+
+# What a page's commands write: a flag's value, or a library call's out_dir / out / load path.
+OUTPUT = re.compile(
+    r"(?:--out-dir|--out|--save-model|--scm-dir|--placement-plan|--profile-file|--perf-log)"
+    r"[ =](\S+)|out_dir=\"([^\"]+)\"|\[\"[^\"]+\", \"--out\", \"([^\"]+)\""
+)
+USER_PAGES = [p for p in PAGES if "measurements" not in p.parts]
+
+
+def outputs(text: str) -> set[str]:
+    """The concrete output paths a page's code names (placeholders in capitals, `-` for stdout
+    and `...` elisions are not paths)."""
+    found = set()
+    for line in text.splitlines():
+        for m in OUTPUT.finditer(line):
+            path = next(g for g in m.groups() if g).strip("`'\",)]")
+            if path in ("-", "...") or path.isupper():
+                continue
+            found.add(path)
+    return found
+
+
+def test_every_output_of_the_pages_is_their_own_and_inside_the_working_directory():
+    """Followed in order in one fresh directory, the pages never write over each other's outputs
+    (a second run into `runs/a` is refused) nor outside the directory they run in."""
+    owner: dict[str, str] = {}
+    clashes, outside = [], []
+    for page in USER_PAGES:
+        name = str(page.relative_to(ROOT))
+        for path in sorted(outputs(page.read_text(encoding="utf-8"))):
+            if path.startswith("/") or path.startswith("~"):
+                outside.append(f"{name}: {path}")
+            if owner.setdefault(path, name) != name:
+                clashes.append(f"{path}: {owner[path]} and {name}")
+    assert not clashes, "outputs two pages write: " + "; ".join(clashes)
+    assert not outside, "outputs outside the working directory: " + "; ".join(outside)
+
+
+def test_the_output_scan_sees_flags_and_library_calls():
+    text = ('python -m dlrm.train --out-dir runs/a --save-model M.pt\n'
+            'quantize(["runs/x", "--out", "art/q"])  cfg = TrainConfig(out_dir="runs/lib")\n'
+            "python -m perfmodel fit --out R --out-dir DIR --out -")  # fmt: skip
+    assert outputs(text) == {"runs/a", "M.pt", "art/q", "runs/lib"}  # not R, DIR or stdout
