@@ -1,4 +1,5 @@
 import pytest
+import torch
 
 from dlrm.config import TrainConfig
 
@@ -25,3 +26,19 @@ def tiny(tmp_path, **overrides) -> TrainConfig:
 @pytest.fixture
 def make_config(tmp_path):
     return lambda **kw: tiny(tmp_path, **kw)
+
+
+def assert_resumed_exactly(full, resumed, summaries: tuple[dict, dict], keys: list[str]) -> None:
+    """A resumed Trainer ended where the uninterrupted one did: every tensor of the model and of
+    the sparse optimizer bit-identical, and the summaries' `keys` equal."""
+    a, b = full.model.state_dict(), resumed.model.state_dict()
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    for sa, sb in zip(
+        full.model.embeddings.optimizer_states(), resumed.model.embeddings.optimizer_states()
+    ):
+        assert (sa is None and sb is None) or torch.equal(sa, sb)
+    want, got = summaries
+    for key in keys:
+        assert want[key] == got[key], key

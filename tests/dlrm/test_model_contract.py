@@ -25,6 +25,7 @@ from embeddings.fused import FusedEmbeddingBagCollection
 from hybrid_dlrm.serving import Predictor
 from hybrid_dlrm.serving.inference_data import data_source, load_source, take_batches
 from hybrid_dlrm.serving.quantize import main as quantize
+from tests.dlrm.conftest import assert_resumed_exactly
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -85,10 +86,6 @@ def toy():
     unregister(TOY.name)
 
 
-def weights(trainer: Trainer) -> dict[str, torch.Tensor]:
-    return {k: v.clone() for k, v in trainer.model.state_dict().items()}
-
-
 def test_each_kind_meets_the_contract_and_keeps_its_tables_at_its_prefix(toy, tmp_path):
     models = [
         Trainer(TrainConfig(**{**TINY, "model": name}, out_dir=str(tmp_path / name))).model
@@ -119,16 +116,12 @@ def test_a_registered_kind_trains_and_resumes_bit_identically(toy, tmp_path):
     resumed = Trainer(TrainConfig(**run, out_dir=str(cut), resume="auto"))
     assert resumed.state.step == 20
     resumed_summary = resumed.fit()
-    a, b = weights(full), weights(resumed)
-    assert a.keys() == b.keys()
-    for k in a:
-        assert torch.equal(a[k], b[k]), k
-    for sa, sb in zip(
-        full.model.embeddings.optimizer_states(), resumed.model.embeddings.optimizer_states()
-    ):
-        assert (sa is None and sb is None) or torch.equal(sa, sb)
-    for key in ["test_auc", "test_logloss", "test_ne", "steps", "samples"]:
-        assert full_summary[key] == resumed_summary[key], key
+    assert_resumed_exactly(
+        full,
+        resumed,
+        (full_summary, resumed_summary),
+        ["test_auc", "test_logloss", "test_ne", "steps", "samples"],
+    )
 
 
 @pytest.mark.usefixtures("long_training")

@@ -10,6 +10,7 @@ from dlrm import TrainConfig, Trainer
 from dlrm.checkpoints import format as ckpt
 from dlrm.config import ConfigError
 from dlrm.errors import CheckpointError, TrainingDiverged
+from tests.dlrm.conftest import assert_resumed_exactly
 
 
 def weights(trainer):
@@ -62,16 +63,9 @@ def test_resume_reproduces_the_uninterrupted_run_exactly(make_config, tmp_path):
         resumed = Trainer(resumed_cfg)
         assert resumed.state.step == 20 and resumed.state.epoch == 1
         resumed_summary = resumed.fit()
-        a, b = weights(full), weights(resumed)
-        assert a.keys() == b.keys()
-        for k in a:
-            assert torch.equal(a[k], b[k]), k
-        for sa, sb in zip(
-            full.model.embeddings.optimizer_states(), resumed.model.embeddings.optimizer_states()
-        ):
-            assert (sa is None and sb is None) or torch.equal(sa, sb)
-        for key in ["test_auc", "test_logloss", "test_accuracy", "test_ne", "steps", "samples"]:
-            assert full_summary[key] == resumed_summary[key], key
+        assert_resumed_exactly(full, resumed, (full_summary, resumed_summary),
+                               ["test_auc", "test_logloss", "test_accuracy", "test_ne", "steps",
+                                "samples"])  # fmt: skip
 
 
 @pytest.mark.usefixtures("long_training")
