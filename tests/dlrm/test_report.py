@@ -106,3 +106,23 @@ def test_tensorboard_setting():
             tensorboard_writer(True)
     else:
         assert callable(tensorboard_writer(None)) and callable(tensorboard_writer(True))
+
+
+def test_a_run_is_named_with_its_model_placement_and_final_auc_and_resumes_are_read(tmp_path):
+    run = write_run(tmp_path / "r", [*EVENTS, {"event": "resume", "step": 20, "epoch": 0},
+                                     {"event": "eval", "step": 40, "epoch": 1, "test_auc": 0.74}])  # fmt: skip
+    (run / "config.json").write_text(json.dumps({"model": "tbsm", "placement": "hotline"}))
+    (run / "summary.json").write_text(json.dumps({"test_auc": 0.7412345}))
+    got = report.read_run(run)
+    assert got.resumes == [20] and got.auc == [(20, 0.71), (40, 0.74)]
+    assert got.label == f"{run}, tbsm, placement hotline, test AUC 0.7412"
+    # files that are missing or damaged leave the name alone: the curves are what counts
+    (run / "summary.json").write_bytes(b"\xff\xfe")
+    assert report.read_run(run).label == f"{run}, tbsm, placement hotline"
+
+
+def test_a_non_utf8_byte_in_the_metrics_is_one_line(tmp_path, capsys):
+    run = write_run(tmp_path / "r", EVENTS)
+    with open(run / "metrics.jsonl", "ab") as f:
+        f.write(b'{"event": "train", "step": 30, "loss": 0.4\xff}\n')
+    assert "metrics.jsonl:5: not a JSON object" in one_line_error(capsys, [str(run)])
