@@ -41,9 +41,6 @@ def config_from_args(argv: list[str] | None = None) -> TrainConfig:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    # torchrec's KeyedJaggedTensor trips a torch.fx deprecation notice on first use; it is not
-    # ours to fix and would be the first line a user sees.
-    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
     rank, world, finished, cfg = 0, 1, False, None
     previous = _end_on_sigterm()
     try:

@@ -144,7 +144,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("perfmodel").setLevel(logging.INFO if args.verbose else logging.WARNING)
-    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
     _set_threads(args.threads)
     from dlrm.trainer import set_flush_denormal
 

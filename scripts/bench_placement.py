@@ -236,7 +236,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
     runs = [r for r in args.runs.split(",") if r]
     unknown = sorted(set(runs) - set(RUNS))
     if unknown:

@@ -391,7 +391,6 @@ def main(argv: list[str] | None = None) -> int:
         args.tiered_steps = min(args.tiered_steps, 20)
         args.batches, args.profile_batches = 40, 10
     logging.basicConfig(level=logging.WARNING)
-    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
     torch.set_num_threads(1)
     import perfmodel.recorder  # noqa: F401  (registers the predictor, as load_plugins would)
     from dlrm.pipelines.step_hooks import load_plugins

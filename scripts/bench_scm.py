@@ -786,7 +786,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tb-touch-cache", type=int, default=1, help="cache pages resident (1/0)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
     Path(args.dir).mkdir(parents=True, exist_ok=True)
     report = {}
     try:

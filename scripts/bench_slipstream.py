@@ -404,7 +404,6 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     numba.set_num_threads(args.threads)
     logging.basicConfig(level=logging.WARNING)
-    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
     work = Path(args.work or tempfile.mkdtemp(prefix="bench_slipstream_"))
     work.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 import time
 from pathlib import Path
@@ -77,7 +76,6 @@ def main() -> int:
         help="comma-separated subset of " + ",".join(VARIANTS),
     )
     a = p.parse_args()
-    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
     torch.set_num_threads(a.threads)
     spec = PlantedBehavior(num_users=a.users, min_events=a.min_events, max_events=a.max_events,
                            num_categories=a.categories, items_per_category=a.items_per_category,

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import statistics
 import sys
@@ -366,7 +365,6 @@ def main() -> None:
     unknown = sorted(set(names) - {"naive", *VARIANTS})
     if unknown:
         p.error(f"--variants: unknown {', '.join(unknown)}")
-    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
     sizes = [max(2, int(n * args.table_scale)) for n in KAGGLE_TABLE_SIZES]
     bf16_units = hardware.has_bf16_units()
     result: dict = {

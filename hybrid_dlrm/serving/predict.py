@@ -265,7 +265,6 @@ def predict_dataset(
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
     a = build_parser().parse_args(argv)
     from dlrm.errors import ConfigError
     from embeddings.errors import ScmError

@@ -356,7 +356,6 @@ def quantize(argv: list[str]) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
     a = build_parser().parse_args(argv)
     try:
         _check_args(a)

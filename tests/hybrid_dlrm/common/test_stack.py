@@ -50,3 +50,14 @@ def test_a_library_user_gets_a_typed_error(monkeypatch):
 
 def test_with_the_stack_installed_nothing_happens():
     stack.require("dlrm")  # this test's interpreter has the stack
+
+
+def test_a_library_run_prints_no_torch_fx_notice(tmp_path):
+    """torchrec's KeyedJaggedTensor trips torch.fx's "is_fx_tracing will return true ..." on first
+    use; every package face quiets it, so a library user's first line is not that."""
+    code = ("from dlrm import Trainer, TrainConfig; "
+            f"Trainer(TrainConfig(num_batches=2, out_dir={str(tmp_path / 'r')!r}, progress=False, "
+            "data_size=4096, test_data_size=2048)).fit()")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "is_fx_tracing" not in done.stderr + done.stdout
