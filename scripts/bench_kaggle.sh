@@ -15,7 +15,7 @@ if [[ $# -lt 1 ]]; then
 fi
 RAW_DIR=$1
 shift
-if [[ ! -f "$RAW_DIR/train.txt" ]]; then
+if [[ -z "${DRY_RUN:-}" && ! -f "$RAW_DIR/train.txt" ]]; then  # a dry run needs no data
     echo "$0: $RAW_DIR/train.txt: not found (expected Kaggle's train.txt in RAW_DIR)" >&2
     exit 2
 fi

@@ -88,7 +88,7 @@ if [[ $# -lt 1 ]]; then
 fi
 RAW_DIR=$1
 shift
-if [[ ! -e "$RAW_DIR/day_0" && ! -e "$RAW_DIR/day_0.gz" ]]; then
+if [[ -z "${DRY_RUN:-}" && ! -e "$RAW_DIR/day_0" && ! -e "$RAW_DIR/day_0.gz" ]]; then  # a dry run needs no data
     echo "$0: $RAW_DIR/day_0: not found, nor day_0.gz (expected day_0 .. day_23 in RAW_DIR)" >&2
     exit 2
 fi

@@ -109,3 +109,10 @@ def test_terabyte_mlperf_recipe_end_to_end(tmp_path) -> None:
     assert meta["settings"]["sub_sample_rate"] == 0.875 and meta["table_sizes"] == [1000] * 26
     assert meta["rows"]["test"] == 20 and meta["rows"]["train"] < 23 * 40
     assert (tmp_path / "run" / "summary.json").is_file()
+
+
+def test_a_dry_run_needs_no_data(tmp_path) -> None:
+    """docs/training.md: `DRY_RUN=1` prints the command; before the data is there too."""
+    for script in (KAGGLE, TERABYTE):
+        result = _run(script, str(tmp_path / "not-yet"), DRY_RUN="1")
+        assert result.returncode == 0 and "-m dlrm.train" in result.stdout, result.stderr
