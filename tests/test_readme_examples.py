@@ -72,6 +72,9 @@ def test_the_quantize_predict_sequence_runs_as_pasted(tmp_path, monkeypatch, cap
         if module == "dlrm.train":
             args += ["--num-batches", "8", "--progress=false", "--print-freq", "0"]
         assert entry[module](args) == 0, (argv, capsys.readouterr().err)
+    said = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
+    tier = [s["ssd_tier"] for s in said if "ssd_tier" in s]  # the --scm-dir run says so
+    assert len(tier) == 1 and tier[0]["dir"].endswith("ssd/s") and tier[0]["rows_read"] > 0
     for name in ("submission.csv", "s.csv"):
         lines = (tmp_path / name).read_text().splitlines()
         assert lines[0] == "Id,Predicted" and len(lines) == 301

@@ -263,6 +263,16 @@ def predict_dataset(
     return {"rows": row}
 
 
+def _tier_stats(predictor) -> dict:
+    emb = predictor.model.embeddings
+    info, c = emb.placement_info(), emb.counters()
+    return {
+        "dir": info["scm_dir"], "cache_bytes": info["scm_cache_bytes"],
+        "cache_hit_rate": c["scm_cache_hit_rate"], "rows_read": c["scm_rows_read"],
+        "bytes_read": c["scm_bytes_read"],
+    }  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     a = build_parser().parse_args(argv)
@@ -307,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
             torch.set_num_threads(a.threads or max(1, cores - workers))
             stats = predict_raw(predictor, data, out, a.on_bad_line, a.batch_size, workers,
                                 int(a.block_mb * 2**20))  # fmt: skip
+        if a.scm_dir:  # say that the tables were served from the tier, and how it did
+            stats["ssd_tier"] = _tier_stats(predictor)
     except (ConfigError, DataError, ArtifactError, ScmError) as e:
         sys.stderr.write(f"{PROG}: error: {e}\n")
         return EXIT_USAGE
