@@ -54,6 +54,8 @@ def _placement(p: dict) -> str:
     moved = p.get("emb_bytes_per_sample")
     if moved:  # a placement that moves rows between tiers
         text += f", {moved:,.0f} embedding bytes moved per sample"
+    if p.get("plan_source"):
+        text += f"; plan {p['plan_source']}"
     return text
 
 

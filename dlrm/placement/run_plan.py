@@ -131,6 +131,7 @@ def obtain_plan(
     dims = [t.embedding_dim for t in tables]
     run_plan = files.run_dir / PLAN_NAME
     given = Path(placing.placement_plan).with_suffix(".npz") if placing.placement_plan else None
+    given_profile = bool(placing.profile_file) and Path(placing.profile_file).is_file()
     if given is not None and given.is_file():
         plan, source = PlacementPlan.load(given), f"--placement-plan {given}"
     elif files.resume and run_plan.is_file():
@@ -142,6 +143,12 @@ def obtain_plan(
         if given is not None:
             plan.save(given)
     plan.check_fits(names, sizes, dims, opt.kind, source or "placement plan")
+    # what the summary says the plan came from: a reused file is otherwise invisible
+    plan.report["source"] = (
+        f"reused {source}" if source
+        else f"made from --profile-file {placing.profile_file}" if given_profile
+        else "made from a profile of the training data"
+    )  # fmt: skip
     plan.save(run_plan)
     r = plan.report
     log.info(

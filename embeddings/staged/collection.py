@@ -536,6 +536,7 @@ class StagedEmbeddingBagCollection(EmbeddingCollection):
         }
         if self.plan is not None:
             info["device_budget"] = self.plan.device_budget
+            info["plan_source"] = self.plan.report.get("source")
             info["plan_hot_input_share_sample"] = self.plan.report.get("hot_input_share")
             info["plan_hot_lookup_share_sample"] = self.plan.report.get("hot_lookup_share")
             if "offline_overlap" in self.plan.report:  # learned online, compared with a profile's

@@ -198,3 +198,19 @@ def test_select_and_concat_batches_handle_jagged_features():
         0.0,
         0.0,
     ]
+
+
+def test_the_summary_says_where_the_plan_came_from(make_config, tmp_path):
+    files = dict(profile_file=str(tmp_path / "p.npz"), placement_plan=str(tmp_path / "plan.npz"))
+    first = Trainer(make_config(placement="fae", hot_budget="2KB", num_batches=4,
+                                out_dir=str(tmp_path / "a"), **files)).fit()  # fmt: skip
+    assert first["placement"]["plan_source"] == "made from a profile of the training data"
+    again = Trainer(make_config(placement="fae", hot_budget="2KB", num_batches=4,
+                                out_dir=str(tmp_path / "b"), **files)).fit()  # fmt: skip
+    assert again["placement"]["plan_source"] == f"reused --placement-plan {tmp_path / 'plan.npz'}"
+    from_profile = Trainer(make_config(placement="fae", hot_budget="2KB", num_batches=4,
+                                       out_dir=str(tmp_path / "c"),
+                                       profile_file=files["profile_file"])).fit()  # fmt: skip
+    assert (
+        from_profile["placement"]["plan_source"] == f"made from --profile-file {tmp_path / 'p.npz'}"
+    )
