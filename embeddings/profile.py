@@ -50,6 +50,12 @@ def _count_array(c: np.ndarray) -> np.ndarray:
 
 
 @dataclass
+def line_look(table: int) -> tuple[str, str]:
+    """(colour, line style) of a table's line: matplotlib cycles 10 colours, so past them a line
+    style tells tables apart (Criteo's 26 tables, up to 40 distinct)."""
+    return f"C{table % 10}", ("-", "--", ":", "-.")[(table // 10) % 4]
+
+
 class AccessProfile:
     feature_names: list[str]
     table_sizes: list[int]
@@ -179,7 +185,9 @@ class AccessProfile:
             cum = np.cumsum(desc) / desc.sum()
             x = np.arange(1, desc.size + 1) / c.size
             step = max(1, desc.size // 2000)  # a few thousand points per line is plenty
-            ax.plot(x[::step], cum[::step], lw=1, label=self.feature_names[t])
+            color, style = line_look(t)
+            ax.plot(x[::step], cum[::step], lw=1, ls=style, color=color,
+                    label=self.feature_names[t])  # fmt: skip
         ax.set_xscale("log")
         ax.set_xlabel("share of the table's rows (hottest first)")
         ax.set_ylabel("share of the table's lookups")

@@ -150,3 +150,10 @@ def test_cli_write_targets_are_checked_before_profiling_and_damage_is_one_line(t
     assert main([str(ids)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "pickle" not in err and f"{ids}: not a readable" in err
+
+
+def test_the_plot_tells_criteos_26_tables_apart():
+    from embeddings.profile import line_look
+
+    looks = [line_look(t) for t in range(40)]
+    assert len(set(looks)) == 40 and line_look(0) == ("C0", "-")
