@@ -49,13 +49,13 @@ def _count_array(c: np.ndarray) -> np.ndarray:
     return c if c.dtype in (np.int32, np.int64) else c.astype(np.int64)
 
 
-@dataclass
 def line_look(table: int) -> tuple[str, str]:
     """(colour, line style) of a table's line: matplotlib cycles 10 colours, so past them a line
     style tells tables apart (Criteo's 26 tables, up to 40 distinct)."""
     return f"C{table % 10}", ("-", "--", ":", "-.")[(table // 10) % 4]
 
 
+@dataclass
 class AccessProfile:
     feature_names: list[str]
     table_sizes: list[int]
