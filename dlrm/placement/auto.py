@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -409,7 +410,12 @@ def plan(
             if w is not chosen:
                 w.rejected = "fits; later in the preference order"
     else:
-        for w in fitting:
+        # a minute or more on a first plan (calibration, step captures): said as it goes
+        print(f"--placement auto: predicting the step time of {len(fitting)} placements that "
+              "fit", file=sys.stderr, flush=True)  # fmt: skip
+        for i, w in enumerate(fitting, 1):
+            print(f"  {i}/{len(fitting)} {w.candidate.label()} ({time.perf_counter() - t0:.0f} s "
+                  "so far)", file=sys.stderr, flush=True)  # fmt: skip
             try:
                 w.prediction = fn(w.cfg, w.candidate, sample)
             except Exception as e:  # a predictor's failure costs its candidate, not the run

@@ -22,6 +22,8 @@ Writes `sensitivity.json` (every delta, every step) and a PNG of model bytes vs 
 from __future__ import annotations
 
 import logging
+import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -170,11 +172,19 @@ def search(cal: Calibration, budget: float, allowed: dict[int, tuple[str, ...]] 
     tables = cal.tables
     allowed = allowed or {}
     sens: list[dict[str, float]] = []
+    # minutes on real tables: said as it goes, with what is left (a log has no bar)
+    print(f"--emb-precision auto: each table's sensitivity at each precision ({len(tables)} "
+          "tables)", file=sys.stderr, flush=True)  # fmt: skip
+    started = time.perf_counter()
     for t, spec in enumerate(tables):
         levels = allowed.get(t, LEVELS)
         sens.append({p: (cal.relative(cal.ne({t: p}, "fp32")) if p != "fp32" else 0.0)
                      for p in levels})  # fmt: skip
         log.info("sensitivity %s: %s", spec.feature_name, sens[-1])
+        spent = time.perf_counter() - started
+        left = spent / (t + 1) * (len(tables) - t - 1)
+        print(f"  {t + 1}/{len(tables)} {spec.feature_name}: {spent:.0f} s, about {left:.0f} s "
+              "left", file=sys.stderr, flush=True)  # fmt: skip
     levels_of = [[LEVELS.index(p) for p in allowed.get(t, LEVELS)] for t in range(len(tables))]
     choice = [lv[0] for lv in levels_of]
 
