@@ -143,13 +143,14 @@ def obtain_plan(
         if given is not None:
             plan.save(given)
     plan.check_fits(names, sizes, dims, opt.kind, source or "placement plan")
-    # what the summary says the plan came from: a reused file is otherwise invisible
+    plan.save(run_plan)
+    # what the summary says the plan came from (a reused file is otherwise invisible); after the
+    # save, so that a resume rewrites the run's plan byte for byte
     plan.report["source"] = (
         f"reused {source}" if source
         else f"made from --profile-file {placing.profile_file}" if given_profile
         else "made from a profile of the training data"
     )  # fmt: skip
-    plan.save(run_plan)
     r = plan.report
     log.info(
         "%s placement: %d hot rows (%.1f MB), in-sample hot lookups %.3f, hot inputs %.3f",
