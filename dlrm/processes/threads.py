@@ -31,6 +31,9 @@ from collections.abc import MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from dlrm.errors import ConfigError
+from dlrm.settings.sections import THREADS_MAX
+
 __all__ = ["ThreadChoice", "apply", "choose", "cpu_quota", "usable_cpus", "wait_policy"]
 
 # The variables that say how an OpenMP runtime's idle threads wait: where one is set, the
@@ -186,8 +189,14 @@ def choose(
     base = dict(affinity=affinity, quota=quota, wait=wait)
     if requested > 0:
         return ThreadChoice(requested, f"--threads {requested}", **base)
-    omp = environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
-    if omp.isdigit() and int(omp) > 0:
+    given = environ.get("OMP_NUM_THREADS", "").strip()
+    if given:  # the docs say it fixes the count: a value that cannot is refused, not ignored
+        omp = given.split(",")[0].strip()  # a nested list: the outer level's
+        if not (omp.isdigit() and 1 <= int(omp) <= THREADS_MAX):
+            raise ConfigError(
+                f"OMP_NUM_THREADS={given}: expected a whole number of threads from 1 to "
+                f"{THREADS_MAX} (4 per CPU of this machine), or unset it for the automatic count"
+            )
         return ThreadChoice(int(omp), f"OMP_NUM_THREADS={omp}", **base)
     usable = usable_cpus(affinity, quota)
     limits = f"affinity {affinity} / quota {_quota_text(quota)}"

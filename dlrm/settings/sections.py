@@ -4,6 +4,7 @@ checkpoints) and multi-process training, each section next to its own rules."""
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,15 @@ DEVICES = ("auto", "cpu", "cuda")
 RAW_DATA_SETS = ("kaggle", "terabyte", "taobao")
 # where a None default is filled from (the run's reference recipe, dlrm/recipes/*.toml)
 RECIPE = "the data set's reference recipe (docs/training.md#defaults-per-data-set)"
+
+
+# More threads than this only wait on each other, and thousands crash OpenMP's runtime (libgomp
+# ends the process with SIGSEGV): refused before any runtime starts.
+THREADS_MAX = 4 * (os.cpu_count() or 1)
+THREAD_COUNT = Check(
+    lambda v: 0 <= v <= THREADS_MAX,
+    f"expected 0 (auto) to {THREADS_MAX} (4 per CPU of this machine)",
+)
 
 
 def sparse_optimizers() -> tuple[str, ...]:
@@ -210,7 +220,7 @@ class TrainingConfig(Section):
         0, "--threads",
         "CPU threads of torch and numba (0: auto, the CPUs this process may use: affinity and "
         "cgroup quota; docs/training.md#threads)",
-        check=AT_LEAST_0, free=True,  # like the auto count, which differs between machines
+        check=THREAD_COUNT, free=True,  # like the auto count, which differs between machines
     )  # fmt: skip
     seed: int = setting(
         123, "--seed", "seed of initialisation and data order (the reference's --numpy-rand-seed)",

@@ -133,11 +133,15 @@ def test_wait_policy_is_the_users_where_given_else_openmps_own():
 def test_threads_flag_is_validated(capsys, tmp_path):
     assert config_from_args(["--threads", "3"]).threads == 3
     assert config_from_args([]).threads == 0
-    with pytest.raises(ConfigError, match=r"^--threads: expected an integer >= 0, got -1$"):
+    most = threads.THREADS_MAX
+    with pytest.raises(
+        ConfigError, match=rf"^--threads: expected 0 \(auto\) to {most} .*, got -1$"
+    ):
         config_from_args(["--threads", "-1"])
     assert main(["--threads", "-2", "--out-dir", str(tmp_path / "r")]) == 2
     assert capsys.readouterr().err == (
-        "python -m dlrm.train: error: --threads: expected an integer >= 0, got -2\n"
+        f"python -m dlrm.train: error: --threads: expected 0 (auto) to {most} (4 per CPU of this "
+        "machine), got -2\n"
     )
 
 
@@ -187,3 +191,23 @@ def test_an_automatic_count_follows_the_load_and_says_so(tmp_path):
         first,
     )
     assert m and 1 <= int(m.group(1)) <= usable, first
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-1", "1.5", "99999", " ,2"])
+def test_an_omp_num_threads_that_cannot_be_the_count_is_refused_not_ignored(value):
+    """The docs say OMP_NUM_THREADS fixes the count; libgomp itself ends the process with SIGSEGV
+    at thousands, so the refusal comes before any OpenMP runtime starts."""
+    with pytest.raises(ConfigError) as e:
+        threads.choose(0, environ={"OMP_NUM_THREADS": value}, affinity=2, quota=None)
+    assert str(e.value).startswith(f"OMP_NUM_THREADS={value.strip()}: expected a whole number")
+    assert f"from 1 to {threads.THREADS_MAX}" in str(e.value)
+    # unset or empty: the automatic count, as before
+    assert threads.choose(0, environ={"OMP_NUM_THREADS": ""}, affinity=2, quota=None).follows_load
+
+
+def test_a_thread_count_past_four_per_cpu_is_refused(capsys, tmp_path):
+    too_many = threads.THREADS_MAX + 1
+    assert main(["--threads", str(too_many), "--out-dir", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"python -m dlrm.train: error: --threads: expected 0 (auto) to "
+                   f"{threads.THREADS_MAX} (4 per CPU of this machine), got {too_many}")  # fmt: skip
