@@ -41,6 +41,13 @@ def parse_bool_or_auto(text: str) -> bool | None:
 class OneLineParser(argparse.ArgumentParser):
     """argparse with a flag mistake as one line and exit code 2 (the dlrm CLIs' parser)."""
 
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # a value that starts with a minus and a digit is a value (`--hot-budget -1GB`), which
+        # its setting's check then refuses by name; argparse took it for an unknown flag and
+        # said only "expected one argument" (no flag of ours starts with a digit)
+        self._negative_number_matcher = re.compile(r"^-\d")
+
     def error(self, message: str) -> None:  # one line, not the usage block
         sys.stderr.write(f"{self.prog}: error: {message}{self._did_you_mean(message)}\n")
         sys.exit(EXIT_USAGE)

@@ -60,6 +60,10 @@ def test_reference_flags_map_to_config():
         (["--resume"], "--resume: no checkpoint found"),
         (["--bogus-flag", "1"], "unrecognized arguments: --bogus-flag 1"),
         (["--num-batchs", "3"], "--num-batchs 3 (did you mean --num-batches?)"),
+        (
+            ["--hot-budget", "-1GB"],
+            "--hot-budget: expected a size like 256MB, 1.5GB or 1048576, got '-1GB'",
+        ),
         (["--hot-budjet=3MB"], "--hot-budjet=3MB (did you mean --hot-budget?)"),
     ],
 )
