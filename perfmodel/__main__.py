@@ -21,6 +21,8 @@ import logging
 import os
 import sys
 
+from dlrm.settings.sections import THREADS_MAX
+
 EXIT_USAGE = 2
 PROG = "python -m perfmodel"
 
@@ -46,8 +48,10 @@ def _set_threads(n: int | None) -> None:
     thread count to its own after the first synthetic chunk."""
     if n is None:
         return
-    if n < 1:
-        raise SystemExit(f"{PROG}: error: --threads: expected a positive integer, got {n}")
+    if not 1 <= n <= THREADS_MAX:  # SystemExit(str) exits 1: a flag mistake is 2
+        sys.stderr.write(f"{PROG}: error: --threads: expected 1 to {THREADS_MAX} (4 per CPU of "
+                         f"this machine), got {n}\n")  # fmt: skip
+        raise SystemExit(EXIT_USAGE)
     os.environ["OMP_NUM_THREADS"] = str(n)
     os.environ["NUMBA_NUM_THREADS"] = str(n)
     import torch

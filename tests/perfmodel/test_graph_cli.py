@@ -40,6 +40,7 @@ def test_cli_errors_are_one_line_exit_2(tmp_path, monkeypatch, capsys):
         (["predict", "--precision", "fp64", "--model", missing], "--precision"),
         (["fit"], "--bench"),
         (["frobnicate"], "invalid choice"),
+        (["plan", "--threads", "-1"], "--threads: expected 1 to "),
     ]
     for args, message in cases:
         try:
