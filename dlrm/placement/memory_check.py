@@ -48,7 +48,10 @@ TIER_NAMES = {"device": "CUDA memory", "host": "host DRAM", "disk": "disk"}
 
 def dense_needs(cfg: TrainConfig, data: DataSplits) -> Needs:
     """The dense part, its activations at the batch size and the data loader (module docstring)."""
-    model = build_model(cfg, data, torch.device("cpu"), nn.Module())  # the MLPs, no tables
+    # the MLPs, no tables, on the meta device: counted without allocating (a DCN of rank 1e8
+    # would otherwise take its terabytes before this check could refuse it)
+    with torch.device("meta"):
+        model = build_model(cfg, data, torch.device("meta"), nn.Module())
     params = sum(p.numel() for p in model.dense_parameters())
     widths = sum(m.out_features for m in model.modules() if isinstance(m, nn.Linear))
     del model

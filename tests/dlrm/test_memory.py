@@ -265,3 +265,18 @@ def test_cuda_memory_short_names_the_placements_that_fit(tmp_path, monkeypatch):
                                           r"that fit: --hot-budget \d+MiB, or --placement tiered"):  # fmt: skip
         run_memory.check_memory(_tiny(tmp_path, **{**cfg.to_json(), "placement": "fae",
                                                    "hot_budget": "1GB"}), data, cpu)  # fmt: skip
+
+
+def test_a_dense_part_too_large_is_refused_before_it_is_allocated(tmp_path, capsys):
+    """A DCN of rank 1e8 (1.9 TiB of cross weights): one line naming the dense part, before any
+    of it is allocated (the count is taken on the meta device)."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    argv = ["--arch-interaction-op", "dcn", "--dcn-low-rank-dim", "100000000", "--out-dir",
+            str(tmp_path / "r")]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "(dense part 1.9 TiB," in err, err
+    grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    assert grown_kib < 2 * 2**20, grown_kib  # far below any share of the terabytes
