@@ -21,6 +21,7 @@ from data_pipeline.errors import unwritable_dir
 from dlrm.checkpoints import format as ckpt
 from dlrm.config import DCN_FIELDS, FLAT, SETTINGS, TrainConfig
 from dlrm.errors import ConfigError
+from embeddings.room import fmt_bytes
 
 log = logging.getLogger(__name__)
 
@@ -199,6 +200,6 @@ def check_free_space(path: Path, needed: int, what: str, flag: str = "--out-dir"
     free = shutil.disk_usage(_nearest_existing(path)).free
     if free < needed:
         raise ConfigError(
-            f"{flag}: {free / 2**30:.2f} GiB free where {path} is, but {what} takes about "
-            f"{needed / 2**30:.2f} GiB"
+            f"{flag}: {fmt_bytes(free)} free where {path} is, but {what} takes about "
+            f"{fmt_bytes(needed)}"
         )
