@@ -349,7 +349,11 @@ def quantize(argv: list[str]) -> dict:
 
         quantize(["runs/a", "--out", "art/int8", "--emb-precision", "int8"])
     """
-    a = build_parser(_RaisingParser).parse_args(argv)
+    return _run(build_parser(_RaisingParser).parse_args(argv))
+
+
+def _run(a: argparse.Namespace) -> dict:
+    """The command's work on parsed arguments: --check's comparison, or the export's manifest."""
     _check_args(a)
     return check(a) if a.check else export(a)
 
@@ -358,14 +362,13 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     a = build_parser().parse_args(argv)
     try:
-        _check_args(a)
-        if a.check:
-            print(json.dumps(check(a)))
-            return 0
-        manifest = export(a)
+        manifest = _run(a)
     except (ConfigError, DataError, CheckpointError, ArtifactError, ArchError) as e:
         sys.stderr.write(f"{PROG}: error: {e}\n")
         return EXIT_USAGE
+    if a.check:
+        print(json.dumps(manifest))
+        return 0
     b = manifest["bytes"]
     cal = manifest["calibration"]
     line = f"wrote {a.out}: {b['model_bytes']} bytes ({100 * b['share_of_fp32']:.1f}% of fp32)"
