@@ -101,6 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--traces", nargs="*", default=[], help="more perf traces (files or directories)"
     )
     fit.add_argument("--seed", type=int, default=0)
+    fit.add_argument("--overwrite", action="store_true",
+                     help="replace an existing --model file that is not a performance model")  # fmt: skip
 
     pr = sub.add_parser(
         "predict", help="predict the per-batch time of a configuration (trainer flags)"
@@ -160,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     from perfmodel.errors import ModelError, TraceError
 
     try:
+        _check_out(args, ConfigError)
         if args.command == "microbench":
             return _microbench(args)
         if args.command == "fit":
@@ -172,6 +175,29 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DataError, ModelError, TraceError) as e:
         sys.stderr.write(f"{PROG} {args.command}: error: {e}\n")
         return EXIT_USAGE
+
+
+def _check_out(args, error: type[Exception]) -> None:
+    """What the command writes, against the output rule (hybrid_dlrm/common/outputs.py), before
+    anything is measured: a directory of ours (its microbench.json, report.json) is written
+    again; `fit`'s model replaces a performance model, anything else with --overwrite."""
+    from hybrid_dlrm.common.outputs import Purpose, check_output, json_format_is
+
+    if args.command == "microbench":
+        bench = Purpose("microbenchmark directory", directory=True,
+                        identify=lambda d: (d / "microbench.json").is_file())  # fmt: skip
+        check_output(args.out, "--out", bench, error=error)
+    elif args.command == "report" and not args.from_traces:
+        report = Purpose("performance report directory", directory=True,
+                         identify=lambda d: (d / "report.json").is_file())  # fmt: skip
+        check_output(args.out, "--out", report, error=error)
+    elif args.command == "fit":
+        from perfmodel.model import FORMAT, default_model_path
+
+        model = Purpose("performance model", identify=json_format_is(FORMAT))
+        inputs = [("--bench", args.bench), *(("--traces", t) for t in args.traces)]
+        check_output(args.model_path or default_model_path(), "--model", model, protected=inputs,
+                     overwrite=args.overwrite, error=error)  # fmt: skip
 
 
 def _microbench(args) -> int:
