@@ -122,7 +122,8 @@ def _check_args(a: argparse.Namespace) -> None:
         raise ConfigError("a source is needed: a run directory, checkpoint or --save-model file")
     if not a.out:
         raise ConfigError("--out: needs the artifact directory to write")
-    check_output(a.out, "--out", ARTIFACT_DIRECTORY, protected=_inputs(a), error=ConfigError)
+    # ArtifactError, as ArtifactWriter raised it before: what a library caller catches
+    check_output(a.out, "--out", ARTIFACT_DIRECTORY, protected=_inputs(a), error=ArtifactError)
     if a.emb_precision not in EMB_CHOICES:
         raise ConfigError(
             f"--emb-precision: expected one of {', '.join(EMB_CHOICES)}, got {a.emb_precision!r}"
