@@ -58,6 +58,7 @@ from dlrm.placement.candidates import (
     default_costs,
 )
 from dlrm.placement.enumerator import (
+    PLAN_MARGIN,
     CandidateSpace,
     Coverage,
     Enumerator,
@@ -66,20 +67,17 @@ from dlrm.placement.enumerator import (
     rows_cap,
 )
 from dlrm.placement.kinds import all_kinds
-from dlrm.placement.memory_check import _changed, dense_needs, run_tables
+from dlrm.placement.needs import changed, dense_needs, run_tables
 from dlrm.placement.run_plan import obtain_profile, profile_training_sample, profiled_batches
 from dlrm.placement.tiered_setup import scm_directory
 from embeddings import TableSpec
 from embeddings.errors import PlacementError, ProfileError
 from embeddings.room import MemoryInventory, Needs, fmt_bytes, inventory
 
-__all__ = ["Decision", "Planner", "Weighed", "plan", "resolve_auto", "rows_cap"]
+__all__ = ["PLAN_MARGIN", "Decision", "Planner", "Weighed", "plan", "resolve_auto", "rows_cap"]
 
 log = logging.getLogger(__name__)
 
-PLAN_MARGIN = 0.3  # share of each memory tier's room a chosen placement leaves free (as the
-# settings the memory check suggests do, dlrm/placement/memory_check.py): the needs are bounds from budgets, and on
-# a shared machine the neighbours grow too
 SAMPLE_BATCHES = 8  # training batches whose sparse features a predictor replays
 
 
@@ -499,7 +497,7 @@ def applied(cfg: TrainConfig, decision: Decision) -> TrainConfig:
     made = cfg.run_dir / PROFILE_NAME
     if "hot_budget" in chosen.kind.tuned_by and not cfg.placing.profile_file and made.is_file():
         over["profile_file"] = str(made)
-    out = _changed(cfg, over)
+    out = changed(cfg, over)
     if out is None:
         raise ConfigError(f"--placement auto: {decision.chosen.label()} is refused by the settings")
     return out

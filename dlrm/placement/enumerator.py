@@ -2,7 +2,7 @@
 tables, the dense part's needs, the room per tier and its margin), the hot budgets a profile
 suggests, and the default enumerator, which asks every registered placement kind for its
 candidates (dlrm/placement/kinds.py). The pre-flight memory check's suggestions come from the
-same enumerator (dlrm/placement/memory_check.py).
+same enumerator and margin (dlrm/placement/memory_check.py).
 
 `Coverage`: what a hot set of a given size covers of the profiled lookups, and so the embedding
 bytes a candidate moves between host and device per sample (a kind's `bytes_per_sample`): the
@@ -18,13 +18,16 @@ import numpy as np
 from dlrm.config import TrainConfig
 from dlrm.placement.candidates import MEMORY_TIERS, Candidate, Prediction, StepTime, TierBytes
 from dlrm.placement.kinds import all_kinds
-from dlrm.placement.memory_check import TIER_NAMES, _changed, _with_placement
+from dlrm.placement.needs import TIER_NAMES, changed, with_placement
 from embeddings import SparseOptimizer, TableSpec
 from embeddings.hot_rows import row_bytes
 from embeddings.profile import AccessProfile
 from embeddings.room import MemoryInventory, Needs, fmt_bytes
 from embeddings.ssd.cache import RowCache, SlotMap
 
+PLAN_MARGIN = 0.3  # share of each memory tier's room a chosen placement (and a setting the memory
+# check suggests) leaves free: the needs are bounds from budgets, and on a shared machine the
+# neighbours grow too
 HOT_SHARES = (0.5, 0.8, 0.9, 0.95, 0.99)  # cumulative lookup shares the hot budgets cover
 CACHE_SHARES = (0.25, 0.5, 1.0)  # of the host room a tiered candidate's hot rows leave
 GRAIN = 2**10  # budgets and caches are whole KiB
@@ -185,10 +188,10 @@ class CandidateSpace:
 
     def weigh(self, cand: Candidate) -> Weighed:
         over = {**cand.settings(), **cand.kind.settings(cand, self.cfg)}
-        cfg = _changed(self.cfg, over)
+        cfg = changed(self.cfg, over)
         if cfg is None:
             return Weighed(cand, TierBytes(), rejected="refused by the settings' rules")
-        needs = _with_placement(self.base, cfg, self.tables)
+        needs = with_placement(self.base, cfg, self.tables)
         needs = needs.device_on_host() if self.on_cpu else needs
         per_tier = TierBytes.of(needs)
         short, missing = [], 0
