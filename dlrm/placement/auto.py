@@ -333,7 +333,10 @@ class Planner:
         best = chosen.prediction.ms_per_step
         for w in predicted:
             if w is not chosen:
-                w.rejected = f"slower (+{w.prediction.ms_per_step - best:.2f} ms/step)"
+                more = w.prediction.ms_per_step - best
+                w.rejected = (f"slower (+{more:.2f} ms/step)" if round(more, 3) > 0 else
+                              "predicted as fast: the tie goes to the preferred kind, then the "
+                              "least memory")  # fmt: skip
         how = f"the fastest predicted of those that fit with a {self.margin:.0%} margin on memory"
         return chosen, how
 
@@ -353,13 +356,17 @@ def default_planner() -> Planner:
 # --- no degenerate candidates ---------------------------------------------------------------------
 
 TOLERANCE = 1e-9
+# a hot set must spare at least this share of the plain placement's bytes per sample: a saving
+# below it is inside any step-time prediction's error (and the profile's sampling), so the
+# candidate could only win by a tie-break, as FAE with a 3 KiB hot set once did
+MIN_SAVING = 0.05
 
 
 def _drop_degenerate(fitting: list[Weighed], coverage: Coverage) -> list[Weighed]:
-    """The contenders among `fitting`: a hot set too small to move fewer embedding bytes per
-    sample than the placement without one (the plain placement, host), or than the next smaller
-    hot set of its kind (more memory for nothing), is rejected, saying by what. Kinds that do
-    not know their bytes (None) stay."""
+    """The contenders among `fitting`: a hot set too small to spare MIN_SAVING of the embedding
+    bytes per sample the placement without one moves (the plain placement, host), or that moves
+    no fewer than the next smaller hot set of its kind (more memory for nothing), is rejected,
+    saying by what. Kinds that do not know their bytes (None) stay."""
     for w in fitting:
         w.moved = w.candidate.kind.bytes_per_sample(w.candidate, coverage)
     plain = next((w for w in fitting if not w.candidate.kind.tuned_by and w.moved is not None
@@ -375,9 +382,9 @@ def _drop_degenerate(fitting: list[Weighed], coverage: Coverage) -> list[Weighed
         for _, group in groupby(rows, key=lambda w: w.candidate.hot_budget):
             kept = []
             for w in group:
-                if w.moved >= coverage.plain - TOLERANCE:
+                if w.moved > coverage.plain * (1 - MIN_SAVING) - TOLERANCE:
                     w.rejected = (f"dominated by {plain_name}: its hot set moves {w.moved:,.0f} "
-                                  f"bytes per sample, no fewer than {coverage.plain:,.0f}")  # fmt: skip
+                                  f"bytes per sample of its {coverage.plain:,.0f}")  # fmt: skip
                 elif smaller is not None and w.moved >= smaller.moved - TOLERANCE:
                     w.rejected = (f"dominated by {smaller.candidate.label()}: no fewer bytes per "
                                   "sample with a larger hot set")  # fmt: skip
