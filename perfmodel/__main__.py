@@ -257,13 +257,11 @@ def _predict(args, rest: list[str]) -> int:
 def _plan(args, rest: list[str]) -> int:
     """The decision `--placement auto` makes for the trainer's flags in `rest`, without training
     (the data's batches are read for the profile; nothing is written)."""
-    import importlib.util
-
     from dlrm.build import resolve_device
     from dlrm.config import TrainConfig
     from dlrm.data import build_data
-    from dlrm.pipelines import step_hooks
-    from dlrm.placement.auto import plan
+    from dlrm.placement.auto import Planner
+    from dlrm.placement.candidates import KindPredictor
     from dlrm.train import build_parser as train_parser
 
     flags = train_parser()
@@ -271,10 +269,10 @@ def _plan(args, rest: list[str]) -> int:
     cfg_args = vars(flags.parse_args(rest))
     cfg_args["placement"] = "auto"  # what auto would choose, whatever placement the flags name
     cfg = TrainConfig(**cfg_args)
-    step_hooks.load_plugins()
-    if importlib.util.find_spec("perfmodel.placement_costs") is not None:
-        importlib.import_module("perfmodel.placement_costs")  # registers the predictor
-    decision = plan(cfg, build_data(cfg), resolve_device(cfg.training.device), write=False)
+    from perfmodel.placement_costs import PlacementCosts
+
+    planner = Planner(predictor=KindPredictor(PlacementCosts()))
+    decision = planner.plan(cfg, build_data(cfg), resolve_device(cfg.training.device), write=False)
     print(json.dumps(decision.to_json()) if args.json else decision.table())
     return 0
 
