@@ -59,7 +59,7 @@ from dlrm.placement.memory_check import check_memory, run_tables  # noqa: E402
 from embeddings.hot_rows import row_bytes  # noqa: E402
 from hybrid_dlrm.common.machine import cpu_model  # noqa: E402
 from perfmodel.placement_costs import predict_candidate  # noqa: E402
-from scripts._shared import cpu_flags, load_average  # noqa: E402
+from scripts._shared import check_bench_out, cpu_flags, load_average  # noqa: E402
 
 # (name, Kaggle table scale, batch, room): `room` is what --memory-limit leaves this process beyond
 # what it holds when the configuration is planned (--memory-limit counts the process's resident
@@ -400,6 +400,7 @@ def main(argv: list[str] | None = None) -> int:
         if not specs:
             p.error(f"--only: none of {sorted(want)} is a configuration")
     root = Path(args.out_dir or f"runs/bench_planner-{time.strftime('%Y%m%d-%H%M%S')}")
+    check_bench_out(root, ["configs.jsonl"], False, p.prog, "--out-dir")  # the output rule
     if root.exists() and any(root.iterdir()):
         sys.stderr.write(f"{p.prog}: error: --out-dir {root}: not empty; choose a new one\n")
         return 2
