@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-import time
 from pathlib import Path
 
 import numba
@@ -43,12 +42,12 @@ import numpy as np
 from hybrid_dlrm.common import atomic
 from hybrid_dlrm.common.crc import crc_hex, file_crc32
 from hybrid_dlrm.common.header import check_header
-from hybrid_dlrm.common.lock import DirectoryLock, LockError
+from hybrid_dlrm.common.lock import DirectoryLock, LockError, LockHeld
 from hybrid_dlrm.common.manifest import record_problem
 
 from .criteo_directory import CriteoDataset
 from .dataset_meta import describe_difference, marker_path, read_json
-from .errors import DataError, write_error
+from .errors import DataError, unwritable_dir, write_error
 from .npy_stream import NpyWriter, check_file, first_id_outside
 from .synthetic import _hash32, _mix64
 
@@ -195,17 +194,20 @@ def materialise(
     wanted = {"spec": spec.to_json(), "source": _source_record(source)}
     if (out / "meta.json").is_file():
         return _reuse(out, wanted)
+    problem = unwritable_dir(out.parent)
+    if problem:  # checked first: the lock file could not be made there either
+        raise DataError(unwritable_place(problem, source_dir))
     lock = DirectoryLock(out.parent, name=f".{out.name}.lock")
-    waited = False
-    while True:  # another process materialising the same directory: wait, then reuse its result
-        try:
-            lock.acquire("--multi-hot-sizes")
-            break
-        except LockError:
-            if not waited:
-                log.warning("%s: another process is materialising it; waiting", out)
-                waited = True
-            time.sleep(wait_s)
+    try:  # another living process materialising the same directory: wait, then reuse its result
+        lock.acquire_waiting(
+            "--multi-hot-sizes",
+            lambda pid: log.warning("%s: process %s is materialising it; waiting", out, pid),
+            poll_s=wait_s,
+        )
+    except LockHeld as e:  # held by no living process: nothing to wait for
+        raise DataError(str(e)) from None
+    except LockError as e:  # the place cannot be written after all (EROFS, EACCES)
+        raise DataError(unwritable_place(str(e), source_dir)) from None
     try:
         if (out / "meta.json").is_file():
             return _reuse(out, wanted)
@@ -231,6 +233,15 @@ def materialise(
         lock.release()
     log.info("materialised multi-hot bags %s", out)
     return out
+
+
+def unwritable_place(problem: str, source_dir: str | Path) -> str:
+    """The one line for bags that cannot be written where they go, with both ways around it."""
+    return (
+        f"{problem} (where the multi-hot bags go); materialise them in a writable place "
+        f"(python -m data_pipeline multi-hot {source_dir} --out DIR) or make them per batch "
+        "(--multi-hot-materialize false)"
+    )
 
 
 def _write(source: CriteoDataset, tmp: Path, spec: BagSpec, wanted: dict) -> None:
