@@ -19,6 +19,8 @@ import logging
 import sys
 from pathlib import Path
 
+from hybrid_dlrm.common import endings
+
 from .dataset_meta import load_meta, read_json
 from .errors import DataError
 from .preprocess import DATASETS, PreprocessOptions, preprocess
@@ -178,10 +180,31 @@ def _multi_hot(args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Ctrl-C or SIGTERM anywhere: one line saying what is left, exit 130 or 143
+    (hybrid_dlrm/common/endings.py); the worker processes leave the decision to this one."""
     args = _parser().parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s"
     )
+    return endings.run(lambda: _run(args), left=lambda: _left(args))
+
+
+def _left(args: argparse.Namespace) -> str:
+    """What an interrupted command leaves, and how to go on."""
+    if args.command == "preprocess" and args.dataset != "taobao":
+        return (
+            f"the parts finished so far are kept in {args.out}; the same command finishes the rest"
+        )
+    if args.command == "preprocess":
+        return f"{args.out} is not made (no meta.json); the same command makes it"
+    if args.command == "multi-hot":
+        return "the partial bags were removed; the same command makes them"
+    if args.command == "synth":
+        return f"the files in {args.out} are incomplete; the same command writes them again"
+    return "nothing written"
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         if args.command == "preprocess" and args.dataset == "taobao":
             from .taobao import TaobaoOptions, load_taobao_meta, preprocess_taobao

@@ -59,3 +59,16 @@ def test_plan_bad_flags_are_one_line_exit_2(tmp_path, capsys):
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and expected in err, err
         assert err.startswith("python -m perfmodel plan")
+
+
+def test_plan_ctrl_c_while_planning_is_one_line_exit_130(tmp_path, capsys, monkeypatch):
+    """Issue 46: Ctrl-C during planning ended in a KeyboardInterrupt traceback."""
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(planner, "inventory", interrupted)  # reached while planning
+    run = tmp_path / "run"
+    assert main(["plan", *TINY, "--out-dir", str(run)]) == 130
+    assert capsys.readouterr().err == "\ninterrupted; nothing written\n"
+    assert not run.exists()
