@@ -165,8 +165,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _multi_hot(args: argparse.Namespace) -> dict:
+    from .bag_memory import check_bags
     from .criteo_dataset import CriteoDataset
-    from .multi_hot import BagSpec, default_directory, materialise
+    from .multi_hot import BLOCK_ROWS, BagSpec, default_directory, materialise
 
     try:
         sizes = [int(x) for x in args.sizes.replace(",", "-").split("-")]
@@ -174,6 +175,8 @@ def _multi_hot(args: argparse.Namespace) -> dict:
         raise DataError(f"--sizes: expected whole numbers like 3-2-1, got {args.sizes!r}") from None
     tables = CriteoDataset(args.directory).table_sizes
     sizes = sizes * len(tables) if len(sizes) == 1 else sizes
+    if len(sizes) == len(tables) and min(sizes) >= 1:  # else BagSpec says what is wrong
+        check_bags("--sizes", sizes, BLOCK_ROWS, "materialising the bags")
     spec = BagSpec(sizes, tables, args.distribution, flags=("--sizes", "--distribution"))
     out = materialise(args.directory, args.out or default_directory(args.directory, spec), spec)
     return {"out": str(out), **spec.to_json()}

@@ -45,6 +45,7 @@ from hybrid_dlrm.common.header import check_header
 from hybrid_dlrm.common.lock import DirectoryLock, LockError, LockHeld
 from hybrid_dlrm.common.manifest import record_problem
 
+from .bag_memory import check_bags
 from .criteo_directory import CriteoDataset
 from .dataset_meta import describe_difference, marker_path, read_json
 from .errors import DataError, unwritable_dir, write_error
@@ -58,7 +59,7 @@ FORMAT_VERSION = 1
 DISTRIBUTIONS = ("uniform", "pareto")
 PARETO_SHAPE = 0.25  # MLPerf's `np.random.pareto(a=0.25)`
 _INT32_MAX = 2**31 - 1
-_BLOCK_ROWS = 1 << 16
+BLOCK_ROWS = 1 << 16  # samples whose bags are made at once
 
 
 @numba.njit(cache=True)
@@ -121,6 +122,7 @@ class BagSpec:
                 f"({len(table_sizes)}), got {len(sizes)}"
             )
         self.sizes = [int(k) for k in sizes]
+        self.flags = flags
         self.table_sizes = [int(n) for n in table_sizes]
         self.distribution, self.seed = distribution, int(seed)
         self.table_of = np.repeat(np.arange(len(sizes)), self.sizes).astype(np.int64)
@@ -186,6 +188,7 @@ def materialise(
     """Make OUT from the preprocessed one-hot `source_dir`, or reuse it when it matches; a
     directory made from other data or with other sizes is refused (one DataError)."""
     source, out = CriteoDataset(source_dir), Path(out)
+    check_bags(spec.flags[0], spec.sizes, BLOCK_ROWS, "materialising the bags")
     if spec.table_sizes != source.table_sizes:
         raise DataError(
             f"{source_dir}: its tables ({len(source.table_sizes)}) are not the ones the bags "
@@ -250,8 +253,8 @@ def _write(source: CriteoDataset, tmp: Path, spec: BagSpec, wanted: dict) -> Non
         name = part["name"]
         _, _, sparse = source.columns(name)  # verified against its marker on first use
         writer = NpyWriter(_values_path(tmp, name), sparse.dtype, (len(spec.table_of),))
-        for lo in range(0, len(sparse), _BLOCK_ROWS):
-            writer.append(spec.bags(np.asarray(sparse[lo : lo + _BLOCK_ROWS])))
+        for lo in range(0, len(sparse), BLOCK_ROWS):
+            writer.append(spec.bags(np.asarray(sparse[lo : lo + BLOCK_ROWS])))
         record = writer.finish()
         parts.append({"name": name, "rows": record["rows"], "values": record})
         log.info("multi-hot bags: %s done (%d rows)", name, record["rows"])

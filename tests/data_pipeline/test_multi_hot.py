@@ -308,3 +308,24 @@ def test_bags_whose_lock_outlived_its_taker_are_one_line_not_a_wait(source, tmp_
             )
     finally:
         os.close(fd)
+
+
+def test_bag_sizes_past_the_memory_are_one_line_before_anything_is_made(
+    source, tmp_path, monkeypatch, capsys
+):
+    """Issue 46: `multi-hot --sizes 1000000` spent minutes making its spec, then died in a 2.7
+    TiB allocation. The sizes are counted against the memory first (a small machine here)."""
+    from data_pipeline import bag_memory
+    from data_pipeline.__main__ import main
+    from hybrid_dlrm.common.host_memory import Room
+
+    monkeypatch.setattr(bag_memory, "host_room", lambda limit=None: Room(64 << 20, "MemAvailable"))
+    out = tmp_path / "bags"
+    assert main(["multi-hot", str(source), "--sizes", "100", "--out", str(out)]) == 2
+    assert capsys.readouterr().err == (
+        "error: --sizes: bags of 2,600 ids per sample need 1.3 GiB for materialising the bags "
+        "(65,536 samples) but this process may use 64.0 MiB (MemAvailable); use smaller bags\n"
+    )
+    assert not out.exists() and not list(tmp_path.glob(".bags*"))
+    with pytest.raises(DataError, match=r"^--multi-hot-sizes: bags of 2,600 ids per sample"):
+        materialise(source, out, BagSpec([100] * 26, CriteoDataset(source).table_sizes))

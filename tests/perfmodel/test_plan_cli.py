@@ -72,3 +72,14 @@ def test_plan_ctrl_c_while_planning_is_one_line_exit_130(tmp_path, capsys, monke
     assert main(["plan", *TINY, "--out-dir", str(run)]) == 130
     assert capsys.readouterr().err == "\ninterrupted; nothing written\n"
     assert not run.exists()
+
+
+def test_plan_bags_past_the_memory_are_one_line_exit_2(tmp_path, capsys):
+    """Issue 46: `plan --multi-hot-sizes 1000000` died in a numpy allocation of 244 GiB."""
+    argv = ["plan", *TINY, "--multi-hot-sizes", "1000000", "--memory-limit", "4GB"]
+    assert main([*argv, "--out-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "python -m perfmodel plan: error: --multi-hot-sizes: bags of 4,000,000 ids per sample "
+        "need 244.3 GiB for a chunk of synthetic samples (8,192 samples) but this process may use "
+    ) and err.endswith(" (--memory-limit 4GiB); use smaller bags\n")
