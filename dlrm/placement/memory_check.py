@@ -120,6 +120,13 @@ def check_memory(cfg: TrainConfig, data: DataSplits, device: torch.device, world
     if placement == "auto":
         placement += f" ({resolve_placement(cfg.placing, tables, cfg.training.sparse_optimizer())})"
     fixes = _fixes(cfg, data, tables, base, room, on_cpu)
+    if fixes is None and _short(base, room, on_cpu):  # no tables at all would fit either
+        flag = (
+            "--test-mini-batch-size"
+            if cfg.eval_batch_size > cfg.training.mini_batch_size
+            else "--mini-batch-size"
+        )
+        fixes = f"no placement fits: the batch alone does not; use a smaller {flag}"
     if fixes is None:  # what to get more of: the tier that is short
         more = (
             "more free space under --scm-dir"

@@ -311,7 +311,10 @@ def test_a_batch_of_a_billion_samples_is_refused_without_making_it(make_config, 
         raise AssertionError("a batch was made to be measured")
 
     monkeypatch.setattr(type(data.train), "batch", made)
-    with pytest.raises(ConfigError, match=r"activations at batch 1000000000 \d"):
+    with pytest.raises(
+        ConfigError,
+        match=r"activations at batch 1000000000 \d.*the batch alone does not; use a smaller --mini-batch-size$",
+    ):
         run_memory.check_memory(cfg, data, __import__("torch").device("cpu"))
 
 
