@@ -65,7 +65,8 @@ def dense_needs(cfg: TrainConfig, data: DataSplits) -> Needs:
         rows, size = _batch_shape(cfg, data)
         test = cfg.eval_batch_size / cfg.training.mini_batch_size
         acts = 4 * per_row * rows * max(ACTIVATION_COPIES, test)
-        needs.add("device", f"activations at batch {cfg.training.mini_batch_size}", int(acts))
+        of = cfg.eval_batch_size if test > ACTIVATION_COPIES else cfg.training.mini_batch_size
+        needs.add("device", f"activations at batch {of}", int(acts))  # the batch that sets them
         needs.add("host", "data loader", int(size * (LOADER_BATCHES + 2 * test)))
     return needs
 
