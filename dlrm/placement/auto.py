@@ -53,6 +53,7 @@ from dlrm.placement.memory_check import (
     TIER_NAMES,
     _changed,
     _with_placement,
+    check_batch,
     dense_needs,
     run_tables,
 )
@@ -390,6 +391,7 @@ def plan(
     scale = _Scale(cfg, tables, base, room, margin)
     shown_room = {t: {"bytes": r.bytes, "source": r.source}
                   for t in ("device", "host", "disk") if (r := room.on(t)) is not None}  # fmt: skip
+    check_batch(cfg, base, room)  # before batches of that size are read for the profile
     first = scale.weigh(Candidate("device"))
     if first.fits:
         how = "every table fits on the device: nothing to plan"

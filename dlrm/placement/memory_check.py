@@ -122,12 +122,7 @@ def check_memory(cfg: TrainConfig, data: DataSplits, device: torch.device, world
         placement += f" ({resolve_placement(cfg.placing, tables, cfg.training.sparse_optimizer())})"
     fixes = _fixes(cfg, data, tables, base, room, on_cpu)
     if fixes is None and _short(base, room, on_cpu):  # no tables at all would fit either
-        flag = (
-            "--test-mini-batch-size"
-            if cfg.eval_batch_size > cfg.training.mini_batch_size
-            else "--mini-batch-size"
-        )
-        fixes = f"no placement fits: the batch alone does not; use a smaller {flag}"
+        fixes = _batch_alone(cfg)
     if fixes is None:  # what to get more of: the tier that is short
         more = (
             "more free space under --scm-dir"
@@ -136,6 +131,24 @@ def check_memory(cfg: TrainConfig, data: DataSplits, device: torch.device, world
         )
         fixes = f"no placement fits: use {more}"
     raise ConfigError(f"--placement {placement}: {'; '.join(short.values())}; {fixes}")
+
+
+def check_batch(cfg: TrainConfig, base: Needs, room: MemoryInventory) -> None:
+    """ConfigError (one line) when the batch alone (`dense_needs`: the dense part, activations,
+    the loader) does not fit, whatever the placement: the planner asks before it reads batches
+    of that size for its profile."""
+    short = _short(base, room, room.device is None)
+    if short:
+        placement = cfg.placing.placement
+        raise ConfigError(
+            f"--placement {placement}: {'; '.join(short.values())}; {_batch_alone(cfg)}"
+        )
+
+
+def _batch_alone(cfg: TrainConfig) -> str:
+    big_test = cfg.eval_batch_size > cfg.training.mini_batch_size
+    flag = "--test-mini-batch-size" if big_test else "--mini-batch-size"
+    return f"no placement fits: the batch alone does not; use a smaller {flag}"
 
 
 def _with_placement(base: Needs, cfg: TrainConfig, tables: list[TableSpec]) -> Needs:

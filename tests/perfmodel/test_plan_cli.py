@@ -83,3 +83,23 @@ def test_plan_bags_past_the_memory_are_one_line_exit_2(tmp_path, capsys):
         "python -m perfmodel plan: error: --multi-hot-sizes: bags of 4,000,000 ids per sample "
         "need 244.3 GiB for a chunk of synthetic samples (8,192 samples) but this process may use "
     ) and err.endswith(" (--memory-limit 4GiB); use smaller bags\n")
+
+
+def test_plan_a_batch_past_the_memory_is_refused_before_a_batch_is_read(
+    tmp_path, capsys, monkeypatch
+):
+    """Issue 46: `plan --mini-batch-size 1000000000` generated batches of that size for its profile
+    (a hang of minutes) before finding that nothing fits."""
+    from data_pipeline.synthetic import SyntheticBatchSource
+
+    def made(*a):
+        raise AssertionError("a batch was made")
+
+    monkeypatch.setattr(SyntheticBatchSource, "batch", made)
+    argv = ["plan", *TINY, "--mini-batch-size", "1000000000", "--test-mini-batch-size", "64"]
+    assert main([*argv, "--out-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("python -m perfmodel plan: error: --placement auto: needs ")
+    assert err.endswith(
+        "; no placement fits: the batch alone does not; use a smaller --mini-batch-size\n"
+    )
