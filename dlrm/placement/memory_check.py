@@ -122,7 +122,7 @@ def check_memory(cfg: TrainConfig, data: DataSplits, device: torch.device, world
         placement += f" ({resolve_placement(cfg.placing, tables, cfg.training.sparse_optimizer())})"
     fixes = _fixes(cfg, data, tables, base, room, on_cpu)
     if fixes is None and _short(base, room, on_cpu):  # no tables at all would fit either
-        fixes = _batch_alone(cfg)
+        fixes = _batch_alone(cfg, base, room, on_cpu)
     if fixes is None:  # what to get more of: the tier that is short
         more = (
             "more free space under --scm-dir"
@@ -141,11 +141,18 @@ def check_batch(cfg: TrainConfig, base: Needs, room: MemoryInventory) -> None:
     if short:
         placement = cfg.placing.placement
         raise ConfigError(
-            f"--placement {placement}: {'; '.join(short.values())}; {_batch_alone(cfg)}"
+            f"--placement {placement}: {'; '.join(short.values())}; "
+            f"{_batch_alone(cfg, base, room, room.device is None)}"
         )
 
 
-def _batch_alone(cfg: TrainConfig) -> str:
+def _batch_alone(cfg: TrainConfig, base: Needs, room: MemoryInventory, on_cpu: bool) -> str:
+    """The way out when not even the batch fits: a smaller batch, unless the dense part (which
+    no batch size changes) does not fit either: then more memory (a --memory-limit below what
+    this process holds already, say)."""
+    dense = Needs([i for i in base.items if i.what == "dense part"])
+    if _short(dense, room, on_cpu):
+        return "no placement fits: use a machine with more memory (or a larger --memory-limit)"
     big_test = cfg.eval_batch_size > cfg.training.mini_batch_size
     flag = "--test-mini-batch-size" if big_test else "--mini-batch-size"
     return f"no placement fits: the batch alone does not; use a smaller {flag}"
