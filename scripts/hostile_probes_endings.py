@@ -244,7 +244,7 @@ def add_probes(add, h) -> None:
         lambda w: (subprocess.run(train(*TINY, "--placement", "auto", "--test-freq", "10", "--out-dir", str(w / "P")),
                                   capture_output=True, check=True, cwd=w),
                    (w / "P/summary.json").unlink(),
-                   edit_json(w / "P/placement_decision.json", chosen="fae"),
+                   edit_json(w / "P/placement_decision.json", chosen="host", settings={"placement": "host"}),
                    train(*TINY, "--placement", "auto", "--test-freq", "10", "--out-dir", str(w / "P"), "--resume"))[3],
         says="placement_decision.json")  # fmt: skip
     add("killed -9 before the first checkpoint, then --resume", FILES,
