@@ -19,6 +19,7 @@ import logging
 import sys
 from pathlib import Path
 
+from hybrid_dlrm.common import endings
 from hybrid_dlrm.common.outputs import Purpose, check_output
 
 from .dataset_meta import load_meta, read_json
@@ -199,8 +200,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _multi_hot(args: argparse.Namespace) -> dict:
+    from .bag_memory import check_bags
     from .criteo_dataset import CriteoDataset
-    from .multi_hot import BagSpec, default_directory, materialise
+    from .multi_hot import BLOCK_ROWS, BagSpec, default_directory, materialise
 
     try:
         sizes = [int(x) for x in args.sizes.replace(",", "-").split("-")]
@@ -208,16 +210,39 @@ def _multi_hot(args: argparse.Namespace) -> dict:
         raise DataError(f"--sizes: expected whole numbers like 3-2-1, got {args.sizes!r}") from None
     tables = CriteoDataset(args.directory).table_sizes
     sizes = sizes * len(tables) if len(sizes) == 1 else sizes
+    if len(sizes) == len(tables) and min(sizes) >= 1:  # else BagSpec says what is wrong
+        check_bags("--sizes", sizes, BLOCK_ROWS, "materialising the bags")
     spec = BagSpec(sizes, tables, args.distribution, flags=("--sizes", "--distribution"))
     out = materialise(args.directory, args.out or default_directory(args.directory, spec), spec)
     return {"out": str(out), **spec.to_json()}
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Ctrl-C or SIGTERM anywhere: one line saying what is left, exit 130 or 143
+    (hybrid_dlrm/common/endings.py); the worker processes leave the decision to this one."""
     args = _parser().parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s"
     )
+    return endings.run(lambda: _run(args), left=lambda: _left(args))
+
+
+def _left(args: argparse.Namespace) -> str:
+    """What an interrupted command leaves, and how to go on."""
+    if args.command == "preprocess" and args.dataset != "taobao":
+        return (
+            f"the parts finished so far are kept in {args.out}; the same command finishes the rest"
+        )
+    if args.command == "preprocess":
+        return f"{args.out} is not made (no meta.json); the same command makes it"
+    if args.command == "multi-hot":
+        return "the partial bags were removed; the same command makes them"
+    if args.command == "synth":
+        return f"the files in {args.out} are incomplete; the same command writes them again"
+    return "nothing written"
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         _check_out(args)
         if args.command == "preprocess" and args.dataset == "taobao":

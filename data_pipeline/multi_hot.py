@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-import time
 from pathlib import Path
 
 import numba
@@ -43,12 +42,13 @@ import numpy as np
 from hybrid_dlrm.common import atomic
 from hybrid_dlrm.common.crc import crc_hex, file_crc32
 from hybrid_dlrm.common.header import check_header
-from hybrid_dlrm.common.lock import DirectoryLock, LockError
+from hybrid_dlrm.common.lock import DirectoryLock, LockError, LockHeld
 from hybrid_dlrm.common.manifest import record_problem
 
+from .bag_memory import check_bags
 from .criteo_directory import CriteoDataset
 from .dataset_meta import describe_difference, marker_path, read_json
-from .errors import DataError, write_error
+from .errors import DataError, unwritable_dir, write_error
 from .npy_stream import NpyWriter, check_file, first_id_outside
 from .synthetic import _hash32, _mix64
 
@@ -59,7 +59,7 @@ FORMAT_VERSION = 1
 DISTRIBUTIONS = ("uniform", "pareto")
 PARETO_SHAPE = 0.25  # MLPerf's `np.random.pareto(a=0.25)`
 _INT32_MAX = 2**31 - 1
-_BLOCK_ROWS = 1 << 16
+BLOCK_ROWS = 1 << 16  # samples whose bags are made at once
 
 
 @numba.njit(cache=True)
@@ -122,6 +122,7 @@ class BagSpec:
                 f"({len(table_sizes)}), got {len(sizes)}"
             )
         self.sizes = [int(k) for k in sizes]
+        self.flags = flags
         self.table_sizes = [int(n) for n in table_sizes]
         self.distribution, self.seed = distribution, int(seed)
         self.table_of = np.repeat(np.arange(len(sizes)), self.sizes).astype(np.int64)
@@ -187,6 +188,7 @@ def materialise(
     """Make OUT from the preprocessed one-hot `source_dir`, or reuse it when it matches; a
     directory made from other data or with other sizes is refused (one DataError)."""
     source, out = CriteoDataset(source_dir), Path(out)
+    check_bags(spec.flags[0], spec.sizes, BLOCK_ROWS, "materialising the bags")
     if spec.table_sizes != source.table_sizes:
         raise DataError(
             f"{source_dir}: its tables ({len(source.table_sizes)}) are not the ones the bags "
@@ -195,17 +197,20 @@ def materialise(
     wanted = {"spec": spec.to_json(), "source": _source_record(source)}
     if (out / "meta.json").is_file():
         return _reuse(out, wanted)
+    problem = unwritable_dir(out.parent)
+    if problem:  # checked first: the lock file could not be made there either
+        raise DataError(unwritable_place(problem, source_dir))
     lock = DirectoryLock(out.parent, name=f".{out.name}.lock")
-    waited = False
-    while True:  # another process materialising the same directory: wait, then reuse its result
-        try:
-            lock.acquire("--multi-hot-sizes")
-            break
-        except LockError:
-            if not waited:
-                log.warning("%s: another process is materialising it; waiting", out)
-                waited = True
-            time.sleep(wait_s)
+    try:  # another living process materialising the same directory: wait, then reuse its result
+        lock.acquire_waiting(
+            "--multi-hot-sizes",
+            lambda pid: log.warning("%s: process %s is materialising it; waiting", out, pid),
+            poll_s=wait_s,
+        )
+    except LockHeld as e:  # held by no living process: nothing to wait for
+        raise DataError(str(e)) from None
+    except LockError as e:  # the place cannot be written after all (EROFS, EACCES)
+        raise DataError(unwritable_place(str(e), source_dir)) from None
     try:
         if (out / "meta.json").is_file():
             return _reuse(out, wanted)
@@ -233,14 +238,23 @@ def materialise(
     return out
 
 
+def unwritable_place(problem: str, source_dir: str | Path) -> str:
+    """The one line for bags that cannot be written where they go, with both ways around it."""
+    return (
+        f"{problem} (where the multi-hot bags go); materialise them in a writable place "
+        f"(python -m data_pipeline multi-hot {source_dir} --out DIR) or make them per batch "
+        "(--multi-hot-materialize false)"
+    )
+
+
 def _write(source: CriteoDataset, tmp: Path, spec: BagSpec, wanted: dict) -> None:
     parts = []
     for part in source.meta["parts"]:
         name = part["name"]
         _, _, sparse = source.columns(name)  # verified against its marker on first use
         writer = NpyWriter(_values_path(tmp, name), sparse.dtype, (len(spec.table_of),))
-        for lo in range(0, len(sparse), _BLOCK_ROWS):
-            writer.append(spec.bags(np.asarray(sparse[lo : lo + _BLOCK_ROWS])))
+        for lo in range(0, len(sparse), BLOCK_ROWS):
+            writer.append(spec.bags(np.asarray(sparse[lo : lo + BLOCK_ROWS])))
         record = writer.finish()
         parts.append({"name": name, "rows": record["rows"], "values": record})
         log.info("multi-hot bags: %s done (%d rows)", name, record["rows"])

@@ -13,7 +13,6 @@ rest from their start. `meta.json` is written last.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
 import platform
@@ -26,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
+
+from hybrid_dlrm.common.lock import DirectoryLock, LockError
 
 from . import dataset_meta as dm
 from .block_pipeline import BadLineLog, BlockPipeline
@@ -190,17 +191,20 @@ def preprocess(
 
 @contextlib.contextmanager
 def _locked(out: Path) -> Iterator[None]:
-    """An exclusive lock on out/.lock, held while making the directory."""
-    with open(out / ".lock", "a") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            logger.warning("%s: another process is preprocessing it; waiting", out)
-            fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    """An exclusive lock on out/.lock, held while making the directory: waits while another
+    living process holds it, one DataError when its holder has ended or it cannot be made."""
+    lock = DirectoryLock(out, reentrant=False)  # threads of one process take turns too
+    try:
+        lock.acquire_waiting(
+            "preprocessing",
+            lambda pid: logger.warning("%s: process %s is preprocessing it; waiting", out, pid),
+        )
+    except LockError as e:
+        raise DataError(str(e)) from None
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def _warn_if_disk_is_small(out: Path, files: list[Path | None]) -> None:

@@ -18,6 +18,8 @@ import traceback
 
 import numpy as np
 
+from hybrid_dlrm.common import endings
+
 from . import categorical
 from .criteo_format import NUM_SPARSE, dense_transform, parse_block
 from .errors import DataError
@@ -111,6 +113,7 @@ def init_worker() -> None:
 
 def main() -> None:
     init_worker()
+    endings.ignore_interrupts()  # Ctrl-C reaches the process group: the parent decides and says
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     while True:
         try:

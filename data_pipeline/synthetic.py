@@ -57,6 +57,7 @@ KAGGLE_TABLE_SIZES = [
 NUM_DENSE = 13
 SPLITS = {"train": 0, "val": 1, "test": 2}
 CHUNK = 8192
+MAX_ROWS = 2**31 - 1  # rows of a table: the generator's limit (SyntheticConfig)
 ZIPF_KNOTS = 4096
 _M32 = 0xFFFFFFFF
 
@@ -240,7 +241,7 @@ class SyntheticConfig:
     def __post_init__(self) -> None:
         if not self.table_sizes or min(self.table_sizes) < 1:
             raise ValueError("synthetic data: every table needs at least one row")
-        if max(self.table_sizes) >= 2**31:
+        if max(self.table_sizes) > MAX_ROWS:
             raise ValueError("synthetic data: tables are limited to 2**31 - 1 rows")
         alphas = self.alphas()
         if len(alphas) != len(self.table_sizes) or min(alphas) < 0:

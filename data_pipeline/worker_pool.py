@@ -28,11 +28,15 @@ class _Child:
         env = dict(os.environ)
         root = str(Path(__file__).resolve().parents[1])  # so the child imports this package
         env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+        # a process group of its own: a terminal's Ctrl-C (sent to the foreground group) is the
+        # parent's to act on, even while the child still imports; the parent closing its stdin
+        # (or dying) ends it
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "data_pipeline.preprocess_worker"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
+            process_group=0,
         )
 
     def run(self, spec: TaskSpec, block: Block) -> TaskResult:

@@ -9,13 +9,16 @@ from pathlib import Path
 
 from torchrec.datasets.utils import Batch
 
+from data_pipeline.bag_memory import check_bags
 from data_pipeline.source import BatchSource
 from data_pipeline.synthetic import (
+    CHUNK,
     PlantedWorld,
     SyntheticBatchSource,
     SyntheticConfig,
     scaled_table_sizes,
 )
+from data_pipeline.synthetic import MAX_ROWS as SYNTHETIC_MAX_ROWS
 from dlrm.config import ConfigError, TrainConfig
 from dlrm.models.kinds import model_kind
 from dlrm.settings.sections import DataConfig
@@ -80,10 +83,19 @@ def bag_sizes(data: DataConfig, n_tables: int) -> list[int] | None:
 
 def _synthetic(cfg: TrainConfig, rank: int, world_size: int) -> DataSplits:
     sizes = list(cfg.arch.embedding_size or scaled_table_sizes(cfg.data.synthetic_table_scale))
+    if max(sizes) > SYNTHETIC_MAX_ROWS:
+        raise ConfigError(
+            f"--arch-embedding-size: a table of {max(sizes)} rows; synthetic tables hold at most "
+            f"{SYNTHETIC_MAX_ROWS} (2**31 - 1)"
+        )
+    bags = bag_sizes(cfg.data, len(sizes))
+    if bags is not None:  # before the generator makes a chunk of them
+        check_bags("--multi-hot-sizes", bags, CHUNK, "a chunk of synthetic samples",
+                   cfg.placing.memory_bytes())  # fmt: skip
     world = PlantedWorld(
         SyntheticConfig(
             table_sizes=sizes, zipf_alpha=cfg.data.synthetic_zipf, seed=cfg.training.seed,
-            multi_hot_sizes=bag_sizes(cfg.data, len(sizes)),
+            multi_hot_sizes=bags,
         )
     )  # fmt: skip
     train = SyntheticBatchSource(
@@ -154,8 +166,17 @@ def _materialised_bags(cfg: TrainConfig, directory: Path, table_sizes: list[int]
     sizes = bag_sizes(cfg.data, len(table_sizes))
     if sizes is None:
         return None
-    from data_pipeline.multi_hot import BagSpec, MultiHotDataset, default_directory, materialise
+    from data_pipeline.multi_hot import (
+        BLOCK_ROWS,
+        BagSpec,
+        MultiHotDataset,
+        default_directory,
+        materialise,
+    )  # fmt: skip
 
+    if cfg.data.multi_hot_materialize:  # before the spec and the blocks are made
+        check_bags("--multi-hot-sizes", sizes, BLOCK_ROWS, "materialising the bags",
+                   cfg.placing.memory_bytes())  # fmt: skip
     spec = BagSpec(sizes, table_sizes, cfg.data.multi_hot_distribution, seed=0)
     if not cfg.data.multi_hot_materialize:
         return spec  # the loader makes each batch's bags: the same ones, nothing on disk

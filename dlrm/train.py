@@ -12,9 +12,7 @@ import argparse
 import logging
 import os
 import shlex
-import signal
 import sys
-import threading
 from pathlib import Path
 
 from data_pipeline.errors import DataError
@@ -23,6 +21,7 @@ from dlrm.errors import CheckpointError, ConfigError, TrainingDiverged
 from dlrm.flags import EXIT_USAGE, OneLineParser, add_settings
 from dlrm.processes import thread_watch, threads
 from embeddings.errors import ScmError
+from hybrid_dlrm.common import endings
 
 __all__ = ["EXIT_USAGE", "OneLineParser", "build_parser", "config_from_args", "main"]
 
@@ -40,13 +39,34 @@ def config_from_args(argv: list[str] | None = None) -> TrainConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Ctrl-C or SIGTERM anywhere, also while an error is being reported or the process group
+    is left, ends in this process's one line (`_interrupted_line`) and 130 or 143
+    (hybrid_dlrm/common/endings.py)."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    rank, world, finished, cfg = 0, 1, False, None
-    previous = _end_on_sigterm()
+    run = _Run()
+    previous = endings.end_on_signals()
+    try:
+        return _main(argv, run)
+    except KeyboardInterrupt as e:
+        return endings.ended(e, lambda how: _interrupted_line(run, argv, how))
+    finally:
+        endings.restore(previous)
+
+
+class _Run:
+    """What the interrupted line needs of a run, as far as it got."""
+
+    cfg: TrainConfig | None = None
+    rank: int = 0
+    trainer = None
+
+
+def _main(argv: list[str] | None, run: _Run) -> int:
+    rank, world, finished = 0, 1, False
     try:
         # first: the load before the imports, which the thread count's first reading spans
         start = thread_watch.CpuSampler().read()
-        cfg = config_from_args(argv)
+        cfg = run.cfg = config_from_args(argv)
         choice = threads.choose(cfg.training.threads, wait=threads.wait_policy())
         from dlrm.pipelines import step_hooks
         from dlrm.pipelines.base import StepHooks
@@ -68,10 +88,11 @@ def main(argv: list[str] | None = None) -> int:
             print(recipe_line, flush=True)
         if distributed.launched_by_torchrun():
             rank, world = distributed.init_from_env(cfg)
-            cfg = distributed.first_attempt_resume(cfg)
+            run.rank = rank
+            cfg = run.cfg = distributed.first_attempt_resume(cfg)
         step_hooks.load_plugins()
         hook = StepHooks.of(watch, step_hooks.hook_for(cfg.run))
-        trainer = Trainer(cfg, rank, world, step_hook=hook)
+        trainer = run.trainer = Trainer(cfg, rank, world, step_hook=hook)
         summary = trainer.fit()
         finished = True
     except (ConfigError, DataError, CheckpointError, ScmError) as e:
@@ -80,47 +101,20 @@ def main(argv: list[str] | None = None) -> int:
     except TrainingDiverged as e:
         sys.stderr.write(f"python -m dlrm.train: training stopped: {_ranked(e, rank, world)}\n")
         return 1
-    except KeyboardInterrupt as e:
-        how = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted"
-        if cfg is not None and rank == 0 and _leads():
-            sys.stderr.write(f"\n{_interrupted(cfg, argv, how)}\n")
-        return EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_INTERRUPTED
     except Exception as e:
         if world == 1 or not distributed.is_communication_failure(e):
             raise
+        stopped = endings.interruption()  # the others left on the same signal: not lost contact
+        if stopped is not None:
+            raise stopped from None
         sys.stderr.write(f"python -m dlrm.train: error: {distributed.failure_message(e, rank)}\n")
         return 1
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
         if world > 1:
             distributed.shutdown(finished)
     if rank == 0 and trainer.finished_summary is None:  # else it said "nothing to do"
         _print_summary(cfg, summary)
     return 0
-
-
-# a run ended by Ctrl-C (SIGINT) or SIGTERM exits as a shell reports a process killed by it:
-# 128 + the signal's number, which is what a batch scheduler or supervisor expects back
-EXIT_INTERRUPTED = 130
-EXIT_TERMINATED = 143
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (what a batch scheduler sends before it kills a job), ended as Ctrl-C ends a run:
-    the last checkpoint and the command that resumes, then the signal's exit code."""
-
-
-def _raise_terminated(signum, frame) -> None:
-    raise Terminated()
-
-
-def _end_on_sigterm():
-    """SIGTERM raises Terminated in the main thread; the handler it replaced (None: not set,
-    off the main thread, where Python lets no handler be set)."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    return signal.signal(signal.SIGTERM, _raise_terminated)
 
 
 def _leads() -> bool:
@@ -129,10 +123,32 @@ def _leads() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
 
-def _interrupted(cfg: TrainConfig, argv: list[str] | None, how: str = "interrupted") -> str:
+def _interrupted_line(run: _Run, argv: list[str] | None, how: str) -> str:
+    """Ctrl-C's (or SIGTERM's) one line for this process. One process: `_interrupted`. Under
+    torchrun every rank was told (the terminal's Ctrl-C reaches the process group; torchrun's
+    agent passes SIGTERM on), so each says what happened to it, and rank 0 also where the run
+    can resume: `rank 1: interrupted at step 40`, never a lost contact it did not suffer."""
+    cfg, trainer = run.cfg, run.trainer
+    if cfg is None:  # still parsing: nothing started, nothing to say but what ended it
+        return how if _leads() else ""
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:  # not under torchrun
+        return _interrupted(cfg, argv, how)
+    step = trainer.state.step if trainer is not None else None
+    where = f" at step {step}" if step is not None else " before training"
+    rank = int(os.environ.get("RANK", run.rank))
+    if rank != 0:
+        return f"rank {rank}: {how}{where}"
+    return _interrupted(cfg, argv, f"rank 0: {how}{where}", torchrun=True)
+
+
+def _interrupted(
+    cfg: TrainConfig, argv: list[str] | None, how: str = "interrupted", torchrun: bool = False
+) -> str:
     """Ctrl-C's one line: where the last complete checkpoint is and the command that resumes.
     A checkpoint being written when the signal came is not it: the atomic write removed its
-    temporary (hybrid_dlrm/common/atomic.py), so the newest complete file is the last good one."""
+    temporary (hybrid_dlrm/common/atomic.py), so the newest complete file is the last good one.
+    Under torchrun the command is torchrun's (its own flags are not visible to a rank: those
+    it can know, the process counts, are spelled out; the rendezvous is the user's as before)."""
     from dlrm.checkpoints import format as ckpt
 
     run = Path(cfg.run.out_dir)
@@ -140,8 +156,23 @@ def _interrupted(cfg: TrainConfig, argv: list[str] | None, how: str = "interrupt
     if not found:
         return f"{how} before the first checkpoint; nothing to resume in {run}"
     args = _without_out_dir(list(sys.argv[1:] if argv is None else argv))
-    command = shlex.join(["python", "-m", "dlrm.train", *args, "--out-dir", str(run), "--resume"])
+    launcher = _torchrun_launcher() if torchrun else ["python"]
+    command = shlex.join([*launcher, "-m", "dlrm.train", *args, "--out-dir", str(run), "--resume"])
     return f"{how}; the last checkpoint is {found[-1]}; resume with: {command}"
+
+
+def _torchrun_launcher() -> list[str]:
+    """`torchrun --nnodes N --nproc_per_node P` as far as a rank can see it (WORLD_SIZE and
+    LOCAL_WORLD_SIZE); the rendezvous flags of a several-machine run are the user's own."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    nodes = max(1, world // max(local, 1))
+    out = ["torchrun"]
+    if nodes > 1:
+        out += ["--nnodes", str(nodes), "RENDEZVOUS-FLAGS"]
+    else:
+        out += ["--standalone"]
+    return [*out, "--nproc_per_node", str(local)]
 
 
 def _without_out_dir(args: list[str]) -> list[str]:

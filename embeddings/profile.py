@@ -481,4 +481,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from hybrid_dlrm.common import endings  # Ctrl-C / SIGTERM: one line, exit 130 / 143
+
+    sys.exit(endings.run(main))

@@ -22,6 +22,7 @@ import os
 import sys
 
 from dlrm.settings.sections import THREADS_MAX
+from hybrid_dlrm.common import endings
 
 EXIT_USAGE = 2
 PROG = "python -m perfmodel"
@@ -143,11 +144,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Ctrl-C or SIGTERM anywhere: one line, exit 130 or 143 (hybrid_dlrm/common/endings.py)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
     if rest and args.command not in ("predict", "plan"):
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    return endings.run(lambda: _main(args, rest), left=lambda: _left(args))
+
+
+def _left(args) -> str:
+    """What an interrupted command leaves."""
+    if args.command == "microbench":
+        return f"{args.out} holds the measurements made so far, not a complete bench"
+    if args.command == "report" and not args.from_traces:
+        return f"{args.out} holds the measurements made so far, not a report"
+    return "nothing written"
+
+
+def _main(args, rest: list[str]) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("perfmodel").setLevel(logging.INFO if args.verbose else logging.WARNING)
     _set_threads(args.threads)

@@ -1,14 +1,17 @@
 """Issue #25's review: each mistake and each damaged file, tried on the command lines as a hostile
 but fair user would, on tiny synthetic data. Prints a JSON list (or --markdown, a table).
 
-    python scripts/hostile_probes.py [--only SUBSTRING] [--markdown] [--keep DIR]
+    python scripts/hostile_probes.py [--only SUBSTRING] [--section SUBSTRING] [--markdown] [--keep DIR]
 
 Every probe runs one command in a fresh copy of a small world (a finished tiny run with three
 checkpoints and a model file, a preprocessed Kaggle-shaped directory, Terabyte day files, a
 profile and a plan) and checks what the issue asks: a mistake ends with exit code 2 and exactly
 one line on stderr naming the flag, file or line (no traceback, no advice to unpickle); a case the
 run should survive ends with exit 0 and says what it did in one warning; and the files a probe
-names as the user's are byte for byte as they were. `ok` is false where any of that fails.
+names as the user's are byte for byte as they were. `ok` is false where any of that fails, and
+`outcome` says how: data loss, silent corruption, hang, traceback, misleading, or ok. Issue #46's
+probes (hostile_probes_endings.py) add Ctrl-C and SIGTERM at a point reached (exit 130 / 143, one
+line per process), sizes past the machine, locks and read-only places that must not be waited on.
 Takes a few minutes (each command starts Python and torch).
 """
 
@@ -28,7 +31,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import hostile_probes_serving as serving  # scripts/, beside this file
+import hostile_probes_endings as endings  # scripts/, beside this file
+import hostile_probes_serving as serving
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--arch-embedding-size", "60-40-500-7", "--arch-sparse-feature-size", "4",
@@ -44,10 +48,14 @@ class Probe:
     name: str
     section: str  # the issue's heading
     make: Callable[[Path], list[str]]  # builds the case in a fresh world; returns the command
-    expect: str = "error"  # error: exit 2, one line; survive: exit 0, `says` in a warning
+    expect: str = "error"  # error: exit 2, one line; survive: exit 0, `says` in a warning;
+    # interrupted / terminated: exit 130 / 143, `lines` lines (issue 46)
     says: str = ""  # a piece of the line the user must see
     keep: tuple[str, ...] = ()  # paths (relative to the world) that must not change
     result: dict = field(default_factory=dict)
+    signal: endings.Signal | None = None  # Ctrl-C / SIGTERM to its process group, and when
+    timeout: float = 600  # seconds before it counts as a hang
+    lines: int = 1  # lines of our own on stderr (interrupted: one per process that says one)
 
 
 def train(*args: str) -> list[str]:
@@ -171,8 +179,12 @@ C, W_, R, M = (
 def probes() -> list[Probe]:
     p: list[Probe] = []
 
-    def add(name, section, make, expect="error", says="", keep=()):
-        p.append(Probe(name, section, make, expect, says, tuple(keep)))
+    def add(name, section, make, expect="error", says="", keep=(), signal=None, timeout=600,
+            after=None, lines=1):  # fmt: skip
+        p.append(Probe(name, section, make, expect, says, tuple(keep), signal=signal,
+                       timeout=timeout, lines=lines))  # fmt: skip
+        if after is not None:
+            AFTER[name] = after
 
     ckpts = ("A/checkpoints/step_000000010.pt", "A/checkpoints/step_000000020.pt")
     # checkpoints and model files
@@ -389,6 +401,7 @@ def probes() -> list[Probe]:
     serving.add_probes(add, C, W_, M)  # issue 37: artifacts, prediction, the serving tier
     p += _i37_ckpt_probes()
     p.extend(scm_probes())  # issue 37: the SSD tier and the run directory (its own block below)
+    endings.add_probes(add, sys.modules[__name__])  # issue 46: limits, Ctrl-C, waits, files
     return p
 
 
@@ -683,14 +696,17 @@ def run_probe(probe: Probe, world: Path, scratch: Path) -> None:
     argv = probe.make(w)
     before = {k: digest(w / k) for k in probe.keep}
     t0 = time.perf_counter()
-    done = subprocess.run(argv, capture_output=True, text=True, cwd=w, timeout=600)
-    # log records the user asked for with -v are not part of the one line
-    lines = [x for x in done.stderr.strip().splitlines() if x.strip() and not x.startswith("INFO")]
-    problems = []
-    if probe.expect == "error":
-        if done.returncode != 2:
+    done, hang = _run_command(probe, argv, w)
+    # log records the user asked for with -v are not part of the one line; nor, after a signal,
+    # torch's warnings (torchrun's agent logs what it passes on as W1128 ...)
+    others = ("INFO", "W0", "W1", "  ") if probe.signal is not None else ("INFO",)
+    lines = [x for x in done.stderr.strip().splitlines() if x.strip() and not x.startswith(others)]
+    problems = [f"no end within {probe.timeout:.0f} s"] if hang else []
+    codes = {"error": 2, "interrupted": 130, "terminated": 143}
+    if probe.expect in codes:
+        if done.returncode != codes[probe.expect]:
             problems.append(f"exit {done.returncode}")
-        if len(lines) != 1:
+        if len(lines) != probe.lines:
             problems.append(f"{len(lines)} lines on stderr")
     else:
         if done.returncode != 0:
@@ -717,23 +733,49 @@ def run_probe(probe: Probe, world: Path, scratch: Path) -> None:
         problems += [x for x in [AFTER[probe.name](w)] if x]
     shown = (
         lines[-1]
-        if probe.expect == "error" and lines
+        if probe.expect != "survive" and lines
         else next((x for x in lines if x.startswith("WARNING")), lines[-1] if lines else "")
     )
     probe.result = {
         "probe": probe.name, "section": probe.section, "rc": done.returncode,
         "stderr_lines": len(lines), "shown": shown.replace(str(w) + "/", "")[:400],
         "ok": not problems, "problems": problems, "s": round(time.perf_counter() - t0, 1),
+        "outcome": endings.classify(done.returncode, done.stderr, problems, hang),
     }  # fmt: skip
+
+
+def _run_command(probe: Probe, argv: list[str], w: Path):
+    """The command's CompletedProcess and whether it hung (killed after `probe.timeout`). A probe
+    with a signal runs in a process group of its own, which gets the signal as from a terminal;
+    what it printed before the signal is not part of its ending."""
+    if probe.signal is None:
+        try:
+            return subprocess.run(argv, capture_output=True, text=True, cwd=w,
+                                  timeout=probe.timeout), False  # fmt: skip
+        except subprocess.TimeoutExpired as e:
+            err = e.stderr.decode() if isinstance(e.stderr, bytes) else e.stderr or ""
+            return subprocess.CompletedProcess(argv, None, "", err), True
+    proc = subprocess.Popen(argv, cwd=w, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)  # fmt: skip
+    endings.send_when(proc, w, probe.signal, probe.timeout)
+    try:
+        out, err = proc.communicate(timeout=probe.timeout)
+        return subprocess.CompletedProcess(argv, proc.returncode, out, err), False
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        out, err = proc.communicate()
+        return subprocess.CompletedProcess(argv, None, out, err), True
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", help="run the probes whose name contains this")
+    ap.add_argument("--section", help="run the probes whose section contains this")
     ap.add_argument("--markdown", action="store_true", help="print a table instead of JSON")
     ap.add_argument("--keep", type=Path, help="build the world here once and reuse it")
     args = ap.parse_args()
-    chosen = [q for q in probes() if not args.only or args.only in q.name]
+    chosen = [q for q in probes() if (not args.only or args.only in q.name)
+              and (not args.section or args.section in q.section)]  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="probes-") as tmp:
         world = args.keep or Path(tmp) / "world"
         if not (world / "A/summary.json").exists():
@@ -743,21 +785,24 @@ def main() -> None:
             serving.build(world, ROOT)
         for q in chosen:
             run_probe(q, world, Path(tmp))
-            print(f"{'ok ' if q.result['ok'] else 'BAD'} {q.name}: {q.result['shown'][:160]}",
+            print(f"{'ok ' if q.result['ok'] else 'BAD'} [{q.result['outcome']}] {q.name}: "
+                  f"{q.result['shown'][:160]}",
                   file=sys.stderr, flush=True)  # fmt: skip
     results = [q.result for q in chosen]
     if args.markdown:
         print("| # | section | probe | exit | lines | what the user sees | ok |")
         print("|---|---|---|---|---|---|---|")
         for i, r in enumerate(results, 1):
-            ok = "yes" if r["ok"] else "NO: " + "; ".join(r["problems"])
+            ok = "yes" if r["ok"] else f"NO ({r['outcome']}): " + "; ".join(r["problems"])
             shown = r["shown"].replace("|", "\\|")
             print(
                 f"| {i} | {r['section']} | {r['probe']} | {r['rc']} | {r['stderr_lines']} | {shown} | {ok} |"
             )
     else:
+        outcomes = {o: sum(r["outcome"] == o for r in results) for o in
+                    ("ok", "data loss", "silent corruption", "hang", "traceback", "misleading")}  # fmt: skip
         print(json.dumps({"probes": len(results), "ok": sum(r["ok"] for r in results),
-                          "results": results}, indent=1))  # fmt: skip
+                          "outcomes": outcomes, "results": results}, indent=1))  # fmt: skip
 
 
 if __name__ == "__main__":

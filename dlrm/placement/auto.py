@@ -67,6 +67,7 @@ from dlrm.placement.enumerator import (
     rows_cap,
 )
 from dlrm.placement.kinds import all_kinds
+from dlrm.placement.memory_check import check_batch
 from dlrm.placement.needs import changed, dense_needs, run_tables
 from dlrm.placement.run_plan import obtain_profile, profile_training_sample, profiled_batches
 from dlrm.placement.tiered_setup import scm_directory
@@ -276,6 +277,7 @@ class Planner:
         space = CandidateSpace(cfg, tables, base, room, margin)
         shown_room = {t: {"bytes": r.bytes, "source": r.source}
                       for t in ("device", "host", "disk") if (r := room.on(t)) is not None}  # fmt: skip
+        check_batch(cfg, base, room)  # before batches of that size are read for the profile
         # every row in the fastest memory: nothing is faster, so when it fits nothing is planned
         whole = [Candidate(k.name) for k in all_kinds() if not k.tuned_by
                  and k.rows_on_device(Candidate(k.name), space.total) == space.total]  # fmt: skip

@@ -72,6 +72,8 @@ def check_memory(cfg: TrainConfig, data: DataSplits, device: torch.device, world
     if placement == AUTO:
         placement += f" ({resolve_placement(cfg.placing, tables, cfg.training.sparse_optimizer())})"
     fixes = _fixes(cfg, data, tables, base, room, on_cpu)
+    if fixes is None and _short(base, room, on_cpu):  # no tables at all would fit either
+        fixes = _batch_alone(cfg, base, room, on_cpu)
     if fixes is None:  # what to get more of: the tier that is short
         more = (
             "more free space under --scm-dir"
@@ -80,6 +82,31 @@ def check_memory(cfg: TrainConfig, data: DataSplits, device: torch.device, world
         )
         fixes = f"no placement fits: use {more}"
     raise ConfigError(f"--placement {placement}: {'; '.join(short.values())}; {fixes}")
+
+
+def check_batch(cfg: TrainConfig, base: Needs, room: MemoryInventory) -> None:
+    """ConfigError (one line) when the batch alone (`dense_needs`: the dense part, activations,
+    the loader) does not fit, whatever the placement: the planner asks before it reads batches
+    of that size for its profile."""
+    short = _short(base, room, room.device is None)
+    if short:
+        placement = cfg.placing.placement
+        raise ConfigError(
+            f"--placement {placement}: {'; '.join(short.values())}; "
+            f"{_batch_alone(cfg, base, room, room.device is None)}"
+        )
+
+
+def _batch_alone(cfg: TrainConfig, base: Needs, room: MemoryInventory, on_cpu: bool) -> str:
+    """The way out when not even the batch fits: a smaller batch, unless the dense part (which
+    no batch size changes) does not fit either: then more memory (a --memory-limit below what
+    this process holds already, say)."""
+    dense = Needs([i for i in base.items if i.what == "dense part"])
+    if _short(dense, room, on_cpu):
+        return "no placement fits: use a machine with more memory (or a larger --memory-limit)"
+    big_test = cfg.eval_batch_size > cfg.training.mini_batch_size
+    flag = "--test-mini-batch-size" if big_test else "--mini-batch-size"
+    return f"no placement fits: the batch alone does not; use a smaller {flag}"
 
 
 def _short(needs: Needs, room: MemoryInventory, on_cpu: bool) -> dict[str, str]:

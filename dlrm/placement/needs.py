@@ -11,8 +11,9 @@ from torch import nn
 
 from dlrm.build import build_model, table_sizes
 from dlrm.config import TrainConfig
-from dlrm.data import DataSplits
+from dlrm.data import DataSplits, bag_sizes
 from dlrm.errors import ConfigError
+from dlrm.models.kinds import model_kind
 from dlrm.placement.build_collection import placement_needs
 from embeddings import TableSpec, tables_for_features
 from embeddings.room import Needs
@@ -37,13 +38,28 @@ def dense_needs(cfg: TrainConfig, data: DataSplits) -> Needs:
     needs = Needs()
     needs.add("device", "dense part", 4 * params * (2 + opt.dense_state_floats()))
     if len(data.train):
-        batch = data.train.batch(0, 0)
-        rows, size = batch.dense_features.shape[0], _batch_bytes(batch)
+        rows, size = _batch_shape(cfg, data)
         test = cfg.eval_batch_size / cfg.training.mini_batch_size
         acts = 4 * per_row * rows * max(ACTIVATION_COPIES, test)
-        needs.add("device", f"activations at batch {cfg.training.mini_batch_size}", int(acts))
+        of = cfg.eval_batch_size if test > ACTIVATION_COPIES else cfg.training.mini_batch_size
+        needs.add("device", f"activations at batch {of}", int(acts))  # the batch that sets them
         needs.add("host", "data loader", int(size * (LOADER_BATCHES + 2 * test)))
     return needs
+
+
+def _batch_shape(cfg: TrainConfig, data: DataSplits) -> tuple[int, int]:
+    """(rows, bytes) of one training batch. Counted, not made, for the data sets a config
+    builds: a batch of `--mini-batch-size 1e9` or bags of `--multi-hot-sizes 1e6` took minutes
+    or terabytes to make before this check could refuse it (issue 46). Any other source (a
+    user's own batches, a benchmark's) has its own shapes: its first batch is measured."""
+    if not type(data.train).__module__.startswith("data_pipeline."):
+        batch = data.train.batch(0, 0)
+        return batch.dense_features.shape[0], _batch_bytes(batch)
+    n = len(data.table_sizes)
+    rows = cfg.training.mini_batch_size * model_kind(cfg.arch.model).rows_per_sample(cfg)
+    ids = sum(bag_sizes(cfg.data, n) or [1] * n)
+    # dense float32, labels float32, KJT values int64 and lengths int32
+    return rows, rows * (4 * data.num_dense + 8 * ids + 4 * n) + 4 * cfg.training.mini_batch_size
 
 
 def _batch_bytes(batch) -> int:

@@ -13,23 +13,52 @@ from __future__ import annotations
 import fcntl
 import os
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
-_held: dict[tuple[int, int, str], list] = {}  # (device, inode, name) -> [fd, holders]
+_held: dict[tuple, list] = {}  # (device, inode, name[, holder]) -> [fd, holders]
 _guard = threading.Lock()
 
 
 class LockError(Exception):
-    """The directory is held by another process (or the lock file cannot be made)."""
+    """The directory is held by another process (LockHeld), or the lock file cannot be made."""
+
+
+class LockHeld(LockError):
+    """Another process holds the lock: `holder` is the process id its file names (None when it
+    names none), `alive` whether that process still runs on this machine."""
+
+    def __init__(self, message: str, holder: int | None, alive: bool) -> None:
+        super().__init__(message)
+        self.holder, self.alive = holder, alive
+
+
+def alive(pid: int) -> bool:
+    """Whether process `pid` runs on this machine (a process of another user counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _holder(text: str) -> int | None:
+    text = text.strip()
+    return int(text) if text.isdigit() and int(text) > 0 else None
 
 
 class DirectoryLock:
     """`DirectoryLock(path).acquire(flag)`: hold `path` (created if missing) or raise LockError
-    naming `flag`, the directory and the holder's process id."""
+    naming `flag`, the directory and the holder's process id. `reentrant=False`: this object's
+    own hold, which other threads of this process wait for too (callers of preprocessing on
+    several threads share one result as processes do)."""
 
-    def __init__(self, directory: str | Path, name: str = ".lock") -> None:
-        self.dir, self.name = Path(directory), name
-        self._key: tuple[int, int, str] | None = None
+    def __init__(self, directory: str | Path, name: str = ".lock", reentrant: bool = True) -> None:
+        self.dir, self.name, self.reentrant = Path(directory), name, reentrant
+        self._key: tuple | None = None
 
     def acquire(self, flag: str) -> DirectoryLock:
         try:
@@ -37,7 +66,7 @@ class DirectoryLock:
             st = os.stat(self.dir)
         except OSError as e:
             raise LockError(f"{flag}: {self.dir}: cannot be used ({e.strerror or e})") from None
-        key = (st.st_dev, st.st_ino, self.name)
+        key = (st.st_dev, st.st_ino, self.name) + (() if self.reentrant else (id(self),))
         with _guard:
             if key in _held:
                 _held[key][1] += 1
@@ -48,17 +77,27 @@ class DirectoryLock:
                 fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
             except OSError as e:
                 raise LockError(
-                    f"{flag}: {path}: cannot make the lock file ({e.strerror})"
+                    f"{flag}: {path}: cannot make the lock file ({e.strerror}); "
+                    "choose a place this process can write"
                 ) from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
-                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+                text = os.pread(fd, 32, 0).decode(errors="replace").strip()
                 os.close(fd)
-                raise LockError(
-                    f"{flag}: {self.dir} is in use by another process (process {holder}); wait "
-                    "for it to end or choose another directory"
-                ) from None
+                pid = _holder(text)
+                if pid is not None and not alive(pid):
+                    raise LockHeld(
+                        f"{flag}: {path} is held, but process {pid} that took it has ended (a "
+                        "process it started still holds it); end that process, or remove "
+                        f"{path} if none is left",
+                        pid, False,
+                    ) from None  # fmt: skip
+                raise LockHeld(
+                    f"{flag}: {self.dir} is in use by another process (process "
+                    f"{text or 'unknown'}); wait for it to end or choose another directory",
+                    pid, True,
+                ) from None  # fmt: skip
             try:
                 os.ftruncate(fd, 0)
                 os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
@@ -67,6 +106,24 @@ class DirectoryLock:
             _held[key] = [fd, 1]
             self._key = key
         return self
+
+    def acquire_waiting(
+        self, flag: str, on_wait: Callable[[int | None], None] | None = None, poll_s: float = 1.0
+    ) -> DirectoryLock:
+        """`acquire`, waiting while another living process holds the lock (`on_wait(pid)` once,
+        as the wait starts); anything else (a holder that has ended, a lock file that cannot be
+        made) raises its LockError at once."""
+        waited = False
+        while True:
+            try:
+                return self.acquire(flag)
+            except LockHeld as e:
+                if not e.alive:
+                    raise
+                if not waited and on_wait is not None:
+                    on_wait(e.holder)
+                waited = True
+            time.sleep(poll_s)
 
     def release(self) -> None:
         with _guard:

@@ -256,3 +256,76 @@ def test_cli_materialises_where_training_looks(source, capsys):
     assert "error: --sizes: expected one size >= 1 per categorical feature (26), got 2" in (
         capsys.readouterr().err
     )
+
+
+def test_bags_where_the_lock_cannot_be_made_are_one_line_not_a_wait(source, tmp_path, monkeypatch):
+    """Beside a preprocessed directory on a read-only file system, the old code took the lock
+    file's EROFS for another process materialising and waited forever (issue 46)."""
+    import errno
+
+    from hybrid_dlrm.common import lock
+
+    real = os.open
+
+    def read_only(path, flags, *a):
+        if str(path).endswith(".lock"):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        return real(path, flags, *a)
+
+    def sleep(s):
+        raise AssertionError(f"waited ({s} s)")
+
+    monkeypatch.setattr(lock.os, "open", read_only)
+    monkeypatch.setattr(time, "sleep", sleep)
+    spec = BagSpec(SIZES, CriteoDataset(source).table_sizes)
+    out = tmp_path / "bags"
+    with pytest.raises(DataError) as e:
+        materialise(source, out, spec)
+    assert str(e.value) == (
+        f"--multi-hot-sizes: {tmp_path / '.bags.lock'}: cannot make the lock file (Read-only "
+        "file system); choose a place this process can write (where the multi-hot bags go); "
+        f"materialise them in a writable place (python -m data_pipeline multi-hot {source} "
+        "--out DIR) or make them per batch (--multi-hot-materialize false)"
+    )
+    assert not out.exists() and not list(tmp_path.glob(".bags.tmp-*"))
+
+
+def test_bags_whose_lock_outlived_its_taker_are_one_line_not_a_wait(source, tmp_path, monkeypatch):
+    import fcntl
+
+    def sleep(s):
+        raise AssertionError(f"waited ({s} s)")
+
+    path = tmp_path / ".bags.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a child that inherited it holds it
+    os.pwrite(fd, b"1073741824\n", 0)  # a process that cannot exist (above any pid_max)
+    monkeypatch.setattr(time, "sleep", sleep)
+    try:
+        with pytest.raises(DataError, match=f"{path} is held, but process 1073741824 that took"):
+            materialise(
+                source, tmp_path / "bags", BagSpec(SIZES, CriteoDataset(source).table_sizes)
+            )
+    finally:
+        os.close(fd)
+
+
+def test_bag_sizes_past_the_memory_are_one_line_before_anything_is_made(
+    source, tmp_path, monkeypatch, capsys
+):
+    """Issue 46: `multi-hot --sizes 1000000` spent minutes making its spec, then died in a 2.7
+    TiB allocation. The sizes are counted against the memory first (a small machine here)."""
+    from data_pipeline import bag_memory
+    from data_pipeline.__main__ import main
+    from hybrid_dlrm.common.host_memory import Room
+
+    monkeypatch.setattr(bag_memory, "host_room", lambda limit=None: Room(64 << 20, "MemAvailable"))
+    out = tmp_path / "bags"
+    assert main(["multi-hot", str(source), "--sizes", "100", "--out", str(out)]) == 2
+    assert capsys.readouterr().err == (
+        "error: --sizes: bags of 2,600 ids per sample need 1.3 GiB for materialising the bags "
+        "(65,536 samples) but this process may use 64.0 MiB (MemAvailable); use smaller bags\n"
+    )
+    assert not out.exists() and not list(tmp_path.glob(".bags*"))
+    with pytest.raises(DataError, match=r"^--multi-hot-sizes: bags of 2,600 ids per sample"):
+        materialise(source, out, BagSpec([100] * 26, CriteoDataset(source).table_sizes))

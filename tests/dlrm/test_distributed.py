@@ -349,6 +349,47 @@ def test_a_killed_rank_ends_the_job_with_a_message_naming_it(tmp_path):
     assert took < 30, took
 
 
+def test_ctrl_c_under_torchrun_each_rank_says_what_happened_and_exits_130(tmp_path):
+    """Issue 46: a terminal's Ctrl-C reaches every rank (one process group, as under torchrun).
+    Rank 1 reported "lost contact with the other ranks" and rank 0 a one-process resume
+    command; now each rank says it was interrupted and where, rank 0 gives torchrun's command."""
+    port, run = _free_port(), tmp_path / "run"
+    args = [
+        sys.executable, "-m", "dlrm.train", "--arch-embedding-size", "60-40-500-7",
+        "--arch-sparse-feature-size", "4", "--arch-mlp-bot", "13-16-4", "--arch-mlp-top", "16-1",
+        "--mini-batch-size", "64", "--data-size", str(64 * 100000), "--test-freq", "20",
+        "--test-data-size", "128", "--print-freq", "0", "--out-dir", str(run),
+    ]  # fmt: skip
+    procs = []
+    for rank in (0, 1):
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2",
+                   LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))  # fmt: skip
+        group = procs[0].pid if procs else 0  # one process group, as a terminal makes
+        procs.append(subprocess.Popen(args, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True, process_group=group))  # fmt: skip
+    try:
+        deadline = time.time() + 240
+        while not (run / "checkpoints").is_dir() or not list((run / "checkpoints").glob("step_*")):
+            assert time.time() < deadline and procs[0].poll() is None, procs[0].communicate()
+            time.sleep(0.1)
+        os.killpg(procs[0].pid, signal.SIGINT)
+        errs = [p.communicate(timeout=120)[1] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert [p.returncode for p in procs] == [130, 130], errs
+    lines = [e.strip().splitlines() for e in errs]
+    assert all(len(x) == 1 for x in lines) and "Traceback" not in "".join(errs), errs
+    zero, one = lines[0][0], lines[1][0]
+    assert one.startswith("rank 1: interrupted at step ") and one.split()[-1].isdigit(), one
+    assert zero.startswith("rank 0: interrupted at step ") and "; the last checkpoint is " in zero
+    command = zero.split("resume with: ")[1]
+    assert command.startswith("torchrun --standalone --nproc_per_node 2 -m dlrm.train ")
+    assert command.endswith(f"--out-dir {run} --resume")
+
+
 @pytest.mark.parametrize(
     "flags, message",
     [

@@ -14,6 +14,7 @@ from dlrm import compose
 from dlrm.config import TrainConfig
 from dlrm.errors import ConfigError
 from dlrm.placement import memory_check as run_memory
+from dlrm.placement import needs
 from dlrm.train import main
 from embeddings import SparseOptimizer, tables_for_features
 from embeddings.hot_rows import parse_bytes, row_bytes
@@ -284,3 +285,64 @@ def test_a_dense_part_too_large_is_refused_before_it_is_allocated(tmp_path, caps
     assert len(err.splitlines()) == 1 and "(dense part 1.9 TiB," in err, err
     grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
     assert grown_kib < 2 * 2**20, grown_kib  # far below any share of the terabytes
+
+
+# --- sizes a user types, checked before anything of their size is made (issue 46) -------------
+
+
+def test_a_batch_is_counted_as_the_loader_makes_it(make_config, monkeypatch):
+    """The loader's bytes are counted, not made: they equal a made batch's (one-hot, bags, TBSM
+    not here: its rows per sample are the model's), and no batch is made."""
+    from dlrm.data import build_data
+
+    for kw in (dict(), dict(multi_hot_sizes=(3, 1, 4, 2)), dict(mini_batch_size=100)):
+        cfg = make_config(**kw)
+        data = build_data(cfg)
+        made = data.train.batch(0, 0)
+        assert needs._batch_shape(cfg, data) == (
+            made.dense_features.shape[0],
+            needs._batch_bytes(made),
+        ), kw
+
+
+def test_a_batch_of_a_billion_samples_is_refused_without_making_it(make_config, monkeypatch):
+    """`--mini-batch-size 1000000000` made its first batch (minutes of generation) to measure it."""
+    from dlrm.data import build_data
+
+    cfg = make_config(mini_batch_size=10**9, test_mini_batch_size=10)
+    data = build_data(cfg)
+
+    def made(*a):
+        raise AssertionError("a batch was made to be measured")
+
+    monkeypatch.setattr(type(data.train), "batch", made)
+    with pytest.raises(
+        ConfigError,
+        match=r"activations at batch 1000000000 \d.*the batch alone does not; use a smaller --mini-batch-size$",
+    ):
+        run_memory.check_memory(cfg, data, __import__("torch").device("cpu"))
+
+
+def test_bags_too_large_for_the_memory_are_one_line_before_a_chunk_is_made(make_config):
+    """`--multi-hot-sizes 1000000`: a 1.55 TiB numpy allocation, where the check made its sample
+    batch; now the data set refuses before its generator makes a chunk."""
+    from data_pipeline.errors import DataError
+    from dlrm.data import build_data
+
+    cfg = make_config(multi_hot_sizes=(1_000_000,), memory_limit="4GB")
+    with pytest.raises(DataError) as e:
+        build_data(cfg)
+    assert re.fullmatch(
+        r"--multi-hot-sizes: bags of 4,000,000 ids per sample need 244\.3 GiB for a chunk of "
+        r"synthetic samples \(8,192 samples\) but this process may use [\d.]+ [MG]iB "
+        r"\(--memory-limit 4GiB\); use smaller bags",
+        str(e.value),
+    ), str(e.value)
+
+
+def test_a_synthetic_table_past_its_limit_is_one_line(make_config):
+    from dlrm.data import build_data
+
+    cfg = make_config(arch_embedding_size=(10**11, 10))
+    with pytest.raises(ConfigError, match=r"^--arch-embedding-size: a table of 100000000000 rows"):
+        build_data(cfg)

@@ -152,3 +152,31 @@ def test_the_summary_names_the_capabilities_the_run_used(make_config, tmp_path):
         assert s["inference"]["quantized"] == (bits != 32)
         text = "\n".join(summary_lines(s, q.out_dir))
         assert said in text and "trained" not in text
+
+
+def test_ctrl_c_while_the_run_preprocesses_is_one_line(tmp_path):
+    """Issue 46: Ctrl-C reaches the preprocessing workers too (the terminal's process group);
+    they printed their own tracebacks before the run's line. Now only the run speaks."""
+    import os
+
+    from data_pipeline.synthetic_raw import SyntheticSpec, write_kaggle
+
+    write_kaggle(tmp_path / "raw", 250_000, 0, SyntheticSpec(seed=1, vocab_cap=1000))
+    run = tmp_path / "r"
+    p = subprocess.Popen(
+        [sys.executable, "-m", "dlrm.train", "--data-set", "kaggle", "--raw-data-file",
+         str(tmp_path / "raw/train.txt"), "--processed-data-file", str(tmp_path / "pp"),
+         "--max-ind-range", "1000", *TINY[2:], "--out-dir", str(run), "--progress", "false"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    while (line := p.stderr.readline()) and not line.startswith("preprocessing kaggle"):
+        pass
+    assert line, p.communicate()
+    time.sleep(0.5)  # the workers are parsing blocks
+    os.killpg(p.pid, signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    assert err.strip().splitlines() == [
+        f"interrupted before the first checkpoint; nothing to resume in {run}"
+    ]

@@ -59,3 +59,47 @@ def test_plan_bad_flags_are_one_line_exit_2(tmp_path, capsys):
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and expected in err, err
         assert err.startswith("python -m perfmodel plan")
+
+
+def test_plan_ctrl_c_while_planning_is_one_line_exit_130(tmp_path, capsys, monkeypatch):
+    """Issue 46: Ctrl-C during planning ended in a KeyboardInterrupt traceback."""
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(planner, "inventory", interrupted)  # reached while planning
+    run = tmp_path / "run"
+    assert main(["plan", *TINY, "--out-dir", str(run)]) == 130
+    assert capsys.readouterr().err == "\ninterrupted; nothing written\n"
+    assert not run.exists()
+
+
+def test_plan_bags_past_the_memory_are_one_line_exit_2(tmp_path, capsys):
+    """Issue 46: `plan --multi-hot-sizes 1000000` died in a numpy allocation of 244 GiB."""
+    argv = ["plan", *TINY, "--multi-hot-sizes", "1000000", "--memory-limit", "4GB"]
+    assert main([*argv, "--out-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "python -m perfmodel plan: error: --multi-hot-sizes: bags of 4,000,000 ids per sample "
+        "need 244.3 GiB for a chunk of synthetic samples (8,192 samples) but this process may use "
+    ) and err.endswith(" (--memory-limit 4GiB); use smaller bags\n")
+
+
+def test_plan_a_batch_past_the_memory_is_refused_before_a_batch_is_read(
+    tmp_path, capsys, monkeypatch
+):
+    """Issue 46: `plan --mini-batch-size 1000000000` generated batches of that size for its profile
+    (a hang of minutes) before finding that nothing fits."""
+    from data_pipeline.synthetic import SyntheticBatchSource
+
+    def made(*a):
+        raise AssertionError("a batch was made")
+
+    monkeypatch.setattr(SyntheticBatchSource, "batch", made)
+    argv = ["plan", *TINY, "--mini-batch-size", "1000000000", "--test-mini-batch-size", "64"]
+    assert main([*argv, "--out-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("python -m perfmodel plan: error: --placement auto: needs ")
+    assert err.endswith(
+        "; no placement fits: the batch alone does not; use a smaller --mini-batch-size\n"
+    )
