@@ -6,7 +6,7 @@ What the planner's predictions read, measured at the run's shapes only (`measure
 hard time budget (`BUDGET_S`; fewer repeats when the machine is slow, never fewer than one of
 each):
 
-- one training step of the run itself (device placement; tables too large to build are scaled
+- one training step of the run itself (device placement; tables over `TRACE_TABLE_BYTES` scaled
   down as the planner's step graphs are, `perfmodel.placement_costs._capturable`), warmed up and
   profiled: every kernel at the run's shapes inside a real step, the host overheads, and the
   in-situ factors (`KernelModels.calibrate_in_situ`);
@@ -35,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import platform
 import sys
@@ -54,7 +55,12 @@ FORMAT = "hybrid-perfmodel-calibration"
 VERSION = 1
 BUDGET_S = 25.0  # the whole calibration, machine-wide figures included: 30 s on 2 cores, with room
 ENV = "HYBRID_DLRM_CALIBRATE"
-MAX_TABLE_BYTES = 256 << 20  # the largest embedding draw: well past any last-level cache
+MAX_TABLE_BYTES = 128 << 20  # the largest embedding draw: well past a last-level cache
+# The traced step's tables at most (scaled down past it as the planner's step graphs are): its
+# overheads and in-situ factors do not depend on them; building MLPerf's 4M captured rows of 128
+# floats with Adagrad's state took 40 s here
+TRACE_TABLE_BYTES = 64 << 20
+SHORT_STEP_S = 0.25  # a step this short is profiled twice whatever the budget (the first dropped)
 STACK_PACKAGES = ("torch", "fbgemm_gpu", "fbgemm-gpu-cpu", "torchrec", "numpy")
 
 # The settings that decide which kernels a step runs at which shapes. The placement's own
@@ -241,7 +247,7 @@ def measure(cfg, table_sizes: list[int], budget_s: float = BUDGET_S):
 
     deadline = Deadline(budget_s)
     counts: dict[str, Any] = {}
-    lap = _laps(counts.setdefault("phase_s", {}))
+    lap = _laps(counts.setdefault("phase_s", {}), counts.setdefault("phase_cpu_s", {}))
     counts["hardware"] = "cached" if hardware.default_path().exists() else "measured"
     hw = hardware.describe(quick=True)  # quick when absent: `perfmodel microbench` redoes it
     lap("hardware")
@@ -269,15 +275,16 @@ def measure(cfg, table_sizes: list[int], budget_s: float = BUDGET_S):
     return recs, docs, hw, counts
 
 
-def _laps(into: dict):
-    """lap(name): the seconds since the last lap into `into[name]` (where a calibration's time
-    went, kept with it)."""
-    last = [time.perf_counter()]
+def _laps(wall: dict, cpu: dict):
+    """lap(name): the wall and process-CPU seconds since the last lap, into `wall[name]` and
+    `cpu[name]` (where a calibration's time went, kept with it: on a busy machine the two
+    differ by the neighbours' share)."""
+    last = [time.perf_counter(), time.process_time()]
 
     def lap(name: str) -> None:
-        now = time.perf_counter()
-        into[name] = round(now - last[0], 2)
-        last[0] = now
+        now = [time.perf_counter(), time.process_time()]
+        wall[name], cpu[name] = round(now[0] - last[0], 2), round(now[1] - last[1], 2)
+        last[:] = now
 
     return lap
 
@@ -286,7 +293,7 @@ def _staging() -> str:
     from perfmodel.staging_costs import staging_figures
 
     cached = (cache_dir() / f"staging-{machine_key()}.json").exists()
-    staging_figures()
+    staging_figures(quick=True)
     return "cached" if cached else "measured"
 
 
@@ -317,8 +324,8 @@ def _sync(device: torch.device) -> None:
 
 def _trace(cfg, table_sizes, hw, device, deadline: Deadline, share: float = 0.4) -> dict | None:
     """A perf trace of the run's own step (device placement, at the run's batch): one or two
-    warm-up steps, then 2-3 profiled ones (the first dropped), as many as `share` of the time
-    left allows. None
+    warm-up steps, then 1-3 profiled ones (of two or more, the first dropped), as many as
+    `share` of the time left allows. None
     when the run's step cannot be built here (tables too large, no synthetic stand-in)."""
     from perfmodel import hardware
     from perfmodel import trace as tr
@@ -328,7 +335,10 @@ def _trace(cfg, table_sizes, hw, device, deadline: Deadline, share: float = 0.4)
 
     base = cfg.replace(placement="device", memory_limit=None, device_memory_limit=None,
                        **_UNPLACED)  # fmt: skip
-    proxy = _capturable(base, list(table_sizes))
+    opt = cfg.training.sparse_optimizer()
+    dim = int(cfg.arch.sparse_feature_size)
+    rows = max(int(TRACE_TABLE_BYTES // (4 * (dim + opt.state_floats(dim)))), len(table_sizes))
+    proxy = _capturable(base, list(table_sizes), rows)
     if proxy is None:
         return None
     batch = int(cfg.training.mini_batch_size)
@@ -344,9 +354,12 @@ def _trace(cfg, table_sizes, hw, device, deadline: Deadline, share: float = 0.4)
     fits = int(deadline.left() * share / max(1.5 * step_s, 1e-3))
     if fits >= 4:
         run_steps(trainer.pipeline, bs[1:2])
-    # the first profiled step pays the profiler's start (ms before the first op): dropped
-    graphs = profile_steps(trainer.pipeline, bs[2 : 2 + min(max(fits, 2), 3)],
-                           device.type == "cuda")[1:]  # fmt: skip
+    # the first profiled step pays the profiler's start (ms before its first op): dropped where
+    # that is a share of a step worth measuring again
+    k = min(max(fits, 1), 3)
+    k = 2 if k == 1 and step_s < SHORT_STEP_S else k
+    graphs = profile_steps(trainer.pipeline, bs[2 : 2 + k], device.type == "cuda")
+    graphs = graphs[1:] if k > 1 else graphs
     meta = trace_meta(trainer, batch)
     meta["machine_slowdown"] = hardware.slowdown(hw)
     return tr.make_doc(meta, graphs)
@@ -436,37 +449,54 @@ def _embeddings(cfg, table_sizes, hw, device, deadline: Deadline) -> tuple[list[
     return out, draws
 
 
+def zipf_ids(rows: int, alpha: float, n: int, gen: torch.Generator) -> torch.Tensor:
+    """`n` ids of a table of `rows` rows drawn from the bounded power law the synthetic data and
+    the embedding model's hit rate assume (`kernel_models.hit_rate`: rank mass ~ r^(1-a)), ranks
+    scattered over the table by a multiplicative hash (popular rows are not neighbours).
+    Drawn by torch in milliseconds: the planted world's generator took seconds for the
+    millions of ids of MLPerf's bags."""
+    u = torch.rand(n, generator=gen, dtype=torch.float64)
+    om = 1.0 - alpha
+    if abs(om) < 1e-4:
+        rank = torch.exp(u * math.log(rows + 1.0))
+    else:
+        rank = (1.0 + u * ((rows + 1.0) ** om - 1.0)) ** (1.0 / om)
+    rank = (rank.floor().to(torch.int64) - 1).clamp_(0, rows - 1)
+    return (rank * 2654435761) % rows
+
+
 def _embedding_draw(ctx: dict, opt, bags: list[int], device, seconds: float, seed: int):
     """One draw: the records of the lookup's forward and backward over tables of
     ``ctx["table_sizes"]`` rows, profiled as many times (1-5) as `seconds` allows."""
-    from data_pipeline.synthetic import PlantedWorld, SyntheticConfig
     from embeddings import FusedEmbeddingBagCollection, tables_for_features
     from perfmodel import sweeps as S
 
     sizes, batch = ctx["table_sizes"], ctx["batch_size"]
-    threads = torch.get_num_threads()
-    world = PlantedWorld(SyntheticConfig(table_sizes=sizes, zipf_alpha=ctx["zipf"], seed=seed))
     emb = FusedEmbeddingBagCollection(
         tables_for_features(sizes, ctx["embedding_dim"]), opt, device=device
     )
     lengths = torch.tensor(bags, dtype=torch.int64)[:, None].expand(len(sizes), batch)
     per_batch = int(lengths.sum(1).max())
-    n_batches = 4  # distinct batches, cycled: a step's ids are not those the last one cached
-    chunks = -(-per_batch * n_batches // 8192)
-    rows = torch.cat([world.chunk("train", c)[0] for c in range(chunks)], dim=1)
-    torch.set_num_threads(threads)  # numba's OpenMP layer may have changed it
-    kjts = [S.pooled_kjt(world.feature_names, rows[:, k * per_batch : (k + 1) * per_batch],
-                         lengths).to(device) for k in range(n_batches)]  # fmt: skip
+    # distinct batches, cycled: a step's ids are not those the last one cached (two for bags of
+    # many ids: MLPerf's 214 ids a sample make the ids, not the rows, the cost of a draw)
+    n_batches = 4 if len(sizes) * batch <= 1 << 17 else 2
+    gen = torch.Generator().manual_seed(seed)
+    keys = [f"cat_{t}" for t in range(len(sizes))]
+    kjts = []
+    for _ in range(n_batches):
+        rows = torch.stack([zipf_ids(n, ctx["zipf"], per_batch, gen) for n in sizes])
+        kjts.append(S.pooled_kjt(keys, rows, lengths).to(device))
     it = iter(range(1 << 30))
 
     def step() -> None:
         emb(kjts[next(it) % n_batches]).values().sum().backward()
 
-    t0 = time.perf_counter()
-    step()
-    _sync(device)
-    step_s = time.perf_counter() - t0
-    reps = max(1, min(5, int(seconds / max(step_s, 1e-4)) - 1))
+    reps = 1
+    if seconds > 0:  # over budget: one rep, not timed first (MLPerf's bags: seconds a step)
+        t0 = time.perf_counter()
+        step()
+        _sync(device)
+        reps = max(1, min(5, int(seconds / max(time.perf_counter() - t0, 1e-4)) - 1))
     out = S.profile_kernels(step, reps, ctx)
     for r in out:
         r["sweep"] = "embedding"

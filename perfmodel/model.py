@@ -216,7 +216,8 @@ def load_model(path: str | Path | None = None, cfg=None, table_sizes: list[int] 
         if calibration.enabled():
             return calibration.model_for(cfg, table_sizes)
         raise CalibrationOff(
-            f"{default_model_path()}: no performance model, and calibration is off "
+            f"{default_model_path()}: no performance model (run `python -m perfmodel microbench` "
+            "and `fit`), and calibration is off "
             f"({calibration.ENV}={os.environ.get(calibration.ENV)})"
         )
     key = str(path or default_model_path())

@@ -185,15 +185,15 @@ _STEPS: dict[tuple, dict] = {}
 CRITEO_LAYOUTS = ("kaggle", "terabyte")
 
 
-def _capturable(cfg, sizes: list[int]):
+def _capturable(cfg, sizes: list[int], max_rows: int = CAPTURE_ROWS):
     """The config the step graph is captured from (None: too large to build, and no synthetic
-    stand-in). Tables over CAPTURE_ROWS rows in all are captured scaled down (the embedding
+    stand-in). Tables over `max_rows` rows in all are captured scaled down (the embedding
     kernels are told the real sizes); a Criteo data set that large is captured as synthetic data
     with its tables' sizes (its files are not read: a step's operators do not depend on them)."""
     total_rows = int(sum(sizes))
-    if total_rows <= CAPTURE_ROWS:
+    if total_rows <= max_rows:
         return cfg
-    f = CAPTURE_ROWS / total_rows
+    f = max_rows / total_rows
     # smaller tables: a profile or plan of the real ones does not fit them (FAE makes its own)
     changes: dict[str, Any] = {"synthetic_table_scale": cfg.data.synthetic_table_scale * f,
                                "profile_file": None, "placement_plan": None}  # fmt: skip

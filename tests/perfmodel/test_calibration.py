@@ -116,10 +116,25 @@ def test_a_tiny_budget_stops_at_the_fewest_measurements_and_still_gives_a_model(
 
 
 def test_table_scales_run_from_the_run_s_tables_down_past_the_caches():
-    llc = 16 * MiB
+    llc = 8 * MiB
+    assert C.MAX_TABLE_BYTES == 128 * MiB
     scales = C._table_scales(1024 * MiB, llc)
-    assert [s * 1024 * MiB for s in scales] == [256 * MiB, 2 * MiB, 128 * MiB, 16 * MiB]
+    assert [s * 1024 * MiB for s in scales] == [128 * MiB, MiB, 64 * MiB, 8 * MiB]
     assert C._table_scales(MiB, llc) == [1.0, 1 / 16]  # all in the cache: a smaller one too
+
+
+def test_zipf_ids_follow_the_law_the_hit_rate_assumes():
+    """The share of ids on a table's most popular rows is the bounded power law's
+    (`kernel_models.hit_rate` reads the same law), and every id is a row of the table."""
+    from perfmodel.kernel_models import _rank_buckets
+
+    rows, n = 1000, 200_000
+    ids = C.zipf_ids(rows, 1.05, n, torch.Generator().manual_seed(0))
+    assert int(ids.min()) >= 0 and int(ids.max()) < rows
+    counts, probs = _rank_buckets(rows, 1.05, n_buckets=rows)
+    top10 = float((counts * probs)[:10].sum())  # ranks 1-10: one row a bucket
+    drawn = torch.bincount(ids, minlength=rows).sort(descending=True).values[:10].sum() / n
+    assert abs(float(drawn) - top10) < 0.01, (float(drawn), top10)
 
 
 def test_the_cache_round_trip_is_exact(cache, fresh):
