@@ -7,7 +7,7 @@ hard time budget (`BUDGET_S`; fewer repeats when the machine is slow, never fewe
 each):
 
 - one training step of the run itself (device placement; tables over `TRACE_TABLE_BYTES` scaled
-  down as the planner's step graphs are, `perfmodel.placement_costs._capturable`), warmed up and
+  down as the planner's step graphs are, `perfmodel.capture_config.capturable`), warmed up and
   profiled: every kernel at the run's shapes inside a real step, the host overheads, and the
   in-situ factors (`KernelModels.calibrate_in_situ`);
 - each distinct GEMM of that step (MLP layers forward and backward, DCN's cross layers, the
@@ -186,11 +186,11 @@ def _say(line: str) -> None:
 _MODELS: dict[str, Any] = {}
 
 
-def model_for(cfg, table_sizes: list[int], seconds: float | None = None, say=None):
+def model_for(cfg, table_sizes: list[int], model_class, seconds: float | None = None, say=None):
     """The calibrated model of `cfg`'s shapes on tables of `table_sizes` rows: from the cache,
-    else measured now (one line when it starts, one when it ends) and cached."""
-    from perfmodel.model import PerfModel
-
+    else measured now (one line when it starts, one when it ends) and cached. `model_class` is
+    `perfmodel.model.PerfModel` (passed in by `load_model`, which chooses between a fitted model
+    and this one: the model's module does not import this one back)."""
     shapes = shapes_of(cfg, table_sizes)
     key = shape_key(shapes)
     path = calibration_path()
@@ -204,7 +204,7 @@ def model_for(cfg, table_sizes: list[int], seconds: float | None = None, say=Non
     model = None
     if entry is not None:
         try:
-            model = PerfModel.from_json(entry["model"], f"{path} (shape set {key})")
+            model = model_class.from_json(entry["model"], f"{path} (shape set {key})")
         except (ModelError, KeyError, TypeError) as e:
             say(f"{path}: shape set {key} unreadable ({e}); recalibrating")
     if model is None:
@@ -212,7 +212,7 @@ def model_for(cfg, table_sizes: list[int], seconds: float | None = None, say=Non
             f"{seconds:.0f} s; once per machine, cached in {path})")  # fmt: skip
         t0 = time.perf_counter()
         recs, docs, hw, counts = measure(cfg, table_sizes, seconds)
-        model = PerfModel.from_measurements(recs, docs, hw, gemm_mlp=False)
+        model = model_class.from_measurements(recs, docs, hw, gemm_mlp=False)
         took = time.perf_counter() - t0
         model.fit_info["calibration_run"] = dict(counts, seconds=round(took, 2), budget_s=seconds)
         doc = read_cache(path, lambda _line: None)  # another process may have added a set
@@ -329,16 +329,16 @@ def _trace(cfg, table_sizes, hw, device, deadline: Deadline, share: float = 0.4)
     when the run's step cannot be built here (tables too large, no synthetic stand-in)."""
     from perfmodel import hardware
     from perfmodel import trace as tr
+    from perfmodel.capture_config import UNPLACED, capturable
     from perfmodel.graph import batches_for, build_trainer
-    from perfmodel.placement_costs import _UNPLACED, _capturable
     from perfmodel.profiling import profile_steps, run_steps, trace_meta
 
     base = cfg.replace(placement="device", memory_limit=None, device_memory_limit=None,
-                       **_UNPLACED)  # fmt: skip
+                       **UNPLACED)  # fmt: skip
     opt = cfg.training.sparse_optimizer()
     dim = int(cfg.arch.sparse_feature_size)
     rows = max(int(TRACE_TABLE_BYTES // (4 * (dim + opt.state_floats(dim)))), len(table_sizes))
-    proxy = _capturable(base, list(table_sizes), rows)
+    proxy = capturable(base, list(table_sizes), rows)
     if proxy is None:
         return None
     batch = int(cfg.training.mini_batch_size)

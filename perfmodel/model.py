@@ -207,14 +207,19 @@ _LOADED: dict[str, object] = {}
 def load_model(path: str | Path | None = None, cfg=None, table_sizes: list[int] | None = None):
     """The model predictions use, loaded once: the one at `path` when given; else this
     machine's fully fitted model (`python -m perfmodel microbench` and `fit`) when the user made
-    one; else, for a run's config `cfg` (its tables of `table_sizes` rows), the calibration of
-    its shapes (perfmodel/calibration.py: measured now, in seconds, when absent). ModelError when
-    there is none of them (no `cfg`, or calibration turned off)."""
+    one; else, for a run's config `cfg` (its tables of `table_sizes` rows, default those its
+    step is built with), the calibration of its shapes (perfmodel/calibration.py: measured now,
+    in seconds, when absent). ModelError when there is none of them (no `cfg`; CalibrationOff
+    when calibration is turned off)."""
     from perfmodel import calibration
 
     if path is None and not default_model_path().exists() and cfg is not None:
         if calibration.enabled():
-            return calibration.model_for(cfg, table_sizes)
+            if table_sizes is None:  # the tables the run's step is built with
+                from perfmodel.graph import capture_template
+
+                table_sizes = capture_template(cfg)["meta"]["table_sizes"]
+            return calibration.model_for(cfg, table_sizes, PerfModel)
         raise CalibrationOff(
             f"{default_model_path()}: no performance model (run `python -m perfmodel microbench` "
             "and `fit`), and calibration is off "
@@ -235,7 +240,4 @@ def predict_step_time(
     kernel type and overhead kind. The first call for an architecture captures its execution
     graph (two tiny profiled steps, cached); later calls take milliseconds. Without a fitted
     model, the first call for the run's shapes calibrates one (`load_model`)."""
-    from perfmodel.graph import capture_template
-
-    sizes = capture_template(cfg)["meta"]["table_sizes"] if model_path is None else None
-    return load_model(model_path, cfg, sizes).predict(cfg, batch_size)
+    return load_model(model_path, cfg).predict(cfg, batch_size)

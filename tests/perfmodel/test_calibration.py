@@ -140,11 +140,11 @@ def test_zipf_ids_follow_the_law_the_hit_rate_assumes():
 def test_the_cache_round_trip_is_exact(cache, fresh):
     cfg = config()
     lines: list[str] = []
-    first = C.model_for(cfg, SIZES, say=lines.append)
+    first = C.model_for(cfg, SIZES, M.PerfModel, say=lines.append)
     assert len(cache) == 1 and lines[0].startswith("calibrating") and len(lines) == 2
     C._MODELS.clear()
     lines.clear()
-    again = C.model_for(cfg, SIZES, say=lines.append)
+    again = C.model_for(cfg, SIZES, M.PerfModel, say=lines.append)
     assert len(cache) == 1 and lines == []  # read, not measured
     assert again is not first and again.to_json() == first.to_json()
     ops = graph.ops_with_ctx(fresh["measured"][0][1][0], 0)
@@ -167,19 +167,19 @@ def test_a_corrupt_or_foreign_cache_is_one_line_and_recalibrates(cache, content,
     path = C.calibration_path()
     path.write_text(content)
     lines: list[str] = []
-    C.model_for(config(), SIZES, say=lines.append)
+    C.model_for(config(), SIZES, M.PerfModel, say=lines.append)
     assert lines[0] == line.format(path=path)
     assert lines[1].startswith("calibrating") and len(lines) == 3 and len(cache) == 1
     assert len(json.loads(path.read_text())["shape_sets"]) == 1  # the file is whole again
 
 
 def test_a_new_software_stack_recalibrates(cache, monkeypatch):
-    C.model_for(config(), SIZES, say=lambda _line: None)
+    C.model_for(config(), SIZES, M.PerfModel, say=lambda _line: None)
     C._MODELS.clear()
     real = C.stack_versions()
     monkeypatch.setattr(C, "stack_versions", lambda: dict(real, torch="9.9.9"))
     lines: list[str] = []
-    C.model_for(config(), SIZES, say=lines.append)
+    C.model_for(config(), SIZES, M.PerfModel, say=lines.append)
     assert lines[0] == (
         f"{C.calibration_path()}: the software changed since calibration "
         f"(torch {torch.__version__} -> 9.9.9); recalibrating"
@@ -188,10 +188,12 @@ def test_a_new_software_stack_recalibrates(cache, monkeypatch):
 
 
 def test_other_shapes_calibrate_their_own_and_keep_the_others(cache):
-    C.model_for(config(), SIZES, say=lambda _line: None)
-    C.model_for(config("--hot-budget", "1MB", "--placement", "fae"), SIZES, say=lambda _: None)
+    C.model_for(config(), SIZES, M.PerfModel, say=lambda _line: None)
+    C.model_for(
+        config("--hot-budget", "1MB", "--placement", "fae"), SIZES, M.PerfModel, say=lambda _: None
+    )
     assert len(cache) == 1  # a placement's settings are not shapes: the same calibration
-    C.model_for(config("--mini-batch-size", "128"), SIZES, say=lambda _line: None)
+    C.model_for(config("--mini-batch-size", "128"), SIZES, M.PerfModel, say=lambda _line: None)
     assert len(cache) == 2
     assert len(C.read_cache()["shape_sets"]) == 2
 
