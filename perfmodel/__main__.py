@@ -225,7 +225,8 @@ def _microbench(args) -> int:
         sys.stderr.write(f"{PROG} microbench: error: --sweeps: unknown {', '.join(unknown)}; "
                          f"expected some of {', '.join(SWEEPS)}\n")  # fmt: skip
         return EXIT_USAGE
-    hw = hardware.describe(refresh=args.refresh_hardware)
+    # a calibration's quick description is not the full microbenchmark's
+    hw = hardware.describe(refresh=args.refresh_hardware or bool(hardware.describe().get("quick")))
     summary = microbench.run(args.out, scale=args.scale, reps=args.reps, seed=args.seed, sweeps=names,
                              fit_configs=not args.no_fit_configs)  # fmt: skip
     summary["hardware_description"] = {k: v for k, v in hw.items() if k != "read_bw_sweep"}

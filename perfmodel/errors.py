@@ -8,3 +8,7 @@ class TraceError(ValueError):
 
 class ModelError(ValueError):
     """A missing or unreadable model file, or a microbenchmark directory without records."""
+
+
+class CalibrationOff(ModelError):
+    """No fitted model on this machine, and calibration turned off (`HYBRID_DLRM_CALIBRATE`)."""

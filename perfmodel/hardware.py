@@ -266,6 +266,9 @@ def measure(quick: bool = False) -> dict:
         "torch": torch.__version__,
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        # a quick description (a calibration's, perfmodel/calibration.py) is measured again in
+        # full by `python -m perfmodel microbench`
+        "quick": quick,
     }
     n = 256 if quick else 1024
     desc["matmul_gflops"] = {

@@ -271,7 +271,10 @@ class KernelModels:
         holdout: float = 0.25,
         l2_bytes: float = 1 << 20,
         device_l2_bytes: float | None = None,
+        gemm_mlp: bool = True,
     ) -> KernelModels:
+        """`gemm_mlp` False: GEMMs by their roofline alone (a calibration's few shapes, each
+        corrected in situ, give an MLP on log-shapes nothing to learn and cost seconds)."""
         by_type: dict[str, list[dict]] = {}
         for r in recs:
             if r.get("dur_us", 0) > 0:
@@ -280,7 +283,8 @@ class KernelModels:
             train, test = split_by_shape(rs, holdout, seed)
             if not test:
                 train, test = rs, rs
-            cands = self._candidates(t, train, cache_bytes, l2_bytes, device_l2_bytes, seed)
+            only = None if gemm_mlp or t not in ("gemm", "bmm") else "roofline"
+            cands = self._candidates(t, train, cache_bytes, l2_bytes, device_l2_bytes, seed, only)
             scored = []
             for name, model in cands:
                 pred = [model.predict(r) for r in test]

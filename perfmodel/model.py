@@ -7,13 +7,14 @@ Saved as one JSON file (``perfmodel.json``): ``{"format": "hybrid-perfmodel", "v
 from __future__ import annotations
 
 import json
+import os
 import statistics
 from pathlib import Path
 
 from hybrid_dlrm.common.header import check_header
 from perfmodel import critical_path, hardware
 from perfmodel import trace as tr
-from perfmodel.errors import ModelError
+from perfmodel.errors import CalibrationOff, ModelError
 from perfmodel.features import op_type, step_dense_bytes
 from perfmodel.graph import (
     corrected_us,
@@ -75,6 +76,19 @@ class PerfModel:
             [bench_dir / "traces", *traces] if (bench_dir / "traces").exists() else traces
         )
         docs = [tr.read_trace(p) for p in trace_paths]
+        model = cls.from_measurements(recs, docs, hardware.describe(), seed)
+        model.fit_info["traces"] = [str(p) for p in trace_paths]
+        return model
+
+    @classmethod
+    def from_measurements(
+        cls, recs: list[dict], docs: list[dict], hw: dict, seed: int = 0, gemm_mlp: bool = True
+    ) -> PerfModel:
+        """The fit itself, from microbenchmark kernel records and perf-trace documents: the full
+        microbenchmark's (`fit`) and the quick calibration's at a run's own shapes
+        (perfmodel/calibration.py, with `gemm_mlp` False: see `KernelModels.fit`) are one model
+        form."""
+        recs = list(recs)
         for d in docs:
             recs += records_from_trace(d)
         direct = any(r.get("sweep") == "gemm" for r in recs)
@@ -86,10 +100,9 @@ class PerfModel:
         ]
         for r in recs:
             r["dur_us"] = at_described_speed(r, corrected_us(r))
-        hw = hardware.describe()
         l2 = float((hw.get("cache_bytes_os") or {}).get("L2") or (1 << 20))
         kernels = KernelModels().fit(recs, float(hw["llc_bytes"]), seed=seed, l2_bytes=l2,
-                                     device_l2_bytes=hw.get("cuda_l2_bytes"))  # fmt: skip
+                                     device_l2_bytes=hw.get("cuda_l2_bytes"), gemm_mlp=gemm_mlp)  # fmt: skip
         slowdowns = [d["meta"].get("machine_slowdown") for d in docs]
         in_situ = kernels.calibrate_in_situ(
             [[dict(r, dur_us=corrected_us(r)) for r in records_from_trace(d)] for d in docs],
@@ -98,7 +111,7 @@ class PerfModel:
         cost = float(hw.get("profiler_event_cost_us", 0.0))
         calib = event_cost_check(docs, cost)
         overheads = Overheads.from_traces(docs, event_cost=cost)
-        info = {"records": len(recs), "traces": [str(p) for p in trace_paths], "choice": kernels.choice,
+        info = {"records": len(recs), "traces": [], "choice": kernels.choice,
                 "heldout_gmae": {t: e["heldout_gmae"] for t, e in kernels.errors.items()},
                 "event_cost_us": cost, "calibration": calib, "in_situ": in_situ,
                 "trace_slowdowns": slowdowns}  # fmt: skip
@@ -106,12 +119,26 @@ class PerfModel:
 
     # --- files -----------------------------------------------------------------------------
 
+    def to_json(self) -> dict:
+        return {"format": FORMAT, "version": VERSION, "hardware": self.hardware, "kernels": self.kernels.to_json(),
+                "overheads": self.overheads.to_json(), "fit": self.fit_info}  # fmt: skip
+
+    @classmethod
+    def from_json(cls, doc: dict, where: str | Path = "performance model") -> PerfModel:
+        check_header(doc, where, format=FORMAT, versions=(VERSION,), kind="performance model",
+                     error=ModelError)  # fmt: skip
+        try:
+            return cls(doc["hardware"], KernelModels.from_json(doc["kernels"]),
+                       Overheads.from_json(doc["overheads"]), doc.get("fit"))  # fmt: skip
+        except (KeyError, TypeError, ValueError) as e:
+            raise ModelError(
+                f"{where}: not a performance model ({type(e).__name__}: {e})"
+            ) from None
+
     def save(self, path: str | Path) -> Path:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        doc = {"format": FORMAT, "version": VERSION, "hardware": self.hardware, "kernels": self.kernels.to_json(),
-               "overheads": self.overheads.to_json(), "fit": self.fit_info}  # fmt: skip
-        path.write_text(json.dumps(doc) + "\n")
+        path.write_text(json.dumps(self.to_json()) + "\n")
         return path
 
     @classmethod
@@ -125,10 +152,7 @@ class PerfModel:
             ) from None
         except json.JSONDecodeError as e:
             raise ModelError(f"{path}: not JSON ({e.msg})") from None
-        check_header(doc, path, format=FORMAT, versions=(VERSION,), kind="performance model",
-                     error=ModelError)  # fmt: skip
-        return cls(doc["hardware"], KernelModels.from_json(doc["kernels"]), Overheads.from_json(doc["overheads"]),
-                   doc.get("fit"))  # fmt: skip
+        return cls.from_json(doc, path)
 
     # --- prediction ------------------------------------------------------------------------
 
@@ -180,8 +204,27 @@ def _weighted(results: list[dict]) -> dict:
 _LOADED: dict[str, object] = {}
 
 
-def load_model(path: str | Path | None = None):
-    """The fitted model (default: this machine's, under the cache directory), loaded once."""
+def load_model(path: str | Path | None = None, cfg=None, table_sizes: list[int] | None = None):
+    """The model predictions use, loaded once: the one at `path` when given; else this
+    machine's fully fitted model (`python -m perfmodel microbench` and `fit`) when the user made
+    one; else, for a run's config `cfg` (its tables of `table_sizes` rows, default those its
+    step is built with), the calibration of its shapes (perfmodel/calibration.py: measured now,
+    in seconds, when absent). ModelError when there is none of them (no `cfg`; CalibrationOff
+    when calibration is turned off)."""
+    from perfmodel import calibration
+
+    if path is None and not default_model_path().exists() and cfg is not None:
+        if calibration.enabled():
+            if table_sizes is None:  # the tables the run's step is built with
+                from perfmodel.graph import capture_template
+
+                table_sizes = capture_template(cfg)["meta"]["table_sizes"]
+            return calibration.model_for(cfg, table_sizes, PerfModel)
+        raise CalibrationOff(
+            f"{default_model_path()}: no performance model (run `python -m perfmodel microbench` "
+            "and `fit`), and calibration is off "
+            f"({calibration.ENV}={os.environ.get(calibration.ENV)})"
+        )
     key = str(path or default_model_path())
     if key not in _LOADED:
         _LOADED[key] = PerfModel.load(key)
@@ -195,5 +238,6 @@ def predict_step_time(
     architecture as configured) at `batch_size` (default the config's), in microseconds:
     ``per_batch_us``, ``host_us``, ``device_active_us`` per stream and a ``breakdown`` by phase,
     kernel type and overhead kind. The first call for an architecture captures its execution
-    graph (two tiny profiled steps, cached); later calls take milliseconds."""
-    return load_model(model_path).predict(cfg, batch_size)
+    graph (two tiny profiled steps, cached); later calls take milliseconds. Without a fitted
+    model, the first call for the run's shapes calibrates one (`load_model`)."""
+    return load_model(model_path, cfg).predict(cfg, batch_size)

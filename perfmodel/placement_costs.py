@@ -52,8 +52,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from dlrm.config import TrainConfig
-from dlrm.models.kinds import model_kind
 from dlrm.placement.auto_check import MEASURE_STEPS
 from dlrm.placement.candidates import Candidate, KindPredictor, Prediction, StepTime
 from dlrm.settings.model import ArchConfig
@@ -64,12 +62,13 @@ from embeddings.hot_rows import plan_placement
 from embeddings.row_layout import table_row_base
 from embeddings.ssd.file import PAYLOAD
 from embeddings.staged.lookup_map import map_lookups
+from perfmodel.capture_config import CAPTURE_ROWS  # noqa: F401 (the module doc's, the tests')
+from perfmodel.capture_config import UNPLACED as _UNPLACED
+from perfmodel.capture_config import capturable as _capturable
 from perfmodel.row_cache_model import replay_row_cache, run_io, seen_rows, warm_rows
 from perfmodel.staging_costs import load_us, row_us, staging_figures
 
 log = logging.getLogger(__name__)
-
-CAPTURE_ROWS = 4_000_000  # larger synthetic tables are captured scaled down (see the module doc)
 
 
 # --- the planning sample, replayed -------------------------------------------------------------
@@ -161,55 +160,26 @@ def _staged_rows(sample, hot_budget: int, dim: int, opt: SparseOptimizer):
 # --- the step itself ---------------------------------------------------------------------------
 
 
-def _fitted_model():
-    from perfmodel.errors import ModelError
+def _fitted_model(cfg=None, sizes: list[int] | None = None):
+    """The fully fitted model when the user made one, else the calibration of the run's shapes
+    (measured now when absent: perfmodel/calibration.py); None (the roofline, labelled so) when
+    calibration is off or failed, after one line saying why."""
+    from perfmodel.errors import CalibrationOff, ModelError
     from perfmodel.model import load_model
 
     try:
-        return load_model()
-    except ModelError:
+        return load_model(cfg=cfg, table_sizes=sizes)
+    except CalibrationOff:  # asked for (the tests' fast tier): the table says "roofline"
         return None
-
-
-# data sets whose steps a synthetic one of the same tables repeats (13 dense features, one id
-# per table and input, or the bags `--multi-hot-sizes` asks for, as the synthetic data makes)
-CRITEO_LAYOUTS = ("kaggle", "terabyte")
-
-
-def _capturable(cfg, sizes: list[int]):
-    """The config the step graph is captured from (None: too large to build, and no synthetic
-    stand-in). Tables over CAPTURE_ROWS rows in all are captured scaled down (the embedding
-    kernels are told the real sizes); a Criteo data set that large is captured as synthetic data
-    with its tables' sizes (its files are not read: a step's operators do not depend on them)."""
-    total_rows = int(sum(sizes))
-    if total_rows <= CAPTURE_ROWS:
-        return cfg
-    f = CAPTURE_ROWS / total_rows
-    # smaller tables: a profile or plan of the real ones does not fit them (FAE makes its own)
-    changes: dict[str, Any] = {"synthetic_table_scale": cfg.data.synthetic_table_scale * f,
-                               "profile_file": None, "placement_plan": None}  # fmt: skip
-    # a candidate's row is all a Criteo sample is: synthetic data of its tables' sizes stands in
-    candidate = model_kind(cfg.arch.model).layout == "candidate"
-    if cfg.data.data_set in CRITEO_LAYOUTS and candidate:
-        changes.update(data_set="synthetic", raw_data_file=None, processed_data_file=None,
-                       max_ind_range=None, arch_embedding_size=list(sizes))  # fmt: skip
-    elif cfg.data.data_set != "synthetic":
+    except ModelError as e:
+        if cfg is not None:
+            log.warning("no performance model (%s): predicting from the roofline", e)
         return None
-    sizes_given = changes.get("arch_embedding_size") or cfg.arch.embedding_size
-    if sizes_given:
-        changes["arch_embedding_size"] = [max(1, int(n * f)) for n in sizes_given]
-    if cfg.placing.placement == "fae":  # the same share of the (smaller) tables on the device
-        changes["hot_budget"] = max(1, int(cfg.placing.hot_budget.bytes * f))
-    return cfg.replace(**changes)
-
-
-# A device or host step runs the same operators whatever another placement's settings are: they
-# are set to their defaults for the capture, so its graph (cached by the whole configuration) is
-# captured once, not once per candidate (15 captures were 13 of a 14 s plan)
-_UNPLACED = {k: v for k, v in TrainConfig().to_json().items()
-             if k in ("hot_budget", "profile_sample_rate", "profile_file", "placement_plan",
-                      "fae_switch_period", "fae_order", "hotline_prefetch",
-                      "hotline_learn_batches") or k.startswith("scm_")}  # fmt: skip
+    except (RuntimeError, ValueError, OSError) as e:  # a calibration that could not run here
+        log.warning(
+            "calibration failed (%s: %s): predicting from the roofline", type(e).__name__, e
+        )
+        return None
 
 
 def step_time(
@@ -224,7 +194,7 @@ def step_time(
     `table_sizes` rows (default `sizes`; Hotline's device tier is smaller): {ms, dense, lookup,
     source}. `memo`: the plan's (PlanMemo), where captured steps are kept for its candidates."""
     table_sizes = list(sizes if table_sizes is None else table_sizes)
-    model = _fitted_model()
+    model = _fitted_model(cfg, sizes)
     # the capture builds the step at batch 16, not the user's run: their memory limits are not its
     base = cfg.replace(placement=placement, memory_limit=None, device_memory_limit=None,
                        **(_UNPLACED if placement != "fae" else {}))  # fmt: skip

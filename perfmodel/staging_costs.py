@@ -123,9 +123,13 @@ def load_us(figs: dict, rows: float, row_floats: int) -> float:
     return row_us(figs, "load_fixed", row_floats) + rows * row_us(figs, "load", row_floats)
 
 
-@lru_cache(maxsize=1)
-def staging_figures() -> dict:
-    """`measure_staging`'s figures, cached per machine beside the hardware description."""
+QUICK_LOAD_STEPS = 8  # a calibration's (perfmodel/calibration.py): a third of the time
+
+
+@lru_cache(maxsize=2)
+def staging_figures(quick: bool = False) -> dict:
+    """`measure_staging`'s figures, cached per machine beside the hardware description; measured
+    when absent (`quick`: the step's part over `QUICK_LOAD_STEPS` steps per batch size)."""
     from hybrid_dlrm.common.atomic import write_json
     from perfmodel.hardware import cache_dir, machine_key
 
@@ -137,7 +141,7 @@ def staging_figures() -> dict:
     if "load_ns_16" in figs:
         return figs
     for rf in (16, 128):  # also where a figures file is from before the step's part was measured
-        fixed_us, figs[f"load_ns_{rf}"] = measure_step_load(rf)
+        fixed_us, figs[f"load_ns_{rf}"] = measure_step_load(rf, QUICK_LOAD_STEPS if quick else 30)
         figs[f"load_fixed_ns_{rf}"] = fixed_us * 1e3
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json(path, figs)

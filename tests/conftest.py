@@ -42,6 +42,10 @@ os.environ.setdefault("HYBRID_DLRM_PLUGINS", "perfmodel.recorder")
 # user's ~/.cache (a test must not leave files behind, nor read a model fitted elsewhere).
 _CACHE = tempfile.mkdtemp(prefix="hybrid-dlrm-test-cache-")
 os.environ.setdefault("HYBRID_DLRM_CACHE", _CACHE)
+# Without a fitted model a plan or a prediction calibrates one at its run's shapes (about 25 s,
+# perfmodel/calibration.py): off for the suite, whose planning tests then predict from the
+# roofline; tests/perfmodel/test_calibration.py turns it on where it is the subject.
+os.environ.setdefault("HYBRID_DLRM_CALIBRATE", "off")
 
 
 def pytest_sessionfinish(session, exitstatus):

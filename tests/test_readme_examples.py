@@ -44,8 +44,9 @@ def test_placement_examples_do_what_their_comments_say(tmp_path, monkeypatch, ca
         assert main([*argv, *TINY, "--out-dir", f"run{i}"]) == 0, (argv, capsys.readouterr().err)
         placement = json.loads((tmp_path / f"run{i}" / "summary.json").read_text())["placement"]
         kind = argv[argv.index("--placement") + 1]
-        if kind == "auto":  # "...: fae" or "...: device"
-            assert placement["kind"] == comment.rsplit(": ", 1)[1], (argv, placement["kind"])
+        if kind == "auto":  # "...: device" or "...: fastest of host, fae, ..." (predicted here)
+            said = comment.rsplit(": ", 1)[1].removeprefix("fastest of ").split(", ")
+            assert placement["kind"] in said, (argv, placement["kind"], said)
         if placement["kind"] != "device":  # a budget below the tables: rows stay off the device
             assert placement["device_tier_bytes"] < placement["embedding_bytes"], argv
         ran += 1

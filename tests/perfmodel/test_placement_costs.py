@@ -233,7 +233,7 @@ def test_staged_candidates_share_one_captured_device_step(monkeypatch, tmp_path)
         def predict_ops(self, ops):
             return {"per_batch_us": 1000.0, "breakdown": {"phase_us": {}}}
 
-    monkeypatch.setattr(pc, "_fitted_model", lambda: Model())
+    monkeypatch.setattr(pc, "_fitted_model", lambda *args: Model())
     monkeypatch.setattr(graph, "graph_for", fake_graph_for)
     memo = PlanMemo()  # one plan's
     for hot, cache in ((10, 100), (50, 100), (50, 4000)):

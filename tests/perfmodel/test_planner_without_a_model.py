@@ -26,7 +26,7 @@ DISK = {"io": "direct", "engine": "aio", "key": "stub",
 
 
 def test_auto_with_a_hot_budget_and_no_fitted_model_chooses_no_tiny_hot_set(tmp_path, monkeypatch):
-    monkeypatch.setattr(pc, "_fitted_model", lambda: None)  # the roofline
+    monkeypatch.setattr(pc, "_fitted_model", lambda *a, **k: None)  # the roofline
     monkeypatch.setattr(hardware, "describe", lambda *a, **k: HARDWARE)
     monkeypatch.setattr(pc, "staging_figures", lambda: FIGURES)
     monkeypatch.setattr(disk, "describe_disk", lambda directory=None, refresh=False: DISK)
