@@ -42,6 +42,7 @@ import numpy as np
 from dlrm.config import TrainConfig
 from dlrm.data import DataSplits, steps_per_epoch
 from dlrm.errors import ConfigError
+from dlrm.placement import decision_file
 from dlrm.placement.candidates import (
     STREAM_BATCHES,
     Candidate,
@@ -49,6 +50,7 @@ from dlrm.placement.candidates import (
     Prediction,
     predictor,
 )
+from dlrm.placement.decision_file import DECISION_NAME  # noqa: F401  (its name here too)
 from dlrm.placement.memory_check import (
     TIER_NAMES,
     _changed,
@@ -453,8 +455,6 @@ def _nothing_fits(weighed: list[Weighed], margin: float) -> str:
 
 # --- a run's decision -----------------------------------------------------------------------------
 
-DECISION_NAME = "placement_decision.json"
-
 
 def resolve_auto(
     cfg: TrainConfig, data: DataSplits, device, world_size: int = 1, rank: int = 0
@@ -473,47 +473,14 @@ def resolve_auto(
                 flush=True,
             )
         return cfg, None
-    decision = _resumed_decision(cfg, data)
+    decision = decision_file.resumed_decision(cfg, data)
     if decision is None:
         decision = plan(cfg, data, device)
     path = cfg.run_dir / DECISION_NAME
     if not decision.how.startswith(f"reused from {path} "):  # a resumed run's own is kept
-        from hybrid_dlrm.common.atomic import write_json
-
-        write_json(path, decision.to_json())
+        decision_file.write(path, decision)
     print(decision.table(), flush=True)
     return applied(cfg, decision), decision
-
-
-def _resumed_decision(cfg: TrainConfig, data: DataSplits) -> Decision | None:
-    """On `--resume`: the decision of the run it continues; for a run from before the planner
-    (a checkpoint and no decision), the rule it was made with: device when every table fits
-    `--hot-budget`, else fae. None: plan (a fresh run, or one stopped before any checkpoint)."""
-    if not cfg.run.resume:
-        return None
-    from dlrm.run_checks import holds_a_run, resume_source_dir
-
-    source = resume_source_dir(cfg) or cfg.run_dir
-    for where in dict.fromkeys((source, cfg.run_dir)):
-        path = where / DECISION_NAME
-        if path.is_file():
-            import json
-
-            try:
-                found = json.loads(path.read_bytes())
-            except (OSError, ValueError) as e:
-                raise ConfigError(f"--resume: {path}: not readable JSON ({e})") from None
-            decision = Decision.from_json(found, str(path))
-            decision.how = f"reused from {path} (--resume)"
-            return decision
-    if not holds_a_run(source):
-        return None
-    from dlrm.placement.build_collection import resolve_placement
-
-    kind = resolve_placement(cfg.placing, run_tables(cfg, data), cfg.training.sparse_optimizer())
-    budget = cfg.placing.hot_budget.bytes if kind != "device" else 0
-    how = "resumed a run from before the planner: device if every table fits --hot-budget, else fae"
-    return Decision(Candidate(kind, budget), how, [], {})
 
 
 def applied(cfg: TrainConfig, decision: Decision) -> TrainConfig:
