@@ -343,3 +343,14 @@ def test_the_table_names_what_predicted_and_how_to_fit_a_model(make_config, monk
         lines = decide(make_config).table().splitlines()
         assert f"  predicted by: {source}" in lines
         assert any("python -m perfmodel fit --bench DIR" in line for line in lines) == hint
+
+
+def test_the_placement_check_is_made_once_per_run(make_config, no_predictor):
+    """A resumed run whose check was made before its checkpoint does not measure (and log) it
+    again: metrics.jsonl reads as one run."""
+    common = dict(BIG, data_size=64 * 10, test_freq=10, hot_budget="1MB")
+    run = Path(make_config(**common).out_dir)
+    Trainer(make_config(**common)).fit()  # 10 steps: the check at step 10, then the checkpoint
+    Trainer(make_config(**common, nepochs=2, resume="auto")).fit()
+    assert [e["step"] for e in _events(run, "placement_check")] == [10]
+    assert [e["step"] for e in _events(run, "eval")] == [10, 20]
