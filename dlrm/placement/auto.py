@@ -126,6 +126,8 @@ class Decision:
     room: dict[str, dict]
     margin: float = PLAN_MARGIN
     planning_s: float = 0.0
+    # the JSON the run directory's decision file holds: what its checkpoints record
+    record: dict | None = field(default=None, repr=False, compare=False)
 
     def chosen_row(self) -> Weighed | None:
         return next((w for w in self.weighed if w.candidate == self.chosen), None)
@@ -457,11 +459,17 @@ def _nothing_fits(weighed: list[Weighed], margin: float) -> str:
 
 
 def resolve_auto(
-    cfg: TrainConfig, data: DataSplits, device, world_size: int = 1, rank: int = 0
+    cfg: TrainConfig,
+    data: DataSplits,
+    device,
+    world_size: int = 1,
+    rank: int = 0,
+    checkpoint: decision_file.Checkpoint | None = None,
 ) -> tuple[TrainConfig, Decision | None]:
     """`cfg` with the placement `--placement auto` chose applied, and the decision (None: not
     auto, or several processes). The decision is printed and written to the run directory; a
-    resumed run reuses its own (the checkpoint's tables must match), never planning anew."""
+    resumed run reuses its own, checked against `checkpoint`'s record of it
+    (dlrm/placement/decision_file.py), never planning anew."""
     if cfg.placing.placement != "auto":
         return cfg, None
     if world_size > 1:
@@ -473,12 +481,18 @@ def resolve_auto(
                 flush=True,
             )
         return cfg, None
-    decision = decision_file.resumed_decision(cfg, data)
-    if decision is None:
-        decision = plan(cfg, data, device)
-    path = cfg.run_dir / DECISION_NAME
-    if not decision.how.startswith(f"reused from {path} "):  # a resumed run's own is kept
-        decision_file.write(path, decision)
+    resumed = decision_file.resumed(cfg, checkpoint)  # checked against the checkpoint's
+    if resumed is not None:
+        decision = Decision.from_json(resumed[0], str(cfg.run_dir / DECISION_NAME))
+        decision.how, decision.record = resumed[1], resumed[0]
+    else:
+        rule = decision_file.rule_before_the_planner(cfg, data)
+        if rule is not None:
+            decision = Decision(rule, decision_file.RULE_BEFORE_THE_PLANNER, [], {})
+        else:
+            decision = plan(cfg, data, device)
+        decision.record = decision.to_json()
+        decision_file.write(cfg.run_dir / DECISION_NAME, decision.record)
     print(decision.table(), flush=True)
     return applied(cfg, decision), decision
 
