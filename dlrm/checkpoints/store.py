@@ -48,7 +48,7 @@ def nothing_to_resume(resume: str, run_dir: Path) -> Path | None:
         return None
     if ckpt.list_checkpoints(target / "checkpoints") or ckpt.list_checkpoints(target):
         return None
-    ours = target.absolute() == run_dir.absolute()
+    ours = target.resolve() == run_dir.resolve()
     if not ours and not (target.is_dir() and any(target.iterdir())):
         raise CheckpointError(f"--resume: {target}: no checkpoint file or run directory there")
     if (target / "summary.json").is_file():
