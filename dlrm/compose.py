@@ -28,6 +28,7 @@ import torch
 from dlrm import run_checks
 from dlrm.build import build_model, build_placed_embeddings, resolve_device
 from dlrm.checkpoints import format as ckpt
+from dlrm.checkpoints import store as checkpoint_store
 from dlrm.checkpoints.store import (
     CheckpointStore,
     FileCheckpoints,
@@ -36,7 +37,7 @@ from dlrm.checkpoints.store import (
 )
 from dlrm.config import TrainConfig
 from dlrm.data import DataSplits, build_data, steps_per_epoch
-from dlrm.errors import ConfigError
+from dlrm.errors import CheckpointError, ConfigError
 from dlrm.pipelines import compile as compile_
 from dlrm.pipelines import dense_step
 from dlrm.pipelines.base import PlainTrainPipeline, StepHook, TrainPipeline
@@ -45,6 +46,7 @@ from dlrm.placement.run_plan import PlacedEmbeddings
 from dlrm.processes import distributed, third_party, threads
 from dlrm.processes.distributed import Processes
 from dlrm.progress import wanted_lines as progress_lines
+from dlrm.resume_files import ResumeFiles
 from dlrm.run_files import NoRunFiles, RunFiles, tensorboard_writer
 from embeddings.staged.contract import stages
 from hybrid_dlrm.common.lock import DirectoryLock, LockError
@@ -69,6 +71,8 @@ class Run:
     checkpoints: CheckpointStore
     progress: bool  # a progress bar on this process
     resume_changes: dict[str, tuple]  # the settings a resume changed (dlrm/run_checks.py)
+    requested: TrainConfig  # as asked (`auto` unresolved; no --resume where nothing is saved)
+    resume_files: ResumeFiles  # what its checkpoints record of the files that steer a resume
     resuming: Future | None = None  # the checkpoint to resume from, read in the background
     lines: bool = False  # progress lines on stdout (no terminal there: dlrm/progress.py)
     lock: DirectoryLock | None = (
@@ -78,7 +82,8 @@ class Run:
     say: Callable[[str], None] = functools.partial(print, flush=True)
 
     def resume_target(self) -> tuple[Path, dict] | None:
-        """The checkpoint to continue from with its verified contents; None: start afresh."""
+        """The checkpoint to continue from with its verified contents; None: no --resume (or
+        nothing saved to resume: `requested` has none)."""
         return self.resuming.result() if self.resuming is not None else None
 
 
@@ -106,12 +111,16 @@ def build_run(
         )
     device = resolve_device(cfg.training.device)
     leads = rank == 0  # rank 0 writes the run directory
+    say = functools.partial(print, flush=True) if leads else lambda line: None
     lock = _lock_run_dir(cfg) if leads else DirectoryLock(cfg.run_dir)  # other ranks: not held
-    resume_changes = _check_paths(cfg)
+    cfg, again = _starts_again(cfg, say)
     # The checkpoint is read and verified while the data and the model are built: reading
     # and checksumming gigabytes need not wait for table initialisation.
     store = _checkpoint_store(cfg, rank, world_size, checkpoints)
     resuming = _background(_resume_target, store, cfg, world_size) if cfg.run.resume else None
+    checkpoint = resuming.result if resuming is not None else None
+    resume_changes = _check_paths(cfg, checkpoint, again)
+    requested = cfg
     if (
         cfg.training.threads
     ):  # 0: the process's own counts (the command line chose them: dlrm/train.py)
@@ -123,17 +132,19 @@ def build_run(
     data = data if data is not None else build_data(cfg, rank, world_size)
     _check_learning_fits(cfg, data)
     placement: PlacedEmbeddings | None = None
+    resume_files = ResumeFiles(cfg.run_dir)
     if model is None:
         from dlrm.placement.auto import resolve_auto
         from dlrm.placement.memory_check import check_memory
 
-        cfg, decision = resolve_auto(cfg, data, device, world_size, rank)  # auto's choice
+        cfg, decision = resolve_auto(cfg, data, device, world_size, rank, checkpoint)
         if decision is not None:  # its measured step time against the predicted one
             step_hook = _checked(decision, step_hook)
         check_memory(cfg, data, device, world_size)  # before any table is allocated
         placement = build_placed_embeddings(cfg, data, device, world_size)
         model = build_model(cfg, data, device, placement.collection)
         data = schedule_training_data(cfg, data, placement, steps_per_epoch(cfg, data))
+        resume_files = ResumeFiles(cfg.run_dir, cfg.placing, decision and decision.record)
     distributed.check_replicated(model.embeddings, rank)
     if checkpoints and leads and not cfg.run.inference_only:
         run_checks.check_free_space(
@@ -155,9 +166,8 @@ def build_run(
         Processes(rank, world_size),
         RunFiles(cfg.run_dir, tensorboard_writer(cfg.run.tensorboard)) if leads
         else NoRunFiles(cfg.run_dir),
-        store, bool(show) and leads, resume_changes, resuming,
-        leads and progress_lines(cfg.run.progress), lock,
-        say=functools.partial(print, flush=True) if leads else lambda line: None,
+        store, bool(show) and leads, resume_changes, requested, resume_files, resuming,
+        leads and progress_lines(cfg.run.progress), lock, say,
     )  # fmt: skip
 
 
@@ -218,17 +228,34 @@ def set_flush_denormal(on: bool) -> bool:
 # --- the parts ----------------------------------------------------------------------------------
 
 
-def _check_paths(cfg: TrainConfig) -> dict[str, tuple]:
+def _starts_again(cfg: TrainConfig, say: Callable[[str], None]) -> tuple[TrainConfig, bool]:
+    """`--resume` of a run that saved no checkpoint yet (dlrm/checkpoints/store.py's
+    `nothing_to_resume`): the run as a new one, said in one line; and whether it was so."""
+    if not cfg.run.resume:
+        return cfg, False
+    empty = checkpoint_store.nothing_to_resume(cfg.run.resume, cfg.run_dir)
+    if empty is None:
+        return cfg, False
+    if cfg.run.inference_only:
+        raise CheckpointError(f"--resume: no checkpoint in {empty} to evaluate")
+    say(f"no checkpoint in {empty} yet: starting from the beginning")
+    return cfg.replace(resume=None), True
+
+
+def _check_paths(cfg: TrainConfig, checkpoint, again: bool) -> dict[str, tuple]:
     """The run's paths and `--resume`'s settings, before any long work; the settings a resume
-    changes (the checkpoint's own settings are checked again when it is loaded)."""
+    changes (the checkpoint's own settings are checked again when it is loaded). `checkpoint`:
+    the one being read, asked only where config.json and this run disagree. `again`: a run
+    started again from nothing saved (said already)."""
     changes: dict[str, tuple] = {}  # the paths rank 0 writes were checked as it took the lock
     if cfg.run.resume:
         run_checks.check_resume_target(cfg)
         source = run_checks.resume_source_dir(cfg)
         before = run_checks.read_run_settings(source) if source is not None else None
         if before is not None:
-            changes = run_checks.check_resume_settings(before, cfg, str(source))
-    run_checks.check_run_dir_is_free(cfg)
+            changes = run_checks.check_settings_early(before, cfg, source, checkpoint)
+    elif not again:
+        run_checks.check_run_dir_is_free(cfg)
     return changes
 
 
@@ -253,10 +280,7 @@ def _background(fn, *args) -> Future:
 
 def _resume_target(store: CheckpointStore, cfg: TrainConfig, world_size: int):
     """`--resume`'s checkpoint, checked against this run's number of processes."""
-    found = store.resume_target(cfg.run.resume, cfg.run_dir)
-    if found is None:
-        return None
-    path, data = found
+    path, data = store.resume_target(cfg.run.resume, cfg.run_dir)
     return path, distributed.resumable_with(cfg, path, data, world_size)
 
 

@@ -90,6 +90,45 @@ def check_resume_settings(before: dict, cfg: TrainConfig, source: str) -> dict[s
     return changes
 
 
+def check_settings_file(
+    settings: dict, trained: dict, cfg: TrainConfig, path: Path, step: int
+) -> None:
+    """A run directory's config.json (`settings`) against the settings its checkpoint at `step`
+    was trained with (`trained`, which the checkpoint carries under its checksums): each value
+    that changes what is computed is the checkpoint's, or this run's (written by a resume that
+    changed it with --allow-changed and stopped before its next checkpoint). Any other value was
+    edited, or the file is another run's: one line naming the file, the field and both values;
+    the checkpoint's value is never taken from the file."""
+    now = cfg.to_json()
+    for k, value in settings.items():
+        if k in FREE or k not in trained or value in (trained[k], now.get(k)):
+            continue
+        raise ConfigError(
+            f"--resume: {path}: {k} is {json.dumps(value)} but the checkpoint at step {step} was "
+            f"trained with {json.dumps(trained[k])}; put the checkpoint's value back (or delete "
+            "the file: it is written again), or start a new run"
+        )
+
+
+def check_settings_early(
+    settings: dict, cfg: TrainConfig, source: Path, checkpoint
+) -> dict[str, tuple]:
+    """Before any long work: this run's settings against its run directory's config.json
+    (`settings`), the changes `--allow-changed` allows. Where they differ, the file alone cannot
+    say whose the difference is (the file may have been edited): `checkpoint()` (being read
+    meanwhile: its path and contents) decides, and the refusal names the side each value is on."""
+    try:
+        return check_resume_settings(settings, cfg, str(source))
+    except ConfigError:
+        found = checkpoint() if checkpoint is not None else None
+        if found is None or "config" not in found[1]:
+            raise  # a checkpoint from before checkpoints carried settings: the file is all
+        path, data = found
+        step = int(data["train_state"]["step"])
+        check_settings_file(settings, data["config"], cfg, source / "config.json", step)
+        return check_resume_settings(data["config"], cfg, str(path))
+
+
 def resume_source_dir(cfg: TrainConfig) -> Path | None:
     """The run directory `--resume` continues (for a checkpoint file, the run holding it; None
     for a file outside a run's checkpoints/ directory)."""

@@ -76,6 +76,20 @@ class RunFiles:
             write_text(path, "".join(x + "\n" for x in keep))
         return len(lines) - len(keep)
 
+    def logged(self, event: str) -> bool:
+        """Whether metrics.jsonl holds an `event` event (a resumed run's: those up to its
+        checkpoint, once `drop_events_after` has dropped the rest)."""
+        path = self.path / "metrics.jsonl"
+        if not path.is_file():
+            return False
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                if json.loads(line).get("event") == event:
+                    return True
+            except (ValueError, AttributeError):  # a line cut by a kill
+                continue
+        return False
+
     def event(self, record: dict) -> None:
         with open(self.path / "metrics.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
@@ -117,6 +131,9 @@ class NoRunFiles(RunFiles):
 
     def drop_events_after(self, step: int) -> int:
         return 0
+
+    def logged(self, event: str) -> bool:
+        return False
 
     def event(self, record: dict) -> None:
         return None

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from dlrm import compose, run_files
+from dlrm import compose, run_checks, run_files
 from dlrm.checkpoints import format as ckpt
 from dlrm.checkpoints.store import CheckpointState
 from dlrm.compose import set_flush_denormal  # noqa: F401  (its home before dlrm/compose.py)
@@ -113,7 +113,9 @@ class Trainer:
         writes none (benchmarks). `step_hook` watches every step (perfmodel's recorder)."""
         run = compose.build_run(cfg, rank, world_size, data=data, model=model,
                                 step_hook=step_hook, checkpoints=checkpoints)  # fmt: skip
-        self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        # as asked (checkpoints record `--placement auto`, not its choice)
+        self.cfg, self.rank, self.world_size = run.requested, rank, world_size
+        cfg = run.requested
         self.device, self.data, self.placement = run.device, run.data, run.placement
         self.model, self.dense_optimizer = run.model, run.dense_optimizer
         self.pipeline, self.compiled = run.pipeline, run.compiled  # compiled None: eager
@@ -121,6 +123,7 @@ class Trainer:
         self.run_dir, self.ckpt_dir = cfg.run_dir, run.checkpoints.directory
         self._progress, self._lines, self._say = run.progress, run.lines, run.say
         self._resume_changes = run.resume_changes
+        self._resume_files = run.resume_files
         self._lock = (
             run.lock
         )  # the run directory's, held since build_run (hybrid_dlrm/common/lock.py)
@@ -132,7 +135,7 @@ class Trainer:
         self._reported = (0, 0.0)  # samples and training seconds at the last progress line
         self.pipeline.hook.attach(self)
         found = run.resume_target()
-        if found:  # None: the run stopped before its first checkpoint; it starts again
+        if found:  # None: no --resume, or nothing was saved (the run starts again: compose.py)
             self.load_checkpoint(*found)
         self.model = compose.evaluation_model(cfg, self.model)
 
@@ -391,6 +394,7 @@ class Trainer:
             arch=self.cfg.arch_signature(), config=self.cfg.to_json(), model=self.model,
             dense_optimizer=self.dense_optimizer, pipeline=self.pipeline,
             train_state=self.state.to_checkpoint(), step=self.state.step,
+            resume_files=self._resume_files.record(),
         )  # fmt: skip
 
     def checkpoint_state(self) -> dict:
@@ -418,7 +422,9 @@ class Trainer:
                 f"{path}: written for a different model or optimizer ({data.get('arch')})"
             )
         if "config" in data:  # older checkpoints: config.json was checked, if there was one
+            self._check_settings_file(data)
             self._resume_changes = check_resume_settings(data["config"], self.cfg, str(path))
+        self._resume_files.check(data)  # the profile and plan it was built from
         ckpt.load_model_state(self.model, data["model"], path)
         emb = self.model.embeddings
         # before version 2 of the trainer's layout the transfer counters stood at the top level
@@ -445,6 +451,16 @@ class Trainer:
             else f"{st.epoch} of {epochs} epochs done"
         )
         self._say(f"resumed from {path} at step {st.step} ({where})")
+
+    def _check_settings_file(self, data: dict) -> None:
+        """The run directory's config.json holds the checkpoint's settings (or this run's)."""
+        source = run_checks.resume_source_dir(self.cfg) if self.cfg.run.resume else None
+        settings = run_checks.read_run_settings(source, warn=False) if source else None
+        if settings is not None:
+            step = int(data["train_state"]["step"])
+            run_checks.check_settings_file(
+                settings, data["config"], self.cfg, source / "config.json", step
+            )
 
     def save_model_file(self, path: Path) -> None:
         """Weights only (no optimizer), for --load-model and inference."""

@@ -249,6 +249,7 @@ def assemble(path: Path) -> dict:
         "dense_optimizer": common["dense_optimizer"],
         "pipeline": common.get("pipeline", {}),  # absent from older files
         "train_state": common["train_state"],
+        "resume_files": common.get("resume_files", {}),  # absent from older files
         "rng": common["rng"],
         "world_size": world,  # how many processes wrote it (dlrm/processes/distributed.py: resumable_with)
     }

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -25,6 +25,8 @@ from dlrm.errors import CheckpointError
 
 log = logging.getLogger(__name__)
 
+RESUME_FILES = "resume_files"  # a checkpoint's record of the files that steer a resume
+
 
 def read(path: Path) -> dict:
     """The checkpoint at `path`, a file or a sharded checkpoint's directory (assembled into the
@@ -32,14 +34,37 @@ def read(path: Path) -> dict:
     return sharded_checkpoint.assemble(path) if ckpt.is_sharded(path) else ckpt.load(path)
 
 
-def resume_target(resume: str, run_dir: Path) -> tuple[Path, dict] | None:
+def nothing_to_resume(resume: str, run_dir: Path) -> Path | None:
+    """The run directory `--resume` names when it holds no checkpoint to continue from: a run
+    stopped before its first complete checkpoint, or before it wrote anything at all (no
+    config.json yet; or no directory: a supervisor that always passes `--resume` starts a run
+    this way). Such a run starts from the beginning: nothing was saved that could be continued,
+    and refusing would stop a supervisor's retries for good. None: there is a checkpoint to
+    continue from (or a file is named: it is loaded as it is). Another path than `--out-dir`
+    that holds no run (missing, or empty: a mistyped path), or a finished run without a
+    checkpoint, is a CheckpointError."""
+    target = run_dir if resume == "auto" else Path(resume)
+    if target.is_file() or ckpt.is_sharded(target):
+        return None
+    if ckpt.list_checkpoints(target / "checkpoints") or ckpt.list_checkpoints(target):
+        return None
+    ours = target.resolve() == run_dir.resolve()
+    if not ours and not (target.is_dir() and any(target.iterdir())):
+        raise CheckpointError(f"--resume: {target}: no checkpoint file or run directory there")
+    if (target / "summary.json").is_file():
+        raise CheckpointError(
+            f"--resume: {target} holds a finished run that wrote no checkpoint to continue "
+            "from; start a new run in another --out-dir"
+        )
+    return target
+
+
+def resume_target(resume: str, run_dir: Path) -> tuple[Path, dict]:
     """`--resume` accepts a checkpoint file, a run directory, or `auto` (this run's directory).
 
     A file is loaded as it is (a corrupt one is an error). In a directory the newest checkpoint
-    that verifies is used; corrupt newer ones are skipped with one warning naming them. None: the
-    directory holds a run that stopped before its first complete checkpoint, which is then
-    started from the beginning (nothing was saved that could be continued, and refusing would
-    leave the user no way but deleting the run directory by hand)."""
+    that verifies is used; corrupt newer ones are skipped with one warning naming them. A
+    directory without any is `nothing_to_resume`'s, asked first (dlrm/compose.py)."""
     target = run_dir if resume == "auto" else Path(resume)
     if target.is_file() or ckpt.is_sharded(target):
         return target, read(target)
@@ -68,14 +93,7 @@ def resume_target(resume: str, run_dir: Path) -> tuple[Path, dict] | None:
             f"--resume: no checkpoint in {directory} verifies ({'; '.join(skipped)}); "
             "move them away to start the run again"
         )
-    if (target / "config.json").is_file():
-        log.warning(
-            "--resume: %s stopped before its first complete checkpoint; starting it from the "
-            "beginning",
-            target,
-        )
-        return None
-    raise CheckpointError(f"--resume: no checkpoint found at {target}")
+    raise CheckpointError(f"--resume: no checkpoint in {directory}")
 
 
 @dataclass
@@ -90,6 +108,8 @@ class CheckpointState:
     pipeline: object  # a TrainPipeline (its own state: Slipstream's)
     train_state: dict
     step: int
+    # what the files that steer a resume held (dlrm/resume_files.py): checked on --resume
+    resume_files: dict = field(default_factory=dict)
 
     def contents(self, **model_part) -> dict:
         """The checkpoint's dict with `model_part` (the model's weights in the store's layout)."""
@@ -103,6 +123,7 @@ class CheckpointState:
             "dense_optimizer": self.dense_optimizer.state_dict(),
             "pipeline": self.pipeline.state_dict(),
             "train_state": self.train_state,
+            RESUME_FILES: self.resume_files,
             "rng": ckpt.rng_state(),
         }
 
@@ -127,9 +148,9 @@ class CheckpointStore:
         """Take the state (only when this store writes) and write it; the path written, or None."""
         return None
 
-    def resume_target(self, resume: str, run_dir: Path) -> tuple[Path, dict] | None:
-        """`--resume`'s checkpoint with its verified contents (dlrm/checkpoints/format.py's
-        `resume_target`: a file, a run directory or `auto`); None: start the run afresh."""
+    def resume_target(self, resume: str, run_dir: Path) -> tuple[Path, dict]:
+        """`--resume`'s checkpoint with its verified contents (`resume_target`: a file, a run
+        directory or `auto`)."""
         return resume_target(resume, run_dir)
 
     def load(self, path: Path) -> dict:

@@ -41,7 +41,7 @@ import functools
 import logging
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import groupby
 from pathlib import Path
 
@@ -50,6 +50,7 @@ import numpy as np
 from dlrm.config import TrainConfig
 from dlrm.data import DataSplits, steps_per_epoch
 from dlrm.errors import ConfigError
+from dlrm.placement import decision_file
 from dlrm.placement.candidates import (
     STREAM_BATCHES,
     Candidate,
@@ -57,6 +58,7 @@ from dlrm.placement.candidates import (
     PlanningSample,
     default_costs,
 )
+from dlrm.placement.decision_file import DECISION_NAME  # noqa: F401  (its name here too)
 from dlrm.placement.enumerator import (
     PLAN_MARGIN,
     CandidateSpace,
@@ -92,6 +94,8 @@ class Decision:
     room: dict[str, dict]
     margin: float = PLAN_MARGIN
     planning_s: float = 0.0
+    # the JSON the run directory's decision file holds: what its checkpoints record
+    record: dict | None = field(default=None, repr=False, compare=False)
 
     def chosen_row(self) -> Weighed | None:
         return next((w for w in self.weighed if w.candidate == self.chosen), None)
@@ -433,15 +437,19 @@ def _nothing_fits(weighed: list[Weighed], margin: float) -> str:
 
 # --- a run's decision -----------------------------------------------------------------------------
 
-DECISION_NAME = "placement_decision.json"
-
 
 def resolve_auto(
-    cfg: TrainConfig, data: DataSplits, device, world_size: int = 1, rank: int = 0
+    cfg: TrainConfig,
+    data: DataSplits,
+    device,
+    world_size: int = 1,
+    rank: int = 0,
+    checkpoint: decision_file.Checkpoint | None = None,
 ) -> tuple[TrainConfig, Decision | None]:
     """`cfg` with the placement `--placement auto` chose applied, and the decision (None: not
     auto, or several processes). The decision is printed and written to the run directory; a
-    resumed run reuses its own (the checkpoint's tables must match), never planning anew."""
+    resumed run reuses its own, checked against `checkpoint`'s record of it
+    (dlrm/placement/decision_file.py), never planning anew."""
     if cfg.placing.placement != "auto":
         return cfg, None
     if world_size > 1:
@@ -453,47 +461,20 @@ def resolve_auto(
                 flush=True,
             )
         return cfg, None
-    decision = _resumed_decision(cfg, data)
-    if decision is None:
-        decision = default_planner().plan(cfg, data, device)
-    path = cfg.run_dir / DECISION_NAME
-    if not decision.how.startswith(f"reused from {path} "):  # a resumed run's own is kept
-        from hybrid_dlrm.common.atomic import write_json
-
-        write_json(path, decision.to_json())
+    resumed = decision_file.resumed(cfg, checkpoint)  # checked against the checkpoint's
+    if resumed is not None:
+        decision = Decision.from_json(resumed[0], str(cfg.run_dir / DECISION_NAME))
+        decision.how, decision.record = resumed[1], resumed[0]
+    else:
+        rule = decision_file.rule_before_the_planner(cfg, data)
+        if rule is not None:
+            decision = Decision(rule, decision_file.RULE_BEFORE_THE_PLANNER, [], {})
+        else:
+            decision = default_planner().plan(cfg, data, device)
+        decision.record = decision.to_json()
+        decision_file.write(cfg.run_dir / DECISION_NAME, decision.record)
     print(decision.table(), flush=True)
     return applied(cfg, decision), decision
-
-
-def _resumed_decision(cfg: TrainConfig, data: DataSplits) -> Decision | None:
-    """On `--resume`: the decision of the run it continues; for a run from before the planner
-    (a checkpoint and no decision), the rule it was made with: device when every table fits
-    `--hot-budget`, else fae. None: plan (a fresh run, or one stopped before any checkpoint)."""
-    if not cfg.run.resume:
-        return None
-    from dlrm.run_checks import holds_a_run, resume_source_dir
-
-    source = resume_source_dir(cfg) or cfg.run_dir
-    for where in dict.fromkeys((source, cfg.run_dir)):
-        path = where / DECISION_NAME
-        if path.is_file():
-            import json
-
-            try:
-                found = json.loads(path.read_bytes())
-            except (OSError, ValueError) as e:
-                raise ConfigError(f"--resume: {path}: not readable JSON ({e})") from None
-            decision = Decision.from_json(found, str(path))
-            decision.how = f"reused from {path} (--resume)"
-            return decision
-    if not holds_a_run(source):
-        return None
-    from dlrm.placement.build_collection import resolve_placement
-
-    kind = resolve_placement(cfg.placing, run_tables(cfg, data), cfg.training.sparse_optimizer())
-    budget = cfg.placing.hot_budget.bytes if kind != "device" else 0
-    how = "resumed a run from before the planner: device if every table fits --hot-budget, else fae"
-    return Decision(Candidate(kind, budget), how, [], {})
 
 
 def applied(cfg: TrainConfig, decision: Decision) -> TrainConfig:

@@ -5,7 +5,8 @@ A step hook (dlrm/pipelines/base.py's StepHook), composed around any other (`--p
 recorder), so the trainer stays the loop. The measured time of a step is the wall time from its
 start to the next step's start (the data wait, staging and write-back the step did not hide,
 included, as the prediction counts them); the median leaves evaluation and checkpoint pauses out.
-One line is printed and one `placement_check` event goes to metrics.jsonl.
+One line is printed and one `placement_check` event goes to metrics.jsonl, once per run: a
+resumed run whose metrics.jsonl holds the check (made before its checkpoint) does not check again.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dlrm.pipelines.base import StepHook
 log = logging.getLogger(__name__)
 
 MEASURE_STEPS = 200
+EVENT = "placement_check"
 
 
 class MeasuredAgainstPredicted(StepHook):
@@ -60,6 +62,10 @@ class MeasuredAgainstPredicted(StepHook):
         if self.done:
             return self.inner.step(batch, run)
         if self._target is None:
+            if self.trainer is not None and self.trainer.files.logged(EVENT):
+                # a resumed run whose check was made before its checkpoint: made once per run
+                self.done = True
+                return self.inner.step(batch, run)
             self._target = self._steps_wanted()
         t0 = time.perf_counter()
         if self._last is not None:
@@ -89,7 +95,7 @@ class MeasuredAgainstPredicted(StepHook):
         t = self.trainer
         if t is not None:
             st = t.state
-            t.files.event({"event": "placement_check", "step": st.step + 1, "epoch": st.epoch,
+            t.files.event({"event": EVENT, "step": st.step + 1, "epoch": st.epoch,
                            **self.result})  # fmt: skip
             if t.rank == 0:
                 print(line, flush=True)

@@ -254,12 +254,11 @@ def test_run_killed_in_its_first_checkpoint_resumes_from_scratch(
     cfg, temporary = stop_at_first_checkpoint(make_config, monkeypatch)
     with caplog.at_level(logging.WARNING):
         argv = [*TINY_CLI, "--out-dir", cfg.out_dir, "--test-freq", "10", "--resume"]
-        rc, err = run_cli(argv, capsys)
+        rc = main(argv)
+    out, err = capsys.readouterr()
     assert rc == 0, err
-    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == [
-        f"--resume: {cfg.out_dir} stopped before its first complete checkpoint; starting it "
-        "from the beginning"
-    ]
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert f"no checkpoint in {cfg.out_dir} yet: starting from the beginning\n" in out
     assert not temporary.exists()
     names = [p.name for p in ckpt.list_checkpoints(temporary.parent)]
     assert names == ["step_000000020.pt", "step_000000030.pt"]
@@ -277,8 +276,14 @@ def test_run_killed_in_its_first_checkpoint_can_be_rerun(make_config, monkeypatc
 
 
 def test_a_run_directory_with_nothing_in_it_is_still_an_error(tmp_path, make_config):
-    with pytest.raises(CheckpointError, match="--resume: no checkpoint found at"):
-        Trainer(make_config(resume=str(tmp_path / "empty")))
+    """Another directory than --out-dir that holds no run is a mistyped path, not a run to start:
+    `--resume A` continues A's run (a run stopped before its first checkpoint starts again)."""
+    empty = tmp_path / "empty"
+    for made in (False, True):
+        if made:
+            empty.mkdir()
+        with pytest.raises(CheckpointError, match=f"--resume: {empty}: no checkpoint file or run"):
+            Trainer(make_config(resume=str(empty)))
 
 
 @pytest.mark.usefixtures("long_training")

@@ -57,7 +57,6 @@ def test_reference_flags_map_to_config():
             ["--data-set", "kaggle"],
             "--data-set kaggle: needs --raw-data-file or --processed-data-file",
         ),
-        (["--resume"], "--resume: no checkpoint found"),
         (["--bogus-flag", "1"], "unrecognized arguments: --bogus-flag 1"),
         (["--num-batchs", "3"], "--num-batchs 3 (did you mean --num-batches?)"),
         (

@@ -319,6 +319,17 @@ def test_the_check_composes_with_another_hook_and_reports_once():
     assert r["relative_error"] == pytest.approx((r["measured_ms"] - 2.0) / 2.0, rel=1e-3)
 
 
+def _without_resume_files(path: Path) -> None:
+    """The checkpoint at `path` as one written before checkpoints recorded the files that steer
+    a resume (dlrm/resume_files.py)."""
+    from dlrm.checkpoints import format as ckpt
+    from dlrm.checkpoints.store import RESUME_FILES
+
+    data = ckpt.load(path)
+    del data[RESUME_FILES]
+    ckpt.save(data, path)
+
+
 @pytest.mark.usefixtures("long_training")
 def test_a_run_from_before_the_planner_resumes_with_its_rule(make_config, no_predictor, capsys):
     common = dict(BIG, data_size=64 * 10, nepochs=2, test_freq=10, keep_checkpoints=5)
@@ -327,6 +338,7 @@ def test_a_run_from_before_the_planner_resumes_with_its_rule(make_config, no_pre
     first.fit()
     (run / DECISION_NAME).unlink()  # as a run before the planner left it
     (run / "checkpoints" / "step_000000020.pt").unlink()
+    _without_resume_files(run / "checkpoints" / "step_000000010.pt")
     (run / "summary.json").unlink()
     resumed = Trainer(make_config(**common, hot_budget="1MB", resume="auto"))
     assert resumed.state.step == 10
@@ -348,3 +360,14 @@ def test_the_table_names_what_predicted_and_how_to_fit_a_model(make_config, monk
         lines = decide(make_config).table().splitlines()
         assert f"  predicted by: {source}" in lines
         assert any("python -m perfmodel fit --bench DIR" in line for line in lines) == hint
+
+
+def test_the_placement_check_is_made_once_per_run(make_config, no_predictor):
+    """A resumed run whose check was made before its checkpoint does not measure (and log) it
+    again: metrics.jsonl reads as one run."""
+    common = dict(BIG, data_size=64 * 10, test_freq=10, hot_budget="1MB")
+    run = Path(make_config(**common).out_dir)
+    Trainer(make_config(**common)).fit()  # 10 steps: the check at step 10, then the checkpoint
+    Trainer(make_config(**common, nepochs=2, resume="auto")).fit()
+    assert [e["step"] for e in _events(run, "placement_check")] == [10]
+    assert [e["step"] for e in _events(run, "eval")] == [10, 20]

@@ -145,8 +145,9 @@ def test_corrupt_or_foreign_checkpoints_are_refused(make_config, tmp_path):
     Trainer(run).fit()
     with pytest.raises(CheckpointError, match="written for a different model"):
         Trainer(make_config(resume=str(tmp_path / "r1"), arch_mlp_top=(8, 1)))
-    with pytest.raises(CheckpointError, match="--resume: no checkpoint found"):
-        Trainer(make_config(resume=str(tmp_path / "nowhere")))
+    nowhere = tmp_path / "nowhere"
+    with pytest.raises(CheckpointError, match=f"--resume: {nowhere}: no checkpoint file or run"):
+        Trainer(make_config(resume=str(nowhere)))
 
 
 @pytest.mark.usefixtures("long_training")
@@ -244,7 +245,7 @@ def test_checkpoint_contents_are_listed_once(make_config):
     whole = trainer.checkpoint_state()
     assert list(whole) == ["format", "version", "arch", "config", "model", "sparse_optimizer",
                            "embedding_extra", "dense_optimizer", "pipeline", "train_state",
-                           "rng"]  # fmt: skip
+                           "resume_files", "rng"]  # fmt: skip
     common = trainer._checkpoint().contents(table_prefix="embeddings.", dense_model={})
     assert set(common) - {"table_prefix", "dense_model"} == set(whole) - {
         "model",
