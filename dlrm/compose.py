@@ -137,7 +137,10 @@ def build_run(
         from dlrm.placement.auto import resolve_auto
         from dlrm.placement.memory_check import check_memory
 
-        cfg, decision = resolve_auto(cfg, data, device, world_size, rank, checkpoint)
+        # auto's choice; a close call measured on candidate runs built as this one is
+        cfg, decision = resolve_auto(
+            cfg, data, device, world_size, rank, checkpoint, trial_contender
+        )
         if decision is not None:  # its measured step time against the predicted one
             step_hook = _checked(decision, step_hook)
         check_memory(cfg, data, device, world_size)  # before any table is allocated
@@ -330,6 +333,21 @@ def _checked(decision, hook: StepHook | None) -> StepHook:
     from dlrm.placement.auto_check import MeasuredAgainstPredicted
 
     return MeasuredAgainstPredicted(decision.chosen.label(), decision.checked_ms(), hook)
+
+
+def trial_contender(cfg: TrainConfig, data: DataSplits, device: torch.device):
+    """A candidate's run for the placement trial (dlrm/placement/trials.py), built as `build_run`
+    builds one (placed embeddings, model, the placement's training data, dense optimizer, train
+    pipeline) but eager and single-process: a compile would cost the trial's budget many times
+    over."""
+    from dlrm.placement.trials import Stepping
+
+    placement = build_placed_embeddings(cfg, data, device)
+    model = build_model(cfg, data, device, placement.collection)
+    train = schedule_training_data(cfg, data, placement, steps_per_epoch(cfg, data)).train
+    dense = make_dense_optimizer(cfg, model.dense_parameters())
+    pipeline = _pipeline(cfg, model, dense, device, None, None, 1)
+    return Stepping(pipeline, train, device, [placement, model])
 
 
 def _pipeline(

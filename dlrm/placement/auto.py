@@ -32,6 +32,10 @@
    device and host memory).
    Without a predictor the first fitting candidate in order of the kinds' `preference` (a kind's
    largest budgets first) is chosen, and the table says so.
+7. A close call (the top predictions within the model's own error of each other, or an
+   uncalibrated model) is measured: the shortlist runs a few steps on the run's first batches
+   and the measured fastest wins, within 3% of the run's predicted time
+   (dlrm/placement/trials.py; `--placement-trial off|auto|always`).
    Where nothing fits: one line naming the closest candidate and the tier it is short on.
 """
 
@@ -70,9 +74,10 @@ from dlrm.placement.enumerator import (
 )
 from dlrm.placement.kinds import all_kinds
 from dlrm.placement.memory_check import check_batch
-from dlrm.placement.needs import changed, dense_needs, run_tables
+from dlrm.placement.needs import dense_needs, run_tables, with_candidate
 from dlrm.placement.run_plan import obtain_profile, profile_training_sample, profiled_batches
 from dlrm.placement.tiered_setup import scm_directory
+from dlrm.placement.trials import Trial, TrialRunner
 from embeddings import TableSpec
 from embeddings.errors import PlacementError, ProfileError
 from embeddings.room import MemoryInventory, Needs, fmt_bytes, inventory
@@ -94,6 +99,7 @@ class Decision:
     room: dict[str, dict]
     margin: float = PLAN_MARGIN
     planning_s: float = 0.0
+    trial: Trial | None = None  # the close call's measurements, or why there were none
     # the JSON the run directory's decision file holds: what its checkpoints record
     record: dict | None = field(default=None, repr=False, compare=False)
 
@@ -113,11 +119,14 @@ class Decision:
         return self.predicted_ms()
 
     def to_json(self) -> dict:
-        return {
+        out = {
             "chosen": self.chosen.label(), "settings": self.chosen.settings(), "how": self.how,
             "margin": self.margin, "planning_s": round(self.planning_s, 3), "room": self.room,
             "candidates": [w.to_json() for w in self.weighed],
         }  # fmt: skip
+        if self.trial is not None:
+            out["trial"] = self.trial.to_json()
+        return out
 
     @classmethod
     def from_json(cls, d: dict, source: str = "placement decision") -> Decision:
@@ -126,23 +135,35 @@ class Decision:
             chosen = Candidate(s["placement"], int(s.get("hot_budget") or 0),
                                int(s.get("scm_cache") or 0))  # fmt: skip
             rows = [Weighed.from_json(w) for w in d.get("candidates", [])]
+            trial = Trial.from_json(d["trial"]) if d.get("trial") is not None else None  # optional
             return cls(chosen, str(d["how"]), rows, dict(d.get("room") or {}),
-                       float(d.get("margin", PLAN_MARGIN)), float(d.get("planning_s", 0.0)))  # fmt: skip
-        except (KeyError, TypeError, ValueError) as e:
+                       float(d.get("margin", PLAN_MARGIN)), float(d.get("planning_s", 0.0)),
+                       trial)  # fmt: skip
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ConfigError(f"{source}: not a placement decision ({e})") from None
 
     def table(self) -> str:
         """The printed table: one row per candidate, the chosen one marked."""
         tiers = [t for t in ("device", "host", "disk") if t in self.room]
-        head = ["candidate", "ms/step", "bytes/sample", *tiers, ""]
+        # a trial's measurements beside the predictions: the column only where one measured
+        trial = self.trial if self.trial is not None and self.trial.measured else None
+        measured = ["measured"] if trial else []
+        head = ["candidate", "ms/step", *measured, "bytes/sample", *tiers, ""]
         rows = []
         for w in self.weighed:
             p = w.prediction
             ms = f"{p.ms_per_step:.2f}" if p else "-"
+            if trial:
+                m = trial.median(w.candidate.label())
+                ms = [ms, f"{m:.2f}" if m is not None else "-"]
+            else:
+                ms = [ms]
             moved = f"{w.moved:,.0f}" if w.moved is not None else "-"
             mem = [fmt_bytes(w.needs.on(t)) if w.needs.on(t) else "-" for t in tiers]
             why = "CHOSEN" if w.candidate == self.chosen else (w.rejected or "")
-            rows.append([w.candidate.label(), ms, moved, *mem, why])
+            if trial and w.candidate.label() == trial.winner:
+                why = f"{why} (measured fastest)" if why else "measured fastest"
+            rows.append([w.candidate.label(), *ms, moved, *mem, why])
         widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head) - 1)]
         fmt = lambda r: "  ".join(c.ljust(n) for c, n in zip(r, widths)) + "  " + r[-1]  # noqa: E731
         room = ", ".join(
@@ -156,6 +177,8 @@ class Decision:
                           if w.prediction and w.prediction.detail.get("source")})  # fmt: skip
         if sources:
             lines.append(f"  predicted by: {'; '.join(sources)}")
+        if self.trial is not None:
+            lines.append(f"  trial: {self.trial.line}")
         if any(src.startswith("roofline") for src in sources):
             # without a fitted model the step's kernels are guessed from peak figures: say how
             # to get real ones, since the ranking of close candidates rests on them
@@ -250,15 +273,16 @@ class Planner:
     `predictor(cfg, candidate, sample) -> Prediction` (default INSTALLED: each kind's prediction
     from the installed performance model's step costs, made afresh for each plan; None, or no
     performance model installed: the order of preference decides);
-    `trials`: a trial runner that measures a shortlist (none yet: the prediction decides).
+    `trials`: the trial runner that measures a close call's shortlist on the run's first
+    batches (default: a TrialRunner, dlrm/placement/trials.py; None: the prediction decides).
     Nothing is kept between plans."""
 
-    def __init__(self, enumerator=None, memory=None, predictor=INSTALLED, trials=None,
+    def __init__(self, enumerator=None, memory=None, predictor=INSTALLED, trials=INSTALLED,
                  margin: float = PLAN_MARGIN) -> None:  # fmt: skip
         self.enumerator = enumerator or Enumerator()
         self.memory = memory or RunMemory()
         self.predictor = predictor
-        self.trials = trials
+        self.trials = TrialRunner() if trials is INSTALLED else trials
         self.margin = margin
 
     def with_margin(self, margin: float) -> Planner:
@@ -270,9 +294,11 @@ class Planner:
         costs = default_costs()
         return None if costs is None else KindPredictor(costs())
 
-    def plan(self, cfg: TrainConfig, data: DataSplits, device, write: bool = True) -> Decision:
+    def plan(self, cfg: TrainConfig, data: DataSplits, device, write: bool = True,
+             measurer=None) -> Decision:  # fmt: skip
         """The decision for `cfg`; ConfigError (one line) where nothing fits. `write`: the access
-        profile may be written (the run directory's, or `--profile-file`)."""
+        profile may be written (the run directory's, or `--profile-file`). `measurer`: how the
+        trial builds a candidate's run (the run's own: dlrm/compose.py's `trial_contender`)."""
         t0 = time.perf_counter()
         margin = self.margin
         tables = run_tables(cfg, data)
@@ -302,6 +328,7 @@ class Planner:
             raise ConfigError(_nothing_fits(weighed, margin))
         fitting = _drop_degenerate(fitting, Coverage(sample.profile, tables, opt))
         fn = self._predictor()
+        trial = None
         if fn is None:
             chosen = min(fitting, key=_preference)
             how = f"no performance model: chosen by preference ({_preference_order()})"
@@ -309,10 +336,13 @@ class Planner:
                 if w is not chosen:
                     w.rejected = "fits; later in the preference order"
         else:
-            chosen, how = self._predicted(fn, cfg, fitting, sample, t0)
+            chosen, how, contenders = self._predicted(fn, cfg, fitting, sample, t0)
+            if self.trials is not None:  # a close call: measured on the run's first batches
+                chosen, how, trial = self.trials.decide(cfg, data, device, contenders, fitting,
+                                                        chosen, how, room, margin, measurer)  # fmt: skip
         del sample
         return Decision(chosen.candidate, how, weighed, shown_room, margin,
-                        time.perf_counter() - t0)  # fmt: skip
+                        time.perf_counter() - t0, trial)  # fmt: skip
 
     def _predicted(self, fn, cfg, fitting: list[Weighed], sample, t0: float):
         # a minute or more on a first plan (calibration, step captures): said as it goes
@@ -330,7 +360,7 @@ class Planner:
         if not predicted:  # the model could predict none of them: the order of preference decides
             chosen = min(fitting, key=_preference)
             chosen.rejected = None
-            return chosen, f"no prediction: chosen by preference ({_preference_order()})"
+            return chosen, f"no prediction: chosen by preference ({_preference_order()})", []
         # equal predictions: the kind preferred, then of its candidates the one that needs the
         # least memory (a cache the run never fills reads as much as a larger one)
         chosen = min(predicted, key=lambda w: (
@@ -344,14 +374,19 @@ class Planner:
                               "predicted as fast: the tie goes to the preferred kind, then the "
                               "least memory")  # fmt: skip
         how = f"the fastest predicted of those that fit with a {self.margin:.0%} margin on memory"
-        return chosen, how
+        # the trial's contenders: every prediction, the dominated too (a part's prediction has
+        # the model's error as much as the whole)
+        return chosen, how, [w for w in fitting if w.prediction is not None]
 
 
 def plan(
     cfg: TrainConfig, data: DataSplits, device, write: bool = True, margin: float = PLAN_MARGIN
 ) -> Decision:
-    """The run's planner's decision for `cfg` (Planner.plan)."""
-    return default_planner().with_margin(margin).plan(cfg, data, device, write)
+    """The run's planner's decision for `cfg` (Planner.plan), without a run: no trial is
+    measured (there is no run to build a candidate's from, and nothing is trained)."""
+    planner = default_planner().with_margin(margin)
+    planner.trials = None
+    return planner.plan(cfg, data, device, write)
 
 
 def default_planner() -> Planner:
@@ -445,6 +480,7 @@ def resolve_auto(
     world_size: int = 1,
     rank: int = 0,
     checkpoint: decision_file.Checkpoint | None = None,
+    measurer=None,
 ) -> tuple[TrainConfig, Decision | None]:
     """`cfg` with the placement `--placement auto` chose applied, and the decision (None: not
     auto, or several processes). The decision is printed and written to the run directory; a
@@ -470,7 +506,7 @@ def resolve_auto(
         if rule is not None:
             decision = Decision(rule, decision_file.RULE_BEFORE_THE_PLANNER, [], {})
         else:
-            decision = default_planner().plan(cfg, data, device)
+            decision = default_planner().plan(cfg, data, device, measurer=measurer)
         decision.record = decision.to_json()
         decision_file.write(cfg.run_dir / DECISION_NAME, decision.record)
     print(decision.table(), flush=True)
@@ -478,16 +514,7 @@ def resolve_auto(
 
 
 def applied(cfg: TrainConfig, decision: Decision) -> TrainConfig:
-    """`cfg` with the chosen candidate's settings; a tiered choice's `--scm-dir` defaults to
-    OUT_DIR/scm; the profile the planner wrote is the one the placement plan is made from."""
+    """`cfg` with the chosen candidate's settings (`with_candidate`)."""
     from dlrm.placement.run_plan import PROFILE_NAME
 
-    chosen = decision.chosen
-    over = {**chosen.settings(), **chosen.kind.settings(chosen, cfg)}
-    made = cfg.run_dir / PROFILE_NAME
-    if "hot_budget" in chosen.kind.tuned_by and not cfg.placing.profile_file and made.is_file():
-        over["profile_file"] = str(made)
-    out = changed(cfg, over)
-    if out is None:
-        raise ConfigError(f"--placement auto: {decision.chosen.label()} is refused by the settings")
-    return out
+    return with_candidate(cfg, decision.chosen, cfg.run_dir / PROFILE_NAME)

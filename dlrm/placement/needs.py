@@ -6,6 +6,8 @@ each kind's `memory_needs`, dlrm/placement/kinds.py). The pre-flight check
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from torch import nn
 
@@ -86,3 +88,16 @@ def changed(cfg: TrainConfig, over: dict) -> TrainConfig | None:
         return cfg.replace(**over)
     except ConfigError:
         return None
+
+
+def with_candidate(cfg: TrainConfig, chosen, made: Path) -> TrainConfig:
+    """`cfg` with `chosen`'s settings; a tiered choice's `--scm-dir` defaults to OUT_DIR/scm; the
+    profile the planner wrote (`made`) is the one the placement plan is made from. The run and
+    the placement trial (dlrm/placement/trials.py) apply a candidate alike."""
+    over = {**chosen.settings(), **chosen.kind.settings(chosen, cfg)}
+    if "hot_budget" in chosen.kind.tuned_by and not cfg.placing.profile_file and made.is_file():
+        over["profile_file"] = str(made)
+    out = changed(cfg, over)
+    if out is None:
+        raise ConfigError(f"--placement auto: {chosen.label()} is refused by the settings")
+    return out

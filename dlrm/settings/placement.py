@@ -22,6 +22,9 @@ from dlrm.settings.fields import (
 )
 from dlrm.settings.sections import unit_interval
 
+# --placement-trial's choices (dlrm/placement/trials.py): never, a close call's, always
+TRIAL_MODES = ("off", "auto", "always")
+
 # --placement's choices, {value: what it means}: the registered placement kinds and auto, read
 # from the registry whenever read (dlrm/placement/kinds.py)
 PLACEMENTS = CHOICES
@@ -69,6 +72,14 @@ class PlacementConfig(Section):
     device_memory_limit: ByteSize | None = setting(
         None, "--device-memory-limit", "CUDA memory this run may use at most (e.g. 16GB)",
         parse=byte_size, free=True, shown_default="the device's free memory",
+    )  # fmt: skip
+
+    placement_trial: str = setting(
+        "auto", "--placement-trial",
+        "auto: measure a close call's shortlist on the run's first batches before committing "
+        "(at most 3% of the run's predicted time); always: measure whatever the predictions and "
+        "the budget; off: the prediction decides",
+        choices=TRIAL_MODES, free=True,  # it picks a placement; each computes what it computes
     )  # fmt: skip
 
     def memory_bytes(self) -> int | None:
