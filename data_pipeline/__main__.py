@@ -19,6 +19,8 @@ import logging
 import sys
 from pathlib import Path
 
+from hybrid_dlrm.common import quick
+
 from .dataset_meta import load_meta, read_json
 from .errors import DataError
 from .preprocess import DATASETS, PreprocessOptions, preprocess
@@ -179,6 +181,12 @@ def _multi_hot(args: argparse.Namespace) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "synth" and quick.active():  # the docs' walk (hybrid_dlrm/common/quick.py)
+        if args.lines is not None and args.lines > 0:
+            args.lines = quick.cap("--lines", args.lines)
+        args.test_lines = quick.cap("--test-lines", args.test_lines) if args.test_lines else 0
+        args.users = quick.cap("--users", args.users) if args.users > 0 else args.users
+        quick.announce("python -m data_pipeline synth")
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s"
     )

@@ -146,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     args, rest = parser.parse_known_args(argv)
     if rest and args.command not in ("predict", "plan"):
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    _walk_sizes(args)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("perfmodel").setLevel(logging.INFO if args.verbose else logging.WARNING)
     _set_threads(args.threads)
@@ -172,6 +173,25 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DataError, ModelError, TraceError) as e:
         sys.stderr.write(f"{PROG} {args.command}: error: {e}\n")
         return EXIT_USAGE
+
+
+def _walk_sizes(args) -> None:
+    """HYBRID_DLRM_QUICK (hybrid_dlrm/common/quick.py): a few shapes, one repetition, a few
+    held-out configurations of a few steps, one pass."""
+    from hybrid_dlrm.common import quick
+
+    if not quick.active():
+        return
+    if args.command == "microbench":
+        args.scale = quick.cap_scale("--scale", args.scale)
+        args.reps = quick.cap("--reps", args.reps)
+    if args.command == "report" and not args.from_traces:
+        args.steps = quick.cap("--steps", args.steps)
+        args.passes = quick.cap("--passes", args.passes)
+        if not args.quick:
+            quick.note("--quick")
+            args.quick = True
+    quick.announce(f"{PROG} {args.command}")
 
 
 def _microbench(args) -> int:
