@@ -7,6 +7,7 @@ one rule: unset, nothing changes."""
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -128,3 +129,21 @@ def test_every_page_runs_in_order_as_written(tmp_path):
                            text=True).stdout  # fmt: skip
     assert after == before  # the walk ran in its copy: the checkout is as it was
     assert result["counts"]["ok"] > result["counts"]["skipped"], result["counts"]
+    ran = [c for c in result["commands"] if c["text"].startswith("torchrun") and c["rc"] == 0]
+    assert ran, "no torchrun command ran"
+    for c in ran:  # each message once per run, not once per rank
+        assert said_twice(c["output"]) == [], f"{c['page']}:{c['line']}"
+
+
+def said_twice(output: str) -> list[str]:
+    """The lines of a run's (timed) output said more than once, but torchrun's own warnings and
+    the lines that name their rank."""
+    lines = [re.sub(r"^\[\s*[\d.]+s\] ", "", x) for x in output.splitlines()]
+    lines = [x for x in lines if x.strip() and not re.match(r"[WI]\d{4} ", x)]
+    return sorted({x for x in lines if lines.count(x) > 1 and not re.search(r"\brank \d", x)})
+
+
+def test_said_twice_finds_a_line_of_each_rank():
+    out = "[  1.0s] threads 1\n[  1.1s] threads 1\n[  2.0s] rank 1: stopped\n[ 2.1s] x\n"
+    out += "W1128 05:09:59.878 run.py:874] ***\nW1128 05:09:59.878 run.py:874] ***\n"
+    assert said_twice(out) == ["threads 1"]
