@@ -47,7 +47,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FENCE = re.compile(r"^\s*(```|~~~)\s*(\S*)")
-SKIP = re.compile(r"<!--\s*walk:\s*skip\s+(.+?)\s*-->")
+SKIP = re.compile(r"^\s*<!--\s*walk:\s*skip\s+(.+?)\s*-->\s*$")  # a line of its own
 EXITS = re.compile(r"#\s*exits\s+(\d+)\b")
 # a placeholder: a word in capitals used as a path or a value (RAW/day, ART, HOST:29500, RAW_DIR)
 PLACEHOLDER = re.compile(r"^[A-Z][A-Z_]+(?:[/:].*)?$")
@@ -115,7 +115,8 @@ def commands(page: str, root: Path = ROOT) -> list[Command]:
                 fenced = False
             continue
         if not fenced:
-            for s in SKIP.finditer(line):
+            s = SKIP.match(line)
+            if s:
                 p = re.match(r"`([^`]+)`:\s*(.+)", s.group(1))
                 skips.append((p.group(1), p.group(2)) if p else ("", s.group(1)))
             continue
@@ -183,6 +184,10 @@ def fresh_checkout(where: Path) -> Path:
     subprocess.run([*git, "commit", "-q", "-m", "walk"], cwd=copy, check=True)
     venv = environment_root()
     (copy / ".venv").symlink_to(venv, target_is_directory=True)
+    with open(
+        copy / ".git" / "info" / "exclude", "a"
+    ) as f:  # a link: `.venv/` ignores folders only
+        f.write("/.venv\n")
     stamp = venv / ".installed"
     if stamp.exists():  # make's rule: the environment is newer than what it was built from
         then = stamp.stat().st_mtime - 60

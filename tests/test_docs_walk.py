@@ -29,6 +29,12 @@ walk = _walk_module()
 
 PAGE = """# A page
 
+Prose may name the convention, `<!-- walk: skip REASON -->`, without skipping anything.
+
+```bash
+echo one
+```
+
 <!-- walk: skip `make test`: the suite itself -->
 ```bash
 make run     # trains
@@ -64,19 +70,20 @@ def test_a_page_reads_as_its_commands_with_exit_codes_and_skips(tmp_path):
     got = [(c.line, c.first_line.split("#")[0].strip(), c.expect, c.skip)
            for c in walk.commands("p.md", tmp_path)]  # fmt: skip
     assert got == [
-        (5, "make run", 0, None),
-        (6, "make test", 0, "the suite itself"),
-        (11, "python -m dlrm.train --num-batches 2 \\", 0, None),
-        (13, "python -m dlrm.train --num-batches -1", 2, None),
-        (14, "cat > my.toml <<'TOML'", 0, None),
-        (17, "python -m dlrm.train --data-set kaggle --raw-data-file RAW/train.txt", 0,
+        (6, "echo one", 0, None),
+        (11, "make run", 0, None),
+        (12, "make test", 0, "the suite itself"),
+        (17, "python -m dlrm.train --num-batches 2 \\", 0, None),
+        (19, "python -m dlrm.train --num-batches -1", 2, None),
+        (20, "cat > my.toml <<'TOML'", 0, None),
+        (23, "python -m dlrm.train --data-set kaggle --raw-data-file RAW/train.txt", 0,
          "template: RAW is a placeholder"),
-        (18, "torchrun --rdzv-endpoint HOST:29500 -m dlrm.train ...", 0,
+        (24, "torchrun --rdzv-endpoint HOST:29500 -m dlrm.train ...", 0,
          "template: HOST is a placeholder"),
-        (19, "NUMBA_NUM_THREADS=1 python scripts/x.py", 0, None),
-        (28, "python -m dlrm.train --device cuda", 0, "a CUDA GPU"),
+        (25, "NUMBA_NUM_THREADS=1 python scripts/x.py", 0, None),
+        (34, "python -m dlrm.train --device cuda", 0, "a CUDA GPU"),
     ]  # fmt: skip
-    heredoc = walk.commands("p.md", tmp_path)[4]
+    heredoc = walk.commands("p.md", tmp_path)[5]
     assert heredoc.text == "cat > my.toml <<'TOML'\nlr = 1\nTOML"
 
 
