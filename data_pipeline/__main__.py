@@ -20,11 +20,45 @@ import sys
 from pathlib import Path
 
 from hybrid_dlrm.common import quick
+from hybrid_dlrm.common.outputs import Purpose, check_output
 
 from .dataset_meta import load_meta, read_json
 from .errors import DataError
 from .preprocess import DATASETS, PreprocessOptions, preprocess
 from .synthetic_raw import SyntheticSpec, write_kaggle, write_terabyte
+
+# What each --out makes (hybrid_dlrm/common/outputs.py). A dataset directory of ours (meta.json,
+# or an unfinished one's options.json) is reused, finished or refused by its maker, which checks
+# its settings; synth adds files to any directory, each file checked itself: raw text carries no
+# mark of who wrote it, so an existing one needs --overwrite.
+DATASET_DIRECTORY = Purpose(
+    "dataset directory", directory=True,
+    identify=lambda d: (d / "meta.json").is_file() or (d / "options.json").is_file(),
+)  # fmt: skip
+RAW_DIRECTORY = Purpose("directory of raw files", directory=True, identify=lambda d: True)
+RAW_FILE = Purpose("synthetic raw file")
+
+
+def _check_out(args: argparse.Namespace) -> None:
+    """Every path the command would write, against the output rule, before any work."""
+    if args.command == "preprocess":
+        inputs = {"--raw": args.raw, "--test-raw": args.test_raw}
+        check_output(args.out, "--out", DATASET_DIRECTORY, protected=inputs, error=DataError)
+    elif args.command == "multi-hot" and args.out is not None:
+        inputs = {"the preprocessed directory": args.directory}
+        check_output(args.out, "--out", DATASET_DIRECTORY, protected=inputs, error=DataError)
+    elif args.command == "synth":
+        check_output(args.out, "--out", RAW_DIRECTORY, error=DataError)
+        if args.layout == "taobao":
+            names = ["UserBehavior.csv"]
+        elif args.layout == "kaggle":
+            names = ["train.txt"] + (["test.txt"] if args.test_lines else [])
+        else:
+            gz = {d.strip() for d in args.gz_days.split(",")}
+            names = [f"day_{d}" + (".gz" if str(d) in gz else "") for d in range(args.days)]
+        for name in names:
+            check_output(args.out / name, "--out", RAW_FILE, overwrite=args.overwrite,
+                         error=DataError)  # fmt: skip
 
 
 def _bad_lines(text: str | None) -> dict[str, int]:
@@ -150,6 +184,7 @@ def _parser() -> argparse.ArgumentParser:
         "--bad-lines",
         help="inject malformed lines: KIND=COUNT,... (kaggle train.txt, taobao's CSV)",
     )
+    syn.add_argument("--overwrite", action="store_true", help="replace raw files already in --out")
 
     info = sub.add_parser("info", help="summary of a preprocessed directory")
     info.add_argument("directory", type=Path)
@@ -191,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s"
     )
     try:
+        _check_out(args)
         if args.command == "preprocess" and args.dataset == "taobao":
             from .taobao import TaobaoOptions, load_taobao_meta, preprocess_taobao
 

@@ -133,7 +133,7 @@ def build_run(
         check_memory(cfg, data, device, world_size)  # before any table is allocated
         placement = build_placed_embeddings(cfg, data, device, world_size)
         model = build_model(cfg, data, device, placement.collection)
-        data = schedule_training_data(cfg.fae, data, placement, steps_per_epoch(cfg, data))
+        data = schedule_training_data(cfg, data, placement, steps_per_epoch(cfg, data))
     distributed.check_replicated(model.embeddings, rank)
     if checkpoints and leads and not cfg.run.inference_only:
         run_checks.check_free_space(

@@ -21,6 +21,7 @@ from pathlib import Path
 from dlrm import recipes
 from dlrm.errors import ConfigError
 from dlrm.models.kinds import model_kind
+from dlrm.placement.kinds import AUTO, placement_kind
 from dlrm.settings.fields import ByteSize
 from dlrm.settings.model import ArchConfig, TbsmConfig
 from dlrm.settings.placement import (
@@ -252,10 +253,8 @@ class TrainConfig:
                 "--slipstream: tracks the plan's hot rows, which --hotline-learn-batches only "
                 "knows after training has begun; plan from a profile instead"
             )
-        if self.placement == "tiered" and self.hotline_learn_batches:
-            raise ConfigError(
-                "--hotline-learn-batches: not with --placement tiered (its plan is fixed)"
-            )
+        if self.placement != AUTO:  # the kind's rules on its settings and other sections
+            placement_kind(self.placement).check(self)
 
     def replace(self, **changes) -> TrainConfig:
         """This configuration with `changes` (flat names, or whole sections), checked as a new

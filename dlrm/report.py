@@ -20,7 +20,13 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dlrm.run_layout import run_files
+from hybrid_dlrm.common.outputs import Purpose, check_output, png_made_for, png_marker
+
 EXIT_USAGE = 2
+# what --out writes (hybrid_dlrm/common/outputs.py): a report PNG of ours is replaced (drawing
+# the same run again), anything else needs --overwrite; a run's own files never
+REPORT_PNG = Purpose("report PNG", identify=png_made_for("report PNG"))
 
 
 class ReportError(Exception):
@@ -159,7 +165,7 @@ def draw(runs: list[Curves], out: Path) -> None:
     from hybrid_dlrm.common.atomic import atomic_write
 
     with atomic_write(out) as f:
-        fig.savefig(f, format="png", dpi=100)
+        fig.savefig(f, format="png", dpi=100, metadata=png_marker(REPORT_PNG))
     plt.close(fig)
 
 
@@ -168,9 +174,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("runs", nargs="+", type=Path, metavar="RUN", help="run directories")
     p.add_argument("--out", type=Path, help="the PNG (default: RUN/curves.png, or ./curves.png "
                    "for several runs)")  # fmt: skip
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing --out file that is not a report PNG")  # fmt: skip
     a = p.parse_args(argv)
     out = a.out or (a.runs[0] / "curves.png" if len(a.runs) == 1 else Path("curves.png"))
+    protected = [item for r in a.runs for item in run_files(r, f"run {r}'s").items()]
     try:
+        check_output(out, "--out", REPORT_PNG, protected=protected, overwrite=a.overwrite,
+                     error=ReportError)  # fmt: skip
         runs = [read_run(r) for r in a.runs]
         draw(runs, out)
     except ReportError as e:

@@ -15,13 +15,18 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
-from data_pipeline.errors import unwritable_dir
 from dlrm.checkpoints import format as ckpt
+from dlrm.checkpoints.format import MODEL_FILE
 from dlrm.config import DCN_FIELDS, FLAT, SETTINGS, TrainConfig
 from dlrm.errors import ConfigError
+from dlrm.run_layout import RUN_DIRECTORY, run_files
+from embeddings.plan import PLAN_FILES
+from embeddings.profile import PROFILE_FILE
 from embeddings.room import fmt_bytes
+from hybrid_dlrm.common.outputs import Purpose, check_output, check_pair
 
 log = logging.getLogger(__name__)
 
@@ -142,35 +147,52 @@ def _nearest_existing(path: Path) -> Path:
     return path
 
 
-def check_writable_dir(path: Path, flag: str) -> None:
-    """`path` is, or can be created as, a directory this process can write."""
-    problem = unwritable_dir(path)
-    if problem:
-        raise ConfigError(f"{flag}: {problem}")
+PERF_LOG_DIRECTORY = Purpose(
+    "perf trace directory", directory=True,
+    identify=lambda d: any(d.glob("trace-rank*.trace.json")),
+)  # fmt: skip
 
 
-def check_file_target(path: Path, flag: str) -> None:
-    """`path` names a file that can be written (or, where the flag reuses an existing file,
-    read): not a directory, in a directory this process can write."""
-    if path.is_dir():
-        raise ConfigError(f"{flag}: {path} is a directory; give the file to write")
-    if not path.exists():
-        check_writable_dir(path.absolute().parent, flag)
+def run_inputs(cfg: TrainConfig) -> dict[str, Path]:
+    """What the run reads: its data, the model it starts from, the run it resumes (the
+    checkpoint file, or that run's files). Never written by any output flag."""
+    data, run = cfg.data, cfg.run
+    given = {
+        "--raw-data-file": data.raw_data_file,
+        "--processed-data-file": data.processed_data_file,
+        "--load-model": run.load_model,
+    }
+    inputs = {label: Path(p) for label, p in given.items() if p}
+    if run.resume:
+        source = Path(run.resume) if run.resume != "auto" else cfg.run_dir
+        if source.is_dir():
+            inputs |= run_files(source, "--resume's")
+        else:
+            inputs["--resume"] = source
+    return inputs
 
 
 def check_write_paths(cfg: TrainConfig) -> None:
-    """--out-dir, --save-model, --perf-log, and --profile-file / --placement-plan (reused when
-    they exist, else written after profiling) can be written."""
-    check_writable_dir(cfg.run_dir, "--out-dir")
+    """Every output flag of the run against the output rule (hybrid_dlrm/common/outputs.py):
+    --out-dir, --save-model, --perf-log, and --profile-file / --placement-plan (read when they
+    exist, else written after profiling)."""
+    inputs = run_inputs(cfg)
+    protected = {**inputs, **run_files(cfg.run_dir)}
+    over = cfg.run.overwrite
+
+    def check(path, flag: str, purpose: Purpose, guard: dict[str, Path] = protected) -> Path:
+        return check_output(path, flag, purpose, protected=guard, overwrite=over, error=ConfigError)
+
+    check(cfg.run_dir, "--out-dir", RUN_DIRECTORY, inputs)
     if cfg.run.save_model:
-        check_file_target(Path(cfg.run.save_model), "--save-model")
+        check(cfg.run.save_model, "--save-model", MODEL_FILE)
     if cfg.placing.profile_file:
-        check_file_target(Path(cfg.placing.profile_file), "--profile-file")
-    if cfg.placing.placement_plan:  # written as X.npz and X.json whatever X's suffix
-        check_file_target(Path(cfg.placing.placement_plan), "--placement-plan")
-        check_file_target(Path(cfg.placing.placement_plan).with_suffix(".npz"), "--placement-plan")
+        check(cfg.placing.profile_file, "--profile-file", replace(PROFILE_FILE, reused=True))
+    if cfg.placing.placement_plan:
+        check_pair(cfg.placing.placement_plan, "--placement-plan", PLAN_FILES, protected=protected,
+                   overwrite=over, error=ConfigError)  # fmt: skip
     if cfg.run.perf_log:
-        check_writable_dir(Path(cfg.run.perf_log), "--perf-log")
+        check(cfg.run.perf_log, "--perf-log", PERF_LOG_DIRECTORY)
 
 
 def read_run_settings(run: Path, warn: bool = True) -> dict | None:

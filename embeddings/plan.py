@@ -36,11 +36,19 @@ from embeddings.config import SparseOptimizer
 from embeddings.errors import PlacementError, npz_failure
 from hybrid_dlrm.common import atomic
 from hybrid_dlrm.common.header import check_header
+from hybrid_dlrm.common.outputs import Purpose, json_format_is, npz_format_is
 
 FORMAT = "hybrid-dlrm/placement-plan"
 VERSION = 2
 SPARSE_VERSION = 3  # files holding a tier in the sparse form (older code refuses them in one line)
 FLOAT_BYTES = 4
+# a plan as an output (hybrid_dlrm/common/outputs.py): the pair X.npz and X.json named by one
+# stem; an existing X.npz is read (--placement-plan reuses it), and X.json is written only
+# beside a new X.npz, over nothing but a plan's own JSON
+PLAN_FILES = {
+    ".npz": Purpose("placement plan", identify=npz_format_is(FORMAT), reused=True),
+    ".json": Purpose("placement plan", identify=json_format_is(FORMAT)),
+}
 TIER_ORDER = ("device", "host", "ssd")  # fastest first
 EXPLICIT, ALL, REST = "explicit", "all", "rest"
 

@@ -32,6 +32,13 @@ import numpy as np
 from embeddings.errors import ProfileError, npz_failure
 from hybrid_dlrm.common.atomic import atomic_write
 from hybrid_dlrm.common.header import check_header
+from hybrid_dlrm.common.outputs import (
+    Purpose,
+    check_output,
+    npz_format_is,
+    png_made_for,
+    png_marker,
+)
 
 if TYPE_CHECKING:  # torchrec costs seconds to import: the CLI and the planner do not need it
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
@@ -41,6 +48,10 @@ log = logging.getLogger(__name__)
 FORMAT = "hybrid-dlrm/access-profile"
 VERSION = 1
 DEFAULT_KEEP_INPUTS = 65536
+# what `--out` / `--profile-file` and `--plot` write (hybrid_dlrm/common/outputs.py): an existing
+# profile or plot of ours is replaced, anything else needs --overwrite
+PROFILE_FILE = Purpose("access profile", identify=npz_format_is(FORMAT))
+PROFILE_PLOT = Purpose("profile plot PNG", identify=png_made_for("profile plot PNG"))
 _INT32_MAX = 2**31 - 1
 
 
@@ -196,7 +207,7 @@ class AccessProfile:
             ax.legend(fontsize=6, ncol=2)
         ax.grid(True, which="both", alpha=0.3)
         path = Path(path)
-        fig.savefig(path, dpi=120, bbox_inches="tight")
+        fig.savefig(path, dpi=120, bbox_inches="tight", metadata=png_marker(PROFILE_PLOT))
         plt.close(fig)
         return path
 
@@ -414,18 +425,6 @@ def _rate(text: str) -> float:
     return r
 
 
-def _unwritable_file(path: Path) -> str:
-    """Why `path` cannot be written as a file ("" if it can)."""
-    if path.is_dir():
-        return f"{path} is a directory; give the file to write"
-    base = path.absolute().parent
-    while not base.exists():
-        base = base.parent
-    if not base.is_dir():
-        return f"{path} cannot be created: {base} is a file"
-    return ""
-
-
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:
         sys.stderr.write(f"{self.prog}: error: {message}\n")
@@ -449,11 +448,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="write the profile here (.npz)")
     p.add_argument("--plot", help="write a PNG of the per-table access CDF here")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing --out or --plot file this command did not write")  # fmt: skip
     args = p.parse_args(argv)
-    for flag, target in (("--out", args.out), ("--plot", args.plot)):
-        problem = target and _unwritable_file(Path(target))
-        if problem:  # before the profiling, which may take minutes
-            p.error(f"{flag}: {problem}")
+    inputs = [("the input", Path(i)) for i in args.inputs]
+    for flag, target, purpose in (
+        ("--out", args.out, PROFILE_FILE),
+        ("--plot", args.plot, PROFILE_PLOT),
+    ):
+        if target:  # before the profiling, which may take minutes
+            try:
+                check_output(target, flag, purpose, protected=inputs, overwrite=args.overwrite)
+            except ValueError as e:
+                p.error(str(e))
     try:
         if len(args.inputs) == 1 and args.inputs[0].endswith(".npz"):
             profile = AccessProfile.load(args.inputs[0])

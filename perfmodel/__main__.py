@@ -101,6 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--traces", nargs="*", default=[], help="more perf traces (files or directories)"
     )
     fit.add_argument("--seed", type=int, default=0)
+    fit.add_argument("--overwrite", action="store_true",
+                     help="replace an existing --model file that is not a performance model")  # fmt: skip
 
     pr = sub.add_parser(
         "predict", help="predict the per-batch time of a configuration (trainer flags)"
@@ -161,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     from perfmodel.errors import ModelError, TraceError
 
     try:
+        _check_out(args, ConfigError)
         if args.command == "microbench":
             return _microbench(args)
         if args.command == "fit":
@@ -192,6 +195,29 @@ def _walk_sizes(args) -> None:
             quick.note("--quick")
             args.quick = True
     quick.announce(f"{PROG} {args.command}")
+
+
+def _check_out(args, error: type[Exception]) -> None:
+    """What the command writes, against the output rule (hybrid_dlrm/common/outputs.py), before
+    anything is measured: a directory of ours (its microbench.json, report.json) is written
+    again; `fit`'s model replaces a performance model, anything else with --overwrite."""
+    from hybrid_dlrm.common.outputs import Purpose, check_output, json_format_is
+
+    if args.command == "microbench":
+        bench = Purpose("microbenchmark directory", directory=True,
+                        identify=lambda d: (d / "microbench.json").is_file())  # fmt: skip
+        check_output(args.out, "--out", bench, error=error)
+    elif args.command == "report" and not args.from_traces:
+        report = Purpose("performance report directory", directory=True,
+                         identify=lambda d: (d / "report.json").is_file())  # fmt: skip
+        check_output(args.out, "--out", report, error=error)
+    elif args.command == "fit":
+        from perfmodel.model import FORMAT, default_model_path
+
+        model = Purpose("performance model", identify=json_format_is(FORMAT))
+        inputs = [("--bench", args.bench), *(("--traces", t) for t in args.traces)]
+        check_output(args.model_path or default_model_path(), "--model", model, protected=inputs,
+                     overwrite=args.overwrite, error=error)  # fmt: skip
 
 
 def _microbench(args) -> int:
@@ -251,13 +277,11 @@ def _predict(args, rest: list[str]) -> int:
 def _plan(args, rest: list[str]) -> int:
     """The decision `--placement auto` makes for the trainer's flags in `rest`, without training
     (the data's batches are read for the profile; nothing is written)."""
-    import importlib.util
-
     from dlrm.build import resolve_device
     from dlrm.config import TrainConfig
     from dlrm.data import build_data
-    from dlrm.pipelines import step_hooks
-    from dlrm.placement.auto import plan
+    from dlrm.placement.auto import Planner
+    from dlrm.placement.candidates import KindPredictor
     from dlrm.train import build_parser as train_parser
 
     flags = train_parser()
@@ -265,10 +289,10 @@ def _plan(args, rest: list[str]) -> int:
     cfg_args = vars(flags.parse_args(rest))
     cfg_args["placement"] = "auto"  # what auto would choose, whatever placement the flags name
     cfg = TrainConfig(**cfg_args)
-    step_hooks.load_plugins()
-    if importlib.util.find_spec("perfmodel.placement_costs") is not None:
-        importlib.import_module("perfmodel.placement_costs")  # registers the predictor
-    decision = plan(cfg, build_data(cfg), resolve_device(cfg.training.device), write=False)
+    from perfmodel.placement_costs import PlacementCosts
+
+    planner = Planner(predictor=KindPredictor(PlacementCosts()))
+    decision = planner.plan(cfg, build_data(cfg), resolve_device(cfg.training.device), write=False)
     print(json.dumps(decision.to_json()) if args.json else decision.table())
     return 0
 

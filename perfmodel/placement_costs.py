@@ -1,8 +1,11 @@
-"""The placement planner's predictor: the step time of every candidate placement (dlrm/placement/candidates.py).
+"""The placement planner's step costs: the pieces each placement kind's prediction is made of
+(dlrm/placement/candidates.py's `StepCosts`, dlrm/placement/kinds.py's `predict`).
 
-`predict_candidate(cfg, candidate, sample)` -> `Prediction`, registered with
-`dlrm.placement.candidates.register_predictor` when perfmodel's plugin module is imported. `sample` is the
-planning sample: `.profile` (an `embeddings.profile.AccessProfile`) and `.batches` (the sparse
+`PlacementCosts()` is one plan's: what it memoises (a hot set's plan and map, the cold rows of
+each batch, a captured step) lives in the planning sample's `memo` and in the object, keyed by
+value, and goes with the plan. The planner finds its factory through the plugin module
+(perfmodel/recorder.py's `PLACEMENT_COSTS`); `predict_candidate(cfg, candidate, sample)` is a
+fresh object's prediction of one candidate. `sample` is the planning sample: `.profile` (an `embeddings.profile.AccessProfile`) and `.batches` (the sparse
 features, KeyedJaggedTensors, of a few evenly spread training batches the profile did not count:
 a counted batch has no cold row the profile missed).
 
@@ -52,7 +55,7 @@ import torch
 from dlrm.config import TrainConfig
 from dlrm.models.kinds import model_kind
 from dlrm.placement.auto_check import MEASURE_STEPS
-from dlrm.placement.candidates import Candidate, Prediction, register_predictor
+from dlrm.placement.candidates import Candidate, KindPredictor, Prediction, StepTime
 from dlrm.settings.model import ArchConfig
 from dlrm.settings.sections import TrainingConfig
 from embeddings.config import SparseOptimizer
@@ -87,49 +90,43 @@ def _row_bytes(arch: ArchConfig, training: TrainingConfig) -> tuple[int, int, Sp
     return dim, dim + opt.state_floats(dim), opt
 
 
-_PLANS: dict[tuple, Any] = {}
+class _NoMemo:
+    """A sample without a plan's memo (a test's stand-in): nothing is kept."""
+
+    def get(self, key: tuple, make):
+        return make()
+
+
+def _memo(sample):
+    memo = getattr(sample, "memo", None)
+    return memo if memo is not None else _NoMemo()
 
 
 def hot_plan(sample, hot_budget: int, dim: int, opt: SparseOptimizer):
     """The one-home plan Hotline and tiered runs make at `hot_budget` of rows of width `dim`
-    (memoised per sample)."""
-    key = (id(sample.profile), dim, opt.kind, int(hot_budget))
-    if key not in _PLANS:
-        if len(_PLANS) > 64:
-            _PLANS.clear()
-        dims = [dim] * sample.profile.num_tables
-        _PLANS[key] = plan_placement(sample.profile, dims, opt, int(hot_budget), one_home=True)
-    return _PLANS[key]
-
-
-_HOT_MAPS: dict[int, tuple[Any, HotRowMap]] = {}
+    (memoised in the sample's plan memo)."""
+    dims = [dim] * sample.profile.num_tables
+    return _memo(sample).get(
+        ("plan", dim, opt.kind, int(hot_budget)),
+        lambda: plan_placement(sample.profile, dims, opt, int(hot_budget), one_home=True),
+    )
 
 
 def hot_row_map(plan) -> HotRowMap:
     """The device tier's map of a plan's hot rows, as the staged collection builds it."""
-    if id(plan) in _HOT_MAPS and _HOT_MAPS[id(plan)][0] is plan:
-        return _HOT_MAPS[id(plan)][1]
-    if len(_HOT_MAPS) > 16:
-        _HOT_MAPS.clear()
     base = table_row_base(plan.table_sizes)
     tables, rows = plan.hot_ids()
     gids = torch.from_numpy(np.sort(rows + base.numpy()[tables]))
-    hot = HotRowMap(gids, base, int(sum(plan.table_sizes)))
-    _HOT_MAPS[id(plan)] = (plan, hot)
-    return hot
+    return HotRowMap(gids, base, int(sum(plan.table_sizes)))
 
 
-_COLD: dict[tuple, tuple[Any, list[ColdBatch]]] = {}
-
-
-def cold_batches(batches: list, plan, timed: bool = True) -> list[ColdBatch]:
+def cold_batches(
+    batches: list, plan, timed: bool = True, hot: HotRowMap | None = None
+) -> list[ColdBatch]:
     """Each batch (sparse features) mapped as the staging worker maps it (`map_lookups`, the same
     code): its unique cold rows, and with `timed` the time the mapping took on this machine (best
-    of two: the first call of a process compiles)."""
-    key = (id(plan), id(batches))
-    if key in _COLD and _COLD[key][0] is plan:
-        return _COLD[key][1]
-    hot = hot_row_map(plan)
+    of two: the first call of a process compiles). `hot`: the plan's map, where made already."""
+    hot = hot if hot is not None else hot_row_map(plan)
     sizes = np.asarray(plan.table_sizes, dtype=np.int64)
     base = table_row_base(plan.table_sizes).numpy()
     n_hot = hot.n_hot.numpy()
@@ -146,10 +143,19 @@ def cold_batches(batches: list, plan, timed: bool = True) -> list[ColdBatch]:
         cold_lookups = int(np.sum(m.slots >= n_hot[table_of]))
         out.append(ColdBatch(int(values.size), cold_lookups, torch.from_numpy(m.cold_gids),
                              [int(x) for x in m.per_table], best))  # fmt: skip
-    if len(_COLD) > 16:
-        _COLD.clear()
-    _COLD[key] = (plan, out)
     return out
+
+
+def _staged_rows(sample, hot_budget: int, dim: int, opt: SparseOptimizer):
+    """(plan, its map, the sample's batches mapped) at `hot_budget`, memoised for the plan."""
+    key = ("staged", dim, opt.kind, int(hot_budget))
+
+    def make():
+        plan = hot_plan(sample, hot_budget, dim, opt)
+        hot = hot_row_map(plan)
+        return plan, hot, cold_batches(sample.batches, plan, hot=hot)
+
+    return _memo(sample).get(key, make)
 
 
 # --- the step itself ---------------------------------------------------------------------------
@@ -163,9 +169,6 @@ def _fitted_model():
         return load_model()
     except ModelError:
         return None
-
-
-_STEPS: dict[tuple, dict] = {}
 
 
 # data sets whose steps a synthetic one of the same tables repeats (13 dense features, one id
@@ -210,12 +213,16 @@ _UNPLACED = {k: v for k, v in TrainConfig().to_json().items()
 
 
 def step_time(
-    cfg, sizes: list[int], placement: str = "device", table_sizes: list[int] | None = None
+    cfg,
+    sizes: list[int],
+    placement: str = "device",
+    table_sizes: list[int] | None = None,
+    memo=None,
 ) -> dict:
     """Predicted ms of `placement`'s training step (device, host or fae as captured) for a
     configuration of tables of `sizes` rows, with the embedding kernels over tables of
     `table_sizes` rows (default `sizes`; Hotline's device tier is smaller): {ms, dense, lookup,
-    source}."""
+    source}. `memo`: the plan's (PlanMemo), where captured steps are kept for its candidates."""
     table_sizes = list(sizes if table_sizes is None else table_sizes)
     model = _fitted_model()
     # the capture builds the step at batch 16, not the user's run: their memory limits are not its
@@ -224,11 +231,17 @@ def step_time(
     proxy = _capturable(base, sizes) if model is not None else None
     if proxy is None:
         return roofline_step(cfg, table_sizes)
-    from perfmodel.graph import graph_for, graph_key
+    from perfmodel.graph import graph_key
 
-    key = (graph_key(proxy), int(cfg.training.mini_batch_size), tuple(int(s) for s in table_sizes))
-    if key in _STEPS:
-        return _STEPS[key]
+    key = ("step", graph_key(proxy), int(cfg.training.mini_batch_size),
+           tuple(int(s) for s in table_sizes))  # fmt: skip
+    return (memo if memo is not None else _NoMemo()).get(key, lambda: _predicted_step(model, proxy, cfg, placement,
+                                                                table_sizes))  # fmt: skip
+
+
+def _predicted_step(model, proxy, cfg, placement: str, table_sizes: list[int]) -> dict:
+    from perfmodel.graph import graph_for
+
     graphs, meta = graph_for(proxy, cfg.training.mini_batch_size)
     total_ms = dense_ms = lookup_ms = 0.0
     for weight, ops in graphs.values():
@@ -241,10 +254,8 @@ def step_time(
         total_ms += w * res["per_batch_us"] / 1e3
         lookup_ms += w * res["breakdown"]["phase_us"].get("embedding_lookup", 0.0) / 1e3
     dense_ms = total_ms - lookup_ms
-    out = {"ms": total_ms, "dense": dense_ms, "lookup": lookup_ms, "source": "fitted model",
-           "hot_share": meta.get("hot_share")}  # fmt: skip
-    _STEPS[key] = out
-    return out
+    return {"ms": total_ms, "dense": dense_ms, "lookup": lookup_ms, "source": "fitted model",
+            "hot_share": meta.get("hot_share")}  # fmt: skip
 
 
 def _widths(text) -> list[int]:
@@ -282,44 +293,58 @@ def _spare_core() -> bool:
     return cores > torch.get_num_threads()
 
 
-# --- the predictor -----------------------------------------------------------------------------
+# --- the step costs ----------------------------------------------------------------------------
+
+
+class PlacementCosts:
+    """One plan's step costs (dlrm/placement/candidates.py's `StepCosts`): the kinds' predictions
+    are made of these. What they share is memoised in the planning sample's memo."""
+
+    def captured(self, cfg, sample, placement: str) -> Prediction:
+        """`placement`'s step as captured (device, host, fae) and predicted whole."""
+        sizes = [int(s) for s in sample.profile.table_sizes]
+        step = step_time(cfg, sizes, placement, memo=getattr(sample, "memo", None))
+        detail: dict[str, Any] = {"source": step["source"]}
+        if placement == "fae":
+            detail["hot_input_share"] = step.get("hot_share")
+        return Prediction.of(StepTime(dense=step["dense"], lookup=step["lookup"]), detail)
+
+    def link(self, cfg, sample) -> tuple[float, int]:
+        """(ms, bytes): the pooled embeddings to the device and their gradients back at the
+        measured pinned-copy bandwidth; (0, 0) without CUDA (nothing crosses a link)."""
+        if not torch.cuda.is_available():
+            return 0.0, 0
+        from perfmodel.hardware import describe
+
+        hw = describe()
+        dim = int(cfg.arch.sparse_feature_size)
+        pooled = int(cfg.training.mini_batch_size) * sample.profile.num_tables * dim * 4
+        ms = pooled / (hw["d2h_gbs"] * 1e9) * 1e3 + pooled / (hw["h2d_gbs"] * 1e9) * 1e3
+        return ms, 2 * pooled
+
+    def staged(self, cfg, candidate: Candidate, sample, cold: str) -> Prediction:
+        """The device step over the hot rows and each batch's staged cold rows, read from host
+        DRAM (`cold` "host": Hotline) or the SSD tier behind its row cache ("disk": tiered)."""
+        sizes = [int(s) for s in sample.profile.table_sizes]
+        return _staged(cfg, candidate, sample, sizes, cold)
 
 
 def predict_candidate(cfg, candidate: Candidate, sample) -> Prediction:
-    sizes = [int(s) for s in sample.profile.table_sizes]
-    kind = candidate.placement
-    if kind in ("device", "host", "fae"):
-        step = step_time(cfg, sizes, kind)
-        parts = {"dense": step["dense"], "lookup": step["lookup"]}
-        detail: dict[str, Any] = {"source": step["source"]}
-        if kind == "fae":
-            detail["hot_input_share"] = step.get("hot_share")
-        if kind == "host" and torch.cuda.is_available():
-            from perfmodel.hardware import describe
-
-            hw = describe()
-            dim = int(cfg.arch.sparse_feature_size)
-            pooled = int(cfg.training.mini_batch_size) * len(sizes) * dim * 4
-            parts["link"] = (
-                pooled / (hw["d2h_gbs"] * 1e9) * 1e3 + pooled / (hw["h2d_gbs"] * 1e9) * 1e3
-            )
-            detail["link_bytes"] = 2 * pooled
-        return Prediction(sum(parts.values()), parts, detail)
-    return _staged(cfg, candidate, sample, sizes)
+    """`candidate`'s prediction by its kind from a fresh plan's step costs."""
+    return KindPredictor(PlacementCosts())(cfg, candidate, sample)
 
 
-def _staged(cfg, candidate: Candidate, sample, sizes: list[int]) -> Prediction:
+def _staged(cfg, candidate: Candidate, sample, sizes: list[int], cold: str) -> Prediction:
     dim, rf, opt = _row_bytes(cfg.arch, cfg.training)
     row_bytes = 4 * rf
-    plan = hot_plan(sample, candidate.hot_budget, dim, opt)
-    batches = cold_batches(sample.batches, plan)
+    plan, hot_map, batches = _staged_rows(sample, candidate.hot_budget, dim, opt)
     hot = [int(plan.tier("device").held_count(t)) for t in range(len(sizes))]
     rows = float(np.mean([b.cold.numel() for b in batches])) if batches else 0.0
     lookups = float(np.mean([b.lookups for b in batches])) if batches else 0.0
     cold_lookups = float(np.mean([b.cold_lookups for b in batches])) if batches else 0.0
     slots = [h + int(np.mean([b.cold_per_table[t] for b in batches])) if batches else h
              for t, h in enumerate(hot)]  # fmt: skip
-    step = step_time(cfg, sizes, "device", slots)
+    step = step_time(cfg, sizes, "device", slots, memo=getattr(sample, "memo", None))
     figs = staging_figures()
     gather, scatter = row_us(figs, "gather", rf), row_us(figs, "scatter", rf)
     # the worker: map every lookup, read the cold rows with their state
@@ -336,7 +361,7 @@ def _staged(cfg, candidate: Candidate, sample, sizes: list[int]) -> Prediction:
     load = load_us(figs, rows, rf) / 1e3
     first = None  # a tiered prediction's disk and worker over the checked steps
     disk_steps: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}  # per window: ms per step, weights
-    if candidate.placement == "hotline":
+    if cold == "host":
         staging = mapping + rows * gather / 1e3
         home = 0.0  # in `load`: the host tier's write-back was measured with it
     else:
@@ -348,7 +373,7 @@ def _staged(cfg, candidate: Candidate, sample, sizes: list[int]) -> Prediction:
         rpb = PAYLOAD // row_bytes
         _, prio = seen_rows(sample.profile.counts, sizes)
         # the profile-ranked steady state: what the full cache keeps at least
-        warm = warm_rows(sample.profile.counts, sizes, hot_row_map(plan), capacity,
+        warm = warm_rows(sample.profile.counts, sizes, hot_map, capacity,
                          max(int(rows), 1024))  # fmt: skip
         floor = 0.0
         if warm:
@@ -356,7 +381,9 @@ def _staged(cfg, candidate: Candidate, sample, sizes: list[int]) -> Prediction:
                                      warm=warm).hit_rate or 0.0  # fmt: skip
         # the run's first batches (a sample without them: its spread batches, as if in a row)
         first_batches = sample.stream() or sample.batches
-        stream = [b.cold for b in cold_batches(first_batches, plan, timed=False)]
+        stream = [b.cold for b in _memo(sample).get(
+            ("stream", dim, opt.kind, int(candidate.hot_budget)),
+            lambda: cold_batches(first_batches, plan, timed=False, hot=hot_map))]  # fmt: skip
         where = cfg.scm.directory or (
             Path(cfg.run.out_dir) / "scm" if cfg.run.out_dir else None
         )  # its default
@@ -416,7 +443,4 @@ def _staged(cfg, candidate: Candidate, sample, sizes: list[int]) -> Prediction:
         w = first[0] + first[1]
         detail["checked_steps"] = list(checked)
         detail["checked_ms"] = ms - worker - parts["hidden"] + w - hidden_ms(w, checked)
-    return Prediction(float(ms), {k: float(v) for k, v in parts.items()}, detail)
-
-
-register_predictor(predict_candidate)
+    return Prediction(float(ms), StepTime(**{k: float(v) for k, v in parts.items()}), detail)

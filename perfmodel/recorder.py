@@ -91,5 +91,6 @@ class StepRecorder(StepHook):
 # plugin (the `hybrid_dlrm.plugins` entry point, pyproject.toml) and never names perfmodel itself.
 step_hooks.register("perf_log", StepRecorder)
 
-# the placement planner's predictor (dlrm/placement/candidates.py) comes with the same plugin import
-import perfmodel.placement_costs  # noqa: E402, F401
+# the placement planner's step costs (dlrm/placement/candidates.py's `default_costs` reads this
+# name when a plan starts; nothing is registered by importing this module)
+PLACEMENT_COSTS = "perfmodel.placement_costs:PlacementCosts"

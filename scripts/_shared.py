@@ -13,17 +13,40 @@ A script puts the checkout and this directory on `sys.path` before importing it:
 from __future__ import annotations
 
 import os
+import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from dlrm import TrainConfig
 from dlrm.data import build_data
 from embeddings.profile import AccessProfiler
+from hybrid_dlrm.common.outputs import OutputRefused, Purpose, check_output
 from perfmodel.hardware import cpu_flags
 
-__all__ = ["cpu_flags", "load_average", "make_profile"]
+__all__ = ["check_bench_out", "cpu_flags", "load_average", "make_profile"]
 
 KAGGLE_TRAIN_INPUTS = 45_840_617  # Criteo Kaggle's training set: what a profile's sample rate is of
+
+
+# a benchmark's --out (hybrid_dlrm/common/outputs.py): files are added to any directory; its
+# JSON and PNG carry no mark of who wrote them, so an existing one needs --overwrite
+BENCH_DIRECTORY = Purpose("benchmark directory", directory=True, identify=lambda d: True)
+BENCH_FILE = Purpose("benchmark output")
+
+
+def check_bench_out(
+    out: Path, names: Iterable[str], overwrite: bool, prog: str, flag: str = "--out"
+) -> None:
+    """`out` and the files `names` a benchmark writes in it, by the output rule, before it
+    measures anything; a refusal is one line and exit code 2."""
+    try:
+        check_output(out, flag, BENCH_DIRECTORY)
+        for name in names:
+            check_output(Path(out) / name, flag, BENCH_FILE, overwrite=overwrite)
+    except OutputRefused as e:
+        sys.stderr.write(f"{prog}: error: {e}\n")
+        raise SystemExit(2) from None
 
 
 def load_average() -> list[float]:

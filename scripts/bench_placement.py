@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
-from _shared import cpu_flags, load_average, make_profile  # noqa: E402
+from _shared import check_bench_out, cpu_flags, load_average, make_profile  # noqa: E402
 
 from data_pipeline.synthetic import (  # noqa: E402
     KAGGLE_TABLE_SIZES,
@@ -242,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--runs: unknown {', '.join(unknown)}; expected some of {', '.join(RUNS)}")
     if args.out_dir is None:
         args.out_dir = f"runs/bench_placement-{time.strftime('%Y%m%d-%H%M%S')}"
+    check_bench_out(Path(args.out_dir), [], False, p.prog, "--out-dir")  # the output rule
     taken = [r for r in RUNS if (Path(args.out_dir) / r).exists()]
     if taken:  # the runs would refuse one by one, after minutes of work
         sys.stderr.write(f"{p.prog}: error: --out-dir {args.out_dir}: already holds runs "

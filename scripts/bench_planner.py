@@ -8,7 +8,7 @@ Per configuration: `--placement auto`'s own decision (dlrm/placement/auto.py's `
 the inventory, the access profile of `--profile-batches` of the epoch-0 batches, the planning
 sample out of the batches the profile did not count, a prediction of every candidate that fits
 with the planner's 30% margin), then the bench's fixed candidates and auto's choice (added where
-it is not one of them), each predicted by the registered predictor (perfmodel/placement_costs.py)
+it is not one of them), each predicted by its kind from the performance model's step costs (perfmodel/placement_costs.py)
 on the planner's sample, with whether it fits (dlrm/placement/memory_check.py's check at the configuration's
 --memory-limit, no margin); then each trained in this process on its own Trainer, interleaved:
 `--rounds` rounds, each running `--steps` steps of every candidate in turn (one torch thread),
@@ -54,11 +54,12 @@ from dlrm import TrainConfig  # noqa: E402
 from dlrm.data import build_data  # noqa: E402
 from dlrm.errors import ConfigError  # noqa: E402
 from dlrm.placement.auto import counted_batches, plan, read_sample  # noqa: E402
-from dlrm.placement.candidates import Candidate, predictor  # noqa: E402
+from dlrm.placement.candidates import Candidate  # noqa: E402
 from dlrm.placement.memory_check import check_memory, run_tables  # noqa: E402
 from embeddings.hot_rows import row_bytes  # noqa: E402
 from hybrid_dlrm.common.machine import cpu_model  # noqa: E402
-from scripts._shared import cpu_flags, load_average  # noqa: E402
+from perfmodel.placement_costs import predict_candidate  # noqa: E402
+from scripts._shared import check_bench_out, cpu_flags, load_average  # noqa: E402
 
 # (name, Kaggle table scale, batch, room): `room` is what --memory-limit leaves this process beyond
 # what it holds when the configuration is planned (--memory-limit counts the process's resident
@@ -269,7 +270,7 @@ def run_config(spec, args, root: Path) -> dict:
     sizes = list(cfg.arch.embedding_size)
     profile = out / "profile.npz"
     out.mkdir(parents=True, exist_ok=True)
-    predict = predictor()
+    predict = predict_candidate
     decision, planning_s, sample = auto_decision(cfg, profile, args.profile_batches / args.batches)
     if not profile.is_file():  # device fitted: the planner made no profile; the runs need one
         sample.profile.save(profile)
@@ -286,7 +287,7 @@ def run_config(spec, args, root: Path) -> dict:
         rows[c.label()] = {
             "placement": c.placement, "hot_budget": c.hot_budget, "scm_cache": c.scm_cache,
             "predicted_ms": round(pred.ms_per_step, 3),
-            "parts": {k: round(v, 3) for k, v in pred.parts.items()},
+            "parts": {k: round(v, 3) for k, v in pred.parts.to_json().items()},
             "detail": {k: (round(v, 4) if isinstance(v, float) else v) for k, v in pred.detail.items()},
             "fits": ok, "rejected": why, "predict_s": round(time.perf_counter() - p0, 3),
         }  # fmt: skip
@@ -392,10 +393,6 @@ def main(argv: list[str] | None = None) -> int:
         args.batches, args.profile_batches = 40, 10
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(1)
-    import perfmodel.recorder  # noqa: F401  (registers the predictor, as load_plugins would)
-    from dlrm.pipelines.step_hooks import load_plugins
-
-    load_plugins()
     specs = QUICK if args.quick else CONFIGS
     if args.only:
         want = set(args.only.split(","))
@@ -403,6 +400,7 @@ def main(argv: list[str] | None = None) -> int:
         if not specs:
             p.error(f"--only: none of {sorted(want)} is a configuration")
     root = Path(args.out_dir or f"runs/bench_planner-{time.strftime('%Y%m%d-%H%M%S')}")
+    check_bench_out(root, ["configs.jsonl"], False, p.prog, "--out-dir")  # the output rule
     if root.exists() and any(root.iterdir()):
         sys.stderr.write(f"{p.prog}: error: --out-dir {root}: not empty; choose a new one\n")
         return 2

@@ -42,7 +42,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # _shared
 
-from _shared import cpu_flags, load_average  # noqa: E402
+from _shared import check_bench_out, cpu_flags, load_average  # noqa: E402
 
 from dlrm import TrainConfig, Trainer  # noqa: E402
 
@@ -397,7 +397,11 @@ def main() -> int:
                    help="0: no random control (rounds that answer another question)")  # fmt: skip
     p.add_argument("--work", default="", help="scratch directory (default: a new one in /tmp)")
     p.add_argument("--out", default="", help="write bench_slipstream.json and .png here")
+    p.add_argument("--overwrite", action="store_true", help="replace those files in --out")
     args = p.parse_args()
+    if args.out:
+        check_bench_out(Path(args.out), ["bench_slipstream.json", "bench_slipstream.png"],
+                        args.overwrite, p.prog)  # fmt: skip
     import numba
     import torch
 

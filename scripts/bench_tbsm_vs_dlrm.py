@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from _shared import check_bench_out  # scripts/ is on the path of a script run by name
 
 from data_pipeline.taobao import TaobaoOptions, preprocess_taobao
 from data_pipeline.taobao_synthetic import PlantedBehavior, write_user_behavior
@@ -49,7 +50,7 @@ def oracle_auc(directory: Path, recent: int) -> float:
     )["auc"]
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=Path("runs/bench_tbsm_vs_dlrm"))
     p.add_argument("--users", type=int, default=3000)
@@ -75,11 +76,12 @@ def main() -> int:
         default=",".join(VARIANTS),
         help="comma-separated subset of " + ",".join(VARIANTS),
     )
-    a = p.parse_args()
+    a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     spec = PlantedBehavior(num_users=a.users, min_events=a.min_events, max_events=a.max_events,
                            num_categories=a.categories, items_per_category=a.items_per_category,
                            recent=a.recent, follow=a.follow, seed=a.data_seed)  # fmt: skip
+    check_bench_out(a.out, [], False, p.prog)  # the output rule, before any work
     a.out.mkdir(parents=True, exist_ok=True)
     raw = a.out / f"UserBehavior_u{a.users}_s{a.data_seed}.csv"
     if not raw.exists():

@@ -307,7 +307,7 @@ def probes() -> list[Probe]:
         lambda w: train(*TINY, "--out-dir", str(w / "B"), "--resume", str(w / "nowhere")), says="nowhere")  # fmt: skip
     # every mistake is one line
     for label, args, says in [
-        ("--out-dir that is a file", ["--out-dir", "A.model.pt"], "A.model.pt is a file, not a directory"),
+        ("--out-dir that is a file", ["--out-dir", "A.model.pt"], "A.model.pt is a regular file; expected the name of a run directory"),
         ("--out-dir under a file", ["--out-dir", "A.model.pt/run"], "--out-dir"),
         ("--save-model that is a directory", ["--save-model", "A"], "--save-model"),
         ("--save-model under a file", ["--save-model", "A.model.pt/m.pt"], "--save-model"),
@@ -344,7 +344,7 @@ def probes() -> list[Probe]:
         says="train.txt")  # fmt: skip
     for label, args, says in [
         ("preprocess: --raw that does not exist", ["preprocess", "--dataset", "kaggle", "--raw", "nowhere", "--out", "k2"], "nowhere: not found"),
-        ("preprocess: --out that is a file", ["preprocess", "--dataset", "kaggle", "--raw", "kraw/train.txt", "--out", "A.model.pt"], "A.model.pt is a file"),
+        ("preprocess: --out that is a file", ["preprocess", "--dataset", "kaggle", "--raw", "kraw/train.txt", "--out", "A.model.pt"], "A.model.pt is a regular file"),
         ("preprocess: --out under a file", ["preprocess", "--dataset", "kaggle", "--raw", "kraw/train.txt", "--out", "A.model.pt/run"], "A.model.pt is a file"),
         ("preprocess: an unknown --dataset", ["preprocess", "--dataset", "criteo", "--raw", "kraw/train.txt", "--out", "k2"], "--dataset"),
         ("preprocess: a missing --out", ["preprocess", "--dataset", "kaggle", "--raw", "kraw/train.txt"], "--out"),
@@ -356,6 +356,19 @@ def probes() -> list[Probe]:
     ]:  # fmt: skip
         add(label, M, lambda w, a=args: pipeline(*[str(w / x) if x in WORLD_PATHS else x for x in a]),
             says=says, keep=["A.model.pt", "kdata/meta.json"])  # fmt: skip
+    # the output rule (docs/integrity.md): nothing written over an input, a run file or a device
+    add("--save-model onto the run's own raw input", M,
+        lambda w: train(*TINY, "--out-dir", str(w / "B"), "--data-set", "kaggle", "--raw-data-file", str(w / "kraw/train.txt"), "--save-model", str(w / "kraw/train.txt")),
+        says="is --raw-data-file", keep=["kraw/train.txt"])  # fmt: skip
+    add("--save-model onto the run's own metrics.jsonl", M,
+        lambda w: train(*TINY, "--out-dir", str(w / "A"), "--resume", "--save-model", str(w / "A/metrics.jsonl")),
+        says="never written over", keep=["A/metrics.jsonl"])  # fmt: skip
+    add("--placement-plan foo.txt beside an unrelated foo.json", M,
+        lambda w: ((w / "foo.json").write_text('{"mine": 1}'), train(*TINY, "--out-dir", str(w / "B"), "--placement", "fae", "--placement-plan", str(w / "foo.txt")))[1],
+        says="is not a placement plan name", keep=["foo.json"])  # fmt: skip
+    add("dlrm.report --out onto the run's metrics.jsonl", M,
+        lambda w: [sys.executable, "-m", "dlrm.report", str(w / "A"), "--out", str(w / "A/metrics.jsonl")],
+        says="never written over", keep=["A/metrics.jsonl"])  # fmt: skip
     add("embeddings.profile --plot that is a directory", M,
         lambda w: profile(str(sparse_day(w)), "--plot", str(w / "A")), says="--plot")  # fmt: skip
     add("--resume FILE: a verified checkpoint of a future format version", C,

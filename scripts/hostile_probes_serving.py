@@ -155,7 +155,7 @@ def add_probes(add, C: str, W_: str, M: str) -> None:
         says="is a symbolic link", keep=["kept.csv"])  # fmt: skip
     add("predict --out: a device node (like /dev/null), with --overwrite", W_,
         lambda w: (device_node(w / "null"), predict(w, "--out", str(w / "null"), "--overwrite"))[1],
-        says="expected a CSV file name")  # fmt: skip
+        says="expected the name of a predictions CSV")  # fmt: skip
     add("predict --out -: the CSV on stdout", W_,
         lambda w: predict(w, "--out", "-"), expect="survive")  # fmt: skip
     # 9 and 16: the tier directory

@@ -41,6 +41,7 @@ from dlrm.errors import CheckpointError
 from hybrid_dlrm.common.atomic import atomic_write
 from hybrid_dlrm.common.crc import crc32
 from hybrid_dlrm.common.header import check_header
+from hybrid_dlrm.common.outputs import Purpose, torch_format_is
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,8 @@ FORMAT = "hybrid-dlrm-checkpoint"
 # 2: the checksum manifest. 1: none (still loaded, see `_check_unverified`).
 VERSION = 2
 CHECKSUMS = "checksums"
+# what --save-model writes: an existing checkpoint or model file of ours is replaced
+MODEL_FILE = Purpose("model file", identify=torch_format_is(FORMAT))
 _NAME = re.compile(r"^step_(\d{9})\.pt$")
 _SHARDED = re.compile(
     r"^step_(\d{9})$"

@@ -36,12 +36,17 @@ def register(setting: str, factory: Callable[[Any], StepHook]) -> None:
     _FACTORIES[setting] = factory
 
 
-def load_plugins() -> None:
-    """Import every plugin module (each registers what it provides)."""
+def plugin_modules() -> list:
+    """Every plugin module, imported (each registers the hooks it provides, and may name other
+    things it provides as attributes: the planner's step costs, dlrm/placement/candidates.py)."""
     names = [ep.value for ep in importlib.metadata.entry_points(group=GROUP)]
     names += [n.strip() for n in os.environ.get(ENVIRONMENT, "").split(",") if n.strip()]
-    for name in dict.fromkeys(names):
-        importlib.import_module(name.split(":")[0])
+    return [importlib.import_module(name.split(":")[0]) for name in dict.fromkeys(names)]
+
+
+def load_plugins() -> None:
+    """Import every plugin module (each registers what it provides)."""
+    plugin_modules()
 
 
 def hook_for(run: Any, settings: tuple[str, ...] = ("perf_log",)) -> StepHook | None:

@@ -4,8 +4,12 @@
 - `run_plan`: the access profile and placement plan a run uses (made or reused, saved);
 - `tiered_setup`: `--placement tiered`'s plan, SSD-tier settings and collection;
 - `memory_check`: what a run needs per tier against what this process may use;
-- `auto`: `--placement auto`, the planner: candidates weighed by predicted step time;
-- `candidates`: the planner's contract (a candidate, a prediction, who predicts);
+- `kinds`: the placement kinds' contract and registry (`builtin_kinds`: device, host, fae,
+  hotline, tiered);
+- `auto`: `--placement auto`, the planner (`Planner`): candidates weighed by predicted step time;
+- `enumerator`: the planner's candidates, what they are weighed against, and no degenerate ones;
+- `candidates`: the planner's contract (a candidate, typed time and memory breakdowns, the
+  planning sample, who predicts);
 - `auto_check`: the chosen placement's first steps measured against its prediction.
 """
 
@@ -25,11 +29,18 @@ _HOME = {
     "tiered_needs": "dlrm.placement.tiered_setup",
     "check_memory": "dlrm.placement.memory_check",
     "Decision": "dlrm.placement.auto",
+    "Planner": "dlrm.placement.auto",
     "resolve_auto": "dlrm.placement.auto",
     "Candidate": "dlrm.placement.candidates",
     "Prediction": "dlrm.placement.candidates",
+    "StepTime": "dlrm.placement.candidates",
+    "TierBytes": "dlrm.placement.candidates",
     "PlanningSample": "dlrm.placement.candidates",
-    "register_predictor": "dlrm.placement.candidates",
+    "KindPredictor": "dlrm.placement.candidates",
+    "Enumerator": "dlrm.placement.enumerator",
+    "CandidateSpace": "dlrm.placement.enumerator",
+    "PlacementKind": "dlrm.placement.kinds",
+    "placement_kind": "dlrm.placement.kinds",
     "MeasuredAgainstPredicted": "dlrm.placement.auto_check",
 }
 

@@ -1,30 +1,37 @@
 """`--placement auto`: where every row lives, chosen by predicted step time and memory.
 
-    decision = plan(cfg, data, device)        # the candidates weighed, one chosen
+    decision = Planner().plan(cfg, data, device)  # the candidates weighed, one chosen
     print(decision.table())                    # candidate, ms/step, memory per tier, why
 
 1. The inventory (embeddings/room.py): what this process may use on the device (CUDA), in
    host DRAM and on the disk under `--scm-dir`. The dense part, its optimizer, the activations
    at the batch size and the loader come off it as dlrm/placement/memory_check.py counts them.
-2. `device` first: when every table fits there, it is chosen with no further cost (no profile,
+2. `device` first (any kind tuned by nothing that keeps every row on the device): when every
+   table fits there, it is chosen with no further cost (no profile,
    no prediction): nothing is faster than every row in the fastest memory.
 3. Otherwise one planning sample is read (dlrm/placement/candidates.py's PlanningSample: the access profile,
    made or reused as a run makes it, and the sparse features of SAMPLE_BATCHES evenly spread
-   training batches the profile did not count), and the candidates are listed: `host`; `fae`,
-   `hotline` and `tiered` at the hot budgets where the profile's cumulative lookup share reaches
-   HOT_SHARES (and the largest budget that fits, where a share's does not); `tiered` with DRAM
-   row caches of CACHE_SHARES of the host room its hot rows leave.
+   training batches the profile did not count), and the enumerator lists the candidates: each
+   registered kind's (dlrm/placement/kinds.py): `host`; `fae`, `hotline` and `tiered` at the
+   hot budgets where the profile's cumulative lookup share reaches HOT_SHARES (and the largest
+   budget that fits, where a share's does not); `tiered` with DRAM row caches of CACHE_SHARES of
+   the host room its hot rows leave (dlrm/placement/enumerator.py).
 4. Each candidate's needs per tier are dlrm/placement/memory_check.py's (the same bounds the pre-flight check
    uses). It fits when every memory tier's needs are at most (1 - PLAN_MARGIN) of the room:
    the needs are bounds from budgets, and an allocator, a fragmented heap or a neighbour's growth
    take more than they say. The disk's need is exact and an upper bound (the tier's file is
    sparse until its blocks are written), so it gets no margin. A `--hot-budget` the user gave
    bounds the rows on the device too (`rows_cap`: auto's rule before the planner).
-5. The registered predictor (perfmodel's, dlrm/placement/candidates.py) predicts each fitting candidate's
-   step time; the fastest is chosen (ties: the kind first in PREFERENCE, then the least device
-   and host memory).
-   Without a predictor the first fitting candidate in PREFERENCE order (a kind's largest budgets
-   first) is chosen, and the table says so.
+5. No degenerate candidate: a hot set too small to move fewer embedding bytes per sample than
+   the placement without one, or than its kind's next smaller hot set (dlrm/placement/
+   enumerator.py's `Coverage`, from the profile), is rejected as dominated, never predicted.
+6. The predictor (by default each kind's `predict` from the installed performance model's step
+   costs, perfmodel/placement_costs.py, found through the plugins when a plan starts) predicts
+   each fitting candidate's step time; a candidate another beats on every predicted part is
+   rejected as dominated; the fastest is chosen (ties: the kind's `preference`, then the least
+   device and host memory).
+   Without a predictor the first fitting candidate in order of the kinds' `preference` (a kind's
+   largest budgets first) is chosen, and the table says so.
    Where nothing fits: one line naming the closest candidate and the tier it is short on.
 """
 
@@ -34,7 +41,8 @@ import functools
 import logging
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from itertools import groupby
 from pathlib import Path
 
 import numpy as np
@@ -45,73 +53,32 @@ from dlrm.errors import ConfigError
 from dlrm.placement.candidates import (
     STREAM_BATCHES,
     Candidate,
+    KindPredictor,
     PlanningSample,
-    Prediction,
-    predictor,
+    default_costs,
 )
-from dlrm.placement.memory_check import (
-    TIER_NAMES,
-    _changed,
-    _with_placement,
-    dense_needs,
-    run_tables,
+from dlrm.placement.enumerator import (
+    PLAN_MARGIN,
+    CandidateSpace,
+    Coverage,
+    Enumerator,
+    Weighed,
+    hot_budgets,
+    rows_cap,
 )
+from dlrm.placement.kinds import all_kinds
+from dlrm.placement.needs import changed, dense_needs, run_tables
 from dlrm.placement.run_plan import obtain_profile, profile_training_sample, profiled_batches
 from dlrm.placement.tiered_setup import scm_directory
-from embeddings import SparseOptimizer, TableSpec
+from embeddings import TableSpec
 from embeddings.errors import PlacementError, ProfileError
-from embeddings.hot_rows import row_bytes
-from embeddings.profile import AccessProfile
 from embeddings.room import MemoryInventory, Needs, fmt_bytes, inventory
-from embeddings.ssd.cache import RowCache, SlotMap
+
+__all__ = ["PLAN_MARGIN", "Decision", "Planner", "Weighed", "plan", "resolve_auto", "rows_cap"]
 
 log = logging.getLogger(__name__)
 
-PLAN_MARGIN = 0.3  # share of each memory tier's room a chosen placement leaves free (as the
-# settings the memory check suggests do, dlrm/placement/memory_check.py): the needs are bounds from budgets, and on
-# a shared machine the neighbours grow too
-HOT_SHARES = (0.5, 0.8, 0.9, 0.95, 0.99)  # cumulative lookup shares the hot budgets cover
-CACHE_SHARES = (0.25, 0.5, 1.0)  # of the host room a tiered candidate's hot rows leave
 SAMPLE_BATCHES = 8  # training batches whose sparse features a predictor replays
-PREFERENCE = ("device", "fae", "hotline", "tiered", "host")
-GRAIN = 2**10  # budgets and caches are whole KiB
-SMALLEST = 64 * GRAIN  # no row cache below this is a candidate
-MEMORY_TIERS = ("device", "host")
-
-
-@dataclass
-class Weighed:
-    """One candidate: its needs per tier (bytes; on the CPU the device's are host DRAM), its
-    prediction, and why it was not chosen (None: it fits, or it was chosen)."""
-
-    candidate: Candidate
-    needs: dict[str, int]
-    prediction: Prediction | None = None
-    rejected: str | None = None
-    cfg: TrainConfig | None = field(default=None, repr=False, compare=False)
-    short: int = field(default=0, repr=False, compare=False)  # bytes missing, all tiers
-
-    @property
-    def fits(self) -> bool:
-        return self.cfg is not None and not self.rejected
-
-    def to_json(self) -> dict:
-        c, p = self.candidate, self.prediction
-        return {
-            "label": c.label(), "placement": c.placement, "hot_budget": c.hot_budget,
-            "scm_cache": c.scm_cache, "needs": dict(self.needs),
-            "ms_per_step": p.ms_per_step if p else None, "parts": p.parts if p else None,
-            "detail": p.detail if p else None, "rejected": self.rejected,
-        }  # fmt: skip
-
-    @classmethod
-    def from_json(cls, d: dict) -> Weighed:
-        c = Candidate(d["placement"], int(d.get("hot_budget") or 0), int(d.get("scm_cache") or 0))
-        p = None
-        if d.get("ms_per_step") is not None:
-            p = Prediction(float(d["ms_per_step"]), d.get("parts") or {}, d.get("detail") or {})
-        needs = {k: int(v) for k, v in (d.get("needs") or {}).items()}
-        return cls(c, needs, p, d.get("rejected"))
 
 
 @dataclass
@@ -162,14 +129,15 @@ class Decision:
     def table(self) -> str:
         """The printed table: one row per candidate, the chosen one marked."""
         tiers = [t for t in ("device", "host", "disk") if t in self.room]
-        head = ["candidate", "ms/step", *tiers, ""]
+        head = ["candidate", "ms/step", "bytes/sample", *tiers, ""]
         rows = []
         for w in self.weighed:
             p = w.prediction
             ms = f"{p.ms_per_step:.2f}" if p else "-"
-            mem = [fmt_bytes(w.needs[t]) if w.needs.get(t) else "-" for t in tiers]
+            moved = f"{w.moved:,.0f}" if w.moved is not None else "-"
+            mem = [fmt_bytes(w.needs.on(t)) if w.needs.on(t) else "-" for t in tiers]
             why = "CHOSEN" if w.candidate == self.chosen else (w.rejected or "")
-            rows.append([w.candidate.label(), ms, *mem, why])
+            rows.append([w.candidate.label(), ms, moved, *mem, why])
         widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head) - 1)]
         fmt = lambda r: "  ".join(c.ljust(n) for c, n in zip(r, widths)) + "  " + r[-1]  # noqa: E731
         room = ", ".join(
@@ -189,134 +157,6 @@ class Decision:
             lines.append("  (a fitted model predicts this machine's steps: python -m perfmodel "
                          "microbench --out DIR, then python -m perfmodel fit --bench DIR)")  # fmt: skip
         return "\n".join(line.rstrip() for line in lines)
-
-
-# --- the candidates -------------------------------------------------------------------------------
-
-
-def hot_budgets(profile: AccessProfile, tables: list[TableSpec], opt: SparseOptimizer) -> list[int]:
-    """The device bytes (weights + optimizer state) of the hottest rows, ranked by lookups per
-    byte as the plan ranks them, where their share of the profiled lookups reaches each of
-    HOT_SHARES; rounded up to KiB."""
-    rb = np.array([row_bytes(t.embedding_dim, opt) for t in tables], dtype=np.int64)
-    counts = [np.asarray(c)[np.asarray(c) > 0] for c in profile.counts]
-    if not any(c.size for c in counts):
-        return []
-    if np.unique(rb).size == 1:  # one width: the count alone ranks the rows
-        per_row = np.sort(np.concatenate(counts))[::-1].astype(np.int64)
-        cum_bytes = np.arange(1, per_row.size + 1, dtype=np.int64) * int(rb[0])
-    else:
-        value = np.concatenate(counts).astype(np.int64)
-        size = np.concatenate([np.full(c.size, b) for c, b in zip(counts, rb)])
-        order = np.argsort(-(value / size), kind="stable")
-        per_row, cum_bytes = value[order], np.cumsum(size[order])
-    cum = np.cumsum(per_row)
-    out = []
-    for share in HOT_SHARES:
-        k = min(int(np.searchsorted(cum, share * cum[-1])), cum.size - 1)
-        out.append(-(-int(cum_bytes[k]) // GRAIN) * GRAIN)
-    return sorted(set(out))
-
-
-class _Scale:
-    """What every candidate is weighed against: the tables, the dense part's needs, the room."""
-
-    def __init__(self, cfg, tables, base: Needs, room: MemoryInventory, margin: float) -> None:
-        self.cfg, self.tables, self.base, self.room, self.margin = cfg, tables, base, room, margin
-        self.on_cpu = room.device is None
-        opt = cfg.training.sparse_optimizer()
-        self.row_bytes = row_bytes(tables[0].embedding_dim, opt)
-        self.total = sum(t.num_embeddings * row_bytes(t.embedding_dim, opt) for t in tables)
-        self.rows_cap = rows_cap(cfg)
-
-    def rows_on_device(self, cand: Candidate) -> int:
-        """The embedding rows (weights + optimizer state) `cand` keeps on the device."""
-        if cand.placement == "device":
-            return self.total
-        return 0 if cand.placement == "host" else min(cand.hot_budget, self.total)
-
-    def usable(self, tier: str) -> int | None:
-        r = self.room.on(tier)
-        if r is None:
-            return None
-        return int(r.bytes * (1 - self.margin)) if tier in MEMORY_TIERS else r.bytes
-
-    def weigh(self, cand: Candidate) -> Weighed:
-        over = cand.settings()
-        if cand.placement == "tiered" and not self.cfg.scm.directory:
-            over["scm_dir"] = scm_directory(self.cfg.scm, self.cfg.run_dir)
-        cfg = _changed(self.cfg, over)
-        if cfg is None:
-            return Weighed(cand, {}, rejected="refused by the settings' rules")
-        needs = _with_placement(self.base, cfg, self.tables)
-        needs = needs.device_on_host() if self.on_cpu else needs
-        per_tier = {t: needs.on(t) for t in ("device", "host", "disk") if needs.on(t)}
-        short, missing = [], 0
-        rows = self.rows_on_device(cand)
-        if self.rows_cap is not None and rows > self.rows_cap:
-            short.append(f"--hot-budget short by {fmt_bytes(rows - self.rows_cap)}")
-            missing += rows - self.rows_cap
-        for tier, need in per_tier.items():
-            have = self.usable(tier)
-            if have is not None and need > have:
-                short.append(f"{TIER_NAMES[tier]} short by {fmt_bytes(need - have)}")
-                missing += need - have
-        return Weighed(cand, per_tier, rejected="; ".join(short) or None, cfg=cfg, short=missing)
-
-    def largest_fitting(self, kind: str, cache: int = 0) -> int:
-        """The largest hot budget (KiB steps) with which `kind` fits; 0 when none does."""
-        lo, hi = 0, -(-self.total // GRAIN)
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if self.weigh(Candidate(kind, mid * GRAIN, cache)).fits:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo * GRAIN
-
-    def caches(self, hot: int) -> list[int]:
-        """Row caches for the tiered placement with `hot` bytes of hot rows: CACHE_SHARES of the
-        host room left (the cache's bookkeeping counted), no larger than the tier's rows."""
-        probe = self.weigh(Candidate("tiered", hot, SMALLEST))
-        usable = self.usable("host")
-        if probe.cfg is None or usable is None:
-            return [SMALLEST]
-        left = usable - probe.needs.get("host", 0)
-        per_slot = RowCache.BOOKKEEPING_PER_SLOT + SlotMap.BYTES_PER_ENTRY / SlotMap.LOAD
-        scale = 1 + per_slot / self.row_bytes
-        tier_rows = max(0, self.total - hot)
-        out = {min(int(left * s / scale) // GRAIN * GRAIN, tier_rows) for s in CACHE_SHARES}
-        out = sorted(c for c in out if c >= SMALLEST)
-        return out or [SMALLEST]  # none fits: listed, and rejected with its reason
-
-
-def rows_cap(cfg: TrainConfig) -> int | None:
-    """A `--hot-budget` the user gave (whatever its value, the default's too): the device bytes
-    auto may give embedding rows (every table for `device`, the hot rows otherwise), as it was
-    before the planner; None: the device's room alone bounds them."""
-    return cfg.placing.hot_budget.bytes if "hot_budget" in cfg.given else None
-
-
-def candidates(scale: _Scale, budgets: list[int]) -> list[Candidate]:
-    """host, then fae, hotline and tiered over the hot budgets (the largest that fits added where
-    a share's budget does not), tiered over its row caches."""
-    out = [Candidate("host")]
-    single_width = len({t.embedding_dim for t in scale.tables}) == 1
-    for kind in ("fae", "hotline", "tiered"):
-        if kind == "tiered" and not single_width:
-            continue  # the SSD tier stores rows of one width
-        mine = [b for b in budgets if scale.rows_cap is None or b <= scale.rows_cap]
-        cap = scale.largest_fitting(kind, SMALLEST if kind == "tiered" else 0)
-        if scale.rows_cap is not None:
-            cap = min(cap, scale.rows_cap // GRAIN * GRAIN)
-        if cap >= GRAIN and (not mine or cap < max(mine)):
-            mine.append(cap)
-        for hot in sorted(set(mine), reverse=True):
-            if kind == "tiered":
-                out += [Candidate(kind, hot, c) for c in reversed(scale.caches(hot))]
-            else:
-                out.append(Candidate(kind, hot))
-    return out
 
 
 # --- the sample and the decision ------------------------------------------------------------------
@@ -374,42 +214,101 @@ def read_sample(
 
 def _preference(w: Weighed) -> tuple:
     c = w.candidate
-    return (PREFERENCE.index(c.placement), -c.hot_budget, -c.scm_cache)
+    return (c.kind.preference, -c.hot_budget, -c.scm_cache)
 
 
-def plan(
-    cfg: TrainConfig, data: DataSplits, device, write: bool = True, margin: float = PLAN_MARGIN
-) -> Decision:
-    """The decision for `cfg` (module docstring); ConfigError (one line) where nothing fits.
-    `write`: the access profile may be written (the run directory's, or `--profile-file`)."""
-    t0 = time.perf_counter()
-    tables = run_tables(cfg, data)
-    base = dense_needs(cfg, data)
-    room = inventory(device, cfg.placing.memory_bytes(), cfg.placing.device_memory_bytes(),
-                     scm_directory(cfg.scm, cfg.run_dir))  # fmt: skip
-    scale = _Scale(cfg, tables, base, room, margin)
-    shown_room = {t: {"bytes": r.bytes, "source": r.source}
-                  for t in ("device", "host", "disk") if (r := room.on(t)) is not None}  # fmt: skip
-    first = scale.weigh(Candidate("device"))
-    if first.fits:
-        how = "every table fits on the device: nothing to plan"
-        return Decision(first.candidate, how, [first], shown_room, margin, time.perf_counter() - t0)
-    sample = read_sample(cfg, data, tables, room, write)
-    opt = cfg.training.sparse_optimizer()
-    weighed = [first] + [
-        scale.weigh(c) for c in candidates(scale, hot_budgets(sample.profile, tables, opt))
-    ]
-    fitting = [w for w in weighed if w.fits]
-    if not fitting:
-        raise ConfigError(_nothing_fits(weighed, margin))
-    fn = predictor()
-    if fn is None:
-        chosen = min(fitting, key=_preference)
-        how = "no performance model: chosen by preference (" + ", ".join(PREFERENCE) + ")"
-        for w in fitting:
-            if w is not chosen:
-                w.rejected = "fits; later in the preference order"
-    else:
+def _preference_order() -> str:
+    return ", ".join(k.name for k in sorted(all_kinds(), key=lambda k: k.preference))
+
+
+class RunMemory:
+    """The planner's default memory estimator: what this process may use per tier (the
+    inventory, embeddings/room.py) and what a run needs (the dense part; each candidate's
+    placement on top, dlrm/placement/memory_check.py's count)."""
+
+    def room(self, cfg: TrainConfig, device) -> MemoryInventory:
+        return inventory(device, cfg.placing.memory_bytes(), cfg.placing.device_memory_bytes(),
+                         scm_directory(cfg.scm, cfg.run_dir))  # fmt: skip
+
+    def base(self, cfg: TrainConfig, data: DataSplits) -> Needs:
+        return dense_needs(cfg, data)
+
+
+INSTALLED = "installed"  # Planner's default predictor: the installed performance model's
+
+
+class Planner:
+    """`--placement auto` (module docstring), built from parts:
+
+    `enumerator(space) -> [Candidate]`: the candidates (default: every registered kind's);
+    `memory`: `room(cfg, device)` and `base(cfg, data)` (default RunMemory);
+    `predictor(cfg, candidate, sample) -> Prediction` (default INSTALLED: each kind's prediction
+    from the installed performance model's step costs, made afresh for each plan; None, or no
+    performance model installed: the order of preference decides);
+    `trials`: a trial runner that measures a shortlist (none yet: the prediction decides).
+    Nothing is kept between plans."""
+
+    def __init__(self, enumerator=None, memory=None, predictor=INSTALLED, trials=None,
+                 margin: float = PLAN_MARGIN) -> None:  # fmt: skip
+        self.enumerator = enumerator or Enumerator()
+        self.memory = memory or RunMemory()
+        self.predictor = predictor
+        self.trials = trials
+        self.margin = margin
+
+    def with_margin(self, margin: float) -> Planner:
+        return Planner(self.enumerator, self.memory, self.predictor, self.trials, margin)
+
+    def _predictor(self):
+        if self.predictor is not INSTALLED:
+            return self.predictor
+        costs = default_costs()
+        return None if costs is None else KindPredictor(costs())
+
+    def plan(self, cfg: TrainConfig, data: DataSplits, device, write: bool = True) -> Decision:
+        """The decision for `cfg`; ConfigError (one line) where nothing fits. `write`: the access
+        profile may be written (the run directory's, or `--profile-file`)."""
+        t0 = time.perf_counter()
+        margin = self.margin
+        tables = run_tables(cfg, data)
+        base = self.memory.base(cfg, data)
+        room = self.memory.room(cfg, device)
+        space = CandidateSpace(cfg, tables, base, room, margin)
+        shown_room = {t: {"bytes": r.bytes, "source": r.source}
+                      for t in ("device", "host", "disk") if (r := room.on(t)) is not None}  # fmt: skip
+        # every row in the fastest memory: nothing is faster, so when it fits nothing is planned
+        whole = [Candidate(k.name) for k in all_kinds() if not k.tuned_by
+                 and k.rows_on_device(Candidate(k.name), space.total) == space.total]  # fmt: skip
+        first = [space.weigh(c) for c in whole]
+        fit_whole = [w for w in first if w.fits]
+        if fit_whole:
+            how = "every table fits on the device: nothing to plan"
+            chosen = min(fit_whole, key=_preference)
+            return Decision(chosen.candidate, how, [chosen], shown_room, margin,
+                            time.perf_counter() - t0)  # fmt: skip
+        sample = read_sample(cfg, data, tables, room, write)
+        opt = cfg.training.sparse_optimizer()
+        space.budgets = hot_budgets(sample.profile, tables, opt)
+        seen = {w.candidate for w in first}
+        weighed = first + [space.weigh(c) for c in self.enumerator(space) if c not in seen]
+        fitting = [w for w in weighed if w.fits]
+        if not fitting:
+            raise ConfigError(_nothing_fits(weighed, margin))
+        fitting = _drop_degenerate(fitting, Coverage(sample.profile, tables, opt))
+        fn = self._predictor()
+        if fn is None:
+            chosen = min(fitting, key=_preference)
+            how = f"no performance model: chosen by preference ({_preference_order()})"
+            for w in fitting:
+                if w is not chosen:
+                    w.rejected = "fits; later in the preference order"
+        else:
+            chosen, how = self._predicted(fn, cfg, fitting, sample, t0)
+        del sample
+        return Decision(chosen.candidate, how, weighed, shown_room, margin,
+                        time.perf_counter() - t0)  # fmt: skip
+
+    def _predicted(self, fn, cfg, fitting: list[Weighed], sample, t0: float):
         # a minute or more on a first plan (calibration, step captures): said as it goes
         print(f"--placement auto: predicting the step time of {len(fitting)} placements that "
               "fit", file=sys.stderr, flush=True)  # fmt: skip
@@ -421,24 +320,103 @@ def plan(
             except Exception as e:  # a predictor's failure costs its candidate, not the run
                 log.warning("placement %s: no prediction (%s)", w.candidate.label(), e)
                 w.rejected = f"no prediction ({type(e).__name__}: {e})"
-        predicted = [w for w in fitting if w.prediction is not None]
-        if predicted:
-            # equal predictions: the kind preferred, then of its candidates the one that needs
-            # the least memory (a cache the run never fills reads as much as a larger one)
-            chosen = min(predicted, key=lambda w: (
-                round(w.prediction.ms_per_step, 3), PREFERENCE.index(w.candidate.placement),
-                sum(w.needs.get(t, 0) for t in MEMORY_TIERS), _preference(w)))  # fmt: skip
-            best = chosen.prediction.ms_per_step
-            how = f"the fastest predicted of those that fit with a {margin:.0%} margin on memory"
-            for w in predicted:
-                if w is not chosen:
-                    w.rejected = f"slower (+{w.prediction.ms_per_step - best:.2f} ms/step)"
-        else:  # the model could predict none of them: the order of preference decides
+        predicted = _drop_dominated([w for w in fitting if w.prediction is not None])
+        if not predicted:  # the model could predict none of them: the order of preference decides
             chosen = min(fitting, key=_preference)
             chosen.rejected = None
-            how = "no prediction: chosen by preference (" + ", ".join(PREFERENCE) + ")"
-    del sample
-    return Decision(chosen.candidate, how, weighed, shown_room, margin, time.perf_counter() - t0)
+            return chosen, f"no prediction: chosen by preference ({_preference_order()})"
+        # equal predictions: the kind preferred, then of its candidates the one that needs the
+        # least memory (a cache the run never fills reads as much as a larger one)
+        chosen = min(predicted, key=lambda w: (
+            round(w.prediction.ms_per_step, 3), w.candidate.kind.preference,
+            w.needs.memory(), _preference(w)))  # fmt: skip
+        best = chosen.prediction.ms_per_step
+        for w in predicted:
+            if w is not chosen:
+                more = w.prediction.ms_per_step - best
+                w.rejected = (f"slower (+{more:.2f} ms/step)" if round(more, 3) > 0 else
+                              "predicted as fast: the tie goes to the preferred kind, then the "
+                              "least memory")  # fmt: skip
+        how = f"the fastest predicted of those that fit with a {self.margin:.0%} margin on memory"
+        return chosen, how
+
+
+def plan(
+    cfg: TrainConfig, data: DataSplits, device, write: bool = True, margin: float = PLAN_MARGIN
+) -> Decision:
+    """The run's planner's decision for `cfg` (Planner.plan)."""
+    return default_planner().with_margin(margin).plan(cfg, data, device, write)
+
+
+def default_planner() -> Planner:
+    """The planner a run uses (`resolve_auto`, `plan`): the default parts."""
+    return Planner()
+
+
+# --- no degenerate candidates ---------------------------------------------------------------------
+
+TOLERANCE = 1e-9
+# a hot set must spare at least this share of the plain placement's bytes per sample: a saving
+# below it is inside any step-time prediction's error (and the profile's sampling), so the
+# candidate could only win by a tie-break, as FAE with a 3 KiB hot set once did
+MIN_SAVING = 0.05
+
+
+def _drop_degenerate(fitting: list[Weighed], coverage: Coverage) -> list[Weighed]:
+    """The contenders among `fitting`: a hot set too small to spare MIN_SAVING of the embedding
+    bytes per sample the placement without one moves (the plain placement, host), or that moves
+    no fewer than the next smaller hot set of its kind (more memory for nothing), is rejected,
+    saying by what. Kinds that do not know their bytes (None) stay."""
+    for w in fitting:
+        w.moved = w.candidate.kind.bytes_per_sample(w.candidate, coverage)
+    plain = next((w for w in fitting if not w.candidate.kind.tuned_by and w.moved is not None
+                  and abs(w.moved - coverage.plain) <= TOLERANCE), None)  # fmt: skip
+    plain_name = plain.candidate.label() if plain else "the placement without a hot set"
+    by_kind: dict[str, list[Weighed]] = {}
+    for w in fitting:
+        if "hot_budget" in w.candidate.kind.tuned_by and w.moved is not None:
+            by_kind.setdefault(w.candidate.placement, []).append(w)
+    for rows in by_kind.values():
+        rows.sort(key=lambda w: (w.candidate.hot_budget, w.candidate.scm_cache))
+        smaller: Weighed | None = None  # the contender of the next smaller hot set
+        for _, group in groupby(rows, key=lambda w: w.candidate.hot_budget):
+            kept = []
+            for w in group:
+                if w.moved > coverage.plain * (1 - MIN_SAVING) - TOLERANCE:
+                    w.rejected = (f"dominated by {plain_name}: its hot set moves {w.moved:,.0f} "
+                                  f"bytes per sample of its {coverage.plain:,.0f}")  # fmt: skip
+                elif smaller is not None and w.moved >= smaller.moved - TOLERANCE:
+                    w.rejected = (f"dominated by {smaller.candidate.label()}: no fewer bytes per "
+                                  "sample with a larger hot set")  # fmt: skip
+                else:
+                    kept.append(w)
+            smaller = kept[0] if kept else smaller
+    return [w for w in fitting if not w.rejected]
+
+
+def _drop_dominated(predicted: list[Weighed]) -> list[Weighed]:
+    """Reject a candidate another one beats on every predicted part (no part slower, one
+    faster): it can win on no weighting of the parts."""
+
+    def parts(w: Weighed) -> dict[str, float]:
+        return w.prediction.parts.to_json()
+
+    out = []
+    for w in predicted:
+        mine = parts(w)
+        for v in predicted:
+            if v is w:
+                continue
+            theirs = parts(v)
+            keys = set(mine) | set(theirs)
+            no_worse = all(theirs.get(k, 0.0) <= mine.get(k, 0.0) + TOLERANCE for k in keys)
+            better = any(theirs.get(k, 0.0) < mine.get(k, 0.0) - TOLERANCE for k in keys)
+            if keys and no_worse and better:
+                w.rejected = f"dominated by {v.candidate.label()} on every predicted part"
+                break
+        else:
+            out.append(w)
+    return out
 
 
 def _nothing_fits(weighed: list[Weighed], margin: float) -> str:
@@ -475,7 +453,7 @@ def resolve_auto(
         return cfg, None
     decision = _resumed_decision(cfg, data)
     if decision is None:
-        decision = plan(cfg, data, device)
+        decision = default_planner().plan(cfg, data, device)
     path = cfg.run_dir / DECISION_NAME
     if not decision.how.startswith(f"reused from {path} "):  # a resumed run's own is kept
         from hybrid_dlrm.common.atomic import write_json
@@ -521,14 +499,12 @@ def applied(cfg: TrainConfig, decision: Decision) -> TrainConfig:
     OUT_DIR/scm; the profile the planner wrote is the one the placement plan is made from."""
     from dlrm.placement.run_plan import PROFILE_NAME
 
-    over = decision.chosen.settings()
-    kind = decision.chosen.placement
-    if kind == "tiered" and not cfg.scm.directory:
-        over["scm_dir"] = scm_directory(cfg.scm, cfg.run_dir)
+    chosen = decision.chosen
+    over = {**chosen.settings(), **chosen.kind.settings(chosen, cfg)}
     made = cfg.run_dir / PROFILE_NAME
-    if kind in ("fae", "hotline", "tiered") and not cfg.placing.profile_file and made.is_file():
+    if "hot_budget" in chosen.kind.tuned_by and not cfg.placing.profile_file and made.is_file():
         over["profile_file"] = str(made)
-    out = _changed(cfg, over)
+    out = changed(cfg, over)
     if out is None:
         raise ConfigError(f"--placement auto: {decision.chosen.label()} is refused by the settings")
     return out

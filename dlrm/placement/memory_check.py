@@ -28,57 +28,24 @@ import logging
 import math
 
 import torch
-from torch import nn
 
-from dlrm.build import build_model, table_sizes
 from dlrm.config import TrainConfig
 from dlrm.data import DataSplits
 from dlrm.errors import ConfigError
-from dlrm.placement.build_collection import placement_needs, resolve_placement
-from embeddings import TableSpec, tables_for_features
-from embeddings.hot_rows import row_bytes
-from embeddings.room import TIERS, MemoryInventory, Needs, flag_bytes, fmt_bytes, inventory
+from dlrm.placement.build_collection import resolve_placement
+from dlrm.placement.kinds import AUTO
+from dlrm.placement.needs import (  # noqa: F401  (dense_needs, run_tables: this module's face too)
+    ACTIVATION_COPIES,
+    LOADER_BATCHES,
+    TIER_NAMES,
+    changed,
+    dense_needs,
+    run_tables,
+    with_placement,
+)
+from embeddings.room import TIERS, MemoryInventory, Needs, fmt_bytes, inventory
 
 log = logging.getLogger(__name__)
-
-ACTIVATION_COPIES = 3
-LOADER_BATCHES = 10  # the source builds up to 8 ahead (data_pipeline), the step and its pipeline
-TIER_NAMES = {"device": "CUDA memory", "host": "host DRAM", "disk": "disk"}
-
-
-def dense_needs(cfg: TrainConfig, data: DataSplits) -> Needs:
-    """The dense part, its activations at the batch size and the data loader (module docstring)."""
-    # the MLPs, no tables, on the meta device: counted without allocating (a DCN of rank 1e8
-    # would otherwise take its terabytes before this check could refuse it)
-    with torch.device("meta"):
-        model = build_model(cfg, data, torch.device("meta"), nn.Module())
-    params = sum(p.numel() for p in model.dense_parameters())
-    widths = sum(m.out_features for m in model.modules() if isinstance(m, nn.Linear))
-    del model
-    n = len(data.table_sizes)
-    per_row = widths + n * cfg.arch.sparse_feature_size + (n + 1) ** 2
-    opt = cfg.training.sparse_optimizer()
-    needs = Needs()
-    needs.add("device", "dense part", 4 * params * (2 + opt.dense_state_floats()))
-    if len(data.train):
-        batch = data.train.batch(0, 0)
-        rows, size = batch.dense_features.shape[0], _batch_bytes(batch)
-        test = cfg.eval_batch_size / cfg.training.mini_batch_size
-        acts = 4 * per_row * rows * max(ACTIVATION_COPIES, test)
-        needs.add("device", f"activations at batch {cfg.training.mini_batch_size}", int(acts))
-        needs.add("host", "data loader", int(size * (LOADER_BATCHES + 2 * test)))
-    return needs
-
-
-def _batch_bytes(batch) -> int:
-    kjt = batch.sparse_features
-    tensors = (batch.dense_features, batch.labels, kjt.values(), kjt.lengths())
-    return sum(t.numel() * t.element_size() for t in tensors)
-
-
-def run_tables(cfg: TrainConfig, data: DataSplits) -> list[TableSpec]:
-    sizes = table_sizes(cfg, data)
-    return tables_for_features(sizes, cfg.arch.sparse_feature_size, data.feature_names)
 
 
 def check_memory(cfg: TrainConfig, data: DataSplits, device: torch.device, world_size: int = 1):
@@ -88,7 +55,7 @@ def check_memory(cfg: TrainConfig, data: DataSplits, device: torch.device, world
         return None
     tables = run_tables(cfg, data)
     base = dense_needs(cfg, data)
-    needs = _with_placement(base, cfg, tables)
+    needs = with_placement(base, cfg, tables)
     room = inventory(device, cfg.placing.memory_bytes(), cfg.placing.device_memory_bytes(),
                      needs.disk_dir if needs.on("disk") else None)  # fmt: skip
     on_cpu = room.device is None
@@ -102,7 +69,7 @@ def check_memory(cfg: TrainConfig, data: DataSplits, device: torch.device, world
         )  # fmt: skip
         return needs, room
     placement = cfg.placing.placement
-    if placement == "auto":
+    if placement == AUTO:
         placement += f" ({resolve_placement(cfg.placing, tables, cfg.training.sparse_optimizer())})"
     fixes = _fixes(cfg, data, tables, base, room, on_cpu)
     if fixes is None:  # what to get more of: the tier that is short
@@ -113,13 +80,6 @@ def check_memory(cfg: TrainConfig, data: DataSplits, device: torch.device, world
         )
         fixes = f"no placement fits: use {more}"
     raise ConfigError(f"--placement {placement}: {'; '.join(short.values())}; {fixes}")
-
-
-def _with_placement(base: Needs, cfg: TrainConfig, tables: list[TableSpec]) -> Needs:
-    needs = Needs(list(base.items), base.disk_dir).extend(placement_needs(cfg, tables))
-    if cfg.run.resume:
-        needs.add("host", "checkpoint read (--resume)", needs.rows_in_memory())
-    return needs
 
 
 def _short(needs: Needs, room: MemoryInventory, on_cpu: bool) -> dict[str, str]:
@@ -147,70 +107,39 @@ def _short(needs: Needs, room: MemoryInventory, on_cpu: bool) -> dict[str, str]:
 
 
 def _fixes(cfg, data, tables, base: Needs, room: MemoryInventory, on_cpu: bool) -> str | None:
-    fits = []
-    for tries in _candidates(cfg, tables, base, room, on_cpu):
-        for over in tries:  # the first of each kind that fits
-            changed = _changed(cfg, over)
-            if changed is not None and _fits(changed, tables, base, room, on_cpu):
-                fits.append(_spell(over, changed, base, tables))
-                break
+    fits = [_spell(w, cfg) for w in _suggested(cfg, tables, base, room)]
     m = _max_ind_range(cfg, tables, base, room, on_cpu)
     if m is not None:
         fits.append(f"a smaller --max-ind-range ({m} or less)")
     return "settings that fit: " + ", or ".join(fits) if fits else None
 
 
-SHRINK = (1.0, 0.7, 0.5, 0.35, 0.25, 0.15)  # budgets tried, as shares of the first guess
-SMALLEST = 64 * 2**10  # a budget below this is no suggestion
+def _suggested(cfg, tables, base: Needs, room: MemoryInventory) -> list:
+    """Per kind, the first of the planner's candidates (dlrm/placement/enumerator.py, the same
+    enumerator; with no profile yet each kind's largest hot budget that fits) that fits with the
+    planner's margin: the run's own kind first (only what changes is spelled), then the others
+    in the registry's order."""
+    from dlrm.placement.enumerator import PLAN_MARGIN, CandidateSpace, Enumerator
+    from dlrm.placement.tiered_setup import scm_directory
+    from embeddings.room import disk_room
 
-
-def _candidates(cfg, tables, base: Needs, room: MemoryInventory, on_cpu: bool) -> list[list[dict]]:
-    """Overrides worth trying, each kind from its largest budgets down: where only CUDA memory is
-    short, the host placement, or a --hot-budget of 80% of the device room left; the SSD tier
-    (first guess: 40% of the host room left for hot rows and 30% for the row cache and its
-    bookkeeping on the CPU, half of each room on CUDA; the cache no larger than the tables)."""
-    out = []
-    if not on_cpu and room.device is not None:
-        hot = (room.device.bytes - base.on("device")) * 4 // 5
-        if cfg.placing.placement == "device":
-            out.append([dict(placement="host")])
-        if cfg.placing.placement in ("fae", "hotline", "tiered"):
-            out.append([dict(hot_budget=flag_bytes(int(hot * s))) for s in SHRINK
-                        if hot * s >= SMALLEST])  # fmt: skip
-    if len({t.embedding_dim for t in tables}) == 1:
-        out.append(_tiered(cfg, tables, base, room, on_cpu))
-    return out
-
-
-def _tiered(cfg, tables, base: Needs, room: MemoryInventory, on_cpu: bool) -> list[dict]:
-    probe = _changed(cfg, dict(placement="tiered", hot_budget=0, scm_cache=0))
-    if probe is None or room.host is None or (not on_cpu and room.device is None):
-        return []
-    fixed = _with_placement(base, probe, tables)
-    fixed = fixed.device_on_host() if on_cpu else fixed
-    host = room.host.bytes - fixed.on("host")
-    if on_cpu:
-        hot, cache = host * 2 // 5, host * 3 // 10
-    else:
-        hot, cache = (room.device.bytes - fixed.on("device")) // 2, host // 2
-    opt = probe.training.sparse_optimizer()
-    rows = sum(t.num_embeddings * row_bytes(t.embedding_dim, opt) for t in tables)
-    hot, cache = min(hot, rows), min(cache, rows)  # --scm-cache is capped at the rows anyway
-    return [dict(placement="tiered", hot_budget=flag_bytes(int(hot * s)),
-                 scm_cache=flag_bytes(int(cache * s)))
-            for s in SHRINK if min(hot, cache) * s >= SMALLEST]  # fmt: skip
-
-
-def _changed(cfg: TrainConfig, over: dict) -> TrainConfig | None:
-    """`cfg` with `over`, or None when the combination is refused by the settings' rules."""
-    try:
-        return cfg.replace(**over)
-    except ConfigError:
-        return None
+    if room.disk is None:  # a kind with an SSD tier is judged against the disk under --scm-dir
+        room = MemoryInventory(
+            room.device, room.host, disk_room(scm_directory(cfg.scm, cfg.run_dir))
+        )
+    space = CandidateSpace(cfg, tables, base, room, PLAN_MARGIN)
+    space.rows_cap = None  # a --hot-budget given is what the suggestion replaces
+    first: dict[str, object] = {}
+    for cand in Enumerator()(space):
+        if cand.placement not in first and space.weigh(cand).fits:
+            first[cand.placement] = cand
+    own = cfg.placing.placement  # as it is, it does not fit: its own candidate differs
+    ordered = ([first.pop(own)] if own in first else []) + list(first.values())
+    return [space.weigh(c) for c in ordered]
 
 
 def _fits(cfg, tables, base: Needs, room: MemoryInventory, on_cpu: bool) -> bool:
-    needs = _with_placement(base, cfg, tables)
+    needs = with_placement(base, cfg, tables)
     if needs.on("disk") and room.disk is None:
         from embeddings.room import disk_room
 
@@ -218,11 +147,22 @@ def _fits(cfg, tables, base: Needs, room: MemoryInventory, on_cpu: bool) -> bool
     return not _short(needs, room, on_cpu)
 
 
-def _spell(over: dict, cfg: TrainConfig, base: Needs, tables) -> str:
-    flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in over.items())
-    if over.get("placement") == "tiered":
-        disk = placement_needs(cfg, tables).on("disk")
-        flags += f" --scm-dir DIR (an SSD with {fmt_bytes(disk)} free)"
+def _spell(w, cfg: TrainConfig) -> str:
+    """A candidate as the flags that change the run into it: of its own kind, only the sizes
+    that change; another kind's in full, with where its files go when it has a disk tier."""
+    from embeddings.room import flag_bytes
+
+    c = w.candidate
+    own = c.placement == cfg.placing.placement
+    now = {"hot_budget": cfg.placing.hot_budget.bytes, "scm_cache": cfg.scm.cache.bytes}
+    over = {k: v for k, v in c.settings().items()
+            if not own or (k != "placement" and flag_bytes(v) != flag_bytes(now[k]))}  # fmt: skip
+    flags = " ".join(
+        f"--{k.replace('_', '-')} {v if k == 'placement' else flag_bytes(v)}"
+        for k, v in over.items()
+    )
+    if not own and w.needs.on("disk") and not cfg.scm.directory:  # on a disk the user picks
+        flags += f" --scm-dir DIR (an SSD with {fmt_bytes(w.needs.on('disk'))} free)"
     return flags
 
 

@@ -38,6 +38,7 @@ import torch.distributed as dist
 
 from dlrm.config import TrainConfig
 from dlrm.errors import ConfigError
+from dlrm.placement.kinds import AUTO, all_kinds, placement_kind
 
 log = logging.getLogger(__name__)
 
@@ -290,7 +291,7 @@ def sharded_embeddings(cfg: TrainConfig, tables, device: torch.device):
     opt = cfg.training.sparse_optimizer()
     min_columns = cfg.distributed.sharding_min_columns or None
     try:
-        if cfg.placing.placement in ("fae", "hotline"):
+        if _kind(cfg) is not None and _kind(cfg).multi_process == "hot_replicated":
             from embeddings.hot_replicated import HotReplicatedCollection
 
             hot = hot_rows(cfg, tables, opt)
@@ -325,7 +326,7 @@ def hot_rows(cfg: TrainConfig, tables, opt) -> list:
     if dist.get_rank() == 0:
         try:
             whole = build_data(cfg, 0, 1).train  # every sample of the global batches
-            one_home = cfg.placing.placement == "hotline"
+            one_home = _kind(cfg).one_home
             files = PlanFiles.of(cfg)
             plan = obtain_plan(cfg.placing, files, tables, opt, whole, one_home=one_home)
             table_of, rows = plan.hot_ids()
@@ -346,6 +347,16 @@ def hot_rows(cfg: TrainConfig, tables, opt) -> list:
     return [part.numpy() for part in torch.split(ids, counts.tolist())]
 
 
+def _kind(cfg: TrainConfig):
+    """The run's placement kind (None: `auto`, which several processes run as device)."""
+    name = cfg.placing.placement
+    return None if name == AUTO else placement_kind(name)
+
+
+def _either(names: list[str], word: str = "or") -> str:
+    return ", ".join(names[:-1]) + f" {word} " + names[-1] if len(names) > 1 else "".join(names)
+
+
 def check_supported(cfg: TrainConfig, world: int) -> None:
     """What several processes cannot run (yet): one line, before any work."""
     for flag, batch in (("--mini-batch-size", cfg.training.mini_batch_size),
@@ -354,12 +365,16 @@ def check_supported(cfg: TrainConfig, world: int) -> None:
             raise ConfigError(
                 f"{flag} {batch}: the global batch must split evenly over the {world} processes"
             )
-    if cfg.placing.placement in ("host", "tiered"):
+    kind = _kind(cfg)
+    if kind is not None and kind.multi_process is None:
+        able = [k for k in all_kinds() if k.multi_process is not None]
+        replicated = [k.name for k in able if k.multi_process == "hot_replicated"]
         raise ConfigError(
             f"--placement {cfg.placing.placement}: not with several processes (the tables are sharded "
-            "across them); use device, fae or hotline (hot rows replicated, cold rows sharded)"
+            f"across them); use {_either([k.name for k in able])} ({_either(replicated, 'and')}: "
+            "hot rows replicated, cold rows sharded)"
         )
-    if cfg.placing.placement == "hotline" and cfg.hotline.learn_batches:
+    if kind is not None and kind.one_home and cfg.hotline.learn_batches:
         raise ConfigError(
             "--hotline-learn-batches: not with several processes (the hot rows replicated on "
             "every rank are fixed before training); give a profile or let the run profile"
@@ -388,10 +403,10 @@ def resumable_with(cfg: TrainConfig, path: Path, data: dict, world: int) -> dict
     written = int(data.get("world_size", 1))
     if (written == 1) == (world == 1):
         return data
-    if cfg.placing.placement == "fae":
+    if _kind(cfg) is not None and _kind(cfg).regroups_batches:
         raise ConfigError(
             f"--resume: {path} was written by {written} process(es) and is resumed by {world}: "
-            "not with --placement fae (one process regroups the batches into FAE's schedule, "
+            f"not with --placement {cfg.placing.placement} (one process regroups the batches into FAE's schedule, "
             f"several do not); resume it with {'one process' if written == 1 else 'several'}"
         )
     if world > 1:

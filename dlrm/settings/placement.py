@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from dlrm.errors import ConfigError
+from dlrm.placement.kinds import AUTO, CHOICES, all_kinds
 from dlrm.settings.fields import (
     AT_LEAST_0,
     FINITE_AT_LEAST_0,
@@ -21,19 +22,9 @@ from dlrm.settings.fields import (
 )
 from dlrm.settings.sections import unit_interval
 
-PLACEMENTS = {
-    "device": "every table on the training device (the fused collection)",
-    "host": "every table in host memory; pooled embeddings go to the device and their gradients "
-    "come back (the CPU-GPU hybrid baseline)",
-    "fae": "the hot rows replicated on the device; mini-batches whose lookups are all hot train "
-    "there, the others on the host tier (FAE, docs/placement.md)",
-    "hotline": "the hot rows on the device, every other row in host memory; each mini-batch's "
-    "cold rows are staged onto the device ahead of its step (docs/hotline.md)",
-    "tiered": "the hot rows on the device, every other row in a file on SSD behind a DRAM row "
-    "cache, staged as hotline's (docs/scm.md)",
-    "auto": "the planner chooses: device when every table fits the device's memory, else the "
-    "fastest predicted placement and budgets that fit the memory inventory (docs/placement.md)",
-}
+# --placement's choices, {value: what it means}: the registered placement kinds and auto, read
+# from the registry whenever read (dlrm/placement/kinds.py)
+PLACEMENTS = CHOICES
 
 
 @dataclass
@@ -89,15 +80,12 @@ class PlacementConfig(Section):
         return None if self.device_memory_limit is None else self.device_memory_limit.bytes
 
     def check(self) -> None:
-        if self.embedding_init == "hashed" and self.placement not in ("device", "tiered"):
+        # a kind's own rules (its initial rows among them) are its `check`, run by TrainConfig's
+        # check with every section at hand; auto's choice is not known yet, so it starts uniform
+        if self.placement == AUTO and self.embedding_init == "hashed":
+            able = [k.name for k in all_kinds() if "hashed" in k.initial_rows]
             raise ConfigError(
-                "--embedding-init hashed: supported by --placement device and tiered, "
-                f"not {self.placement}"
-            )
-        if self.placement == "tiered" and self.embedding_init == "uniform":
-            raise ConfigError(
-                "--embedding-init uniform: --placement tiered initialises every row as a "
-                "pure function of seed, table and row (hashed), so untouched rows need no storage"
+                f"--embedding-init hashed: supported by --placement {' and '.join(able)}, not auto"
             )
 
 

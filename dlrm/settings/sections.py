@@ -294,6 +294,11 @@ class RunConfig(Section):
         None, "--save-model", "write the trained weights here", free=True
     )
     load_model: str | None = setting(None, "--load-model", "start from these weights", free=True)
+    overwrite: bool = setting(
+        False, "--overwrite",
+        "replace an existing file an output flag names that this product did not write for it "
+        "(docs/integrity.md: the output rule)", free=True,
+    )  # fmt: skip
     inference_only: bool = setting(
         False, "--inference-only", "only evaluate (with --load-model or --resume)", free=True
     )

@@ -56,6 +56,7 @@ from hybrid_dlrm.common.manifest import (
     unseal,
 )
 from hybrid_dlrm.common.manifest import digests as file_digests
+from hybrid_dlrm.common.outputs import Purpose, check_output
 
 FORMAT = "hybrid-dlrm-inference-artifact"
 VERSION = 2  # 1: the manifest unsealed
@@ -89,14 +90,17 @@ def _file_name(key: str) -> str:
 # --- writing --------------------------------------------------------------------------------------
 
 
+# what quantize's --out makes (hybrid_dlrm/common/outputs.py): a new or empty directory; an
+# artifact is never replaced in place (a Predictor may be serving it)
+ARTIFACT_DIRECTORY = Purpose("artifact directory", directory=True)
+
+
 class ArtifactWriter:
     """Collects tensors and files in a temporary directory; `finish(manifest)` hashes them,
     writes the manifest and renames the directory into place."""
 
     def __init__(self, out: Path) -> None:
-        self.out = Path(out)
-        if self.out.exists() and (not self.out.is_dir() or any(self.out.iterdir())):
-            raise ArtifactError(f"{self.out}: already exists; choose another --out or remove it")
+        self.out = check_output(out, "--out", ARTIFACT_DIRECTORY, error=ArtifactError)
         self.tmp = self.out.with_name(f".{self.out.name}.tmp-{os.getpid()}")
         shutil.rmtree(self.tmp, ignore_errors=True)
         self.files: dict[str, dict] = {}

@@ -1,10 +1,11 @@
 """Where `hybrid_dlrm.serving.predict` writes: `--out` checked so that nothing already there is destroyed
 by mistake, and the CSV written whole or not at all.
 
-An existing `--out` is refused unless `--overwrite`; the input, the artifact and the SSD tier are
-never written over, whatever the name (resolved paths, and device and inode for hard links);
-anything not a regular file (a symbolic link, a device such as /dev/null, a FIFO, a directory) is
-refused, with `--overwrite` too: replacing it would replace the node itself. `-` is stdout. The
+`--out` follows the output rule every command shares (hybrid_dlrm/common/outputs.py): an existing
+file is refused unless `--overwrite` (a CSV carries no mark of who wrote it); the input, the
+artifact and the SSD tier are never written over, whatever the name (resolved paths, and device
+and inode for hard links); anything not a regular file (a symbolic link, a device such as
+/dev/null, a FIFO, a directory) is refused, with `--overwrite` too. `-` is stdout. The
 file is written beside its name and renamed over it at the end (hybrid_dlrm/common/atomic.py); a failed
 write (a full disk names its mount point) removes the temporary and keeps what was there.
 """
@@ -12,60 +13,30 @@ write (a full disk names its mount point) removes the temporary and keeps what w
 from __future__ import annotations
 
 import errno
-import os
-import stat
 import sys
 from pathlib import Path
 
 from data_pipeline.errors import DataError, mount_point
 from hybrid_dlrm.common.atomic import AtomicFile
+from hybrid_dlrm.common.outputs import Purpose, check_output
 
-_KINDS = {stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
-          stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory",
-          stat.S_IFLNK: "a symbolic link"}  # fmt: skip
+PREDICTIONS_CSV = Purpose("predictions CSV")  # no identity: an existing file needs --overwrite
 
 
 def check_out(out: str, overwrite: bool, protected: dict[str, Path]) -> Path | None:
-    """The file `--out` names (None: stdout), or ConfigError when writing it could destroy
-    something: an existing file without `overwrite`, anything but a regular file, or any of
-    `protected` (flag -> the input, the artifact, the tier: files or directories, by resolved
-    path and by device and inode)."""
+    """The file `--out` names (None: stdout), or ConfigError by the output rule
+    (hybrid_dlrm/common/outputs.py): an existing file without `overwrite`, anything but a
+    regular file, or any of `protected` (flag -> the input, the artifact, the tier: files or
+    directories, by resolved path and by device and inode)."""
     from dlrm.errors import ConfigError
 
     if out == "-":
         return None
-    path = Path(out)
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        st = None
-    except OSError as e:
-        raise ConfigError(f"--out: {path}: cannot be examined ({e.strerror or e})") from None
-    if st is not None and not stat.S_ISREG(st.st_mode):
-        kind = _KINDS.get(stat.S_IFMT(st.st_mode), "not a regular file")
-        raise ConfigError(f"--out: {path} is {kind}; expected a CSV file name (or - for stdout)")
-    if not path.parent.is_dir():
+    path = check_output(
+        out, "--out", PREDICTIONS_CSV, protected=protected, overwrite=overwrite, error=ConfigError
+    )
+    if not path.parent.is_dir():  # the CSV's writer makes no directories
         raise ConfigError(f"--out: {path.parent} does not exist")
-    target = path.parent.resolve() / path.name
-    inodes = {(st.st_dev, st.st_ino)} if st is not None else set()
-    for flag, p in protected.items():
-        if not p.exists():
-            continue
-        rp = p.resolve()
-        files = [f for f in rp.rglob("*") if f.is_file()] if rp.is_dir() else [rp]
-        if (
-            target == rp
-            or rp in target.parents
-            or any((f.stat().st_dev, f.stat().st_ino) in inodes for f in files)
-        ):
-            what = "is" if rp.is_file() else "is inside"
-            raise ConfigError(
-                f"--out: {path} {what} {flag} {p}, which is never written over; choose another name"
-            )
-    if st is not None and not overwrite:
-        raise ConfigError(
-            f"--out: {path} already exists; pass --overwrite to replace it, or choose another name"
-        )
     return path
 
 

@@ -33,9 +33,11 @@ from data_pipeline.errors import DataError
 from dlrm.errors import ArchError, CheckpointError, ConfigError
 from dlrm.metrics import binary_metrics
 from dlrm.models.quantized import MLP_PRECISIONS, from_float_state
+from dlrm.run_layout import run_files
 from dlrm.train import EXIT_USAGE, OneLineParser
 from embeddings.quantized import TABLE_PRECISIONS, check_precision
-from hybrid_dlrm.serving.artifact import ArtifactError, ArtifactWriter
+from hybrid_dlrm.common.outputs import check_output
+from hybrid_dlrm.serving.artifact import ARTIFACT_DIRECTORY, ArtifactError, ArtifactWriter
 from hybrid_dlrm.serving.inference_data import (
     BatchList,
     Source,
@@ -101,6 +103,16 @@ def parse_overrides(text: str, tables) -> dict[int, str]:
     return out
 
 
+def _inputs(a: argparse.Namespace) -> dict[str, Path]:
+    """What an export reads: never written by --out (a run directory: its run files)."""
+    source = Path(a.source)
+    inputs = run_files(source, "the source's") if source.is_dir() else {"the source": source}
+    for flag, value in (("--data", a.data), ("--mapping-data", a.mapping_data)):
+        if value:
+            inputs[flag] = Path(value)
+    return inputs
+
+
 def _check_args(a: argparse.Namespace) -> None:
     if a.check:
         if not a.against:
@@ -110,6 +122,8 @@ def _check_args(a: argparse.Namespace) -> None:
         raise ConfigError("a source is needed: a run directory, checkpoint or --save-model file")
     if not a.out:
         raise ConfigError("--out: needs the artifact directory to write")
+    # ArtifactError, as ArtifactWriter raised it before: what a library caller catches
+    check_output(a.out, "--out", ARTIFACT_DIRECTORY, protected=_inputs(a), error=ArtifactError)
     if a.emb_precision not in EMB_CHOICES:
         raise ConfigError(
             f"--emb-precision: expected one of {', '.join(EMB_CHOICES)}, got {a.emb_precision!r}"

@@ -1,5 +1,5 @@
 """`--placement auto` (dlrm/placement/auto.py): the candidates weighed against a fixed inventory and a
-fake predictor registered here, so every decision is exact; the decision file, its reuse on
+fake predictor given to the planner here, so every decision is exact; the decision file, its reuse on
 resume, and the measured-against-predicted event of a run."""
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from dlrm.errors import ConfigError
 from dlrm.placement import auto as planner
 from dlrm.placement import candidates as planning
 from dlrm.placement.auto import DECISION_NAME, plan, resolve_auto
-from dlrm.placement.candidates import Prediction
+from dlrm.placement.candidates import Prediction, StepTime
+from dlrm.placement.kinds import kind_names
 from dlrm.trainer import Trainer
 from embeddings import SparseOptimizer
 from embeddings.hot_rows import row_bytes
@@ -33,6 +34,11 @@ def fake_ms(c) -> float:
     return BASE_MS[c.placement] - c.hot_budget / MiB + (0.0 if c.scm_cache else 0.001)
 
 
+def use_predictor(monkeypatch, predict) -> None:
+    """The planner of every run and `plan` call in the test predicts with `predict`."""
+    monkeypatch.setattr(planner, "default_planner", lambda: planner.Planner(predictor=predict))
+
+
 @pytest.fixture
 def predicted(monkeypatch):
     calls = []
@@ -41,15 +47,15 @@ def predicted(monkeypatch):
         assert cfg.placement == candidate.placement and sample.profile is not None
         assert len(sample.batches) == len(sample.batch_indices) > 0
         calls.append(candidate)
-        return Prediction(fake_ms(candidate), {"all": fake_ms(candidate)})
+        return Prediction.of(StepTime(dense=fake_ms(candidate)))
 
-    monkeypatch.setattr(planning, "_PREDICTOR", predict)
+    use_predictor(monkeypatch, predict)
     return calls
 
 
 @pytest.fixture
 def no_predictor(monkeypatch):
-    monkeypatch.setattr(planning, "_PREDICTOR", None)
+    use_predictor(monkeypatch, None)
 
 
 def fixed_room(monkeypatch, device: int | None, host: int = 8 * GiB, disk: int = 64 * GiB):
@@ -80,30 +86,29 @@ def test_the_fastest_predicted_candidate_that_fits_is_chosen(make_config, monkey
     assert all(w.prediction is None for w in faster)
     assert rows[planning.Candidate("device")].rejected.startswith("CUDA memory short by")
     # every kind was weighed; only the fitting ones were predicted
-    assert {w.candidate.placement for w in d.weighed} == set(planning.KINDS)
+    assert {w.candidate.placement for w in d.weighed} == set(kind_names())
     assert sorted(map(repr, predicted)) == sorted(repr(w.candidate) for w in fitting)
     assert "the fastest predicted" in d.how and "CHOSEN" in d.table()
 
 
 def test_equal_predictions_go_to_the_candidate_that_needs_least_memory(make_config, monkeypatch):
     # tiered caches a run never fills read nothing whatever their size: predicted alike
-    monkeypatch.setattr(
-        planning, "_PREDICTOR",
-        lambda cfg, c, s: Prediction(5.0 if c.placement == "tiered" else 50.0, {}),
-    )  # fmt: skip
+    use_predictor(
+        monkeypatch, lambda cfg, c, s: Prediction(5.0 if c.placement == "tiered" else 50.0)
+    )
     fixed_room(monkeypatch, device=2 * MiB, host=3 * MiB)
     d = decide(make_config)
     tiered = [
         w for w in d.weighed if w.prediction is not None and w.candidate.placement == "tiered"
     ]
     assert len({w.candidate.scm_cache for w in tiered}) > 1
-    least = min(tiered, key=lambda w: w.needs.get("device", 0) + w.needs.get("host", 0))
+    least = min(tiered, key=lambda w: w.needs.on("device") + w.needs.on("host"))
     assert d.chosen == least.candidate
 
 
 def test_margin_rejects_what_fits_only_without_it(make_config, monkeypatch, predicted):
     fixed_room(monkeypatch, device=GiB)
-    need = decide(make_config).weighed[0].needs["device"]  # device fits: nothing else weighed
+    need = decide(make_config).weighed[0].needs.on("device")  # device fits: nothing else weighed
     room = int(need / 0.9)  # fits, but not with 30% left free
     fixed_room(monkeypatch, device=room)
     d = decide(make_config)
@@ -126,7 +131,7 @@ def test_tiered_over_the_disk_is_rejected_with_the_tier_it_lacks(
     tiered = [w for w in d.weighed if w.candidate.placement == "tiered"]
     assert tiered and all(w.rejected.startswith("disk short by") for w in tiered)
     for w in tiered:
-        assert w.rejected == f"disk short by {fmt_bytes(w.needs['disk'] - MiB)}"
+        assert w.rejected == f"disk short by {fmt_bytes(w.needs.on('disk') - MiB)}"
 
 
 def test_without_a_predictor_the_preference_order_decides(make_config, monkeypatch, no_predictor):
@@ -190,7 +195,7 @@ def test_decision_is_written_measured_and_reused_on_resume(
     # resumed at step 10 with a predictor that prefers another placement: the decision stays
     (run / "checkpoints" / "step_000000020.pt").unlink()
     (run / "summary.json").unlink()
-    monkeypatch.setattr(planning, "_PREDICTOR", lambda cfg, c, s: Prediction(-fake_ms(c)))
+    use_predictor(monkeypatch, lambda cfg, c, s: Prediction(-fake_ms(c)))
     resumed = Trainer(make_config(**common, resume="auto"))
     assert resumed.state.step == 10
     again = resumed.fit()
@@ -220,7 +225,7 @@ def test_tbsm_is_planned_and_trained(make_config, tmp_path, monkeypatch, predict
     )  # fmt: skip
     data = build_data(cfg)
     fixed_room(monkeypatch, device=GiB)
-    need = plan(cfg, data, CPU, write=False).weighed[0].needs["device"]  # fits
+    need = plan(cfg, data, CPU, write=False).weighed[0].needs.on("device")  # fits
     tables = sum(data.table_sizes) * row_bytes(16, SparseOptimizer("adagrad"))
     # the device short of half the tables: the dense part fits, with every hot budget under half
     fixed_room(monkeypatch, device=int((need - tables // 2) / (1 - planner.PLAN_MARGIN)))
@@ -237,7 +242,7 @@ def test_auto_on_cuda_plans_with_device_memory(make_config, no_predictor):
     cfg = make_config(**BIG, device="cuda")
     d = plan(cfg, build_data(cfg), torch.device("cuda"), write=False)
     assert d.room["device"]["source"] == "free CUDA memory"
-    assert d.chosen.placement == "device" and d.weighed[0].needs["device"] > 0
+    assert d.chosen.placement == "device" and d.weighed[0].needs.on("device") > 0
 
 
 def test_a_given_hot_budget_bounds_the_rows_on_the_device(make_config, no_predictor):
@@ -258,8 +263,8 @@ def test_the_planning_sample_takes_batches_the_profile_did_not_count(
     from dlrm.placement.run_plan import profiled_batches
 
     seen = []
-    fn = planning._PREDICTOR
-    monkeypatch.setattr(planning, "_PREDICTOR", lambda c, cand, s: seen.append(s) or fn(c, cand, s))
+    fn = planner.default_planner().predictor
+    use_predictor(monkeypatch, lambda c, cand, s: seen.append(s) or fn(c, cand, s))
     fixed_room(monkeypatch, device=2 * MiB)
     cfg = make_config(**BIG, profile_sample_rate=0.25)
     plan(cfg, build_data(cfg), CPU, write=False)
@@ -336,10 +341,10 @@ def test_the_table_names_what_predicted_and_how_to_fit_a_model(make_config, monk
     with the two commands that fit one; a fitted model's are labelled without the hint."""
     fixed_room(monkeypatch, device=2 * MiB)
     for source, hint in (("roofline (no fitted model)", True), ("fitted model", False)):
-        monkeypatch.setattr(
-            planning, "_PREDICTOR",
+        use_predictor(
+            monkeypatch,
             lambda cfg, c, s, src=source: Prediction(fake_ms(c), detail={"source": src}),
-        )  # fmt: skip
+        )
         lines = decide(make_config).table().splitlines()
         assert f"  predicted by: {source}" in lines
         assert any("python -m perfmodel fit --bench DIR" in line for line in lines) == hint

@@ -42,13 +42,15 @@ def test_out_dir_that_is_a_file_and_save_model_that_is_a_directory(tmp_path, cap
     a_file = tmp_path / "taken"
     a_file.write_text("mine")
     rc, err = run_cli([*TINY_CLI, "--out-dir", str(a_file)], capsys)
-    assert rc == 2 and err.endswith(f"--out-dir: {a_file} is a file, not a directory"), err
+    assert rc == 2 and err.endswith(
+        f"--out-dir: {a_file} is a regular file; expected the name of a run directory"
+    ), err
     assert a_file.read_text() == "mine"
     rc, err = run_cli(
         [*TINY_CLI, "--out-dir", str(tmp_path / "r"), "--save-model", str(tmp_path)], capsys
     )
     assert rc == 2 and err.endswith(
-        f"--save-model: {tmp_path} is a directory; give the file to write"
+        f"--save-model: {tmp_path} is a directory; expected the name of a model file"
     )
     assert not (tmp_path / "r").exists()  # refused before training, not after
 
@@ -161,14 +163,18 @@ def test_profile_plan_and_perf_log_paths_are_checked_before_any_work(tmp_path, c
     a_file = tmp_path / "taken"
     a_file.write_text("mine")
     out = tmp_path / "run"
-    cases = [(str(a_file / "x.npz"), f"{a_file} is a file, not a directory")]
+    cases = [(str(a_file / "x.npz"), f"{a_file / 'x.npz'} cannot be created: {a_file} is a file")]
     if flag == "--perf-log":  # a directory
         cases = [
             (str(a_file / "x"), f"{a_file / 'x'} cannot be created: {a_file} is a file"),
-            (str(a_file), f"{a_file} is a file, not a directory"),
+            (
+                str(a_file),
+                f"{a_file} is a regular file; expected the name of a perf trace directory",
+            ),
         ]
     else:
-        cases.append((str(tmp_path), f"{tmp_path} is a directory; give the file to write"))
+        what = "access profile" if flag == "--profile-file" else "placement plan"
+        cases.append((str(tmp_path), f"{tmp_path} is a directory; expected the name of a {what}"))
     for value, message in cases:
         rc, err = run_cli([*TINY_CLI, "--placement", "fae", "--out-dir", str(out), flag, value],
                           capsys)  # fmt: skip

@@ -108,12 +108,13 @@ def test_summary_shares_and_zipf_fit():
 def test_cli_profiles_npy_files_and_plots(tmp_path, capsys):
     rng = np.random.default_rng(2)
     ids = np.stack([rng.integers(0, n, 400) for n in SIZES], 1).astype(np.int32)
-    np.save(tmp_path / "day_0.sparse.npy", ids)
-    (tmp_path / "meta.json").write_text(json.dumps({"table_sizes": SIZES, "feature_names": NAMES}))
+    data = tmp_path / "data"  # an input directory: nothing is written inside it
+    data.mkdir()
+    np.save(data / "day_0.sparse.npy", ids)
+    (data / "meta.json").write_text(json.dumps({"table_sizes": SIZES, "feature_names": NAMES}))
     out, png = tmp_path / "prof.npz", tmp_path / "cdf.png"
     assert (
-        main([str(tmp_path), "--profile-sample-rate", "1", "--out", str(out), "--plot", str(png)])
-        == 0
+        main([str(data), "--profile-sample-rate", "1", "--out", str(out), "--plot", str(png)]) == 0
     )
     summary = json.loads(capsys.readouterr().out)
     assert summary["inputs"] == 400 and [t["lookups"] for t in summary["tables"]] == [400] * 3
@@ -137,7 +138,7 @@ def test_cli_write_targets_are_checked_before_profiling_and_damage_is_one_line(t
     a_file.write_text("mine")
     for flag, target, said in [
         ("--out", a_file / "p.npz", f"{a_file / 'p.npz'} cannot be created: {a_file} is a file"),
-        ("--plot", tmp_path, f"{tmp_path} is a directory; give the file to write"),
+        ("--plot", tmp_path, f"{tmp_path} is a directory; expected the name of a profile plot PNG"),
     ]:
         with pytest.raises(SystemExit) as e:
             main([str(ids), flag, str(target)])

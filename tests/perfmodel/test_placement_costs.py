@@ -13,7 +13,7 @@ import pytest
 
 from data_pipeline.synthetic import PlantedWorld, SyntheticBatchSource, SyntheticConfig
 from dlrm.config import TrainConfig
-from dlrm.placement.candidates import Candidate
+from dlrm.placement.candidates import Candidate, PlanMemo
 from embeddings.config import SparseOptimizer, TableSpec
 from embeddings.profile import AccessProfiler
 from embeddings.row_layout import table_row_base
@@ -40,7 +40,7 @@ def sample():
         prof.add_kjt(src.batch(0, j).sparse_features)
     batches = [src.batch(0, j).sparse_features for j in range(1, 40, 2)]
     return SimpleNamespace(profile=prof.finish(), batches=batches, steps=(0, 200),
-                           stream=lambda: batches)  # fmt: skip
+                           stream=lambda: batches, memo=PlanMemo())  # fmt: skip
 
 
 def config(**kw):
@@ -56,7 +56,7 @@ def stubbed(monkeypatch):
     """The step, the machine's row costs and the disk fixed: predictions without measuring."""
     step = {"ms": 5.0, "dense": 4.0, "lookup": 1.0, "source": "stub"}
     monkeypatch.setattr(
-        pc, "step_time", lambda cfg, sizes, placement="device", table_sizes=None: step
+        pc, "step_time", lambda cfg, sizes, placement="device", table_sizes=None, memo=None: step
     )
     figs = {"gather_ns_16": 50.0, "gather_ns_128": 200.0, "scatter_ns_16": 60.0,
             "scatter_ns_128": 250.0, "hash_ns_per_row": 30.0, "crc_us_per_block": 1.0,
@@ -132,7 +132,7 @@ def test_a_bigger_cache_never_predicts_more_misses(sample, stubbed):
     assert reads == sorted(reads, reverse=True) and reads[0] > reads[-1]
     assert hits == sorted(hits) and hits[0] == 0.0 and hits[-1] > 0.5
     for p in out:  # the parts add up to the prediction
-        assert p.ms_per_step == pytest.approx(sum(p.parts.values()))
+        assert p.ms_per_step == pytest.approx(p.parts.total())
 
 
 @pytest.mark.parametrize("kind", ["hotline", "tiered"])
@@ -157,7 +157,7 @@ def test_the_step_threads_part_is_the_measured_line_over_the_cold_rows(sample, s
                                  sample)  # fmt: skip
         rows = p.detail["cold_rows_per_batch"]
         home = rows * 30.0 / 1e6 if kind == "tiered" else 0.0
-        assert p.parts["load"] == pytest.approx((fixed + rows * per_row) / 1e3 + home)
+        assert p.parts.load == pytest.approx((fixed + rows * per_row) / 1e3 + home)
     assert rows < p.detail["lookups_per_batch"]
 
 
@@ -166,11 +166,11 @@ def test_prefetch_hides_staging_only_with_a_worker(sample, stubbed, monkeypatch)
     c = Candidate("hotline", 5 * DIM * 4)
     on = pc.predict_candidate(config(placement="hotline", hotline_prefetch=1), c, sample)
     off = pc.predict_candidate(config(placement="hotline", hotline_prefetch=0), c, sample)
-    assert off.parts["hidden"] == 0.0 and on.parts["hidden"] < 0.0
+    assert off.parts.hidden == 0.0 and on.parts.hidden < 0.0
     assert on.ms_per_step < off.ms_per_step
     monkeypatch.setattr(pc, "_spare_core", lambda: False)
     busy = pc.predict_candidate(config(placement="hotline", hotline_prefetch=1), c, sample)
-    assert busy.parts["hidden"] == 0.0
+    assert busy.parts.hidden == 0.0
 
 
 def test_disk_figures_are_measured_once_then_read_back(tmp_path, monkeypatch):
@@ -205,15 +205,17 @@ def test_read_time_grows_with_the_reads_even_from_a_noisy_measurement():
     assert disk.read_seconds(noisy, 1000) == 1000 / 60000  # past the depth: the deepest IOPS
 
 
-def test_importing_the_plugin_registers_the_predictor():
-    code = ("from dlrm.placement import candidates as planning; from dlrm.pipelines import step_hooks; assert planning.predictor() is None; "
-            "step_hooks.load_plugins(); p = planning.predictor(); "
-            "print(p.__module__, p.__name__)")  # fmt: skip
+def test_the_planner_finds_the_plugins_step_costs_without_an_import_side_effect():
+    """Importing the plugin registers no predictor anywhere: the planner looks the step costs'
+    factory up when a plan starts, and each lookup makes a fresh one (nothing shared)."""
+    code = ("import sys; from dlrm.placement import candidates as planning; "
+            "f = planning.default_costs(); a, b = f(), f(); assert a is not b; "
+            "print(f.__module__, f.__name__, hasattr(planning, 'register_predictor'))")  # fmt: skip
     env = dict(os.environ, PYTHONPATH=str(ROOT), HYBRID_DLRM_PLUGINS="perfmodel.recorder")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          cwd=ROOT, timeout=120)  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split() == ["perfmodel.placement_costs", "predict_candidate"]
+    assert out.stdout.split() == ["perfmodel.placement_costs", "PlacementCosts", "False"]
 
 
 def test_staged_candidates_share_one_captured_device_step(monkeypatch, tmp_path):
@@ -233,14 +235,16 @@ def test_staged_candidates_share_one_captured_device_step(monkeypatch, tmp_path)
 
     monkeypatch.setattr(pc, "_fitted_model", lambda: Model())
     monkeypatch.setattr(graph, "graph_for", fake_graph_for)
-    monkeypatch.setattr(pc, "_STEPS", {})
+    memo = PlanMemo()  # one plan's
     for hot, cache in ((10, 100), (50, 100), (50, 4000)):
         cfg = config(placement="tiered", hot_budget=hot * DIM * 4, scm_cache=cache * DIM * 4,
                      scm_dir=str(tmp_path / f"scm{hot}-{cache}"))  # fmt: skip
-        assert pc.step_time(cfg, SIZES, "device", [7, 8, 9, 10])["ms"] == 1.0
+        assert pc.step_time(cfg, SIZES, "device", [7, 8, 9, 10], memo=memo)["ms"] == 1.0
     assert len(keys) == 1
-    pc.step_time(config(placement="fae", hot_budget=10 * DIM * 4), SIZES, "fae")
+    pc.step_time(config(placement="fae", hot_budget=10 * DIM * 4), SIZES, "fae", memo=memo)
     assert len(keys) == 2  # FAE's step depends on its hot budget: captured for it
+    pc.step_time(cfg, SIZES, "device", [7, 8, 9, 10], memo=PlanMemo())
+    assert len(keys) == 3  # another plan captures its own: nothing outlives a plan
 
 
 def test_a_tiered_run_is_predicted_over_its_steps_and_checked_over_its_first(
@@ -303,7 +307,7 @@ def test_a_tiered_runs_disk_bursts_are_hidden_step_by_step(sample, stubbed, monk
     monkeypatch.setattr(disk, "describe_disk", lambda directory=None, refresh=False: slow)
     c = Candidate("tiered", 10 * DIM * 4, 100 * DIM * 4)
     p = pc.predict_candidate(config(placement="tiered"), c, sample)
-    compute = p.parts["dense"] + p.parts["lookup"] + p.parts["load"]
+    compute = p.parts.dense + p.parts.lookup + p.parts.load
     assert p.detail["cache_full_at_step"] is not None and p.detail["staging_ms"] > compute
     assert 0 < p.detail["hidden_ms"] < compute  # the steps before the cache filled hid little
-    assert p.ms_per_step == pytest.approx(sum(p.parts.values()))
+    assert p.ms_per_step == pytest.approx(p.parts.total())

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -67,3 +68,33 @@ def test_bench_checkpoint_says_what_resume_pairs_needs(tmp_path):
         "bench_checkpoint.py: error: --resume-pairs: give the run's dlrm.train flags after --, "
         "e.g. -- --out-dir runs/a"
     )
+
+
+@pytest.mark.parametrize(
+    "name, flag",
+    [
+        ("bench_planner", "--out-dir"),
+        ("bench_placement", "--out-dir"),
+        ("bench_tbsm_vs_dlrm", "--out"),
+    ],
+)
+def test_the_benchmarks_run_directories_obey_the_output_rule(name, flag, tmp_path, capsys):
+    """A FIFO, a symbolic link or a file where a benchmark's runs go: one line and exit 2 before
+    any work (hybrid_dlrm/common/outputs.py through scripts/_shared.check_bench_out)."""
+    bench = _load(name)
+    fifo, link, file = tmp_path / "fifo", tmp_path / "link", tmp_path / "file"
+    os.mkfifo(fifo)
+    (tmp_path / "real").mkdir()
+    link.symlink_to(tmp_path / "real")
+    file.write_text("mine\n")
+    for target, what in (
+        (fifo, "is a FIFO"),
+        (link, "is a symbolic link"),
+        (file, "is a regular file"),
+    ):
+        with pytest.raises(SystemExit) as e:
+            bench.main([flag, str(target)])
+        assert e.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and f"error: {flag}: {target} {what}" in err, err
+    assert file.read_text() == "mine\n" and fifo.exists() and link.is_symlink()
