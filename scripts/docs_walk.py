@@ -234,9 +234,14 @@ def run(cmd: Command, copy: Path, env: dict[str, str], timeout: float) -> None:
     try:
         cmd.rc = proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # the command's whole process group, not only bash
-        proc.wait()
         cmd.rc = None
+    finally:  # timed out, or the walk itself stopped (Ctrl-C): no command left running
+        if proc.poll() is None or cmd.rc is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # its whole process group, not only bash
+            except ProcessLookupError:
+                pass
+            proc.wait()
     reader.join(timeout=10)
     cmd.seconds = round(time.perf_counter() - t0, 2)
     said = [x for _, x in lines]
