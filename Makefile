@@ -1,12 +1,13 @@
 # Two entry points (see README): `make run` trains on the embedded default, `make test` runs the
-# suite (CI: .ci/run); `make test-fast` its fast tier, the rule in tests/conftest.py. All build
+# suite (CI: .ci/run); `make test-fast` its fast tier, the rule in tests/conftest.py; `make
+# test-docs` the walk of the pages (tests/test_docs_walk.py). All build
 # .venv from nothing when it is missing or requirements changed.
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test test-fast lint venv clean
+.PHONY: run test test-fast test-docs lint venv clean
 
 venv: $(STAMP)
 
@@ -22,10 +23,13 @@ run: $(STAMP)
 	$(PY) -m dlrm.train $(ARGS)
 
 test: $(STAMP)
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not walk" $(PYTEST_ARGS)
+
+test-docs: $(STAMP)
+	$(PY) -m pytest -q -m walk $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not slow and not walk" $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check hybrid_dlrm dlrm embeddings data_pipeline perfmodel scripts tests

@@ -19,7 +19,7 @@ import logging
 import sys
 from pathlib import Path
 
-from hybrid_dlrm.common import endings
+from hybrid_dlrm.common import endings, quick
 from hybrid_dlrm.common.outputs import Purpose, check_output
 
 from .dataset_meta import load_meta, read_json
@@ -221,6 +221,12 @@ def main(argv: list[str] | None = None) -> int:
     """Ctrl-C or SIGTERM anywhere: one line saying what is left, exit 130 or 143
     (hybrid_dlrm/common/endings.py); the worker processes leave the decision to this one."""
     args = _parser().parse_args(argv)
+    if args.command == "synth" and quick.active():  # the docs' walk (hybrid_dlrm/common/quick.py)
+        if args.lines is not None and args.lines > 0:
+            args.lines = quick.cap("--lines", args.lines)
+        args.test_lines = quick.cap("--test-lines", args.test_lines) if args.test_lines else 0
+        args.users = quick.cap("--users", args.users) if args.users > 0 else args.users
+        quick.announce("python -m data_pipeline synth")
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s"
     )

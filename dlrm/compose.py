@@ -151,7 +151,7 @@ def build_run(
     distributed.check_replicated(model.embeddings, rank)
     if checkpoints and leads and not cfg.run.inference_only:
         run_checks.check_free_space(
-            cfg.run_dir, _checkpoint_bytes(model), "a checkpoint of this model"
+            cfg.run_dir, checkpoint_bytes(model), "a checkpoint of this model"
         )
     dense_optimizer = make_dense_optimizer(cfg, model.dense_parameters())
     if cfg.run.load_model:
@@ -287,7 +287,7 @@ def _resume_target(store: CheckpointStore, cfg: TrainConfig, world_size: int):
     return path, distributed.resumable_with(cfg, path, data, world_size)
 
 
-def _checkpoint_bytes(model: torch.nn.Module) -> int:
+def checkpoint_bytes(model: torch.nn.Module) -> int:
     """About what one checkpoint takes: every table with its optimizer state, and the dense
     parameters with their optimizer's (at most twice more)."""
     dense = sum(p.numel() for p in model.dense_parameters()) * 3

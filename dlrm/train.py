@@ -21,7 +21,7 @@ from dlrm.errors import CheckpointError, ConfigError, TrainingDiverged
 from dlrm.flags import EXIT_USAGE, OneLineParser, add_settings
 from dlrm.processes import thread_watch, threads
 from embeddings.errors import ScmError
-from hybrid_dlrm.common import endings
+from hybrid_dlrm.common import endings, quick
 
 __all__ = ["EXIT_USAGE", "OneLineParser", "build_parser", "config_from_args", "main"]
 
@@ -35,7 +35,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def config_from_args(argv: list[str] | None = None) -> TrainConfig:
     args = vars(build_parser().parse_args(argv))
-    return TrainConfig(**args)
+    cfg = TrainConfig(**args)
+    if quick.active():  # the docs' walk: a few steps of each run (hybrid_dlrm/common/quick.py)
+        t, data, hotline = cfg.training, cfg.data, cfg.hotline
+        t.nepochs = quick.cap("--nepochs", t.nepochs)
+        t.num_batches = quick.cap("--num-batches", t.num_batches)
+        data.test_data_size = quick.cap("--test-data-size", data.test_data_size)
+        if hotline.learn_batches:
+            hotline.learn_batches = quick.cap("--hotline-learn-batches", hotline.learn_batches)
+    return cfg
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,6 +94,7 @@ def _main(argv: list[str] | None, run: _Run) -> int:
             print(line, flush=True)
         for recipe_line in cfg.describe_recipes() if _leads() else []:
             print(recipe_line, flush=True)
+        quick.announce("python -m dlrm.train", None if _leads() else open(os.devnull, "w"))
         if distributed.launched_by_torchrun():
             rank, world = distributed.init_from_env(cfg)
             run.rank = rank

@@ -33,7 +33,7 @@ import torch
 
 from dlrm import compose, run_checks, run_files
 from dlrm.checkpoints import format as ckpt
-from dlrm.checkpoints.store import CheckpointState
+from dlrm.checkpoints.store import CheckpointState, NoCheckpoints
 from dlrm.compose import set_flush_denormal  # noqa: F401  (its home before dlrm/compose.py)
 from dlrm.config import TrainConfig
 from dlrm.data import DataSplits, steps_per_epoch
@@ -44,6 +44,7 @@ from dlrm.pipelines.base import StepHook
 from dlrm.placement.build_collection import logged_counters, placement_summary
 from dlrm.progress import Progress
 from dlrm.run_checks import check_resume_settings
+from embeddings.room import fmt_bytes
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,9 @@ class TrainState:
 # steps of each process left out of the steady-state rate: the first compiles the dense step
 # (seconds to a minute), the next ones still allocate and fill caches
 WARMUP_STEPS = 3
+# a checkpoint this large takes seconds to write (Kaggle's tables, 2.2 GB: 14 s on a shared
+# 2-core VM): its start and end are said, so the run does not sit silent in between
+SAID_CHECKPOINT_BYTES = 1 << 30
 
 
 class _Timer:
@@ -403,10 +407,20 @@ class Trainer:
 
     def save_checkpoint(self) -> Path | None:
         t0 = time.perf_counter()
+        size = (
+            0
+            if isinstance(self.checkpoints, NoCheckpoints)
+            else compose.checkpoint_bytes(self.model)
+        )
+        if size >= SAID_CHECKPOINT_BYTES:  # seconds of writing: said, not a silent pause
+            self._say(f"step {self.state.step}: writing a checkpoint of about {fmt_bytes(size)}")
         path = self.checkpoints.save(self._checkpoint)  # None: this store writes none
         if path is not None:
             self._event("checkpoint", path=str(path))
             self.timer.add("checkpoint_s", time.perf_counter() - t0)
+            if size >= SAID_CHECKPOINT_BYTES:
+                self._say(f"step {self.state.step}: checkpoint written in "
+                          f"{time.perf_counter() - t0:.1f} s ({path})")  # fmt: skip
         return path
 
     def load_checkpoint(self, path: Path, data: dict | None = None) -> None:

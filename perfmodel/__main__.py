@@ -150,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     args, rest = parser.parse_known_args(argv)
     if rest and args.command not in ("predict", "plan"):
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    _walk_sizes(args)
     return endings.run(lambda: _main(args, rest), left=lambda: _left(args))
 
 
@@ -190,6 +191,25 @@ def _main(args, rest: list[str]) -> int:
     except (ConfigError, DataError, ModelError, TraceError) as e:
         sys.stderr.write(f"{PROG} {args.command}: error: {e}\n")
         return EXIT_USAGE
+
+
+def _walk_sizes(args) -> None:
+    """HYBRID_DLRM_QUICK (hybrid_dlrm/common/quick.py): a few shapes, one repetition, a few
+    held-out configurations of a few steps, one pass."""
+    from hybrid_dlrm.common import quick
+
+    if not quick.active():
+        return
+    if args.command == "microbench":
+        args.scale = quick.cap_scale("--scale", args.scale)
+        args.reps = quick.cap("--reps", args.reps)
+    if args.command == "report" and not args.from_traces:
+        args.steps = quick.cap("--steps", args.steps)
+        args.passes = quick.cap("--passes", args.passes)
+        if not args.quick:
+            quick.note("--quick")
+            args.quick = True
+    quick.announce(f"{PROG} {args.command}")
 
 
 def _check_out(args, error: type[Exception]) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -143,9 +144,12 @@ def fit_traces(traces_dir: Path, threads: int) -> list[float]:
     slowdown."""
     slowdowns = []
     for i, changes in enumerate(FIT_CONFIGS):
+        t0 = time.perf_counter()
         _, slow = trace_config(base_config(**changes), traces_dir / f"fit{i}.trace.json")
         torch.set_num_threads(threads)
         slowdowns.append(slow)
+        print(f"microbench: fit trace {i + 1}/{len(FIT_CONFIGS)} in {time.perf_counter() - t0:.1f} s",
+              file=sys.stderr, flush=True)  # fmt: skip
     for i, changes in enumerate(FIT_CONFIGS):
         if slowdowns[i] <= hardware.SLOW_LIMIT:
             continue

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import sys
 import time
 from pathlib import Path
 
@@ -36,7 +37,11 @@ def run(out_dir: str | Path, scale: float = 1.0, reps: int = 5, seed: int = 0, s
     rng = random.Random(seed)
     threads = torch.get_num_threads()
     summary: dict = {"hardware": hw["key"], "device": str(device), "sweeps": {}, "threads": threads}
-    for name in sweeps or list(kernel_sweeps.SWEEPS):
+    names = sweeps or list(kernel_sweeps.SWEEPS)
+    _say(f"microbench: {len(names)} kernel sweeps ({', '.join(names)})"
+         + (", then the fit traces" if fit_configs else "")
+         + f" into {out_dir} (--scale 1: 10-15 min on one CPU thread)")  # fmt: skip
+    for i, name in enumerate(names, 1):
         t0 = time.perf_counter()
         count = max(1, int(kernel_sweeps.DEFAULT_COUNTS[name] * scale))
         gate = kernel_sweeps._GATE = hardware.SteadyGate(hw)
@@ -60,10 +65,16 @@ def run(out_dir: str | Path, scale: float = 1.0, reps: int = 5, seed: int = 0, s
         }
         log.info("microbench %s: %d kernel records in %.1f s (canary per draw: %s)", name, len(recs), seconds,
                  gate.summary())  # fmt: skip
+        _say(f"microbench: sweep {i}/{len(names)} {name}: {len(recs)} records in {seconds:.1f} s")
     if fit_configs:
         summary["fit_trace_slowdowns"] = fit_traces(out_dir / "traces", threads)
     (out_dir / "microbench.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def _say(line: str) -> None:
+    """A progress line on stderr (stdout is the JSON summary): minutes of sweeps, not silence."""
+    print(line, file=sys.stderr, flush=True)
 
 
 def read_records(path: str | Path) -> list[dict]:

@@ -32,6 +32,7 @@ import json
 import logging
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -222,8 +223,11 @@ def run(
     load_before = os.getloadavg()[0]
     configs = dcn_configs() if dcn else heldout_configs(quick)
     docs: dict[str, list[dict]] = {name: [] for name, _ in configs}
+    t0 = time.perf_counter()
     for p in range(passes):  # rounds over all configurations: the passes are minutes apart
-        for name, changes in configs:
+        for i, (name, changes) in enumerate(configs, 1):
+            print(f"report: pass {p + 1}/{passes}, configuration {i}/{len(configs)} {name} "
+                  f"({time.perf_counter() - t0:.0f} s so far)", file=sys.stderr, flush=True)  # fmt: skip
             doc = measure(base_config(**changes), steps)
             suffix = f".pass{p}" if passes > 1 else ""
             tr.write_trace(doc, out_dir / "traces" / f"{name}{suffix}.trace.json")

@@ -180,3 +180,21 @@ def test_ctrl_c_while_the_run_preprocesses_is_one_line(tmp_path):
     assert err.strip().splitlines() == [
         f"interrupted before the first checkpoint; nothing to resume in {run}"
     ]
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_a_large_checkpoint_is_said_when_it_starts_and_ends(tmp_path, monkeypatch, capsys):
+    """Writing Kaggle's 2.2 GB took 14 s with nothing printed (the walk of the pages); a checkpoint
+    past the threshold says its size before and its time after, a small one nothing."""
+    import dlrm.trainer
+
+    argv = [*TINY, "--data-size", "64", "--progress=false", "--print-freq", "0"]
+    Trainer(config_from_args([*argv, "--out-dir", str(tmp_path / "small")])).fit()
+    assert "checkpoint" not in capsys.readouterr().out
+    monkeypatch.setattr(dlrm.trainer, "SAID_CHECKPOINT_BYTES", 1)
+    Trainer(config_from_args([*argv, "--out-dir", str(tmp_path / "r")])).fit()
+    said = [x for x in capsys.readouterr().out.splitlines() if "checkpoint" in x]
+    path = tmp_path / "r" / "checkpoints" / "step_000000002.pt"
+    assert said[0].startswith("step 2: writing a checkpoint of about ") and said[0].endswith("KiB")
+    assert said[1].startswith("step 2: checkpoint written in ") and said[1].endswith(f" s ({path})")
+    assert len(said) == 2

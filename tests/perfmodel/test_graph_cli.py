@@ -1,5 +1,6 @@
 import dataclasses
 import json
+import re
 
 import pytest
 
@@ -260,3 +261,37 @@ print(sorted(p.name for p in pathlib.Path(t.cfg.out_dir).iterdir()))
     assert out.returncode == 0, out.stderr
     assert "access_profile.npz" in out.stdout  # the trainer did write into its directory
     assert list(tmp_path.iterdir()) == []
+
+
+def test_microbench_says_each_sweep_as_it_ends(tmp_path, monkeypatch, capsys):
+    """Its stdout is one JSON object at the end of 10-15 minutes: stderr says what it does when
+    it starts and after each sweep (the walk of the pages found it silent throughout)."""
+    from perfmodel import hardware, microbench, sweeps
+
+    monkeypatch.setattr(hardware, "describe", lambda refresh=False: {"key": "k", "canary_us": 1.0})
+    monkeypatch.setattr(sweeps, "SWEEPS", {"gemm": lambda rng, n, reps: [{"us": 1.0}] * n,
+                                           "loss": lambda rng, n, reps: []})  # fmt: skip
+    monkeypatch.setattr(sweeps, "DEFAULT_COUNTS", {"gemm": 3, "loss": 1})
+    microbench.run(tmp_path / "mb", fit_configs=False, device="cpu")
+    err = [re.sub(r"in \d+\.\d s", "in T s", x) for x in capsys.readouterr().err.splitlines()]
+    assert err == [
+        f"microbench: 2 kernel sweeps (gemm, loss) into {tmp_path / 'mb'} (--scale 1: 10-15 min "
+        "on one CPU thread)",
+        "microbench: sweep 1/2 gemm: 3 records in T s",
+        "microbench: sweep 2/2 loss: 0 records in T s",
+    ]
+
+
+def test_report_says_each_configuration_as_it_starts(tmp_path, monkeypatch, capsys):
+    from perfmodel import model, report
+
+    monkeypatch.setattr(model, "load_model", lambda path=None: None)
+    meta = {"unprofiled_step_cpu_us": 1000.0, "machine_slowdown": 1.0}
+    monkeypatch.setattr(report, "measure", lambda cfg, steps: {"meta": meta})
+    monkeypatch.setattr(report.tr, "write_trace", lambda doc, path: None)
+    monkeypatch.setattr(report, "score", lambda *args: {})
+    report.run(tmp_path, steps=1, quick=True, passes=2)
+    names = [name for name, _ in report.heldout_configs(True)]
+    err = [re.sub(r"\(\d+ s so far\)", "(T)", x) for x in capsys.readouterr().err.splitlines()]
+    assert err == [f"report: pass {p}/2, configuration {i}/{len(names)} {name} (T)"
+                   for p in (1, 2) for i, name in enumerate(names, 1)]  # fmt: skip

@@ -1,0 +1,70 @@
+"""HYBRID_DLRM_QUICK=1: every command runs at walk sizes, so the docs' walk
+(scripts/docs_walk.py, tests/test_docs_walk.py) runs each page's commands as written in minutes.
+
+The one place the variable is read. Unset (or empty, or 0) nothing changes: a user's run is the
+run they asked for. Set, each command shortens what it was asked for to at most the size below,
+says so in one line on stderr (`cap` records, `announce` says), and otherwise runs as usual: the
+same code, the same files, the same messages, on less data.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+VARIABLE = "HYBRID_DLRM_QUICK"
+
+# the walk's sizes: what a command asked for is cut to these (0 asked: "all", cut too)
+SIZES = {
+    "--num-batches": 8,  # training steps per epoch
+    "--nepochs": 1,
+    "--test-data-size": 4096,  # synthetic test samples
+    "--hotline-learn-batches": 4,  # steps learning the popular rows, fewer than the run's
+    "--lines": 4000,  # raw Kaggle/Terabyte lines written by data_pipeline synth
+    "--test-lines": 1000,
+    "--users": 300,  # Taobao users written by data_pipeline synth
+    "--scale": 0.05,  # perfmodel microbench: shapes swept, a share of the full sweep
+    "--reps": 1,
+    "--steps": 3,  # perfmodel report: timed steps per held-out configuration
+    "--passes": 1,
+}
+
+_said: list[str] = []
+
+
+def active() -> bool:
+    return os.environ.get(VARIABLE, "").strip() not in ("", "0")
+
+
+def cap(flag: str, value: int) -> int:
+    """`value` (0: all), or the walk's size for `flag` where that is smaller and the variable set;
+    a cut is remembered for `announce`."""
+    if not active():
+        return value
+    limit = SIZES[flag]
+    if value and value <= limit:
+        return value
+    _said.append(f"{flag} {value or 'all'} -> {limit}")
+    return limit
+
+
+def cap_scale(flag: str, value: float) -> float:
+    """`cap` for a fraction."""
+    if not active() or value <= SIZES[flag]:
+        return value
+    _said.append(f"{flag} {value:g} -> {SIZES[flag]:g}")
+    return SIZES[flag]
+
+
+def note(change: str) -> None:
+    """A cut that is no size (perfmodel report's `--quick`), said with the others."""
+    _said.append(change)
+
+
+def announce(prog: str, stream=None) -> None:
+    """One line on stderr naming what was cut (nothing when nothing was)."""
+    if _said:
+        out = sys.stderr if stream is None else stream
+        out.write(f"{prog}: {VARIABLE} is set: {', '.join(_said)} (walk sizes, not a real run)\n")
+        out.flush()
+        _said.clear()

@@ -1,0 +1,159 @@
+"""Every page runs in order, as written (scripts/docs_walk.py): README.md, then the pages the
+README's Documentation list names, each bash command run in one fresh copy of the checkout with
+HYBRID_DLRM_QUICK=1 (hybrid_dlrm/common/quick.py), its exit code the page's; the copy ends clean
+outside its ignored folders. The fast tests pin the walk's reading of a page and the variable's
+one rule: unset, nothing changes."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _walk_module():
+    spec = importlib.util.spec_from_file_location("docs_walk", ROOT / "scripts" / "docs_walk.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["docs_walk"] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+walk = _walk_module()
+
+PAGE = """# A page
+
+Prose may name the convention, `<!-- walk: skip REASON -->`, without skipping anything.
+
+```bash
+echo one
+```
+
+<!-- walk: skip `make test`: the suite itself -->
+```bash
+make run     # trains
+make test    # tests
+```
+
+```bash
+# a comment is prose
+python -m dlrm.train --num-batches 2 \\
+    --out-dir runs/x   # two lines, one command
+python -m dlrm.train --num-batches -1   # exits 2
+cat > my.toml <<'TOML'
+lr = 1
+TOML
+python -m dlrm.train --data-set kaggle --raw-data-file RAW/train.txt
+torchrun --rdzv-endpoint HOST:29500 -m dlrm.train ...
+NUMBA_NUM_THREADS=1 python scripts/x.py
+```
+
+```python
+print("not a shell block")
+```
+
+<!-- walk: skip a CUDA GPU -->
+```bash
+python -m dlrm.train --device cuda
+```
+"""
+
+
+def test_a_page_reads_as_its_commands_with_exit_codes_and_skips(tmp_path):
+    (tmp_path / "p.md").write_text(PAGE)
+    got = [(c.line, c.first_line.split("#")[0].strip(), c.expect, c.skip)
+           for c in walk.commands("p.md", tmp_path)]  # fmt: skip
+    assert got == [
+        (6, "echo one", 0, None),
+        (11, "make run", 0, None),
+        (12, "make test", 0, "the suite itself"),
+        (17, "python -m dlrm.train --num-batches 2 \\", 0, None),
+        (19, "python -m dlrm.train --num-batches -1", 2, None),
+        (20, "cat > my.toml <<'TOML'", 0, None),
+        (23, "python -m dlrm.train --data-set kaggle --raw-data-file RAW/train.txt", 0,
+         "template: RAW is a placeholder"),
+        (24, "torchrun --rdzv-endpoint HOST:29500 -m dlrm.train ...", 0,
+         "template: HOST is a placeholder"),
+        (25, "NUMBA_NUM_THREADS=1 python scripts/x.py", 0, None),
+        (34, "python -m dlrm.train --device cuda", 0, "a CUDA GPU"),
+    ]  # fmt: skip
+    heredoc = walk.commands("p.md", tmp_path)[5]
+    assert heredoc.text == "cat > my.toml <<'TOML'\nlr = 1\nTOML"
+
+
+def test_the_page_order_is_the_readmes_list_and_holds_every_page():
+    order = walk.page_order()
+    assert order[0] == "README.md" and order[1] == "docs/training.md"
+    pages = {f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")}
+    assert sorted(pages - set(order)) == []  # a page the README does not list is not walked
+    assert len(order) == len(set(order))
+
+
+def test_the_quick_variable_changes_nothing_unless_set(monkeypatch, capsys):
+    from dlrm.train import config_from_args
+    from hybrid_dlrm.common import quick
+
+    argv = ["--num-batches", "200", "--hotline-learn-batches", "50", "--out-dir", "runs/q"]
+    monkeypatch.delenv(quick.VARIABLE, raising=False)
+    cfg = config_from_args(argv)
+    assert (cfg.num_batches, cfg.test_data_size, cfg.hotline_learn_batches) == (200, 262_144, 50)
+    quick.announce("x")
+    assert capsys.readouterr().err == ""
+    monkeypatch.setenv(quick.VARIABLE, "0")
+    assert config_from_args(argv).num_batches == 200
+    monkeypatch.setenv(quick.VARIABLE, "1")
+    cfg = config_from_args(argv)
+    assert (cfg.num_batches, cfg.test_data_size, cfg.hotline_learn_batches) == (8, 4096, 4)
+    quick.announce("python -m dlrm.train")
+    assert capsys.readouterr().err == (
+        "python -m dlrm.train: HYBRID_DLRM_QUICK is set: --num-batches 200 -> 8, "
+        "--test-data-size 262144 -> 4096, --hotline-learn-batches 50 -> 4 "
+        "(walk sizes, not a real run)\n"
+    )
+    assert config_from_args(["--num-batches", "3"]).num_batches == 3  # already small: kept
+
+
+# its own tier: about 80 fresh processes that each import torch take longer than the whole
+# suite may (`make test-docs`; `make test` leaves it out)
+@pytest.mark.walk
+@pytest.mark.usefixtures("starts_processes")
+def test_every_page_runs_in_order_as_written(tmp_path):
+    before = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True,
+                            text=True).stdout  # fmt: skip
+    result = walk.walk(walk.page_order(), tmp_path, quick=True, timeout=600)
+    failed = [
+        f"{c['page']}:{c['line']}: {c['text'].splitlines()[0]}\n    exit {c['rc']} "
+        f"(the page shows {c['expect']})\n    " + "\n    ".join(c["tail"])
+        for c in result["commands"]
+        if c["status"] == "failed"
+    ]
+    assert not failed, "\n".join(failed)
+    assert result["left_in_checkout"] == [], "outside the ignored folders"
+    after = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True,
+                           text=True).stdout  # fmt: skip
+    assert after == before  # the walk ran in its copy: the checkout is as it was
+    assert result["counts"]["ok"] > result["counts"]["skipped"], result["counts"]
+    ran = [c for c in result["commands"] if c["text"].startswith("torchrun") and c["rc"] == 0]
+    assert ran, "no torchrun command ran"
+    for c in ran:  # each message once per run, not once per rank
+        assert said_twice(c["output"]) == [], f"{c['page']}:{c['line']}"
+
+
+def said_twice(output: str) -> list[str]:
+    """The lines of a run's (timed) output said more than once, but torchrun's own warnings and
+    the lines that name their rank."""
+    lines = [re.sub(r"^\[\s*[\d.]+s\] ", "", x) for x in output.splitlines()]
+    lines = [x for x in lines if x.strip() and not re.match(r"[WI]\d{4} ", x)]
+    return sorted({x for x in lines if lines.count(x) > 1 and not re.search(r"\brank \d", x)})
+
+
+def test_said_twice_finds_a_line_of_each_rank():
+    out = "[  1.0s] threads 1\n[  1.1s] threads 1\n[  2.0s] rank 1: stopped\n[ 2.1s] x\n"
+    out += "W1128 05:09:59.878 run.py:874] ***\nW1128 05:09:59.878 run.py:874] ***\n"
+    assert said_twice(out) == ["threads 1"]
