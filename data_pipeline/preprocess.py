@@ -268,9 +268,12 @@ class _Run:
     def execute(self) -> Path:
         started = time.time()
         total = sum(p.size() for p in self.parts)
-        # minutes of work on real files: said when it starts, even in a log with no bar
-        print(f"preprocessing {self.dataset} ({total / 2**20:,.1f} MiB of raw lines) into "
-              f"{self.out}: done once, reused after", file=sys.stderr, flush=True)  # fmt: skip
+        # minutes of work on real files: said when it starts, even in a log with no bar; an input
+        # small enough to parse inline takes a second or two, and a mistake in it stays one line
+        said = total >= _INLINE_BELOW_BYTES
+        if said:
+            print(f"preprocessing {self.dataset} ({total / 2**20:,.1f} MiB of raw lines) into "
+                  f"{self.out}: done once, reused after", file=sys.stderr, flush=True)  # fmt: skip
         pipeline = BlockPipeline(self.workers)
         try:
             if self.categorical["mode"] == "frequency":
@@ -283,8 +286,9 @@ class _Run:
             pipeline.close()
         self._write_meta(table_sizes, index_dtype, records, vocab_summary, started)
         shutil.rmtree(self.out / "counts", ignore_errors=True)
-        print(f"preprocessed {self.dataset} in {time.time() - started:.1f} s", file=sys.stderr,
-              flush=True)  # fmt: skip
+        if said:
+            print(f"preprocessed {self.dataset} in {time.time() - started:.1f} s", file=sys.stderr,
+                  flush=True)  # fmt: skip
         return self.out
 
     def _bar(self, parts: list[RawPart], what: str) -> tqdm:

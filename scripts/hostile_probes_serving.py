@@ -54,7 +54,7 @@ def predict(w: Path, *args: str, data: str = "kraw/train.txt") -> list[str]:
 def library(w: Path, code: str) -> list[str]:
     """`code` run with `p`, the artifact's Predictor, and torch; a ValueError is its one line."""
     wrapped = (
-        "import sys, torch\nfrom serving import Predictor\n"
+        "import sys, torch\nfrom hybrid_dlrm.serving import Predictor\n"
         f"try:\n    p = Predictor.load({str(w / ART)!r})\n    {code}\n"
         "except ValueError as e:\n    print(f'error: {e}', file=sys.stderr); sys.exit(2)\n"
     )
