@@ -81,6 +81,8 @@ def check_memory(cfg: TrainConfig, data: DataSplits, device: torch.device, world
             else "a machine with more memory"
         )
         fixes = f"no placement fits: use {more}"
+    elif set(short) == {"disk"}:  # the tier the user chose may be kept: give it the room it needs
+        fixes += ", or use more free space under --scm-dir"
     raise ConfigError(f"--placement {placement}: {'; '.join(short.values())}; {fixes}")
 
 

@@ -88,6 +88,8 @@ def test_a_disk_smaller_than_the_file_refuses_without_the_flag_and_trains_with_i
     assert "\n" not in line and line.startswith("--placement tiered: needs ")
     assert f"SSD tier file (--scm-dir, rows of 4 + state floats) {whole}" in line, line
     assert f"of disk under {disk / 'scm'}" in line and "over-committed" not in line, line
+    # the placements that fit, and the room the chosen tier would need to stay
+    assert line.endswith(", or use more free space under --scm-dir"), line
 
     # over-committed: the check passes, the start says so; the disk fills after the first
     # checkpoint: one line naming the file system, and the checkpoint resumes to the end
