@@ -98,3 +98,11 @@ def test_the_benchmarks_run_directories_obey_the_output_rule(name, flag, tmp_pat
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and f"error: {flag}: {target} {what}" in err, err
     assert file.read_text() == "mine\n" and fifo.exists() and link.is_symlink()
+
+
+def test_bench_calibration_refuses_a_config_in_one_line(capsys):
+    """A run's flags that make no config: one line and exit 2, before anything is measured."""
+    assert _load("bench_calibration").main(["--", "--data-set", "terabyte"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["bench_calibration.py: error: --data-set terabyte: needs --raw-data-file or "
+                   "--processed-data-file"]  # fmt: skip
