@@ -5,15 +5,9 @@
 
 Tiers: `device` (CUDA memory, from `torch.cuda.mem_get_info`; None on the CPU, where the device
 tier is host DRAM), `host` (DRAM) and `disk` (free space where the SSD tier's files go).
-Host DRAM is the tightest of:
-- `MemAvailable` in /proc/meminfo (what the kernel can give without swapping);
-- the memory cgroup's limit minus its usage, at this process's cgroup and every ancestor up to
-  the hierarchy's root (cgroup v2 `memory.max` / `memory.current`, v1 `memory.limit_in_bytes` /
-  `memory.usage_in_bytes`); usage counts the page cache too, so its inactive file pages (which
-  the kernel drops before it fails an allocation) are left out, as kubelet's working set does;
-- `RLIMIT_AS` (`ulimit -v`) minus the address space this process already maps (VmSize);
-- a limit given by the user (`--memory-limit`) minus what this process holds now (VmRSS): a
-  user, a test or a benchmark plans for a smaller machine than the one it runs on.
+Host DRAM is the tightest of the bounds hybrid_dlrm/common/host_memory.py lists (MemAvailable,
+the memory cgroups, `ulimit -v`, `--memory-limit`): a user, a test or a benchmark plans for a
+smaller machine than the one it runs on.
 Every figure is what is left *beyond what this process holds now*, so a run's needs (tables,
 optimizer state, dense part, activations, loader) compare with it directly.
 
