@@ -9,11 +9,12 @@ pay for importing torchrec and fbgemm. Serving a trained model (`Predictor`) is 
 package, which builds on this one.
 """
 
-from dlrm.config import TrainConfig
-from dlrm.errors import ConfigError
 from hybrid_dlrm.common.stack import require
 
 require("dlrm")  # before anything imports torch: one line, not a traceback
+
+from dlrm.config import TrainConfig  # noqa: E402 (after the check above)
+from dlrm.errors import ConfigError  # noqa: E402
 
 __all__ = ["ConfigError", "DataSplits", "TrainConfig", "Trainer"]
 

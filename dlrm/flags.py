@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import os
 import re
 import sys
 import types
@@ -49,7 +50,9 @@ class OneLineParser(argparse.ArgumentParser):
         self._negative_number_matcher = re.compile(r"^-\d")
 
     def error(self, message: str) -> None:  # one line, not the usage block
-        sys.stderr.write(f"{self.prog}: error: {message}{self._did_you_mean(message)}\n")
+        # under torchrun every rank parses the same flags: one line per machine, not per rank
+        if os.environ.get("LOCAL_RANK", "0") == "0":
+            sys.stderr.write(f"{self.prog}: error: {message}{self._did_you_mean(message)}\n")
         sys.exit(EXIT_USAGE)
 
     def _did_you_mean(self, message: str) -> str:

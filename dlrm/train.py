@@ -52,13 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     (hybrid_dlrm/common/endings.py)."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     run = _Run()
-    previous = endings.end_on_signals()
-    try:
-        return _main(argv, run)
-    except KeyboardInterrupt as e:
-        return endings.ended(e, lambda how: _interrupted_line(run, argv, how))
-    finally:
-        endings.restore(previous)
+    return endings.guarded(lambda: _main(argv, run), lambda how: _interrupted_line(run, argv, how))
 
 
 class _Run:
@@ -172,11 +166,15 @@ def _interrupted(
 
 def _torchrun_launcher() -> list[str]:
     """`torchrun --nnodes N --nproc_per_node P` as far as a rank can see it (WORLD_SIZE and
-    LOCAL_WORLD_SIZE); the rendezvous flags of a several-machine run are the user's own."""
+    LOCAL_WORLD_SIZE); the rendezvous flags of a several-machine run are the user's own. The
+    launcher is the one that started the ranks: `python -m dlrm.torchrun` says so (dlrm/torchrun.py)."""
+    from dlrm import torchrun
+
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
     nodes = max(1, world // max(local, 1))
-    out = ["torchrun"]
+    launcher = os.environ.get(torchrun.LAUNCHER_ENV)
+    out = shlex.split(launcher) if launcher == torchrun.LAUNCHER else ["torchrun"]
     if nodes > 1:
         out += ["--nnodes", str(nodes), "RENDEZVOUS-FLAGS"]
     else:

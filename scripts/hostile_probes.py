@@ -22,6 +22,7 @@ import gzip
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -411,7 +412,7 @@ def probes() -> list[Probe]:
 SLIP37 = [*TINY, "--slipstream", "--slipstream-interval", "6", "--slipstream-warmup", "8",
           "--slipstream-target-skip", "0.3", "--hot-budget", "1KB", "--profile-sample-rate", "0.2",
           "--test-data-size", "256", "--data-size", "1280", "--test-freq", "7"]  # fmt: skip
-TWO = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+TWO = [sys.executable, "-m", "dlrm.torchrun", "--standalone", "--nproc_per_node", "2"]
 # probe name -> a check of the world after its command ("" when right)
 AFTER: dict[str, Callable[[Path], str]] = {}
 
@@ -697,10 +698,11 @@ def run_probe(probe: Probe, world: Path, scratch: Path) -> None:
     before = {k: digest(w / k) for k in probe.keep}
     t0 = time.perf_counter()
     done, hang = _run_command(probe, argv, w)
-    # log records the user asked for with -v are not part of the one line; nor, after a signal,
-    # torch's warnings (torchrun's agent logs what it passes on as W1128 ...)
-    others = ("INFO", "W0", "W1", "  ") if probe.signal is not None else ("INFO",)
-    lines = [x for x in done.stderr.strip().splitlines() if x.strip() and not x.startswith(others)]
+    # log records the user asked for with -v are not part of the one line; nor torch's launcher's
+    # own log lines (its start-up banner about OMP_NUM_THREADS, W1128 ...)
+    others = ("INFO", "  ") if probe.signal is not None else ("INFO",)
+    lines = [x for x in done.stderr.strip().splitlines()
+             if x.strip() and not x.startswith(others) and not re.match(r"[WIE]\d{4} ", x)]  # fmt: skip
     problems = [f"no end within {probe.timeout:.0f} s"] if hang else []
     codes = {"error": 2, "interrupted": 130, "terminated": 143}
     if probe.expect in codes:

@@ -29,13 +29,15 @@ DEAD = 2**30  # a process id above any pid_max: no such process
 
 @dataclass(frozen=True)
 class Signal:
-    """When to send `signum` to the command's process group: once `stderr` has this piece, or
-    once a file matching `path` (a pattern relative to the world) exists; `after` seconds later."""
+    """When to send `signum` to the command's process group (a terminal's Ctrl-C), or to the
+    command's process alone (`group=False`: a scheduler's SIGTERM): once `stderr` has this piece,
+    or once a file matching `path` (a pattern relative to the world) exists; `after` s later."""
 
     signum: int = signal.SIGINT
     stderr: str = ""
     path: str = ""
     after: float = 0.0
+    group: bool = True
 
 
 def classify(rc: int | None, stderr: str, problems: list[str], hang: bool) -> str:
@@ -80,7 +82,7 @@ def send_when(proc: subprocess.Popen, w: Path, when: Signal, deadline_s: float) 
     time.sleep(when.after)
     before = len(lines)
     try:
-        os.killpg(proc.pid, when.signum)
+        (os.killpg if when.group else os.kill)(proc.pid, when.signum)
     except ProcessLookupError:
         pass
     proc.wait(timeout=max(1.0, deadline - time.monotonic()))
@@ -209,8 +211,15 @@ def add_probes(add, h) -> None:
             after=_resume_command_resumes)  # fmt: skip
     add("Ctrl-C under torchrun (2 ranks), after a checkpoint", ENDINGS,
         lambda w: [*h.TWO, "-m", "dlrm.train", *long_run, "--out-dir", str(w / "L")],
-        expect="interrupted", says="resume with: torchrun ", lines=2,
+        expect="interrupted", says="resume with: python -m dlrm.torchrun ", lines=2,
         signal=Signal(path="L/checkpoints/step_*", after=0.5))  # fmt: skip
+    add("SIGTERM to torchrun's launcher alone (a scheduler), after a checkpoint", ENDINGS,
+        lambda w: [*h.TWO, "-m", "dlrm.train", *long_run, "--out-dir", str(w / "L")],
+        expect="terminated", says="resume with: python -m dlrm.torchrun ", lines=2,
+        signal=Signal(signal.SIGTERM, path="L/checkpoints/step_*", after=0.5, group=False))  # fmt: skip
+    add("a mistyped flag under torchrun (2 ranks)", ENDINGS,
+        lambda w: [*h.TWO, "-m", "dlrm.train", "--num-batchs", "3"],
+        says="did you mean --num-batches", lines=2, timeout=120)  # fmt: skip
 
     # --- waits that end
     add("multi-hot: its lock held though the process that took it has ended", ENDINGS,

@@ -90,7 +90,8 @@ def test_slug_follows_github() -> None:
 USER_PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md")])  # not measurements/
 COMMAND = re.compile(
     r"^(?:[A-Z_]+=\S+\s+)*"  # environment variables
-    r"(?:(?:python|torchrun\b.*?)\s+(-m\s+[\w.]+|scripts/\w+\.py)|(scripts/\w+\.sh))(.*)$"
+    r"(?:(?:python\s+-m\s+dlrm\.torchrun\b.*?|python|torchrun\b.*?)\s+(-m\s+[\w.]+|scripts/\w+\.py)"
+    r"|(scripts/\w+\.sh))(.*)$"
 )
 FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)")
 

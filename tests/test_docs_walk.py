@@ -139,7 +139,8 @@ def test_every_page_runs_in_order_as_written(tmp_path):
                            text=True).stdout  # fmt: skip
     assert after == before  # the walk ran in its copy: the checkout is as it was
     assert result["counts"]["ok"] > result["counts"]["skipped"], result["counts"]
-    ran = [c for c in result["commands"] if c["text"].startswith("torchrun") and c["rc"] == 0]
+    launched = ("torchrun", "python -m dlrm.torchrun")
+    ran = [c for c in result["commands"] if c["text"].startswith(launched) and c["rc"] == 0]
     assert ran, "no torchrun command ran"
     for c in ran:  # each message once per run, not once per rank
         assert said_twice(c["output"]) == [], f"{c['page']}:{c['line']}"

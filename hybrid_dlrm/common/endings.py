@@ -16,6 +16,7 @@ held; `ignore_interrupts()` in the worker makes the parent's line the only one.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
@@ -37,6 +38,34 @@ def _raise(signum, frame) -> None:
     raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
 
 
+# the packages whose `python -m` commands end this way (the faces that call `while_starting`)
+OUR_PACKAGES = ("dlrm", "data_pipeline", "perfmodel", "embeddings", "hybrid_dlrm")
+_phase = ["starting"]  # "starting" until a command's main() takes the signals, then "ending"
+
+
+def while_starting() -> None:
+    """Between the interpreter's start and a command's main() (importing torch takes seconds),
+    Ctrl-C or SIGTERM ends `python -m <a command of ours>` with one line and 130 or 143, where
+    Python would print a KeyboardInterrupt traceback from inside an import. Nothing has been
+    written then, so nothing is cleaned up. Called by every package face while `python -m` locates
+    the command (argv[0] is '-m' then); a program of the user's own that imports ours keeps its
+    handlers: only an interpreter started to run one of our modules is changed."""
+    argv = getattr(sys, "orig_argv", [])
+    module = argv[argv.index("-m") + 1] if "-m" in argv[:-1] else ""
+    if sys.argv[:1] != ["-m"] or module.split(".")[0] not in OUR_PACKAGES:
+        return
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, _end_at_once)
+        signal.signal(signal.SIGTERM, _end_at_once)
+
+
+def _end_at_once(signum, frame) -> None:
+    """Before main() (nothing written yet) or after it (its own line said): the line, the code."""
+    how = "terminated (SIGTERM)" if signum == signal.SIGTERM else "interrupted"
+    say(f"{how} while starting; nothing written" if _phase[0] == "starting" else how)
+    os._exit(128 + signum)
+
+
 def end_on_signals():
     """From now on SIGINT raises KeyboardInterrupt and SIGTERM Terminated in the main thread, and
     both are remembered (`interruption`); returns the handlers they replaced (None off the main
@@ -44,6 +73,7 @@ def end_on_signals():
     if threading.current_thread() is not threading.main_thread():
         return None
     _received.clear()
+    _phase[0] = "ending"
     return signal.signal(signal.SIGINT, _raise), signal.signal(signal.SIGTERM, _raise)
 
 
@@ -81,11 +111,24 @@ def run(body: Callable[[], int], left: Callable[[], str] | None = None) -> int:
     """`body()`'s exit code; on Ctrl-C or SIGTERM one line (`left()`: what the command leaves
     behind, and how to go on) and 130 or 143. A second Ctrl-C while the line is made is ignored
     (the cleanups of `finally` blocks have run by then)."""
+    return guarded(body, lambda what: what + (f"; {left()}" if left is not None else ""))
+
+
+def guarded(body: Callable[[], int], line: Callable[[str], str]) -> int:
+    """`body()`'s exit code, or on a signal `line(how)` said and 130 or 143. A signal that
+    surfaces as another error is still the signal: a library interrupted inside an import can
+    fail on its half-made state (matplotlib's colour tables: a ValueError) after the
+    KeyboardInterrupt it swallowed."""
     previous = end_on_signals()
     try:
         return body()
     except KeyboardInterrupt as e:
-        return ended(e, lambda what: what + (f"; {left()}" if left is not None else ""))
+        return ended(e, line)
+    except Exception:
+        stopped = interruption()
+        if stopped is None:
+            raise
+        return ended(stopped, line)
     finally:
         restore(previous)
 
@@ -101,7 +144,21 @@ def ended(e: KeyboardInterrupt, line: Callable[[str], str]) -> int:
     finally:
         if interrupts is not None:
             signal.signal(signal.SIGINT, interrupts)
+    _forget_unhandled_interrupt()
     return exit_code(e)
+
+
+def _forget_unhandled_interrupt() -> None:
+    """CPython 3.11 remembers a KeyboardInterrupt that left code a C extension ran (torch's
+    import does) in a global, and at exit kills itself with SIGINT (exit -2, not ours) even
+    though the interrupt was caught further up. It was handled: forget it. (3.12 keeps the flag
+    out of reach, in _PyRuntime; there this does nothing.)"""
+    import ctypes
+
+    try:
+        ctypes.c_int.in_dll(ctypes.pythonapi, "_Py_UnhandledKeyboardInterrupt").value = 0
+    except (ValueError, AttributeError):  # no such symbol in this interpreter
+        pass
 
 
 def ignore_interrupts():

@@ -27,6 +27,9 @@ class StackMissing(ModuleNotFoundError):
 def require(package: str) -> None:
     """Return when the stack is importable; otherwise one line naming the fix: exit 2 while
     `python -m` is locating a command (argv[0] is '-m' then), a StackMissing for a library user."""
+    from hybrid_dlrm.common import endings
+
+    endings.while_starting()  # Ctrl-C while torch imports: one line, not a traceback
     missing = [m for m in STACK if importlib.util.find_spec(m) is None]
     if not missing:
         logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)

@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -39,3 +43,71 @@ def test_one_line_and_the_signals_exit_code(capsys, body, code, line):
 def test_a_finished_body_returns_its_own_code(capsys):
     assert endings.run(lambda: 2, left=lambda: "unused") == 2
     assert capsys.readouterr().err == ""
+
+
+def test_a_signal_that_surfaces_as_another_error_is_still_the_signal(capsys):
+    """A library interrupted inside an import fails on its half-made state (matplotlib: a
+    ValueError) after swallowing the KeyboardInterrupt: the command was still interrupted."""
+
+    def body():
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)
+        except KeyboardInterrupt:
+            raise ValueError("too many values to unpack") from None
+        return 0
+
+    assert endings.run(body, left=lambda: "nothing written") == 130
+    assert capsys.readouterr().err == "\ninterrupted; nothing written\n"
+
+
+def test_another_error_without_a_signal_is_not_hidden():
+    def body():
+        raise ValueError("a real bug")
+
+    with pytest.raises(ValueError, match="a real bug"):
+        endings.run(body)
+
+
+def _python(code: str) -> subprocess.CompletedProcess:
+    root = Path(__file__).resolve().parents[3]
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(root)), timeout=60)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "module, sig, code, line",
+    [
+        ("dlrm.train", signal.SIGINT, 130, "interrupted while starting; nothing written"),
+        ("perfmodel", signal.SIGTERM, 143, "terminated (SIGTERM) while starting; nothing written"),
+        ("their_tool", signal.SIGINT, None, None),  # a program of the user's: Python's own
+    ],
+)
+def test_a_signal_while_a_command_of_ours_starts_is_one_line(module, sig, code, line):
+    """`python -m dlrm.train` imports torch for seconds before main() takes the signals: the
+    package faces call `while_starting` while `python -m` locates the command (argv[0] '-m')."""
+    done = _python(
+        "import os, signal, sys, time\n"
+        f"sys.argv[0] = '-m'; sys.orig_argv = [sys.executable, '-m', {module!r}]\n"
+        "from hybrid_dlrm.common import endings\n"
+        "endings.while_starting()\n"
+        f"os.kill(os.getpid(), {int(sig)}); time.sleep(5)\n"
+    )
+    if code is None:
+        assert done.returncode == -signal.SIGINT, done.stderr  # Python dies of the signal
+        assert "KeyboardInterrupt" in done.stderr
+    else:
+        assert (done.returncode, done.stderr) == (code, f"\n{line}\n")
+
+
+def test_an_interrupt_handled_is_not_reported_again_by_python_at_exit():
+    """CPython 3.11 remembers a KeyboardInterrupt that left code a C extension ran (torch's
+    import) and at exit killed the process with SIGINT (exit -2) after our line and 130."""
+    done = _python(
+        "import ctypes, sys\n"
+        "from hybrid_dlrm.common import endings\n"
+        "ctypes.c_int.in_dll(ctypes.pythonapi, '_Py_UnhandledKeyboardInterrupt').value = 1\n"
+        "def body(): raise KeyboardInterrupt\n"
+        "sys.exit(endings.run(body))\n"
+    )
+    assert (done.returncode, done.stderr) == (130, "\ninterrupted\n")
