@@ -44,6 +44,7 @@ from hybrid_dlrm.common.crc import crc_hex, file_crc32
 from hybrid_dlrm.common.header import check_header
 from hybrid_dlrm.common.lock import DirectoryLock, LockError, LockHeld
 from hybrid_dlrm.common.manifest import record_problem
+from hybrid_dlrm.common.outputs import Purpose, check_output
 
 from .bag_memory import check_bags
 from .criteo_directory import CriteoDataset
@@ -182,6 +183,12 @@ def _values_path(out: Path, part: str) -> Path:
     return out / f"{part}.values.npy"
 
 
+# what materialise writes: a directory, complete once it has meta.json (then it is reused)
+MULTI_HOT_DIRECTORY = Purpose(
+    "multi-hot data set directory", directory=True, identify=lambda d: (d / "meta.json").is_file()
+)
+
+
 def materialise(
     source_dir: str | Path, out: str | Path, spec: BagSpec, wait_s: float = 1.0
 ) -> Path:
@@ -200,6 +207,9 @@ def materialise(
     problem = unwritable_dir(out.parent)
     if problem:  # checked first: the lock file could not be made there either
         raise DataError(unwritable_place(problem, source_dir))
+    # about to write (also where no --out named it: the directory beside the preprocessed one)
+    check_output(out, "the multi-hot directory", MULTI_HOT_DIRECTORY,
+                 protected={"the preprocessed directory": source_dir}, error=DataError)  # fmt: skip
     lock = DirectoryLock(out.parent, name=f".{out.name}.lock")
     try:  # another living process materialising the same directory: wait, then reuse its result
         lock.acquire_waiting(

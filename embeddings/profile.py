@@ -207,7 +207,9 @@ class AccessProfile:
             ax.legend(fontsize=6, ncol=2)
         ax.grid(True, which="both", alpha=0.3)
         path = Path(path)
-        fig.savefig(path, dpi=120, bbox_inches="tight", metadata=png_marker(PROFILE_PLOT))
+        with atomic_write(path) as f:  # never half a PNG, on a full disk or a Ctrl-C
+            fig.savefig(f, format="png", dpi=120, bbox_inches="tight",
+                        metadata=png_marker(PROFILE_PLOT))  # fmt: skip
         plt.close(fig)
         return path
 
@@ -483,4 +485,4 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     from hybrid_dlrm.common import endings  # Ctrl-C / SIGTERM: one line, exit 130 / 143
 
-    sys.exit(endings.run(main))
+    sys.exit(endings.run(main, left=lambda: "nothing written"))  # its writes are atomic

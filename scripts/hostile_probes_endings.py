@@ -143,6 +143,17 @@ def edit_json(path: Path, **changes) -> None:
     path.write_text(json.dumps(data, indent=1))
 
 
+def _nothing_at(*names: str) -> Callable[[Path], str]:
+    """An `after` check: none of `names` (relative to the world) exists, nor a temporary of one."""
+
+    def check(w: Path) -> str:
+        left = [n for n in names if (w / n).exists()]
+        left += [p.name for n in names for p in (w / n).parent.glob(f".{Path(n).name}*")]
+        return f"after: left behind: {', '.join(left)}" if left else ""
+
+    return check
+
+
 def killed_before_first_checkpoint(w: Path, argv: list[str], run: Path) -> None:
     """`argv` started and killed with -9 once its run directory has config.json."""
     p = subprocess.Popen(argv, cwd=w, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -213,6 +224,18 @@ def add_probes(add, h) -> None:
         lambda w: [*h.TWO, "-m", "dlrm.train", *long_run, "--out-dir", str(w / "L")],
         expect="interrupted", says="resume with: python -m dlrm.torchrun ", lines=2,
         signal=Signal(path="L/checkpoints/step_*", after=0.5))  # fmt: skip
+    # the serving commands: their writes are atomic, so nothing is left half made (a profile is
+    # done in a second or two: tests/embeddings/test_profile.py interrupts its plot instead)
+    serving = h.serving
+    add("Ctrl-C in quantize --emb-precision auto (the precision search)", ENDINGS,
+        lambda w: [sys.executable, "-m", "hybrid_dlrm.serving.quantize", str(w / "serve_run"),
+                   "--emb-precision", "auto", "--out", str(w / "art/auto")],
+        expect="interrupted", says="interrupted; nothing written",
+        signal=Signal(after=6), after=_nothing_at("art/auto"))  # fmt: skip
+    add("SIGTERM in serving.predict over a large file", ENDINGS,
+        lambda w: serving.predict(w, "--out", str(w / "p.csv"), data=str(big_raw(w).relative_to(w))),
+        expect="terminated", says="terminated (SIGTERM); no file written",
+        signal=Signal(signal.SIGTERM, after=4), after=_nothing_at("p.csv"))  # fmt: skip
     add("SIGTERM to torchrun's launcher alone (a scheduler), after a checkpoint", ENDINGS,
         lambda w: [*h.TWO, "-m", "dlrm.train", *long_run, "--out-dir", str(w / "L")],
         expect="terminated", says="resume with: python -m dlrm.torchrun ", lines=2,

@@ -329,3 +329,24 @@ def test_bag_sizes_past_the_memory_are_one_line_before_anything_is_made(
     assert not out.exists() and not list(tmp_path.glob(".bags*"))
     with pytest.raises(DataError, match=r"^--multi-hot-sizes: bags of 2,600 ids per sample"):
         materialise(source, out, BagSpec([100] * 26, CriteoDataset(source).table_sizes))
+
+
+def test_the_default_directory_goes_through_the_output_rule(source, tmp_path):
+    """Issue 46: the directory materialise writes where no --out names it (beside the
+    preprocessed one) is refused as every output is: a symbolic link there is never written
+    through, a file there is never replaced."""
+    src = source
+    spec = BagSpec(SIZES, CriteoDataset(src).table_sizes, seed=99)  # a directory no other test uses
+    out = default_directory(src, spec)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    out.symlink_to(elsewhere)
+    with pytest.raises(DataError, match="is a symbolic link, which is never written through"):
+        materialise(src, out, spec)
+    assert list(elsewhere.iterdir()) == []
+    out.unlink()
+    out.write_text("mine")
+    with pytest.raises(DataError, match="is a regular file; expected the name of a multi-hot"):
+        materialise(src, out, spec)
+    assert out.read_text() == "mine"
+    out.unlink()

@@ -158,3 +158,26 @@ def test_the_plot_tells_criteos_26_tables_apart():
 
     looks = [line_look(t) for t in range(40)]
     assert len(set(looks)) == 40 and line_look(0) == ("C0", "-")
+
+
+def test_an_interrupted_plot_leaves_no_half_png_and_the_old_one_whole(tmp_path, monkeypatch):
+    """Ctrl-C (or a full disk) while the PNG is written: the plot goes to a temporary published
+    at the end, so an earlier plot at the same path stays whole and no temporary is left."""
+    import matplotlib.figure
+
+    rng = np.random.default_rng(3)
+    counts = [np.bincount(rng.integers(0, n, 100), minlength=n) for n in SIZES]
+    profile = AccessProfile(NAMES, SIZES, counts, inputs=100)
+    png = tmp_path / "cdf.png"
+    profile.plot(png)
+    before = png.read_bytes()
+
+    def interrupted(self, f, **kwargs):
+        f.write(b"\x89PNG half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        profile.plot(png)
+    assert png.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cdf.png"]
