@@ -56,7 +56,6 @@ placement with the spread between rounds, and auto's planning, calibration and t
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gc
 import json
 import logging
@@ -65,8 +64,8 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -88,13 +87,13 @@ from scripts._shared import check_bench_out, cpu_flags, load_average  # noqa: E4
 KB, MB = 1 << 10, 1 << 20
 
 
-@dataclass(frozen=True)
-class Spec:
+class Spec(NamedTuple):
     """One configuration: Kaggle table scale, batch, and what the user gives auto: `room` is
     what --memory-limit leaves the process beyond what it holds when it plans (--memory-limit
     counts the process's resident memory); `hot` a --hot-budget (bytes the rows on the device
     may take); `op` the interaction; `bags` one --multi-hot-sizes for every feature (None:
-    one-hot); `zipf` the accesses' skew (None: --zipf)."""
+    one-hot); `zipf` the accesses' skew (None: --zipf). A NamedTuple: the tests load this
+    script by its path, outside sys.modules, where a dataclass cannot be made."""
 
     name: str
     scale: float
@@ -289,7 +288,7 @@ def plan_pass(payload: dict) -> dict:
 def run_pass(spec: Spec | None, args, out: Path, cache: Path) -> dict:
     """`plan_pass` in a process of its own (this script, `--plan-pass`): its JSON, and the
     process's wall time (its imports and data included)."""
-    payload = {"spec": None if spec is None else dataclasses.asdict(spec), "out": str(out),
+    payload = {"spec": None if spec is None else spec._asdict(), "out": str(out),
                "cache": str(cache), "calibrate": args.calibrate, "threads": args.threads,
                "args": {k: v for k, v in vars(args).items() if k != "out_dir"}}  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
@@ -497,6 +496,7 @@ def run_config(spec: Spec, args, root: Path) -> dict:
     passes = {name: run_pass(spec, args, out / name, cache) for name in ("fresh", "warm")}
     # this process's predictions read the calibration the passes made (none made here)
     os.environ["HYBRID_DLRM_CACHE"] = str(cache)
+    os.environ["HYBRID_DLRM_CALIBRATE"] = args.calibrate  # device fitted: the passes made none
     limit = None if spec.room is None else resident_bytes() + spec.room
     cfg = base_config(spec, args, out, limit)
     profile = out / "fresh" / "profile.npz"
