@@ -1,10 +1,13 @@
 """The placement planner's proof (issue 44): `--placement auto` on a machine it has never seen,
 its choice measured against every candidate; prints one JSON object.
 
-    python scripts/bench_planner.py                      # 13 configurations (about 20-25 min quiet)
+    python scripts/bench_planner.py                      # 13 configurations (about 20 min quiet)
     python scripts/bench_planner.py --configs a,b        # some of them (names: CONFIGS)
-    python scripts/bench_planner.py --quick              # 3 tiny ones: a smoke test (a few minutes)
-    python scripts/bench_planner.py --readme-case        # the README's `--placement auto --hot-budget 8MB`
+    python scripts/bench_planner.py --quick              # 3 tiny ones: a smoke test (about 3 min)
+    python scripts/bench_planner.py --readme-case        # the README's `--placement auto --hot-budget 8MB` (2-3 min)
+
+One thread per process (`--threads`); about 1.5-2 minutes a configuration on a quiet 2-core
+machine (two planning processes with their calibration and trial, then 8-10 trainers).
 
 The configurations span table scale, --memory-limit, batch size, --arch-interaction-op dot and
 dcn, one-hot and multi-hot (--multi-hot-sizes), and a `--hot-budget` given to auto (which bounds
@@ -686,10 +689,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--readme-case", action="store_true",
                    help="the README's --placement auto --hot-budget 8MB against device, host, FAE "
                    "and Hotline given by hand (instead of the configurations)")  # fmt: skip
-    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--steps", type=int, default=12, help="steps of each candidate per round")
     p.add_argument("--warmup", type=int, default=8, help="first steps of each trainer not counted")
-    p.add_argument("--tiered-steps", type=int, default=160,
+    p.add_argument("--tiered-steps", type=int, default=120,
                    help="counted steps of each tiered trainer (its cache starts empty and fills: "
                    "measured as their mean, predicted for the same steps)")  # fmt: skip
     p.add_argument("--batches", type=int, default=400, help="training batches per epoch")
