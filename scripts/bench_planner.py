@@ -27,8 +27,9 @@ Per configuration:
 2. The bench's candidates (device, host, FAE, Hotline, tiered at budgets that suit the
    configuration), auto's choices and the trials' shortlists, each predicted by its kind from
    the performance model's step costs (perfmodel/placement_costs.py, on the calibration the
-   passes made) with whether it is admissible (dlrm/placement/memory_check.py's check at the
-   configuration's --memory-limit, no margin, and within a given --hot-budget), then trained in
+   passes made) with whether it is admissible (its needs, as dlrm/placement/memory_check.py
+   counts them, within the memory the fresh pass saw with the planner's margin, as the planner
+   rules; its rows on the device within a given --hot-budget), then trained in
    this process on its own Trainer, interleaved: `--rounds` rounds, each running `--steps` steps
    of every candidate in turn (one torch thread), the first `--warmup` steps of each trainer not
    counted. Measured = the median over the counted steps of the step thread's CPU time plus the
@@ -77,10 +78,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from data_pipeline.synthetic import scaled_table_sizes  # noqa: E402
 from dlrm import TrainConfig  # noqa: E402
 from dlrm.data import build_data, steps_per_epoch  # noqa: E402
-from dlrm.errors import ConfigError  # noqa: E402
 from dlrm.placement.auto import counted_batches, read_sample  # noqa: E402
 from dlrm.placement.candidates import Candidate  # noqa: E402
-from dlrm.placement.memory_check import check_memory, run_tables  # noqa: E402
+from dlrm.placement.needs import dense_needs, run_tables, with_placement  # noqa: E402
 from dlrm.processes.thread_watch import CpuSampler  # noqa: E402
 from embeddings.hot_rows import row_bytes  # noqa: E402
 from hybrid_dlrm.common.machine import cpu_model  # noqa: E402
@@ -127,7 +127,7 @@ CONFIGS = [
 QUICK = [
     Spec("q-s0.002-b128", 0.002, 128),
     Spec("q-s0.004-b256-hot64KB-mh2-dcn", 0.004, 256, hot=64 * KB, op="dcn", bags=2),
-    Spec("q-s0.004-b256-room40MB", 0.004, 256, room=40 * MB),
+    Spec("q-s0.004-b256-room20MB", 0.004, 256, room=20 * MB),  # tiered: the data takes ~5 MB of it
 ]
 DCN = {"dcn_num_layers": 2, "dcn_low_rank_dim": 16}
 README_FLAGS = ["--placement", "auto", "--hot-budget", "8MB"]
@@ -278,6 +278,7 @@ def plan_pass(payload: dict) -> dict:
         "planning_s": round(planning_s, 2), "calibration_s": round(calibration_s, 2),
         "calibrated": calibration_s > 0, "planning_without_trial_s": round(planning_s - cost, 2),
         "run_steps": run_steps, "run_predicted_s": None if run_s is None else round(run_s, 2),
+        "room": record["room"], "margin": record["margin"],
         "trial": trial, "trial_cost_s": round(cost, 3), "trial_share": share(cost),
         "trial_budget_share": BUDGET_SHARE, "calibration_share": share(calibration_s),
         "weighed": len(decision.weighed),
@@ -318,12 +319,20 @@ def shortlisted(p: dict) -> list[Candidate]:
             for w in p["candidates"] if w["label"] in listed]  # fmt: skip
 
 
-def fits(cfg: TrainConfig) -> tuple[bool, str | None]:
-    try:
-        check_memory(cfg, build_data(cfg), torch.device("cpu"))
-        return True, None
-    except ConfigError as e:
-        return False, str(e)
+def fits(ccfg: TrainConfig, base, tables, room: dict, margin: float) -> tuple[bool, str | None]:
+    """Does the candidate fit the memory auto's planning pass saw (`room`: its decision's, per
+    tier) with the planner's margin? The planner's own rule (dlrm/placement/auto.py, step 4), on
+    the needs dlrm/placement/memory_check.py counts: the verdicts judge auto among what it could
+    choose (this process holds more than the pass did, so its own room would say otherwise)."""
+    needs = with_placement(base, ccfg, tables)
+    if "device" not in room:  # the CPU: the device tier is host DRAM
+        needs = needs.device_on_host()
+    short = []
+    for tier in ("device", "host"):
+        if tier in room and needs.on(tier) > room[tier]["bytes"] * (1 - margin):
+            short.append(f"{tier} short by {needs.on(tier) - room[tier]['bytes'] * (1 - margin):,.0f} "
+                         f"bytes with the planner's {margin:.0%} margin")  # fmt: skip
+    return not short, "; ".join(short) or None
 
 
 def _exposed(trainer) -> float:
@@ -467,17 +476,16 @@ def rate_of(args) -> float:
     return args.profile_batches / args.batches
 
 
-def predicted_rows(cands: list[Candidate], cfg, spec, out, profile, sample) -> tuple[dict, dict]:
-    """Each candidate's prediction and whether it is admissible; the configs it is trained on."""
+def predicted_rows(cands: list[Candidate], cfg, spec, out, profile, sample, memory) -> tuple:
+    """Each candidate's prediction and whether it is admissible (`memory`: (base needs, tables,
+    the pass's room, its margin) for `fits`); the configs it is trained on."""
     rows, cfgs = {}, {}
     total = total_bytes(cfg)
     for c in cands:
         ccfg = with_candidate(cfg, c, out, profile)
         p0 = time.perf_counter()
         pred = predict_candidate(ccfg, c, sample)
-        if spec is not None and spec.room is not None:  # --memory-limit counts what it holds now
-            ccfg = ccfg.replace(memory_limit=resident_bytes() + spec.room)
-        ok, why = fits(ccfg)
+        ok, why = fits(ccfg, *memory)
         cap = None if spec is None else spec.hot
         if cap is not None and c.kind.rows_on_device(c, total) > cap:
             ok, why = False, f"keeps more than --hot-budget {cap} bytes of rows on the device"
@@ -506,16 +514,19 @@ def run_config(spec: Spec, args, root: Path) -> dict:
     pcfg = cfg.replace(placement="auto", profile_file=str(profile),
                        profile_sample_rate=rate_of(args))  # fmt: skip
     data = build_data(pcfg)
-    sample = read_sample(pcfg, data, run_tables(pcfg, data), None, write=False)
+    tables = run_tables(pcfg, data)
+    sample = read_sample(pcfg, data, tables, None, write=False)
     if not profile.is_file():  # device fitted: the planner made no profile; the runs need one
         sample.profile.save(profile)
+    fresh = passes["fresh"]
+    memory = (dense_needs(pcfg, data), tables, fresh["room"], fresh["margin"])
     del data
     # the steps of the run a tiered trainer is measured over (`measure`)
     sample.steps = (args.warmup, args.warmup + args.tiered_steps)
     chosen = [chosen_of(p) for p in passes.values()]
     listed = [c for p in passes.values() for c in shortlisted(p)]
     cands = with_chosen(candidates(cfg, spec, args.quick), *chosen, *listed)
-    rows, cfgs = predicted_rows(cands, cfg, spec, out, profile, sample)
+    rows, cfgs = predicted_rows(cands, cfg, spec, out, profile, sample, memory)
     for name, c in zip(passes, chosen):
         rows[c.label()].setdefault("auto", []).append(name)
     # the device placement a second time, on its own trainer in the same rounds: how far two

@@ -242,3 +242,21 @@ def test_a_quick_configuration_reports_both_passes_and_the_verdicts(tmp_path):
     assert c["candidates"]["device"]["fits"] is False  # more than the given --hot-budget
     assert out["summary"]["fresh"]["within_5pct_of_fastest"].endswith("/1")
     assert (tmp_path / "o" / "configs.jsonl").is_file()
+
+
+def test_a_candidate_fits_by_the_planners_rule_on_the_room_its_pass_saw(tmp_path):
+    from dlrm.data import build_data
+    from dlrm.placement.needs import run_tables, with_placement
+    from embeddings.room import Needs
+
+    spec = bench.Spec("t", 0.002, 128)
+    cfg = bench.base_config(spec, _Args(), tmp_path).replace(placement="device")
+    tables = run_tables(cfg, build_data(cfg))
+    # on the CPU the device tier is host DRAM: every row counts against the host's room
+    need = with_placement(Needs(), cfg, tables).device_on_host().on("host")
+    assert need >= bench.total_bytes(cfg)
+    room = lambda n: {"host": {"bytes": n, "source": "test"}}  # noqa: E731
+    assert bench.fits(cfg, Needs(), tables, room(int(need / 0.7) + 8), 0.3) == (True, None)
+    ok, why = bench.fits(cfg, Needs(), tables, room(int(need / 0.7) - 8), 0.3)
+    assert not ok and why.startswith("host short by") and "the planner's 30% margin" in why
+    assert bench.fits(cfg, Needs(), tables, room(need), 0.0)[0]  # without the margin it fits
