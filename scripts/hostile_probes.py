@@ -548,11 +548,26 @@ def cut_journal(w: Path, extra: int) -> None:
     path.write_bytes(raw[: 36 + records // 2 * RECORD + extra])
 
 
+BACKGROUND: list[subprocess.Popen] = []  # `holding`'s processes, ended before the next probe
+
+
 def holding(w: Path, argv: list[str], lock: Path) -> None:
-    """`argv` started in the background; returns once it holds `lock` (it ends by itself)."""
-    subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    """`argv` started in the background; returns once it holds `lock` (it is ended, if it has not
+    ended by itself, before the next probe's world is made: on a loaded machine it can outlive
+    its probe and write into the world being removed)."""
+    BACKGROUND.append(
+        subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    )
     while not (lock.is_file() and lock.read_text().strip()):
         time.sleep(0.05)
+
+
+def end_background() -> None:
+    while BACKGROUND:
+        p = BACKGROUND.pop()
+        if p.poll() is None:
+            p.kill()
+        p.wait()
 
 
 def mounted(options: str) -> Path:
@@ -691,6 +706,7 @@ def check_one_run(w: Path) -> str:
 
 def run_probe(probe: Probe, world: Path, scratch: Path) -> None:
     w = scratch / "w"
+    end_background()
     if w.exists():
         shutil.rmtree(w)
     shutil.copytree(world, w, symlinks=True)
@@ -791,6 +807,7 @@ def main() -> None:
             print(f"{'ok ' if q.result['ok'] else 'BAD'} [{q.result['outcome']}] {q.name}: "
                   f"{q.result['shown'][:160]}",
                   file=sys.stderr, flush=True)  # fmt: skip
+        end_background()  # before the scratch directory goes
     results = [q.result for q in chosen]
     if args.markdown:
         print("| # | section | probe | exit | lines | what the user sees | ok |")
