@@ -113,7 +113,9 @@ def hot_plan(sample, hot_budget: int, dim: int, opt: SparseOptimizer):
     dims = [dim] * sample.profile.num_tables
     return _memo(sample).get(
         ("plan", dim, opt.kind, int(hot_budget)),
-        lambda: plan_placement(sample.profile, dims, opt, int(hot_budget), one_home=True),
+        lambda: plan_placement(
+            sample.profile, dims, opt, int(hot_budget), one_home=True, report=False
+        ),  # fmt: skip
     )
 
 

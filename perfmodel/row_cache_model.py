@@ -146,18 +146,23 @@ def _replay_without_evictions(
     parts += [b.numpy().astype(np.int64, copy=False) for b in batches]
     ids = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
     n_warm = ids.size - sum(sizes)
-    # warm reads are batch -1: each row's first reader is the one that misses (and admits) it
-    which = np.concatenate([np.full(n_warm, -1, dtype=np.int64),
-                            np.repeat(np.arange(len(batches), dtype=np.int64), sizes)])  # fmt: skip
-    order = np.lexsort((which, ids))
-    ids_s, which_s = ids[order], which[order]
+    # warm reads are access 0, batch b is access b + 1: sorted by (row, access) as one int64 key
+    # (numpy's sort; a lexsort, np.unique's hash or its axis= took seconds at a million ids),
+    # each row's first reader is the one that misses (and admits) it
+    accesses = len(batches) + 1
+    which = np.concatenate([np.zeros(n_warm, dtype=np.int64),
+                            np.repeat(np.arange(1, accesses, dtype=np.int64), sizes)])  # fmt: skip
+    key = _row_access_keys(ids, which, accesses)
+    if key is None:
+        return None
+    ids_s, which_s = key // accesses, key % accesses - 1
     first = np.ones(ids_s.size, dtype=bool)
     first[1:] = ids_s[1:] != ids_s[:-1]
     if int(first.sum()) > capacity:
         return None  # the cache fills: what it evicts is the policy's
     # a row read twice by one access: the cache's own bookkeeping decides (it never happens for
     # a batch's unique rows)
-    if np.any(~first & np.append(False, which_s[1:] == which_s[:-1])):
+    if np.any(key[1:] == key[:-1]):
         return None
     n = len(batches)
     miss = first & (which_s >= 0)
@@ -165,13 +170,24 @@ def _replay_without_evictions(
     misses_b = np.bincount(which_s[miss], minlength=n)
     hits_b = np.bincount(which_s[hit], minlength=n)
     # the blocks each batch's misses fall in, counted once per batch
-    pairs = np.unique(np.stack([which_s[miss], ids_s[miss] // rows_per_block]), axis=1)
-    miss_blocks = np.bincount(pairs[0], minlength=n)
+    blocks = ids_s[miss] // rows_per_block
+    span = int(blocks.max()) + 1 if blocks.size else 1  # one key per (batch, block): a flat sort
+    pair = np.sort(which_s[miss] * span + blocks)
+    pair = pair[np.append(True, pair[1:] != pair[:-1])] if pair.size else pair
+    miss_blocks = np.bincount(pair // span, minlength=n)
     zeros = [0] * n
     return CacheReplay(
         int(hits_b.sum()), int(misses_b.sum()), [int(x) for x in miss_blocks], zeros, 0,
         [int(x) for x in hits_b], [int(x) for x in misses_b], list(zeros), 0,
     )  # fmt: skip
+
+
+def _row_access_keys(ids: np.ndarray, which: np.ndarray, accesses: int) -> np.ndarray | None:
+    """(row, access) pairs as sorted int64 keys row * accesses + access; None where a row id is
+    negative or too large for the key."""
+    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= np.iinfo(np.int64).max // accesses):
+        return None
+    return np.sort(ids * accesses + which)
 
 
 def _replay_policy(
@@ -245,10 +261,15 @@ def new_rows(stream: list[torch.Tensor]) -> np.ndarray:
     rows no earlier batch had: U(k) - U(k-1), counted exactly."""
     if not stream:
         return np.zeros(0, dtype=np.int64)
-    ids = torch.cat(stream).numpy()
-    which = np.repeat(np.arange(len(stream)), [t.numel() for t in stream])
-    _, first = np.unique(ids, return_index=True)
-    return np.bincount(which[first], minlength=len(stream))
+    ids = torch.cat(stream).numpy().astype(np.int64, copy=False)
+    which = np.repeat(np.arange(len(stream), dtype=np.int64), [t.numel() for t in stream])
+    key = _row_access_keys(ids, which, len(stream))
+    if key is None:  # ids past the sort key's range: np.unique's first occurrences
+        _, first = np.unique(ids, return_index=True)
+        return np.bincount(which[first], minlength=len(stream))
+    rows = key // len(stream)
+    first = np.append(True, rows[1:] != rows[:-1]) if rows.size else rows.astype(bool)
+    return np.bincount(key[first] % len(stream), minlength=len(stream))
 
 
 def unseen_curve(new: np.ndarray, cap: int) -> Callable[[np.ndarray], np.ndarray]:

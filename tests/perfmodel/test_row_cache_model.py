@@ -160,3 +160,15 @@ def test_the_planners_priority_is_the_tiers_profile_priority():
     assert torch.equal(got, want)
     assert rcm.counts_priority([np.zeros(3, np.int32)], [3]) is None
     assert profile_priority([np.zeros(3, np.int32)], [3]) is None
+
+
+def test_new_rows_are_each_rows_first_batch(stream):
+    """`new_rows` (one sort of (row, batch) keys) counts, per batch, the rows no earlier batch
+    had: the same counts as each row's first occurrence by np.unique."""
+    head = stream[:48] + [torch.zeros(0, dtype=torch.int64), stream[3]]
+    ids = torch.cat(head).numpy()
+    which = np.repeat(np.arange(len(head)), [t.numel() for t in head])
+    _, first = np.unique(ids, return_index=True)
+    want = np.bincount(which[first], minlength=len(head))
+    assert rcm.new_rows(head).tolist() == want.tolist()
+    assert rcm.new_rows(head)[-1] == 0 and rcm.new_rows([]).size == 0
