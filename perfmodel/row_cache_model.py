@@ -10,6 +10,9 @@ What `run_io` predicts, per step s of the run, averaged over the steps a predict
 - the first `len(stream)` steps: the cache's own code (`embeddings.ssd.cache.RowCache`,
   bookkeeping only) replayed on the run's first batches' cold rows, in order, as a run feeds it
   (`replay_row_cache`), with the map of blocks written so far (what a fresh tier can read);
+  where every row read fits the cache nothing is evicted, and the same figures are counted
+  with one sort instead (`_replay_without_evictions`: a Terabyte-sized cache's replays took
+  minutes of a plan);
 - after them: the distinct cold rows the run has touched by step k, U(k), counted exactly on
   the stream, fitted in log-log (`unseen_curve`) and extrapolated, capped at the cold rows there
   are. Until the cache holds U(s) rows, every row

@@ -32,11 +32,13 @@ from _shared import load_average  # noqa: E402
 SECONDS: dict[str, float] = defaultdict(float)
 CALLS: dict[str, int] = defaultdict(int)
 WORK: dict[str, int] = defaultdict(int)
+WRAPPED: list[tuple] = []  # (owner, name, the original): put back when the plan is made
 
 
 def _wrap(owner, name: str, phase: str, work=None) -> None:
     """Time `owner.name` as `phase` (nested phases count in their own and their caller's)."""
     fn = getattr(owner, name)
+    WRAPPED.append((owner, name, fn))
 
     def timed(*a, **k):
         t0 = time.perf_counter()
@@ -50,6 +52,12 @@ def _wrap(owner, name: str, phase: str, work=None) -> None:
                     WORK[key] += int(n)
 
     setattr(owner, name, timed)
+
+
+def _alias(user, owner, name: str) -> None:
+    """`user.name` (imported from `owner`) is `owner`'s wrapped one too."""
+    WRAPPED.append((user, name, getattr(user, name)))
+    setattr(user, name, getattr(owner, name))
 
 
 def _instrument() -> None:
@@ -91,13 +99,13 @@ def _instrument() -> None:
                 "warm row ids": sum(int(w.numel()) for w in warm)}  # fmt: skip
 
     _wrap(row_cache_model, "replay_row_cache", "cache replay", replay_work)
-    placement_costs.replay_row_cache = row_cache_model.replay_row_cache
+    _alias(placement_costs, row_cache_model, "replay_row_cache")
     _wrap(row_cache_model, "run_io", "run_io (replay + extrapolation)")
-    placement_costs.run_io = row_cache_model.run_io
+    _alias(placement_costs, row_cache_model, "run_io")
     _wrap(row_cache_model, "warm_rows", "warm rows (profile-ranked cache)")
-    placement_costs.warm_rows = row_cache_model.warm_rows
+    _alias(placement_costs, row_cache_model, "warm_rows")
     _wrap(row_cache_model, "seen_rows", "seen rows (ranked)")
-    placement_costs.seen_rows = row_cache_model.seen_rows
+    _alias(placement_costs, row_cache_model, "seen_rows")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,9 +134,16 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         data = build_data(cfg)
         data_s = time.perf_counter() - t0
+        for table in (SECONDS, CALLS, WORK):
+            table.clear()
         _instrument()
-        planner = Planner(predictor=KindPredictor(PlacementCosts()), trials=None)
-        decision = planner.plan(cfg, data, resolve_device(cfg.training.device), write=False)
+        try:
+            planner = Planner(predictor=KindPredictor(PlacementCosts()), trials=None)
+            decision = planner.plan(cfg, data, resolve_device(cfg.training.device), write=False)
+        finally:
+            while WRAPPED:
+                owner, name, fn = WRAPPED.pop()
+                setattr(owner, name, fn)
     weighed = decision.weighed
     print(json.dumps({
         "flags": flags, "chosen": decision.chosen.label(), "decision": decision.to_json(), "planning_s": round(decision.planning_s, 2),
