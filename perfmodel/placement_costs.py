@@ -65,7 +65,13 @@ from embeddings.staged.lookup_map import map_lookups
 from perfmodel.capture_config import CAPTURE_ROWS  # noqa: F401 (the module doc's, the tests')
 from perfmodel.capture_config import UNPLACED as _UNPLACED
 from perfmodel.capture_config import capturable as _capturable
-from perfmodel.row_cache_model import replay_row_cache, run_io, seen_rows, warm_rows
+from perfmodel.row_cache_model import (
+    replay_row_cache,
+    run_io,
+    seen_rows,
+    stream_replay,
+    warm_rows,
+)
 from perfmodel.staging_costs import load_us, row_us, staging_figures
 
 log = logging.getLogger(__name__)
@@ -107,7 +113,9 @@ def hot_plan(sample, hot_budget: int, dim: int, opt: SparseOptimizer):
     dims = [dim] * sample.profile.num_tables
     return _memo(sample).get(
         ("plan", dim, opt.kind, int(hot_budget)),
-        lambda: plan_placement(sample.profile, dims, opt, int(hot_budget), one_home=True),
+        lambda: plan_placement(
+            sample.profile, dims, opt, int(hot_budget), one_home=True, report=False
+        ),  # fmt: skip
     )
 
 
@@ -361,10 +369,12 @@ def _staged(cfg, candidate: Candidate, sample, sizes: list[int], cold: str) -> P
         depth = int(cfg.scm.io_depth)
         seconds = lambda n: read_seconds(disk, n, depth)  # noqa: E731
 
+        replayed = stream_replay(stream, total_rows, capacity, rpb, prio)  # both windows'
+
         def io_parts(window) -> tuple[float, float, Any]:
             """(disk ms, the worker's CPU ms, the cache's figures) per step over `window`."""
             io = run_io(stream, total_rows, cold_rows, capacity, rpb, prio, window, seconds,
-                        steady_floor=floor)  # fmt: skip
+                        steady_floor=floor, replayed=replayed)  # fmt: skip
             cpu = (rows * figs["hash_ns_per_row"] / 1e6 + rows * io.hit_rate * gather / 1e3
                    + (io.reads + io.rmw) * figs["crc_us_per_block"] / 1e3
                    + io.rmw * rpb * scatter / 1e3)  # fmt: skip

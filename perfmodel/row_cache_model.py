@@ -10,6 +10,9 @@ What `run_io` predicts, per step s of the run, averaged over the steps a predict
 - the first `len(stream)` steps: the cache's own code (`embeddings.ssd.cache.RowCache`,
   bookkeeping only) replayed on the run's first batches' cold rows, in order, as a run feeds it
   (`replay_row_cache`), with the map of blocks written so far (what a fresh tier can read);
+  where every row read fits the cache nothing is evicted, and the same figures are counted
+  with one sort instead (`_replay_without_evictions`: a Terabyte-sized cache's replays took
+  minutes of a plan);
 - after them: the distinct cold rows the run has touched by step k, U(k), counted exactly on
   the stream, fitted in log-log (`unseen_curve`) and extrapolated, capped at the cold rows there
   are. Until the cache holds U(s) rows, every row
@@ -36,7 +39,6 @@ import torch
 
 from embeddings.row_layout import table_row_base
 from embeddings.ssd.cache import RowCache
-from embeddings.ssd.collection import profile_priority
 
 WRITEBACK_LAG = 2  # a staged batch's rows are written back this many stagings later
 GRID = 2000  # steps past the stream evaluated one by one; beyond, on a geometric grid
@@ -63,6 +65,27 @@ class CacheReplay:
 _SEEN: dict[int, tuple[Any, np.ndarray, Any]] = {}
 
 
+def counts_priority(counts: list[np.ndarray], sizes: list[int]):
+    """`embeddings.ssd.collection.profile_priority`'s function (each row's profile count, 0 when
+    unseen; None when the profile saw no row), read from the profile's own per-table count
+    arrays: the planner holds them anyway, and indexing them is a few array passes per call
+    where a binary search over every seen row's id (millions) was most of a replay's time."""
+    if not any(c.any() for c in counts):
+        return None
+    base = table_row_base(sizes).numpy()
+
+    def priority(g: torch.Tensor) -> torch.Tensor:
+        x = g.numpy().astype(np.int64, copy=False).ravel()
+        table = np.searchsorted(base, x, side="right") - 1
+        out = np.zeros(x.size, dtype=np.int64)
+        for t in np.unique(table):
+            mine = table == t
+            out[mine] = counts[t][x[mine] - base[t]]
+        return torch.from_numpy(out).view(g.shape)
+
+    return priority
+
+
 def seen_rows(counts: list[np.ndarray], sizes: list[int]) -> tuple[np.ndarray, Any]:
     """The rows a profile saw (global ids, most counted first, ties by id) and the row cache's
     priority function: both read every count once, so they are made once per profile."""
@@ -73,7 +96,7 @@ def seen_rows(counts: list[np.ndarray], sizes: list[int]) -> tuple[np.ndarray, A
     cnt = np.concatenate([c[c > 0] for c in counts])
     ranked = gids[np.lexsort((gids, -cnt))]
     _SEEN.clear()
-    _SEEN[id(counts)] = (counts, ranked, profile_priority(counts, sizes))
+    _SEEN[id(counts)] = (counts, ranked, counts_priority(counts, sizes))
     return ranked, _SEEN[id(counts)][2]
 
 
@@ -103,7 +126,78 @@ def replay_row_cache(
     each staging's unique cold rows read (`ScmTier.read_rows`: lookup, misses admitted clean),
     and `lag` stagings later the same rows written back (`ScmTier._store`: cached rows marked
     dirty, the rest admitted dirty). Evicted dirty rows are written to their blocks. `warm`:
-    reads made first and not counted (`warm_rows`)."""
+    reads made first and not counted (`warm_rows`). Where the cache never has to evict
+    (`_replay_without_evictions`), the same figures are counted without it."""
+    if capacity:
+        counted = _replay_without_evictions(batches, capacity, rows_per_block, warm)
+        if counted is not None:
+            return counted
+    return _replay_policy(batches, total_rows, capacity, rows_per_block, priority, lag, warm)
+
+
+def _replay_without_evictions(
+    batches: list[torch.Tensor], capacity: int, rows_per_block: int, warm: list[torch.Tensor] = ()
+) -> CacheReplay | None:
+    """`replay_row_cache`'s figures where every row the replay reads (`warm` and `batches`, each
+    batch's rows unique) fits the cache: nothing is evicted, so the cache holds every row read
+    so far, a row is a hit exactly when an earlier batch (or `warm`) read it, the write-backs
+    find their rows cached (no row goes to the file) and no block is written. Counted with
+    sorts, not the cache's per-batch bookkeeping (a Terabyte-sized cache of 10 GiB replayed its
+    warm rows for 20 s). None where that does not hold (the policy decides: `_replay_policy`)."""
+    sizes = [int(b.numel()) for b in batches]
+    parts = [w.numpy().astype(np.int64, copy=False) for w in warm]
+    parts += [b.numpy().astype(np.int64, copy=False) for b in batches]
+    ids = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    n_warm = ids.size - sum(sizes)
+    # warm reads are access 0, batch b is access b + 1: sorted by (row, access) as one int64 key
+    # (numpy's sort; a lexsort, np.unique's hash or its axis= took seconds at a million ids),
+    # each row's first reader is the one that misses (and admits) it
+    accesses = len(batches) + 1
+    which = np.concatenate([np.zeros(n_warm, dtype=np.int64),
+                            np.repeat(np.arange(1, accesses, dtype=np.int64), sizes)])  # fmt: skip
+    key = _row_access_keys(ids, which, accesses)
+    if key is None:
+        return None
+    ids_s, which_s = key // accesses, key % accesses - 1
+    first = np.ones(ids_s.size, dtype=bool)
+    first[1:] = ids_s[1:] != ids_s[:-1]
+    if int(first.sum()) > capacity:
+        return None  # the cache fills: what it evicts is the policy's
+    # a row read twice by one access: the cache's own bookkeeping decides (it never happens for
+    # a batch's unique rows)
+    if np.any(key[1:] == key[:-1]):
+        return None
+    n = len(batches)
+    miss = first & (which_s >= 0)
+    hit = ~first & (which_s >= 0)
+    misses_b = np.bincount(which_s[miss], minlength=n)
+    hits_b = np.bincount(which_s[hit], minlength=n)
+    # the blocks each batch's misses fall in, counted once per batch
+    blocks = ids_s[miss] // rows_per_block
+    span = int(blocks.max()) + 1 if blocks.size else 1  # one key per (batch, block): a flat sort
+    pair = np.sort(which_s[miss] * span + blocks)
+    pair = pair[np.append(True, pair[1:] != pair[:-1])] if pair.size else pair
+    miss_blocks = np.bincount(pair // span, minlength=n)
+    zeros = [0] * n
+    return CacheReplay(
+        int(hits_b.sum()), int(misses_b.sum()), [int(x) for x in miss_blocks], zeros, 0,
+        [int(x) for x in hits_b], [int(x) for x in misses_b], list(zeros), 0,
+    )  # fmt: skip
+
+
+def _row_access_keys(ids: np.ndarray, which: np.ndarray, accesses: int) -> np.ndarray | None:
+    """(row, access) pairs as sorted int64 keys row * accesses + access; None where a row id is
+    negative or too large for the key."""
+    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= np.iinfo(np.int64).max // accesses):
+        return None
+    return np.sort(ids * accesses + which)
+
+
+def _replay_policy(
+    batches: list[torch.Tensor], total_rows: int, capacity: int, rows_per_block: int,
+    priority=None, lag: int = WRITEBACK_LAG, warm: list[torch.Tensor] = (),
+) -> CacheReplay:  # fmt: skip
+    """`replay_row_cache` by the cache's own code, batch by batch."""
     cache = RowCache(total_rows, 0, capacity, priority)
     if capacity:
         for ids in warm:
@@ -111,7 +205,9 @@ def replay_row_cache(
             slots = cache.lookup(ids)
             cache.admit(ids[slots < 0], dirty=False)
         cache.hits = cache.misses = cache.evictions = 0
-    written = np.zeros(0, dtype=np.int64)
+    # the blocks written so far, one flag per block of the tier (a sorted union per batch cost
+    # more than the cache's bookkeeping at a few hundred thousand blocks)
+    written = np.zeros(max(1, -(-total_rows // rows_per_block)), dtype=bool)
     miss_blocks, evict_blocks, read_blocks, hits_b, misses_b = [], [], [], [], []
     pending: list[torch.Tensor] = []
     evicted_now: list[np.ndarray] = []
@@ -148,8 +244,7 @@ def replay_row_cache(
         misses_b.append(int(miss.numel()))
         miss_block = np.unique(miss.numpy() // rows_per_block)
         miss_blocks.append(int(miss_block.size))
-        on_disk = np.isin(miss_block, written)
-        read_blocks.append(int(on_disk.sum()))
+        read_blocks.append(int(written[miss_block].sum()))
         if capacity and miss.numel():
             admit(miss, dirty=False)
         pending.append(ids)
@@ -157,10 +252,10 @@ def replay_row_cache(
             store(pending.pop(0))
         ev = np.unique(np.concatenate(evicted_now)) if evicted_now else np.zeros(0, np.int64)
         evict_blocks.append(int(ev.size))
-        written = np.union1d(written, ev)
+        written[ev] = True
     return CacheReplay(
         cache.hits, cache.misses, miss_blocks, evict_blocks, cache.evictions,
-        hits_b, misses_b, read_blocks, int(written.size),
+        hits_b, misses_b, read_blocks, int(written.sum()),
     )  # fmt: skip
 
 
@@ -169,10 +264,15 @@ def new_rows(stream: list[torch.Tensor]) -> np.ndarray:
     rows no earlier batch had: U(k) - U(k-1), counted exactly."""
     if not stream:
         return np.zeros(0, dtype=np.int64)
-    ids = torch.cat(stream).numpy()
-    which = np.repeat(np.arange(len(stream)), [t.numel() for t in stream])
-    _, first = np.unique(ids, return_index=True)
-    return np.bincount(which[first], minlength=len(stream))
+    ids = torch.cat(stream).numpy().astype(np.int64, copy=False)
+    which = np.repeat(np.arange(len(stream), dtype=np.int64), [t.numel() for t in stream])
+    key = _row_access_keys(ids, which, len(stream))
+    if key is None:  # ids past the sort key's range: np.unique's first occurrences
+        _, first = np.unique(ids, return_index=True)
+        return np.bincount(which[first], minlength=len(stream))
+    rows = key // len(stream)
+    first = np.append(True, rows[1:] != rows[:-1]) if rows.size else rows.astype(bool)
+    return np.bincount(key[first] % len(stream), minlength=len(stream))
 
 
 def unseen_curve(new: np.ndarray, cap: int) -> Callable[[np.ndarray], np.ndarray]:
@@ -208,6 +308,15 @@ def unseen_curve(new: np.ndarray, cap: int) -> Callable[[np.ndarray], np.ndarray
     return curve
 
 
+def stream_replay(
+    stream: list[torch.Tensor], total_rows: int, capacity: int, rows_per_block: int, priority
+) -> CacheReplay:
+    """The row cache replayed on a run's first batches (`run_io`'s replay)."""
+    seen = int(new_rows(stream).sum())
+    # a cache larger than every row the stream touches never evicts within it: the same replay
+    return replay_row_cache(stream, total_rows, min(capacity, seen), rows_per_block, priority)
+
+
 @dataclass
 class RunIO:
     """The row cache and the disk over a window of a run's steps: means per step."""
@@ -229,23 +338,26 @@ class RunIO:
 def run_io(
     stream: list[torch.Tensor], total_rows: int, cold_rows: int, capacity: int,
     rows_per_block: int, priority, window: tuple[int, int], seconds: Callable[[float], float],
-    steady_floor: float = 0.0, fresh: bool = True,
+    steady_floor: float = 0.0, fresh: bool = True, replayed: CacheReplay | None = None,
 ) -> RunIO:  # fmt: skip
     """The row cache of `capacity` rows over steps [window) of a run whose first batches' unique
     cold rows are `stream` (module docstring). `seconds(blocks)`: the disk's time for a
     staging's reads; `steady_floor`: a hit rate the full cache keeps at least (the profile-ranked
     steady state); `fresh`: the tier file starts unwritten (False: every block is on disk, as
-    after `ScmTier.fill`)."""
+    after `ScmTier.fill`); `replayed`: `stream_replay`'s replay of the same stream and cache,
+    where made already (a prediction's two windows share it)."""
     first, end = int(window[0]), int(window[1])
     n = len(stream)
     if not n or not sum(t.numel() for t in stream):  # no cold row: nothing to cache or read
         return RunIO(0.0, 0.0, 0.0, 0.0, 0.0, None, 0.0, n)
     new = new_rows(stream)
-    seen = int(new.sum())
     R = float(np.mean([t.numel() for t in stream])) if stream else 0.0
     total_blocks = max(1, -(-total_rows // rows_per_block))
-    # a cache larger than every row the stream touches never evicts within it: the same replay
-    rep = replay_row_cache(stream, total_rows, min(capacity, seen), rows_per_block, priority)
+    rep = (
+        replayed
+        if replayed is not None
+        else stream_replay(stream, total_rows, capacity, rows_per_block, priority)
+    )
     hits_b = np.asarray(rep.hits_per_batch, dtype=np.float64)
     misses_b = np.asarray(rep.misses_per_batch, dtype=np.float64)
     reads_b = np.asarray(rep.read_blocks if fresh else rep.miss_blocks, dtype=np.float64)

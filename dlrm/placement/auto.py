@@ -87,6 +87,10 @@ __all__ = ["PLAN_MARGIN", "Decision", "Planner", "Weighed", "plan", "resolve_aut
 log = logging.getLogger(__name__)
 
 SAMPLE_BATCHES = 8  # training batches whose sparse features a predictor replays
+# the planning phases a decision times (`Decision.phases`): the room and the dense part's needs;
+# the access profile and the sample's batches; the candidates listed, weighed and the degenerate
+# ones dropped; the predictions (a first plan's calibration included); the trial
+PHASES = ("inventory", "sample", "candidates", "prediction", "trial")
 
 
 @dataclass
@@ -100,6 +104,9 @@ class Decision:
     margin: float = PLAN_MARGIN
     planning_s: float = 0.0
     trial: Trial | None = None  # the close call's measurements, or why there were none
+    # seconds per planning phase (PHASES; what a slow plan spent its time on): the decision
+    # file's `planning_phases_s`
+    phases: dict[str, float] = field(default_factory=dict, compare=False)
     # the JSON the run directory's decision file holds: what its checkpoints record
     record: dict | None = field(default=None, repr=False, compare=False)
 
@@ -126,6 +133,8 @@ class Decision:
         }  # fmt: skip
         if self.trial is not None:
             out["trial"] = self.trial.to_json()
+        if self.phases:
+            out["planning_phases_s"] = {k: round(v, 3) for k, v in self.phases.items()}
         return out
 
     @classmethod
@@ -136,9 +145,10 @@ class Decision:
                                int(s.get("scm_cache") or 0))  # fmt: skip
             rows = [Weighed.from_json(w) for w in d.get("candidates", [])]
             trial = Trial.from_json(d["trial"]) if d.get("trial") is not None else None  # optional
+            phases = {str(k): float(v) for k, v in (d.get("planning_phases_s") or {}).items()}
             return cls(chosen, str(d["how"]), rows, dict(d.get("room") or {}),
                        float(d.get("margin", PLAN_MARGIN)), float(d.get("planning_s", 0.0)),
-                       trial)  # fmt: skip
+                       trial, phases=phases)  # fmt: skip
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ConfigError(f"{source}: not a placement decision ({e})") from None
 
@@ -300,6 +310,14 @@ class Planner:
         profile may be written (the run directory's, or `--profile-file`). `measurer`: how the
         trial builds a candidate's run (the run's own: dlrm/compose.py's `trial_contender`)."""
         t0 = time.perf_counter()
+        phases: dict[str, float] = {}
+        clock = [t0]
+
+        def lap(phase: str) -> None:  # the time since the last phase ended, as `phase`'s
+            now = time.perf_counter()
+            phases[phase] = phases.get(phase, 0.0) + now - clock[0]
+            clock[0] = now
+
         margin = self.margin
         tables = run_tables(cfg, data)
         base = self.memory.base(cfg, data)
@@ -316,9 +334,12 @@ class Planner:
         if fit_whole:
             how = "every table fits on the device: nothing to plan"
             chosen = min(fit_whole, key=_preference)
+            lap("inventory")
             return Decision(chosen.candidate, how, [chosen], shown_room, margin,
-                            time.perf_counter() - t0)  # fmt: skip
+                            time.perf_counter() - t0, phases=phases)  # fmt: skip
+        lap("inventory")
         sample = read_sample(cfg, data, tables, room, write)
+        lap("sample")
         opt = cfg.training.sparse_optimizer()
         space.budgets = hot_budgets(sample.profile, tables, opt)
         seen = {w.candidate for w in first}
@@ -327,6 +348,7 @@ class Planner:
         if not fitting:
             raise ConfigError(_nothing_fits(weighed, margin))
         fitting = _drop_degenerate(fitting, Coverage(sample.profile, tables, opt))
+        lap("candidates")
         fn = self._predictor()
         trial = None
         if fn is None:
@@ -337,12 +359,14 @@ class Planner:
                     w.rejected = "fits; later in the preference order"
         else:
             chosen, how, contenders = self._predicted(fn, cfg, fitting, sample, t0)
+            lap("prediction")
             if self.trials is not None:  # a close call: measured on the run's first batches
                 chosen, how, trial = self.trials.decide(cfg, data, device, contenders, fitting,
                                                         chosen, how, room, margin, measurer)  # fmt: skip
+                lap("trial")
         del sample
         return Decision(chosen.candidate, how, weighed, shown_room, margin,
-                        time.perf_counter() - t0, trial)  # fmt: skip
+                        time.perf_counter() - t0, trial, phases=phases)  # fmt: skip
 
     def _predicted(self, fn, cfg, fitting: list[Weighed], sample, t0: float):
         # a minute or more on a first plan (calibration, step captures): said as it goes

@@ -72,7 +72,9 @@ class Coverage:
         self.profile, self.tables = profile, tables
         self.table, self.row, self.count, self.cum_bytes = _ranked(profile, tables, opt)
         inputs = max(1, int(profile.inputs))
-        self.lookups = np.array(profile.lookups(), dtype=np.float64) / inputs  # per sample
+        # per table, read once: a sum over every row's count (Terabyte: 200M+), per candidate
+        self.total = np.array(profile.lookups(), dtype=np.float64)
+        self.lookups = self.total / inputs  # per sample
         self.row_bytes = np.array(
             [row_bytes(t.embedding_dim, opt) for t in tables], dtype=np.float64
         )
@@ -86,8 +88,7 @@ class Coverage:
         """Per table, the share of its profiled lookups the hot set of `budget` bytes covers."""
         k = self._hot(budget)
         hot = np.bincount(self.table[:k], weights=self.count[:k], minlength=len(self.tables))
-        total = np.maximum(np.array(self.profile.lookups(), dtype=np.float64), 1.0)
-        return hot / total
+        return hot / np.maximum(self.total, 1.0)
 
     def all_hot(self, budget: int) -> float:
         """The share of inputs whose every lookup is hot: counted on the inputs the profile kept,

@@ -215,9 +215,15 @@ def test_the_decision_with_its_measurements_round_trips(make_config, monkeypatch
     )
     back = Decision.from_json(written)
     assert back.to_json() == written and back.table() == d.table()
-    # a decision file from before the trial reads as one without a trial
-    del written["trial"]
+    # the planning's seconds per phase, each phase once, in order, within the whole
+    phases = written["planning_phases_s"]
+    assert list(phases) == ["inventory", "sample", "candidates", "prediction", "trial"]
+    assert all(v >= 0 for v in phases.values())
+    assert sum(phases.values()) <= written["planning_s"] + 0.01
+    # a decision file from before the trial (and the phases) reads as one without them
+    del written["trial"], written["planning_phases_s"]
     assert Decision.from_json(written).trial is None
+    assert Decision.from_json(written).to_json() == written
 
 
 # --- the run: bit-identical to the placement given by hand -----------------------------------------

@@ -119,6 +119,26 @@ def test_report_measures_hot_lookups_and_all_hot_inputs_on_the_sample():
     assert hot_input_mask(plan, lengths, values).tolist() == [True, False, False]
 
 
+@pytest.mark.parametrize("one_home", [False, True])
+@pytest.mark.parametrize("sparse", [None, True])
+def test_a_plan_without_its_report_is_the_same_plan(one_home, sparse):
+    """`report=False` (the planner's, one plan per candidate budget) skips the report's pass over
+    the kept inputs and nothing else: the same tiers, rows and maps, an empty report."""
+    prof = AccessProfiler([30, 4, 70], ["a", "b", "c"])
+    rng = np.random.default_rng(5)
+    prof.add_rows(np.stack([rng.integers(0, n, 50) for n in (30, 4, 70)], 1))
+    p = prof.finish()
+    opt = SparseOptimizer("rowwise_adagrad")
+    args = (p, [4, 4, 4], opt, 25 * row_bytes(4, opt))
+    full = plan_placement(*args, one_home=one_home, sparse=sparse)
+    bare = plan_placement(*args, one_home=one_home, sparse=sparse, report=False)
+    assert full.report and bare.report == {}
+    bare.report = full.report
+    assert_same_plan(bare, full)
+    assert [bare.tier("device").held_count(t) for t in range(3)] == full.hot_rows
+    assert all(np.array_equal(a, b) for a, b in zip(bare.hot_ids(), full.hot_ids()))
+
+
 def test_plan_files_round_trip_and_bad_plans_are_refused(tmp_path):
     counts = [np.array([3, 0, 2, 7]), np.array([1, 1])]
     plan = plan_placement(

@@ -111,3 +111,64 @@ def test_a_stream_without_cold_rows_reads_nothing():
     for stream in ([], empty):
         io = rcm.run_io(stream, ROWS, ROWS, 100, RPB, None, (0, 1000), blocks_seconds)
         assert (io.reads, io.rmw, io.disk_s, io.misses) == (0.0, 0.0, 0.0, 0.0)
+
+
+def _distinct(batches: list[torch.Tensor]) -> int:
+    return int(np.unique(torch.cat(batches).numpy()).size) if batches else 0
+
+
+@pytest.mark.parametrize("warm_rows", [0, 700])
+@pytest.mark.parametrize("spare", [0, 1, 5000])
+def test_a_cache_that_never_evicts_is_counted_as_the_cache_replays_it(stream, warm_rows, spare):
+    """Where every row read fits the cache, `replay_row_cache` counts hits, misses and blocks
+    with sorts: the same figures, exactly, as the cache's own code batch by batch."""
+    head = stream[:48]
+    rng = np.random.default_rng(1)
+    warm = [torch.from_numpy(np.sort(rng.choice(ROWS, warm_rows, replace=False)))][
+        : bool(warm_rows)
+    ]
+    cap = _distinct(head + warm) + spare  # spare 0: the cache ends exactly full
+    prio = lambda g: (g % 5).long()  # noqa: E731
+    assert rcm._replay_without_evictions(head, cap, RPB, warm) is not None  # the sorts count it
+    counted = rcm.replay_row_cache(head, ROWS, cap, RPB, prio, warm=warm)
+    assert counted == rcm._replay_policy(head, ROWS, cap, RPB, prio, warm=warm)
+    assert counted.hits > 0 and counted.misses > 0
+
+
+def test_a_cache_that_fills_is_replayed_by_its_own_policy(stream):
+    """One row short of holding every row read: the policy evicts, so the sorts do not count."""
+    head = stream[:48]
+    cap = _distinct(head) - 1
+    assert rcm._replay_without_evictions(head, cap, RPB) is None
+    rep = rcm.replay_row_cache(head, ROWS, cap, RPB)
+    assert rep == rcm._replay_policy(head, ROWS, cap, RPB) and rep.evictions > 0
+
+
+def test_the_planners_priority_is_the_tiers_profile_priority():
+    """`counts_priority` (the planner's, from the per-table count arrays) gives every row the
+    priority the tier's `profile_priority` gives it: its count, 0 unseen, int64, same shape."""
+    from embeddings.ssd.collection import profile_priority
+
+    rng = np.random.default_rng(3)
+    sizes = [7, 1000, 1, 40_000, 513]
+    counts = [np.where(rng.random(n) < 0.3, rng.integers(1, 9, n), 0).astype(np.int32)
+              for n in sizes]  # fmt: skip
+    counts[2][:] = 0  # a table the profile never saw
+    g = torch.from_numpy(rng.integers(0, sum(sizes), 20_000)).view(100, 200)
+    want, got = profile_priority(counts, sizes)(g), rcm.counts_priority(counts, sizes)(g)
+    assert got.dtype == want.dtype == torch.int64 and got.shape == want.shape
+    assert torch.equal(got, want)
+    assert rcm.counts_priority([np.zeros(3, np.int32)], [3]) is None
+    assert profile_priority([np.zeros(3, np.int32)], [3]) is None
+
+
+def test_new_rows_are_each_rows_first_batch(stream):
+    """`new_rows` (one sort of (row, batch) keys) counts, per batch, the rows no earlier batch
+    had: the same counts as each row's first occurrence by np.unique."""
+    head = stream[:48] + [torch.zeros(0, dtype=torch.int64), stream[3]]
+    ids = torch.cat(head).numpy()
+    which = np.repeat(np.arange(len(head)), [t.numel() for t in head])
+    _, first = np.unique(ids, return_index=True)
+    want = np.bincount(which[first], minlength=len(head))
+    assert rcm.new_rows(head).tolist() == want.tolist()
+    assert rcm.new_rows(head)[-1] == 0 and rcm.new_rows([]).size == 0
