@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 from pathlib import Path
 
-from hybrid_dlrm.common import endings, quick
+from hybrid_dlrm.common import cli_lines, endings, quick
 from hybrid_dlrm.common.outputs import Purpose, check_output
 
 from .dataset_meta import load_meta, read_json
@@ -227,9 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         args.test_lines = quick.cap("--test-lines", args.test_lines) if args.test_lines else 0
         args.users = quick.cap("--users", args.users) if args.users > 0 else args.users
         quick.announce("python -m data_pipeline synth")
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s"
-    )
+    cli_lines.log_to_stderr("python -m data_pipeline", verbose=args.verbose)
     return endings.run(lambda: _run(args), left=lambda: _left(args))
 
 

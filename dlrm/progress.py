@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from typing import TextIO
 
 from tqdm import tqdm
@@ -74,3 +75,26 @@ class Progress:
 
     def close(self) -> None:
         self.bar.close()
+
+
+class Ticker:
+    """A line every `every_s` seconds while a long part of the run goes on (an evaluation over a
+    large test set, say): `evaluating: 3/8 batches (38%), ETA 1m20s`. A part done within
+    `every_s` says nothing, so short runs read as before."""
+
+    def __init__(
+        self, what: str, total: int, say: Callable[[str], None] | None, every_s: float = 10.0
+    ) -> None:
+        self.what, self.total, self.say, self.every_s = what, total, say, every_s
+        self.t0 = self._last = time.perf_counter()
+
+    def tick(self, done: int) -> None:
+        """`done` of the `total` batches are done."""
+        now = time.perf_counter()
+        if self.say is None or now - self._last < self.every_s:
+            return
+        self._last = now
+        rate = done / (now - self.t0)
+        eta = f", ETA {duration((self.total - done) / rate)}" if rate > 0 and self.total else ""
+        pct = f" ({100.0 * done / self.total:.0f}%)" if self.total else ""
+        self.say(f"{self.what}: {done}/{self.total} batches{pct}{eta}")

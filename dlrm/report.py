@@ -14,13 +14,13 @@ naming the file (and line) and exit code 2; so is a missing matplotlib.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from dlrm.run_layout import run_files
+from hybrid_dlrm.common import cli_lines
 from hybrid_dlrm.common.outputs import Purpose, check_output, png_made_for, png_marker
 
 EXIT_USAGE = 2
@@ -170,7 +170,10 @@ def draw(runs: list[Curves], out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dlrm.report", description=__doc__.splitlines()[0])
+    from dlrm.flags import OneLineParser  # one line for a bad flag, as every command says it
+
+    cli_lines.log_to_stderr("python -m dlrm.report")
+    p = OneLineParser(prog="python -m dlrm.report", description=__doc__.splitlines()[0])
     p.add_argument("runs", nargs="+", type=Path, metavar="RUN", help="run directories")
     p.add_argument("--out", type=Path, help="the PNG (default: RUN/curves.png, or ./curves.png "
                    "for several runs)")  # fmt: skip

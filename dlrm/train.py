@@ -9,7 +9,6 @@ A user's mistake ends the run with one line naming the flag or file, exit code 2
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import shlex
 import sys
@@ -21,7 +20,7 @@ from dlrm.errors import CheckpointError, ConfigError, TrainingDiverged
 from dlrm.flags import EXIT_USAGE, OneLineParser, add_settings
 from dlrm.processes import thread_watch, threads
 from embeddings.errors import ScmError
-from hybrid_dlrm.common import endings, quick
+from hybrid_dlrm.common import cli_lines, endings, quick
 
 __all__ = ["EXIT_USAGE", "OneLineParser", "build_parser", "config_from_args", "main"]
 
@@ -50,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     """Ctrl-C or SIGTERM anywhere, also while an error is being reported or the process group
     is left, ends in this process's one line (`_interrupted_line`) and 130 or 143
     (hybrid_dlrm/common/endings.py)."""
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    cli_lines.log_to_stderr("python -m dlrm.train")  # warnings as `{prog}: warning: ...`
     run = _Run()
     return endings.guarded(lambda: _main(argv, run), lambda how: _interrupted_line(run, argv, how))
 

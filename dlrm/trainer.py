@@ -323,9 +323,8 @@ class Trainer:
 
     def evaluate(self) -> dict:
         t0 = time.perf_counter()
-        metrics = evaluate(
-            self.model, self.data.test, self.device, self.cfg.training.precision, self._progress
-        )
+        metrics = evaluate(self.model, self.data.test, self.device, self.cfg.training.precision,
+                           self._progress, self._say)  # fmt: skip
         self.timer.add("eval_s", time.perf_counter() - t0)
         return metrics
 

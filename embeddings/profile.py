@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from embeddings.errors import ProfileError, npz_failure
+from hybrid_dlrm.common import cli_lines
 from hybrid_dlrm.common.atomic import atomic_write
 from hybrid_dlrm.common.header import check_header
 from hybrid_dlrm.common.outputs import (
@@ -434,6 +435,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def main(argv: list[str] | None = None) -> int:
+    cli_lines.log_to_stderr("python -m embeddings.profile")
     p = _Parser(prog="python -m embeddings.profile", description=__doc__.splitlines()[0])
     p.add_argument(
         "inputs",

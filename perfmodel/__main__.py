@@ -22,7 +22,7 @@ import os
 import sys
 
 from dlrm.settings.sections import THREADS_MAX
-from hybrid_dlrm.common import endings
+from hybrid_dlrm.common import cli_lines, endings
 
 EXIT_USAGE = 2
 PROG = "python -m perfmodel"
@@ -164,7 +164,7 @@ def _left(args) -> str:
 
 
 def _main(args, rest: list[str]) -> int:
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    cli_lines.log_to_stderr(PROG)  # warnings as `{prog}: warning: ...`
     logging.getLogger("perfmodel").setLevel(logging.INFO if args.verbose else logging.WARNING)
     _set_threads(args.threads)
     from dlrm.trainer import set_flush_denormal

@@ -731,7 +731,7 @@ def run_probe(probe: Probe, world: Path, scratch: Path) -> None:
             problems.append(f"exit {done.returncode}")
         # what a run that goes on says is a plain line of its output (issue 45: one style), or a
         # warning on stderr where something was skipped
-        said = [x for x in lines if x.startswith("WARNING")] + (done.stdout or "").splitlines()
+        said = [x for x in lines if ": warning: " in x] + (done.stdout or "").splitlines()
         if probe.says and not any(probe.says in x for x in said):
             problems.append(f"does not say {probe.says!r}")
     if probe.expect != "survive" and probe.says and probe.says not in done.stderr:
@@ -754,7 +754,7 @@ def run_probe(probe: Probe, world: Path, scratch: Path) -> None:
     shown = (
         lines[-1]
         if probe.expect != "survive" and lines
-        else next((x for x in lines if x.startswith("WARNING")), lines[-1] if lines else "")
+        else next((x for x in lines if ": warning: " in x), lines[-1] if lines else "")
     )
     probe.result = {
         "probe": probe.name, "section": probe.section, "rc": done.returncode,

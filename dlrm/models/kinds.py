@@ -12,10 +12,11 @@ module is imported only when the kind is first asked for.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from hybrid_dlrm.common.registry import Registry
 
 if TYPE_CHECKING:
     from dlrm.models.contract import RecModel
@@ -74,25 +75,23 @@ class UnknownModelKind(KeyError):
         return str(self.args[0])
 
 
-_registered: dict[str, ModelKind] = {}
+_kinds: Registry[ModelKind] = Registry(
+    "model kind", BUILT_IN, lambda module, name: module.KIND, UnknownModelKind
+)
 
 
 def register(kind: ModelKind) -> ModelKind:
     """Make `kind` a `--model` choice (and readable in checkpoints and artifacts)."""
-    known = _registered.get(kind.name)
-    if known is not None and known is not kind:
-        raise ValueError(f"model kind {kind.name!r} is registered already")
-    _registered[kind.name] = kind
-    return kind
+    return _kinds.register(kind.name, kind)
 
 
 def unregister(name: str) -> None:
-    _registered.pop(name, None)
+    _kinds.unregister(name)
 
 
 def kind_names() -> tuple[str, ...]:
     """`--model`'s choices, built-in ones first."""
-    return tuple(dict.fromkeys([*BUILT_IN, *_registered]))
+    return _kinds.names()
 
 
 class _KindNames(Sequence[str]):
@@ -112,12 +111,7 @@ KIND_NAMES: Sequence[str] = _KindNames()
 
 def model_kind(name: str) -> ModelKind:
     """The kind named `name`; UnknownModelKind (a KeyError) naming the kinds there are."""
-    if name not in _registered and name in BUILT_IN:
-        register(importlib.import_module(BUILT_IN[name]).KIND)
-    kind = _registered.get(name)
-    if kind is None:
-        raise UnknownModelKind(f"no model kind named {name!r} (known: {', '.join(kind_names())})")
-    return kind
+    return _kinds.get(name)
 
 
 def kind_of(arch: Any) -> ModelKind:

@@ -14,9 +14,10 @@ registry and the collections a kind builds form no import cycle) only when it is
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from hybrid_dlrm.common.registry import Registry
 
 if TYPE_CHECKING:  # dlrm's own types are Any here: the settings import this module, and the
     # modules those types live in import the settings (tests/test_layers.py counts these too)
@@ -116,7 +117,9 @@ class UnknownPlacement(KeyError):
         return str(self.args[0])
 
 
-_registered: dict[str, PlacementKind] = {}
+_kinds: Registry[PlacementKind] = Registry(
+    "placement kind", BUILT_IN, lambda module, name: getattr(module, name.upper()), UnknownPlacement
+)
 
 
 def register(kind: PlacementKind) -> PlacementKind:
@@ -125,32 +128,21 @@ def register(kind: PlacementKind) -> PlacementKind:
         raise TypeError(f"placement kind {getattr(kind, 'name', kind)!r}: not a PlacementKind")
     if kind.name == AUTO or not set(kind.tuned_by) <= set(SIZES):
         raise ValueError(f"placement kind {kind.name!r}: a reserved name or an unknown size")
-    known = _registered.get(kind.name)
-    if known is not None and known is not kind:
-        raise ValueError(f"placement kind {kind.name!r} is registered already")
-    _registered[kind.name] = kind
-    return kind
+    return _kinds.register(kind.name, kind)
 
 
 def unregister(name: str) -> None:
-    _registered.pop(name, None)
+    _kinds.unregister(name)
 
 
 def kind_names() -> tuple[str, ...]:
     """The kinds, built-in ones first."""
-    return tuple(dict.fromkeys([*BUILT_IN, *_registered]))
+    return _kinds.names()
 
 
 def placement_kind(name: str) -> PlacementKind:
     """The kind named `name`; UnknownPlacement (a KeyError) naming the kinds there are."""
-    if name not in _registered and name in BUILT_IN:
-        register(getattr(importlib.import_module(BUILT_IN[name]), name.upper()))
-    kind = _registered.get(name)
-    if kind is None:
-        raise UnknownPlacement(
-            f"no placement kind named {name!r} (known: {', '.join(kind_names())})"
-        )
-    return kind
+    return _kinds.get(name)
 
 
 def all_kinds() -> list[PlacementKind]:

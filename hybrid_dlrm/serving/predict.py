@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import logging
 import os
 import sys
 import time
@@ -39,6 +38,7 @@ import torch
 
 from data_pipeline.errors import DataError
 from dlrm.train import EXIT_USAGE, OneLineParser
+from hybrid_dlrm.common import cli_lines
 from hybrid_dlrm.serving.output import CsvOutput, check_out
 
 PROG = "python -m hybrid_dlrm.serving.predict"
@@ -274,7 +274,7 @@ def _tier_stats(predictor) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    cli_lines.log_to_stderr(PROG)  # warnings as `{prog}: warning: ...`
     a = build_parser().parse_args(argv)
     from dlrm.errors import ConfigError
     from embeddings.errors import ScmError

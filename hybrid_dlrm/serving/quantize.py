@@ -36,6 +36,7 @@ from dlrm.models.quantized import MLP_PRECISIONS, from_float_state
 from dlrm.run_layout import run_files
 from dlrm.train import EXIT_USAGE, OneLineParser
 from embeddings.quantized import TABLE_PRECISIONS, check_precision
+from hybrid_dlrm.common import cli_lines
 from hybrid_dlrm.common.outputs import check_output
 from hybrid_dlrm.serving.artifact import ARTIFACT_DIRECTORY, ArtifactError, ArtifactWriter
 from hybrid_dlrm.serving.inference_data import (
@@ -373,7 +374,7 @@ def _run(a: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    cli_lines.log_to_stderr(PROG)  # warnings as `{prog}: warning: ...`
     a = build_parser().parse_args(argv)
     try:
         manifest = _run(a)

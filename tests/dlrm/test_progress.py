@@ -198,3 +198,35 @@ def test_a_large_checkpoint_is_said_when_it_starts_and_ends(tmp_path, monkeypatc
     assert said[0].startswith("step 2: writing a checkpoint of about ") and said[0].endswith("KiB")
     assert said[1].startswith("step 2: checkpoint written in ") and said[1].endswith(f" s ({path})")
     assert len(said) == 2
+
+
+def test_a_long_part_of_the_run_says_how_far_it_is():
+    """An evaluation of 8 batches of 16384 took 250 s with nothing printed (MLPerf DCNv2's small
+    recipe on a loaded machine): a Ticker says how far it is every `every_s` seconds."""
+    from dlrm.progress import Ticker
+
+    said: list[str] = []
+    quiet = Ticker("evaluating", 8, said.append)  # every 10 s: done within it, nothing said
+    for i in range(8):
+        quiet.tick(i)
+    assert said == []
+    ticker = Ticker("evaluating", 8, said.append, every_s=0.0)
+    time.sleep(0.01)
+    ticker.tick(3)
+    assert len(said) == 1 and said[0].startswith("evaluating: 3/8 batches (38%), ETA "), said
+    Ticker("evaluating", 8, None, every_s=0.0).tick(3)  # no say (a bar shows it): nothing
+    assert len(said) == 1
+
+
+def test_the_evaluation_ticks(monkeypatch, tmp_path):
+    import dlrm.evaluation
+    from dlrm.progress import Ticker
+
+    monkeypatch.setattr(dlrm.evaluation, "Ticker", lambda *a: Ticker(*a, every_s=0.0))
+    said: list[str] = []
+    trainer = Trainer(
+        config_from_args([*TINY, "--data-size", "64", "--out-dir", str(tmp_path / "r")])
+    )
+    dlrm.evaluation.evaluate(trainer.model, trainer.data.test, trainer.device, say=said.append)
+    want = [f"evaluating: {i}/8 batches ({100 * i / 8:.0f}%)" for i in range(1, 9)]
+    assert [x.split(",")[0] for x in said] == want
