@@ -349,10 +349,11 @@ def _staged(cfg, candidate: Candidate, sample, sizes: list[int], cold: str) -> P
         cold_rows = total_rows - int(sum(hot))
         capacity = int(min(candidate.scm_cache // row_bytes, cold_rows))
         rpb = PAYLOAD // row_bytes
-        _, prio = seen_rows(sample.profile.counts, sizes)
+        memo = getattr(sample, "memo", None)
+        seen = lambda: seen_rows(sample.profile.counts, sizes)  # noqa: E731
+        ranked, prio = seen() if memo is None else memo.get(("seen rows", tuple(sizes)), seen)
         # the profile-ranked steady state: what the full cache keeps at least
-        warm = warm_rows(sample.profile.counts, sizes, hot_map, capacity,
-                         max(int(rows), 1024))  # fmt: skip
+        warm = warm_rows(ranked, hot_map, capacity, max(int(rows), 1024))
         floor = 0.0
         if warm:
             floor = replay_row_cache([b.cold for b in batches], total_rows, capacity, rpb, prio,

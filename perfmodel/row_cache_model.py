@@ -62,9 +62,6 @@ class CacheReplay:
         return self.hits / n if n else None
 
 
-_SEEN: dict[int, tuple[Any, np.ndarray, Any]] = {}
-
-
 def counts_priority(counts: list[np.ndarray], sizes: list[int]):
     """`embeddings.ssd.collection.profile_priority`'s function (each row's profile count, 0 when
     unseen; None when the profile saw no row), read from the profile's own per-table count
@@ -88,25 +85,17 @@ def counts_priority(counts: list[np.ndarray], sizes: list[int]):
 
 def seen_rows(counts: list[np.ndarray], sizes: list[int]) -> tuple[np.ndarray, Any]:
     """The rows a profile saw (global ids, most counted first, ties by id) and the row cache's
-    priority function: both read every count once, so they are made once per profile."""
-    if id(counts) in _SEEN and _SEEN[id(counts)][0] is counts:
-        return _SEEN[id(counts)][1], _SEEN[id(counts)][2]
+    priority function: both read every count once, so a plan makes them once (its PlanMemo)."""
     base = table_row_base(sizes).numpy()
     gids = np.concatenate([np.flatnonzero(c) + b for c, b in zip(counts, base)])
     cnt = np.concatenate([c[c > 0] for c in counts])
-    ranked = gids[np.lexsort((gids, -cnt))]
-    _SEEN.clear()
-    _SEEN[id(counts)] = (counts, ranked, counts_priority(counts, sizes))
-    return ranked, _SEEN[id(counts)][2]
+    return gids[np.lexsort((gids, -cnt))], counts_priority(counts, sizes)
 
 
-def warm_rows(
-    counts: list[np.ndarray], sizes: list[int], hot, capacity: int, chunk: int
-) -> list[torch.Tensor]:
+def warm_rows(ranked: np.ndarray, hot, capacity: int, chunk: int) -> list[torch.Tensor]:
     """A long run's cache as the profile ranks it, as reads: the `capacity` cold rows the
-    profile counts most, read least-counted first in chunks (the policy keeps rows by profile
-    count plus hits)."""
-    ranked, _ = seen_rows(counts, sizes)
+    profile counts most (`ranked`: `seen_rows`'s), read least-counted first in chunks (the
+    policy keeps rows by profile count plus hits)."""
     if not capacity or not ranked.size:
         return []
     top, at, step = [], 0, max(capacity, 1 << 16)

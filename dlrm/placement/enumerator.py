@@ -220,12 +220,14 @@ class CandidateSpace:
 
     def hot_sizes(self, kind: str, cache: int = 0) -> list[int]:
         """The hot budgets for `kind`, largest first: the profile's that a given `--hot-budget`
-        allows, and the largest that fits where a share's budget does not."""
+        allows, the largest that fits where a share's budget does not, and the given
+        `--hot-budget` itself where it fits (what a user who names it would run by hand: weighed,
+        and shown as dominated where it spares nothing over the profile's largest)."""
         mine = [b for b in self.budgets if self.rows_cap is None or b <= self.rows_cap]
         cap = self.largest_fitting(kind, cache)
         if self.rows_cap is not None:
             cap = min(cap, self.rows_cap // GRAIN * GRAIN)
-        if cap >= GRAIN and (not mine or cap < max(mine)):
+        if cap >= GRAIN and (not mine or cap < max(mine) or self.rows_cap is not None):
             mine.append(cap)
         return sorted(set(mine), reverse=True)
 

@@ -94,7 +94,8 @@ def test_replayed_hit_rate_equals_the_real_tier_on_the_same_accesses(tmp_path, s
     plan = pc.hot_plan(sample, 10 * DIM * 4, DIM, cfg.training.sparse_optimizer())
     cold = [b.cold for b in pc.cold_batches(sample.batches, plan)]
     prio = profile_priority(sample.profile.counts, SIZES)
-    warm = rcm.warm_rows(sample.profile.counts, SIZES, pc.hot_row_map(plan), cache_rows, 50)
+    ranked, _ = rcm.seen_rows(sample.profile.counts, SIZES)
+    warm = rcm.warm_rows(ranked, pc.hot_row_map(plan), cache_rows, 50)
     rpb = PAYLOAD // (4 * DIM)
     rep = rcm.replay_row_cache(cold, sum(SIZES), cache_rows, rpb, prio, warm=warm)
 

@@ -49,3 +49,23 @@ def test_auto_with_a_hot_budget_and_no_fitted_model_chooses_no_tiny_hot_set(tmp_
     assert tiny.candidate.hot_budget <= 4 * 2**10 and tiny.prediction is None
     assert tiny.rejected.startswith("dominated by host: its hot set moves ")
     assert tiny.candidate != d.chosen
+
+
+def test_the_given_hot_budget_is_weighed(tmp_path, monkeypatch):
+    """The README's own --hot-budget 8MB (what `--placement fae --hot-budget 8MB` runs by hand)
+    is weighed though the profile's largest budget (99% of lookups) is smaller: listed, and a
+    contender or dominated by a smaller hot set with its reason."""
+    from dlrm.train import config_from_args
+
+    monkeypatch.setattr(pc, "_fitted_model", lambda *a, **k: None)  # the roofline
+    monkeypatch.setattr(hardware, "describe", lambda *a, **k: HARDWARE)
+    monkeypatch.setattr(pc, "staging_figures", lambda: FIGURES)
+    monkeypatch.setattr(disk, "describe_disk", lambda directory=None, refresh=False: DISK)
+    cfg = config_from_args(["--placement", "auto", "--hot-budget", "8MB", "--progress", "false",
+                            "--out-dir", str(tmp_path / "run")])  # fmt: skip
+    planner = Planner(predictor=KindPredictor(pc.PlacementCosts()), trials=None)
+    d = planner.plan(cfg, build_data(cfg), torch.device("cpu"), write=False)
+    given = [w for w in d.weighed if w.candidate.hot_budget == 8 * 2**20]  # 8MB: 8 MiB
+    labels = sorted(w.candidate.label() for w in d.weighed)
+    assert {w.candidate.placement for w in given} >= {"fae", "hotline"}, labels
+    assert all(w.prediction is not None or w.rejected for w in given)
