@@ -28,8 +28,8 @@ _CHUNK = 1 << 18  # rows per piece when initial rows are made
 # the counters a metrics.jsonl train event carries (the summary carries every counter)
 LOGGED = (
     "scm_cache_hits", "scm_cache_misses", "scm_cache_hit_rate", "scm_rows_read", "scm_bytes_read",
-    "scm_read_amplification", "scm_blocks_read", "scm_rows_per_block_read", "scm_writeback_bytes", "scm_io_p50_us", "scm_io_p99_us",
-    "scm_queue_depth", "scm_exposed_io_s_per_step",
+    "scm_read_amplification", "scm_blocks_read", "scm_rows_per_block_read", "scm_writeback_bytes",
+    "scm_io_p50_us", "scm_io_p99_us", "scm_queue_depth", "scm_exposed_io_s_per_step",
 )  # fmt: skip
 
 
