@@ -179,7 +179,10 @@ def profile_layout(
         above = np.cumsum(hist[::-1])[::-1]  # rows counted at least k times, k = 0 .. top
         extra = 0 if hot_rows is None else int(hot_rows.size)
         fits = np.flatnonzero(above <= max_rows + extra)
-        min_count = max(min_count, int(fits[0]) if fits.size else top + 1)
+        # the count whose rows overflow the budget is gathered too (sorted, then cut): the
+        # level above it alone could be empty (every such row hot)
+        level = int(fits[0]) - 1 if fits.size else top
+        min_count = max(min_count, level)
     rows = np.concatenate([np.flatnonzero(c >= min_count) + b for c, b in zip(counts, base)])
     count = np.concatenate([c[c >= min_count] for c in counts]).astype(np.int64)
     if hot_rows is not None and hot_rows.size and rows.size:

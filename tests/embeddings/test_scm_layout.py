@@ -52,6 +52,18 @@ def test_the_profile_layout_puts_the_most_counted_first_and_an_inputs_rows_toget
     assert profile_layout(counts, [6, 4], np.array([1]), lengths, values, max_rows=2).placed.tolist() == [6, 5]  # fmt: skip
 
 
+@pytest.mark.parametrize("max_rows", [1, 500, 5000, 150_000])
+def test_a_capped_layout_is_the_uncapped_ones_head(max_rows):
+    # found by a histogram of counts, not by gathering every row: the same rows, even where
+    # the rows of the capped count level are all hot or all past the cap
+    rng = np.random.default_rng(0)
+    counts = [np.minimum(rng.zipf(1.5, 100_000) - 1, 1000).astype(np.int32) for _ in range(3)]
+    hot = np.sort(np.argsort(-np.concatenate(counts), kind="stable")[:2000])  # the most counted
+    full = profile_layout(counts, [100_000] * 3, hot)
+    capped = profile_layout(counts, [100_000] * 3, hot, max_rows=max_rows)
+    assert np.array_equal(capped.placed, full.placed[:max_rows])
+
+
 def test_rows_round_trip_through_a_laid_out_tier_as_through_row_id_order(tmp_path):
     ids = torch.randperm(TOTAL, generator=torch.Generator().manual_seed(1))[:900]
     g = torch.Generator().manual_seed(2)
