@@ -228,4 +228,4 @@ def layout_rows(cache_bytes: int) -> int:
     bytes (12 a row) at most a quarter of the cache's. The rows worth packing are those just
     past the cache, which batches miss together; rows the profile saw once or twice rarely
     share a block read (at Terabyte scale they are most of the profile)."""
-    return max(1 << 16, int(cache_bytes) // 4 // LAYOUT_BYTES_PER_ROW)
+    return max(0, int(cache_bytes)) // 4 // LAYOUT_BYTES_PER_ROW
