@@ -73,9 +73,11 @@ def _slipstream(sl: dict) -> str:
 
 
 def _ssd_tier(d: dict) -> str:
+    amp = d.get("read_amplification")
     return (
         f"SSD tier: row cache hit rate {_share(d.get('cache_hit_rate'))}, "
-        f"{d.get('rows_read', 0):,} rows read"
+        f"{d.get('rows_read', 0):,} rows read in {d.get('blocks_read', 0):,} blocks "
+        f"(read amplification {'-' if amp is None else amp}), {d.get('layout', 'identity')} layout"
     )
 
 

@@ -349,15 +349,23 @@ def _staged(cfg, candidate: Candidate, sample, sizes: list[int], cold: str) -> P
         cold_rows = total_rows - int(sum(hot))
         capacity = int(min(candidate.scm_cache // row_bytes, cold_rows))
         rpb = PAYLOAD // row_bytes
-        memo = getattr(sample, "memo", None)
-        seen = lambda: seen_rows(sample.profile.counts, sizes)  # noqa: E731
-        ranked, prio = seen() if memo is None else memo.get(("seen rows", tuple(sizes)), seen)
+        memo = _memo(sample)
+        ranked, prio = memo.get(("seen rows", tuple(sizes)),
+                                lambda: seen_rows(sample.profile.counts, sizes))  # fmt: skip
+        # the tier file's layout as the run would write it: the blocks each miss falls in
+        from dlrm.placement.tiered_setup import tier_layout
+
+        layout = memo.get(
+            ("layout", cfg.scm.layout, dim, opt.kind, int(candidate.hot_budget),
+             int(candidate.scm_cache)),
+            lambda: tier_layout(cfg.scm, sample.profile, plan, int(candidate.scm_cache)),
+        )  # fmt: skip
         # the profile-ranked steady state: what the full cache keeps at least
         warm = warm_rows(ranked, hot_map, capacity, max(int(rows), 1024))
         floor = 0.0
         if warm:
             floor = replay_row_cache([b.cold for b in batches], total_rows, capacity, rpb, prio,
-                                     warm=warm).hit_rate or 0.0  # fmt: skip
+                                     warm=warm, layout=layout).hit_rate or 0.0  # fmt: skip
         # the run's first batches (a sample without them: its spread batches, as if in a row)
         first_batches = sample.stream() or sample.batches
         stream = [b.cold for b in _memo(sample).get(
@@ -370,12 +378,12 @@ def _staged(cfg, candidate: Candidate, sample, sizes: list[int], cold: str) -> P
         depth = int(cfg.scm.io_depth)
         seconds = lambda n: read_seconds(disk, n, depth)  # noqa: E731
 
-        replayed = stream_replay(stream, total_rows, capacity, rpb, prio)  # both windows'
+        replayed = stream_replay(stream, total_rows, capacity, rpb, prio, layout)  # both windows'
 
         def io_parts(window) -> tuple[float, float, Any]:
             """(disk ms, the worker's CPU ms, the cache's figures) per step over `window`."""
             io = run_io(stream, total_rows, cold_rows, capacity, rpb, prio, window, seconds,
-                        steady_floor=floor, replayed=replayed)  # fmt: skip
+                        steady_floor=floor, replayed=replayed, layout=layout)  # fmt: skip
             cpu = (rows * figs["hash_ns_per_row"] / 1e6 + rows * io.hit_rate * gather / 1e3
                    + (io.reads + io.rmw) * figs["crc_us_per_block"] / 1e3
                    + io.rmw * rpb * scatter / 1e3)  # fmt: skip
@@ -395,7 +403,8 @@ def _staged(cfg, candidate: Candidate, sample, sizes: list[int], cold: str) -> P
             steps=list(sample.steps), replayed_steps=io.replayed_steps, cache_rows=capacity,
             misses_per_step=io.misses, reads_per_step=io.reads, rmw_blocks_per_step=io.rmw,
             bytes_read_per_step=(io.reads + io.rmw) * 4096, bytes_written_per_step=io.rmw * 4096,
-            rows_per_block=rpb, disk_io=disk["io"], disk_engine=disk["engine"], disk_key=disk["key"],
+            rows_per_block=rpb, scm_layout=layout.kind if layout else "identity",
+            disk_io=disk["io"], disk_engine=disk["engine"], disk_key=disk["key"],
         )  # fmt: skip
     parts["load"] = load + home
     parts["staging"] = staging

@@ -109,24 +109,29 @@ def warm_rows(ranked: np.ndarray, hot, capacity: int, chunk: int) -> list[torch.
 
 def replay_row_cache(
     batches: list[torch.Tensor], total_rows: int, capacity: int, rows_per_block: int,
-    priority=None, lag: int = WRITEBACK_LAG, warm: list[torch.Tensor] = (),
+    priority=None, lag: int = WRITEBACK_LAG, warm: list[torch.Tensor] = (), layout=None,
 ) -> CacheReplay:  # fmt: skip
     """The SSD tier's row cache (its own code, bookkeeping only) fed what a tiered run feeds it:
     each staging's unique cold rows read (`ScmTier.read_rows`: lookup, misses admitted clean),
     and `lag` stagings later the same rows written back (`ScmTier._store`: cached rows marked
     dirty, the rest admitted dirty). Evicted dirty rows are written to their blocks. `warm`:
     reads made first and not counted (`warm_rows`). Where the cache never has to evict
-    (`_replay_without_evictions`), the same figures are counted without it."""
+    (`_replay_without_evictions`), the same figures are counted without it. `layout`: the tier
+    file's row layout (embeddings/ssd/layout.py; None: row-id order), which decides the blocks
+    rows fall in."""
     if capacity:
-        counted = _replay_without_evictions(batches, capacity, rows_per_block, warm)
+        counted = _replay_without_evictions(batches, capacity, rows_per_block, warm, layout)
         if counted is not None:
             return counted
-    return _replay_policy(batches, total_rows, capacity, rows_per_block, priority, lag, warm)
+    return _replay_policy(
+        batches, total_rows, capacity, rows_per_block, priority, lag, warm, layout
+    )
 
 
 def _replay_without_evictions(
-    batches: list[torch.Tensor], capacity: int, rows_per_block: int, warm: list[torch.Tensor] = ()
-) -> CacheReplay | None:
+    batches: list[torch.Tensor], capacity: int, rows_per_block: int,
+    warm: list[torch.Tensor] = (), layout=None,
+) -> CacheReplay | None:  # fmt: skip
     """`replay_row_cache`'s figures where every row the replay reads (`warm` and `batches`, each
     batch's rows unique) fits the cache: nothing is evicted, so the cache holds every row read
     so far, a row is a hit exactly when an earlier batch (or `warm`) read it, the write-backs
@@ -162,7 +167,7 @@ def _replay_without_evictions(
     misses_b = np.bincount(which_s[miss], minlength=n)
     hits_b = np.bincount(which_s[hit], minlength=n)
     # the blocks each batch's misses fall in, counted once per batch
-    blocks = ids_s[miss] // rows_per_block
+    blocks = _block_of(ids_s[miss], rows_per_block, layout)
     span = int(blocks.max()) + 1 if blocks.size else 1  # one key per (batch, block): a flat sort
     pair = np.sort(which_s[miss] * span + blocks)
     pair = pair[np.append(True, pair[1:] != pair[:-1])] if pair.size else pair
@@ -182,12 +187,21 @@ def _row_access_keys(ids: np.ndarray, which: np.ndarray, accesses: int) -> np.nd
     return np.sort(ids * accesses + which)
 
 
+def _block_of(ids: np.ndarray, rows_per_block: int, layout=None) -> np.ndarray:
+    """The tier file's block of each row: by its slot in `layout` (None: row-id order)."""
+    return ids // rows_per_block if layout is None else layout.blocks(ids, rows_per_block)
+
+
 def _replay_policy(
     batches: list[torch.Tensor], total_rows: int, capacity: int, rows_per_block: int,
-    priority=None, lag: int = WRITEBACK_LAG, warm: list[torch.Tensor] = (),
+    priority=None, lag: int = WRITEBACK_LAG, warm: list[torch.Tensor] = (), layout=None,
 ) -> CacheReplay:  # fmt: skip
     """`replay_row_cache` by the cache's own code, batch by batch."""
     cache = RowCache(total_rows, 0, capacity, priority)
+
+    def block_of(ids: np.ndarray) -> np.ndarray:
+        return _block_of(ids, rows_per_block, layout)
+
     if capacity:
         for ids in warm:
             cache.next_access()
@@ -204,13 +218,13 @@ def _replay_policy(
     def admit(gids: torch.Tensor, dirty: bool) -> None:
         slots, ev = cache.admit(gids, dirty)
         if ev.numel():
-            evicted_now.append(cache.evicted_gids().numpy() // rows_per_block)
+            evicted_now.append(block_of(cache.evicted_gids().numpy()))
         if dirty and slots.numel() < gids.numel():  # no room: written straight to the file
-            evicted_now.append(gids[slots.numel() :].numpy() // rows_per_block)
+            evicted_now.append(block_of(gids[slots.numel() :].numpy()))
 
     def store(ids: torch.Tensor) -> None:
         if not capacity:
-            evicted_now.append(ids.numpy() // rows_per_block)
+            evicted_now.append(block_of(ids.numpy()))
             return
         slots = cache.slots(ids)
         hit = slots >= 0
@@ -231,7 +245,7 @@ def _replay_policy(
             miss = ids
         hits_b.append(cache.hits - h0)
         misses_b.append(int(miss.numel()))
-        miss_block = np.unique(miss.numpy() // rows_per_block)
+        miss_block = np.unique(block_of(miss.numpy()))
         miss_blocks.append(int(miss_block.size))
         read_blocks.append(int(written[miss_block].sum()))
         if capacity and miss.numel():
@@ -298,12 +312,16 @@ def unseen_curve(new: np.ndarray, cap: int) -> Callable[[np.ndarray], np.ndarray
 
 
 def stream_replay(
-    stream: list[torch.Tensor], total_rows: int, capacity: int, rows_per_block: int, priority
-) -> CacheReplay:
-    """The row cache replayed on a run's first batches (`run_io`'s replay)."""
+    stream: list[torch.Tensor], total_rows: int, capacity: int, rows_per_block: int, priority,
+    layout=None,
+) -> CacheReplay:  # fmt: skip
+    """The row cache replayed on a run's first batches (`run_io`'s replay), blocks counted
+    through the tier file's `layout`."""
     seen = int(new_rows(stream).sum())
     # a cache larger than every row the stream touches never evicts within it: the same replay
-    return replay_row_cache(stream, total_rows, min(capacity, seen), rows_per_block, priority)
+    return replay_row_cache(
+        stream, total_rows, min(capacity, seen), rows_per_block, priority, layout=layout
+    )
 
 
 @dataclass
@@ -328,13 +346,15 @@ def run_io(
     stream: list[torch.Tensor], total_rows: int, cold_rows: int, capacity: int,
     rows_per_block: int, priority, window: tuple[int, int], seconds: Callable[[float], float],
     steady_floor: float = 0.0, fresh: bool = True, replayed: CacheReplay | None = None,
+    layout=None,
 ) -> RunIO:  # fmt: skip
     """The row cache of `capacity` rows over steps [window) of a run whose first batches' unique
     cold rows are `stream` (module docstring). `seconds(blocks)`: the disk's time for a
     staging's reads; `steady_floor`: a hit rate the full cache keeps at least (the profile-ranked
     steady state); `fresh`: the tier file starts unwritten (False: every block is on disk, as
     after `ScmTier.fill`); `replayed`: `stream_replay`'s replay of the same stream and cache,
-    where made already (a prediction's two windows share it)."""
+    where made already (a prediction's two windows share it; made with the same `layout`);
+    `layout`: the tier file's row layout (blocks per miss follow it)."""
     first, end = int(window[0]), int(window[1])
     n = len(stream)
     if not n or not sum(t.numel() for t in stream):  # no cold row: nothing to cache or read
@@ -345,7 +365,7 @@ def run_io(
     rep = (
         replayed
         if replayed is not None
-        else stream_replay(stream, total_rows, capacity, rows_per_block, priority)
+        else stream_replay(stream, total_rows, capacity, rows_per_block, priority, layout)
     )
     hits_b = np.asarray(rep.hits_per_batch, dtype=np.float64)
     misses_b = np.asarray(rep.misses_per_batch, dtype=np.float64)

@@ -6,6 +6,7 @@ against a block cache, and a Terabyte-sized table set.
     python scripts/bench_scm.py contention --dir /tmp/scm-bench # the step's wait on the tier
     python scripts/bench_scm.py switch   --dir /tmp/scm-bench   # GIL switch interval, 5 vs 0.2 ms
     python scripts/bench_scm.py caches   --dir /tmp/scm-bench   # row vs block cache, equal bytes
+    python scripts/bench_scm.py layout   --dir /tmp/scm-bench   # the file's layout: blocks read
     python scripts/bench_scm.py serve    --dir /tmp/scm-bench   # predictor latency from the tier
     python scripts/bench_scm.py terabyte --dir /tmp/scm-bench   # 26 x 10M rows x dim 64
 
@@ -29,6 +30,11 @@ cache (O_DIRECT) unless `--scm-io buffered`.
   read amplification (bytes read / bytes of rows used), with the ids as generated (row 0 the
   hottest: popular rows share blocks) and scattered by a fixed permutation per table (as the
   hashing of raw ids does).
+- `layout`: `--layout-steps` Kaggle mini-batches' cold rows replayed through the row cache
+  (`perfmodel.row_cache_model.replay_row_cache`, the cache's own code) with the tier file in
+  row-id order and in the profile's layout (embeddings/ssd/layout.py), at 4x and 16x
+  oversubscription, ids as generated and scattered: blocks read, read amplification, rows per
+  block read, hit rate (counts; the first `--layout-warm-steps` not counted).
 - `terabyte`: 26 tables of 10M rows at dim 64 (66.6 GB of fp32 rows) train `--tb-steps` steps
   (or until `--tb-seconds` / `--tb-max-disk-gb`) in a `--tb-dram` DRAM budget, `--tb-row-share`
   of it for rows (half hot, half cache), the rest for bookkeeping, PyTorch and the pipeline; the
@@ -417,6 +423,107 @@ def bench_caches(args) -> dict:
     return out
 
 
+# --- 3b. the tier file's layout, counted ------------------------------------------------------------
+
+
+def _scattered(profile: AccessProfile, perms: list[np.ndarray]) -> AccessProfile:
+    """`profile` with each table's row ids moved by its permutation (as hashing raw ids does)."""
+    counts = []
+    for c, p in zip(profile.counts, perms):
+        moved = np.empty_like(c)
+        moved[p] = c
+        counts.append(moved)
+    lengths = profile.sample_lengths
+    parts = np.split(profile.sample_values, np.cumsum(lengths.sum(axis=1))[:-1])
+    values = (
+        np.concatenate([p[v] for v, p in zip(parts, perms)])
+        if lengths.size
+        else profile.sample_values
+    )
+    return AccessProfile(profile.feature_names, profile.table_sizes, counts, profile.inputs,
+                         profile.sample_rate, lengths, values)  # fmt: skip
+
+
+class _HotMask:
+    """The device tier's rows as `warm_rows` asks for them (slot >= 0: held)."""
+
+    def __init__(self, hot: np.ndarray) -> None:
+        self.hot = hot
+
+    def slots(self, g: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(np.where(self.hot[g.numpy()], 0, -1))
+
+
+def bench_layout(args) -> dict:
+    """The same access trace through the tier's row cache and file with the file in row-id
+    order and in the profile's layout: blocks read, read amplification, rows per block read
+    (counts, no timing). Kaggle's tables at 4x and 16x oversubscription (hot rows + cache =
+    rows / 4 or / 16, half each), ids as generated (row 0 the hottest) and scattered by a fixed
+    permutation per table (the profile scattered alike). The cache starts as a long run leaves
+    it (the rows the profile ranks highest, `warm_rows`) and every block counts as written."""
+    from dlrm.data import build_data
+    from embeddings.config import SparseOptimizer
+    from embeddings.hot_rows import plan_placement
+    from embeddings.ssd.layout import layout_rows, plan_layout
+    from perfmodel.row_cache_model import replay_row_cache, warm_rows
+
+    base = kaggle_base(args)
+    profile = AccessProfile.load(_profile(args, base))
+    opt = SparseOptimizer("sgd")
+    sizes = list(KAGGLE_TABLE_SIZES)
+    total, row_bytes = sum(sizes), 16 * 4
+    rpb = PAYLOAD // row_bytes
+    row_base = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    trace = []  # every lookup of each mini-batch, as global ids
+    for i, batch in enumerate(_stream(build_data(base).train, 0)):
+        if i >= args.layout_steps:
+            break
+        kjt = batch.sparse_features
+        lengths = kjt.lengths().view(26, -1).sum(1).numpy()
+        trace.append(kjt.values().numpy().astype(np.int64) + np.repeat(row_base, lengths))
+    rng = np.random.default_rng(7)
+    perms = [rng.permutation(n).astype(np.int64) for n in sizes]
+    whole = np.concatenate([p + b for p, b in zip(perms, row_base)])  # global -> scattered
+    out = {"setup": {**_setup(), "rows": total, "row_bytes": row_bytes, "rows_per_block": rpb,
+                     "steps": args.layout_steps, "counted_from_step": args.layout_warm_steps,
+                     "profile_inputs": profile.inputs, "zipf": args.zipf}}  # fmt: skip
+    for order in ("as_generated", "scattered"):
+        prof = profile if order == "as_generated" else _scattered(profile, perms)
+        ids = trace if order == "as_generated" else [whole[g] for g in trace]
+        prio = profile_priority(prof.counts, sizes)
+        for over in (4, 16):
+            dram = total * row_bytes // over
+            hot_budget = dram // 2
+            plan = plan_placement(prof, [16] * 26, opt, hot_budget, one_home=True)
+            hot = np.concatenate([r >= 0 for r in plan.remaps])
+            stream = [torch.from_numpy(np.unique(g[~hot[g]])) for g in ids]
+            capacity = (dram - hot_budget) // row_bytes
+
+            warm = warm_rows(prof.counts, sizes, _HotMask(hot), capacity, 1 << 16)
+            case = {"dram_for_rows": dram, "hot_rows": int(hot.sum()), "cache_rows": capacity}
+            for name in ("identity", "profile"):
+                layout = plan_layout(prof, plan, layout_rows(capacity * row_bytes)) if name == "profile" else None  # fmt: skip
+                rep = replay_row_cache(stream, total, capacity, rpb, prio, warm=warm, layout=layout)
+                w = args.layout_warm_steps
+                hits, misses = sum(rep.hits_per_batch[w:]), sum(rep.misses_per_batch[w:])
+                blocks, evict = sum(rep.miss_blocks[w:]), sum(rep.evict_blocks[w:])
+                case[name] = {
+                    "layout_rows": layout.num_placed if layout else 0,
+                    "hit_rate": round(hits / max(1, hits + misses), 4),
+                    "rows_read": misses, "blocks_read": blocks, "bytes_read": blocks * BLOCK,
+                    "read_amplification": round(blocks * BLOCK / max(1, misses * row_bytes), 2),
+                    "rows_per_block_read": round(misses / max(1, blocks), 3),
+                    "writeback_blocks": evict,
+                }  # fmt: skip
+            case["blocks_read_profile_over_identity"] = round(
+                case["profile"]["blocks_read"] / max(1, case["identity"]["blocks_read"]), 4
+            )
+            out[f"{order}_{over}x"] = case
+            print(f"layout {order} {over}x: {json.dumps(case)}", file=sys.stderr)
+    out["load_after"] = load_average()
+    return out
+
+
 # --- 2b. the step's wait on the tier: write-backs queued or waiting for the lock ------------------
 
 
@@ -744,7 +851,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "what",
         nargs="+",
-        choices=["disk", "kaggle", "contention", "switch", "caches", "terabyte", "serve"],
+        choices=["disk", "kaggle", "contention", "switch", "caches", "layout", "terabyte", "serve"],
     )
     p.add_argument("--dir", default="/tmp/scm-bench", help="the tier's files (deleted at the end)")
     p.add_argument("--keep", action="store_true", help="keep --dir")
@@ -770,6 +877,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--round-steps", type=int, default=40)
     p.add_argument("--cache-steps", type=int, default=5000)
     p.add_argument("--cache-warm-steps", type=int, default=3000)
+    p.add_argument("--layout-steps", type=int, default=400, help="layout: mini-batches replayed")
+    p.add_argument("--layout-warm-steps", type=int, default=100, help="layout: not counted")
     p.add_argument("--ct-rows", type=int, default=500_000, help="contention: rows per table")
     p.add_argument("--ct-hot", default="16MB", help="contention: hot budget")
     p.add_argument("--ct-cache", default="16MB", help="contention: row cache")
@@ -792,7 +901,7 @@ def main(argv: list[str] | None = None) -> int:
         for what in args.what:
             report[what] = {"disk": bench_disk, "kaggle": bench_kaggle, "caches": bench_caches,
                             "contention": bench_contention, "serve": bench_serve,
-                            "switch": bench_switch,
+                            "switch": bench_switch, "layout": bench_layout,
                             "terabyte": bench_terabyte}[what](args)  # fmt: skip
             print(json.dumps({what: report[what]}), file=sys.stderr)
     finally:

@@ -40,6 +40,7 @@ from embeddings.room import Needs, fmt_bytes
 from embeddings.ssd.cache import RowCache, SlotMap
 from embeddings.ssd.collection import ScmSettings, profile_priority, tiered_collection
 from embeddings.ssd.file import BLOCK, PAYLOAD
+from embeddings.ssd.layout import LAYOUT_BYTES_PER_ROW, RowLayout, layout_rows, plan_layout
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,11 @@ def tiered_needs(
     needs.add("host", "row cache bookkeeping", int(slots * per_slot))
     needs.add("host", "access profile", 4 * rows)
     needs.add("host", "SSD tier block maps", 2 * blocks)
+    if cfg.scm.layout == "profile":
+        placed = min(rows, layout_rows(cache))
+        needs.add(
+            "host", "SSD tier row layout (--scm-layout profile)", placed * LAYOUT_BYTES_PER_ROW
+        )
     file = f"SSD tier file (--scm-dir, rows of {dim} + state floats)"
     written = written_blocks(cfg, tables, rb) if cfg.scm.overcommit else None
     if written is None or written >= blocks:
@@ -134,12 +140,23 @@ def scm_settings(
     )
 
 
-def _profile_counts(profile_file: str | None, run_dir: Path):
+def _profile(profile_file: str | None, run_dir: Path) -> AccessProfile | None:
     """The access profile the plan came from, if one was written or given."""
     for path in (profile_file, run_dir / PROFILE_NAME):
         if path and Path(path).is_file():
-            return AccessProfile.load(Path(path)).counts
+            return AccessProfile.load(Path(path))
     return None
+
+
+def tier_layout(
+    scm: ScmConfig, profile: AccessProfile | None, plan, cache: int
+) -> RowLayout | None:
+    """Where a new tier file puts each row: `--scm-layout profile` with a profile, the profile
+    layout of the rows the plan leaves to the tier (embeddings/ssd/layout.py), at most
+    `layout_rows(cache)` of them; else row-id order (None)."""
+    if scm.layout != "profile" or profile is None:
+        return None
+    return plan_layout(profile, plan, layout_rows(cache))
 
 
 def build_tiered(
@@ -148,16 +165,18 @@ def build_tiered(
     try:
         files = PlanFiles.of(cfg)
         plan = obtain_plan(cfg.placing, files, tables, opt, train_source, one_home=True)
-        counts = _profile_counts(cfg.placing.profile_file, cfg.run_dir)
+        profile = _profile(cfg.placing.profile_file, cfg.run_dir)
         sizes = [t.num_embeddings for t in tables]
-        priority = profile_priority(counts, sizes) if counts is not None else None
-        del counts  # dense per-row counts (1 GB at Terabyte scale): the priority keeps seen rows
+        priority = profile_priority(profile.counts, sizes) if profile is not None else None
         cache = cache_bytes(cfg.scm, tables, opt, plan.num_hot)
+        layout = tier_layout(cfg.scm, profile, plan, cache)
+        del profile  # dense per-row counts (1 GB at Terabyte scale): the priority keeps seen rows
         if cache < cfg.scm.cache.bytes:
             log.info(
                 "--scm-cache %s: capped at the tier's %s of rows", cfg.scm.cache, fmt_bytes(cache)
             )
         scm = scm_settings(cfg.scm, cfg.run_dir, bool(cfg.run.resume), cache)
+        scm.layout = layout
         coll = tiered_collection(
             tables, opt, plan, scm, torch.device(device), cfg.arch.embedding_backend,
             cfg.training.seed, priority, staging_rows=max(cfg.training.mini_batch_size, cfg.training.test_mini_batch_size),

@@ -167,6 +167,13 @@ class ScmConfig(Section):
         64, "--scm-io-depth", "tiered: AIO requests in flight at once", check=int_range(1, 1024),
         free=True,
     )  # fmt: skip
+    layout: str = setting(
+        "profile", "--scm-layout",
+        "tiered: where a new tier file puts each row: profile (the rows the access profile "
+        "counts most first, a profiled input's rows together: rows read together share 4 KiB "
+        "blocks) or identity (row-id order); a resumed tier keeps its own",
+        choices=("profile", "identity"), free=True,  # a tier keeps the layout it was made with
+    )  # fmt: skip
 
     overcommit: bool = setting(
         False, "--scm-overcommit",

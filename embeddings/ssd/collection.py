@@ -23,6 +23,7 @@ import torch
 from embeddings.config import SparseOptimizer, TableSpec
 from embeddings.errors import PlacementError
 from embeddings.plan import PlacementPlan
+from embeddings.ssd.layout import RowLayout
 from embeddings.ssd.store import ScmStore
 from embeddings.ssd.tier import ScmTier
 from embeddings.staged.collection import StagedEmbeddingBagCollection, one_home
@@ -40,6 +41,7 @@ class ScmSettings:
     io_depth: int = 64
     resume: bool = False  # keep the files for a checkpoint's restore
     owner: str = ""  # the run directory (a tier directory serves one run)
+    layout: RowLayout | None = None  # where a new tier puts each row (None: row-id order)
 
 
 def profile_priority(counts: list[np.ndarray], sizes: list[int]):
@@ -90,7 +92,7 @@ def tiered_collection(
     tier = ScmTier(
         scm.directory, tables, optimizer, seed, scm.cache_bytes, held=None, io=scm.io,
         io_threads=scm.io_threads, priority=priority, resume=scm.resume, owner=scm.owner,
-        io_engine=scm.io_engine, io_depth=scm.io_depth,
+        io_engine=scm.io_engine, io_depth=scm.io_depth, layout=scm.layout,
     )  # fmt: skip
     coll = StagedEmbeddingBagCollection(
         tables, optimizer, plan, ScmStore(tier), device, backend, seed, staging_rows, kind="tiered"

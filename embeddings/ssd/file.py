@@ -1,7 +1,8 @@
 """The SSD tier's row file: rows at a fixed stride in checksummed 4 KiB blocks, read and written
 by a pool of I/O threads, with the page cache bypassed (O_DIRECT) or not (`buffered`).
 
-Block b holds global rows b*rows_per_block ... (b+1)*rows_per_block - 1, each row its weights
+Block b holds the rows at slots b*rows_per_block ... (b+1)*rows_per_block - 1 (a row's slot: the
+tier's layout, embeddings/ssd/layout.py; its global id in row-id order), each row its weights
 then its optimizer state (float32, little-endian), and ends in a 32-byte trailer:
 `block index (u64) | magic "SCM2" (u32) | era (u32) | generation (u32) | the tier's id (8 bytes)
 | CRC-32 of the 4092 bytes before it (u32)`. The id ties each block to its tier (another tier's

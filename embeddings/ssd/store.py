@@ -28,8 +28,8 @@ _CHUNK = 1 << 18  # rows per piece when initial rows are made
 # the counters a metrics.jsonl train event carries (the summary carries every counter)
 LOGGED = (
     "scm_cache_hits", "scm_cache_misses", "scm_cache_hit_rate", "scm_rows_read", "scm_bytes_read",
-    "scm_read_amplification", "scm_writeback_bytes", "scm_io_p50_us", "scm_io_p99_us",
-    "scm_queue_depth", "scm_exposed_io_s_per_step",
+    "scm_read_amplification", "scm_blocks_read", "scm_rows_per_block_read", "scm_writeback_bytes",
+    "scm_io_p50_us", "scm_io_p99_us", "scm_queue_depth", "scm_exposed_io_s_per_step",
 )  # fmt: skip
 
 
@@ -129,6 +129,8 @@ class ScmStore(RowStore):
             "scm_cache_bytes": tier.cache.capacity * tier.row_bytes,
             "scm_dram_bytes": tier.dram_bytes(),
             "scm_rows_per_block": tier.rpb,
+            "scm_layout": tier.row_layout.kind,
+            "scm_layout_rows": tier.row_layout.num_placed,
             "ssd_tier_bytes": rows * row_bytes,
         }
 
@@ -138,6 +140,8 @@ class ScmStore(RowStore):
         part = {"cache_hit_rate": counters.get("scm_cache_hit_rate")}
         part.update((k.removeprefix("scm_"), v) for k, v in counters.items())
         part["cache_capacity_rows"] = self.tier.cache.capacity
+        part["layout"] = self.tier.row_layout.kind
+        part["layout_rows"] = self.tier.row_layout.num_placed
         return {"ssd_tier": part}
 
     def describe(self) -> str:

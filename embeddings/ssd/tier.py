@@ -4,7 +4,10 @@ stages rows from it and writes them back exactly as it does with the host tier.
 
 Files in the directory:
 - `rows.dat`: every global row at a fixed stride in checksummed 4 KiB blocks (embeddings/ssd/file.py),
-  sparse: a block is written the first time one of its rows is;
+  sparse: a block is written the first time one of its rows is; a row's slot in it is given by
+  the tier's layout (embeddings/ssd/layout.py: rows read together share blocks);
+- `layout.npy`: that layout's profiled rows in slot order (absent: row-id order), checked
+  against its record in tier.json when the tier opens;
 - `journal.log`: the undo journal that makes a checkpoint a consistent point (embeddings/ssd/journal.py);
 - `tier.json`: what the files hold (tables, width, optimizer, seed, layout), the tier's id, its
   owner (the training run's directory: `training_tier_owner` is what other users check) and its
@@ -55,12 +58,14 @@ from embeddings.row_layout import table_row_base
 from embeddings.ssd.cache import RowCache
 from embeddings.ssd.file import BLOCK, PAYLOAD, BlockFile, aligned_blocks, io_error, stamp, stamps
 from embeddings.ssd.journal import UndoJournal
+from embeddings.ssd.layout import LAYOUT_FILE, RowLayout
 from embeddings.ssd.writes import WriteQueue
 from hybrid_dlrm.common.atomic import write_json
 from hybrid_dlrm.common.header import check_header
 from hybrid_dlrm.common.lock import DirectoryLock, LockError
 
-FORMAT, VERSION = "hybrid-dlrm/scm-tier", 2
+# version 3: rows at the slots of a layout (tier.json's `layout`); a version-2 tier is the identity
+FORMAT, VERSION = "hybrid-dlrm/scm-tier", 3
 MANIFEST, ROWS, JOURNAL = "tier.json", "rows.dat", "journal.log"
 SERVING_MANIFEST = "serving.json"  # an artifact's serving copy (embeddings/ssd/serving.py)
 
@@ -126,10 +131,13 @@ class ScmTier:
         owner: str = "",
         io_engine: str = "auto",
         io_depth: int = 64,
+        layout: RowLayout | None = None,
     ) -> None:
         """`held(ids)`: bool per id, whether this tier is its home (None: every row's);
         `priority(gids)`: profile counts for the cache. `resume`: keep the files for a
-        `restore`; if none follows before the first read or write, they are started afresh."""
+        `restore`; if none follows before the first read or write, they are started afresh.
+        `layout`: where a new tier puts each row (None: row-id order); an existing tier keeps
+        the one it was written with."""
         self.dir = Path(directory)
         self.tables, self.optimizer, self.seed = list(tables), optimizer, seed
         self.layout = _layout(self.tables, optimizer, seed)
@@ -138,6 +146,13 @@ class ScmTier:
         self.sizes = self.layout["table_sizes"]
         self.row_base = table_row_base(self.sizes)
         self.total_rows = sum(self.sizes)
+        self._new_layout = layout if layout is not None else RowLayout.identity(self.total_rows)
+        if self._new_layout.total_rows != self.total_rows:
+            raise ScmError(
+                f"scm tier: a layout of {self._new_layout.total_rows} rows for tables of "
+                f"{self.total_rows}"
+            )
+        self.row_layout = self._new_layout
         self.held = held
         self.io, self.io_threads, self.owner = io, io_threads, owner
         self.io_engine, self.io_depth = io_engine, io_depth
@@ -222,7 +237,8 @@ class ScmTier:
 
     def _write_manifest(self) -> None:
         manifest = {"format": FORMAT, "version": VERSION, "tier_id": self.tier_id.hex(),
-                    "owner": self.owner, "restores": self.restores, **self.layout}  # fmt: skip
+                    "owner": self.owner, "restores": self.restores, **self.layout,
+                    "row_layout": self._layout_record}  # fmt: skip
         try:
             write_json(self.dir / MANIFEST, manifest)
         except OSError as e:
@@ -234,6 +250,15 @@ class ScmTier:
         self._check_owner()
         self.tier_id = uuid.uuid4().bytes
         self.era, self.restores = 0, []
+        self.row_layout = self._new_layout
+        if self.row_layout.num_placed:  # written before the description that names it
+            try:
+                self._layout_record = self.row_layout.save(self.dir)
+            except OSError as e:
+                raise io_error(e, self.dir / LAYOUT_FILE, "the tier's row layout") from None
+        else:
+            self._layout_record = {"kind": "identity"}
+            (self.dir / LAYOUT_FILE).unlink(missing_ok=True)  # an earlier tier's, now unused
         self._write_manifest()
         self.file = BlockFile(
             self.dir / ROWS, self.num_blocks, self.io, self.io_threads, True, self.io_engine,
@@ -266,7 +291,7 @@ class ScmTier:
             manifest = json.loads(path.read_text())
         except (json.JSONDecodeError, OSError) as e:
             raise ScmError(f"{path}: not a readable tier manifest ({e})") from None
-        check_header(manifest, path, format=FORMAT, versions=(VERSION,), kind="SSD tier",
+        check_header(manifest, path, format=FORMAT, versions=(2, VERSION), kind="SSD tier",
                      what="hybrid-dlrm SSD tier", error=ScmError)  # fmt: skip
         stored = {k: manifest.get(k) for k in self.layout}
         if stored != self.layout:
@@ -279,6 +304,10 @@ class ScmTier:
         if not isinstance(restores, list) or not all(isinstance(g, int) for g in restores):
             raise ScmError(f"{path}: `restores` is not a list of generations")
         self.restores, self.era = restores, len(restores)
+        self._layout_record = manifest.get("row_layout") or {"kind": "identity"}
+        if not isinstance(self._layout_record, dict):
+            raise ScmError(f"{path}: `row_layout` is not a layout record")
+        self.row_layout = RowLayout.open(self.dir, self._layout_record, self.total_rows)
         self.file = BlockFile(
             self.dir / ROWS, self.num_blocks, self.io, self.io_threads, False, self.io_engine,
             self.io_depth, self.tier_id,
@@ -468,7 +497,7 @@ class ScmTier:
             if not slots.numel():
                 return
             gids = self.cache.gid[slots]
-            order = torch.argsort(gids)
+            order = torch.argsort(self._slots(gids))  # the file's order: sequential writes
             gids, slots = gids[order], slots[order]
             for a in range(0, gids.numel(), _WRITE_CHUNK):
                 s = slots[a : a + _WRITE_CHUNK]
@@ -484,12 +513,7 @@ class ScmTier:
             for a in range(0, todo.size, chunk_blocks):
                 ub = todo[a : a + chunk_blocks]
                 buf = aligned_blocks(ub.size)
-                first = torch.from_numpy(ub * self.rpb)
-                ids = (first[:, None] + torch.arange(self.rpb)[None, :]).reshape(-1)
-                ok = ids < self.total_rows
-                init = torch.zeros(ids.numel(), self.row_floats)
-                init[ok] = self._initial(ids[ok])
-                self._rows_view(buf)[:] = init.view(ub.size, self.rpb, self.row_floats)
+                self._rows_view(buf)[:] = self._initial_blocks(ub)
                 self.file.write(ub, stamp(buf, self.era, self.generation))
                 self.materialised[ub] = True
             self.file.fsync()
@@ -505,6 +529,24 @@ class ScmTier:
         sizes = np.asarray(self.sizes)[table]
         out[:, : self.dim] = hashed_rows(rows, self.dim, table, sizes, self.seed)
         return out
+
+    def _initial_blocks(self, blocks: np.ndarray) -> torch.Tensor:
+        """[n, rows per block, row floats]: the initial rows of blocks never written (the rows
+        at their slots; zeros past the last row)."""
+        first = blocks.astype(np.int64) * self.rpb
+        slots = (first[:, None] + np.arange(self.rpb)[None, :]).reshape(-1)
+        ok = slots < self.total_rows
+        init = torch.zeros(slots.size, self.row_floats)
+        init[torch.from_numpy(ok)] = self._initial(
+            torch.from_numpy(self.row_layout.rows(slots[ok]))
+        )
+        return init.view(blocks.size, self.rpb, self.row_floats)
+
+    def _slots(self, gids: torch.Tensor) -> torch.Tensor:
+        """Each row's slot in the file (its block: slot // rows per block)."""
+        if not self.row_layout.num_placed:
+            return gids
+        return torch.from_numpy(self.row_layout.slots(gids.numpy()))
 
     def _rows_view(self, buf: np.ndarray) -> torch.Tensor:
         used = self.rpb * self.row_bytes
@@ -530,7 +572,8 @@ class ScmTier:
 
     def _read_file(self, gids: torch.Tensor, count: bool = True) -> torch.Tensor:
         t0 = time.perf_counter()
-        blocks = (gids // self.rpb).numpy()
+        slots = self._slots(gids)
+        blocks = (slots // self.rpb).numpy()
         written = self.materialised[blocks]
         out = torch.empty(gids.numel(), self.row_floats)
         fresh = torch.from_numpy(np.flatnonzero(~written))
@@ -542,7 +585,7 @@ class ScmTier:
             buf = self._read_blocks(ub)
             rows = self._rows_view(buf)
             at = torch.from_numpy(on_disk)
-            out[at] = rows[torch.from_numpy(pos), gids[at] % self.rpb]
+            out[at] = rows[torch.from_numpy(pos), slots[at] % self.rpb]
             if count:
                 self.counts["blocks_read"] += ub.size
                 self.counts["rows_read"] += on_disk.size
@@ -555,7 +598,7 @@ class ScmTier:
         """Rows into their blocks, `WRITE_BLOCKS` blocks at a time: in one piece a batch of
         evictions (each row in a block of its own) takes 4 KiB per row at once, and more for the
         new blocks' initial rows, outside any DRAM budget (docs/measurements/scm.md)."""
-        blocks = gids // self.rpb
+        blocks = self._slots(gids) // self.rpb
         ub = torch.unique(blocks)
         if ub.numel() <= WRITE_BLOCKS:
             return self._write_blocks(gids, rows)
@@ -569,7 +612,8 @@ class ScmTier:
     def _write_blocks(self, gids: torch.Tensor, rows: torch.Tensor) -> None:
         """Rows into their blocks: read-modify-write, a block's pre-image journaled first."""
         t0 = time.perf_counter()
-        blocks = (gids // self.rpb).numpy()
+        slots = self._slots(gids)
+        blocks = (slots // self.rpb).numpy()
         ub, pos = np.unique(blocks, return_inverse=True)
         written = self.materialised[ub]
         buf = aligned_blocks(ub.size)
@@ -580,18 +624,13 @@ class ScmTier:
             self.counts["blocks_rmw"] += old.size
         new = np.flatnonzero(~written)
         if new.size:  # a block's first write: its other rows keep their initial values
-            first = torch.from_numpy(ub[new] * self.rpb)
-            ids = (first[:, None] + torch.arange(self.rpb)[None, :]).reshape(-1)
-            ok = ids < self.total_rows
-            init = torch.zeros(ids.numel(), self.row_floats)
-            init[ok] = self._initial(ids[ok])
-            view[torch.from_numpy(new)] = init.view(new.size, self.rpb, self.row_floats)
+            view[torch.from_numpy(new)] = self._initial_blocks(ub[new])
         need = old[~self._journaled[ub[old]]]
         if need.size:
             self.journal.add_preimages(ub[need], buf[need])
             self._journaled[ub[need]] = True
             self.counts["preimage_blocks"] += need.size
-        view[torch.from_numpy(pos), gids % self.rpb] = rows
+        view[torch.from_numpy(pos), slots % self.rpb] = rows
         self.file.write(ub, stamp(buf, self.era, self.generation))
         self.materialised[ub] = True
         self.counts["rows_written"] += gids.numel()
@@ -616,6 +655,10 @@ class ScmTier:
             "scm_rows_initial": c["rows_initial"],
             "scm_bytes_read": bytes_read,
             "scm_read_amplification": round(bytes_read / used, 2) if used else None,
+            "scm_blocks_read": c["blocks_read"],
+            "scm_rows_per_block_read": (
+                round(c["rows_read"] / c["blocks_read"], 3) if c["blocks_read"] else None
+            ),
             "scm_rows_written": c["rows_written"],
             "scm_writeback_bytes": c["blocks_written"] * BLOCK,
             "scm_writeback_read_bytes": c["blocks_rmw"] * BLOCK,  # blocks read to patch rows in
@@ -639,4 +682,5 @@ class ScmTier:
             self.cache.capacity * self.row_bytes
             + self.cache.bookkeeping_bytes()
             + 2 * self.num_blocks
+            + self.row_layout.nbytes()
         )

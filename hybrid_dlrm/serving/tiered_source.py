@@ -23,6 +23,7 @@ from dlrm.errors import CheckpointError, ConfigError
 from dlrm.placement.run_plan import PLAN_NAME, PROFILE_NAME
 from embeddings.errors import ScmError
 from embeddings.ssd.journal import UndoJournal
+from embeddings.ssd.layout import LAYOUT_FILE
 from embeddings.ssd.tier import JOURNAL, MANIFEST, ROWS
 from hybrid_dlrm.common.lock import DirectoryLock, LockError
 
@@ -79,6 +80,8 @@ def _read_tables(path, data, prefix, run, scm, config, scratch: Path) -> dict[st
     copy.mkdir()
     for name in (MANIFEST, JOURNAL):
         shutil.copyfile(scm / name, copy / name)
+    if (scm / LAYOUT_FILE).is_file():  # where rows.dat keeps each row (verified when opened)
+        shutil.copyfile(scm / LAYOUT_FILE, copy / LAYOUT_FILE)
     if blocks.size:  # the restore writes pre-images into rows.dat: into a copy of it
         shutil.copyfile(scm / ROWS, copy / ROWS)
     else:  # the rows are read only

@@ -94,6 +94,30 @@ def test_tiered_with_sparse_plan_and_hashed_map_trains_like_the_device_placement
 
 
 @pytest.mark.usefixtures("long_training")
+def test_the_tier_files_layout_changes_where_rows_live_not_what_trains(make_config, tmp_path):
+    # --scm-layout profile (the default where a profile exists) against row-id order and
+    # against all rows in memory: bit-identical, the layout only moves rows between blocks
+    common = dict(data_size=64 * 40, optimizer="rowwise_adagrad", print_freq=50, learning_rate=0.1)
+    device = Trainer(make_config(**common, **DEVICE, out_dir=str(tmp_path / "device")))
+    runs = {
+        kind: Trainer(
+            make_config(**common, **TIERED, scm_layout=kind, out_dir=str(tmp_path / kind))
+        )  # fmt: skip
+        for kind in ("profile", "identity")
+    }
+    a = device.fit()
+    for kind, run in runs.items():
+        b = run.fit()
+        same_tables(device, run)
+        assert a["test_auc"] == b["test_auc"] and a["test_logloss"] == b["test_logloss"]
+        part = b["ssd_tier"]
+        assert part["layout"] == kind and (part["layout_rows"] > 0) == (kind == "profile")
+        assert b["placement"]["scm_rows_read"] > 0 and b["placement"]["scm_blocks_read"] > 0
+        tier_json = json.loads((tmp_path / kind / "scm" / "tier.json").read_text())
+        assert tier_json["row_layout"]["kind"] == kind
+
+
+@pytest.mark.usefixtures("long_training")
 def test_tiered_trains_tbsm_like_the_device_placement(make_config, tmp_path):
     from data_pipeline.taobao_synthetic import PlantedBehavior, write_user_behavior
 
@@ -235,6 +259,8 @@ def test_kill_9_during_training_then_resume_ends_as_the_uninterrupted_run(tmp_pa
     for key in ["test_auc", "test_logloss", "steps", "samples"]:
         assert full_summary[key] == summary[key], key
     weights = ckpt.load(tmp_path / "m.pt")["model"]
+    # the killed run's tier was laid out by its profile, and resumed with that layout
+    assert json.loads((out / "scm" / "tier.json").read_text())["row_layout"]["kind"] == "profile"
     reference = full.model.state_dict()  # full tables (not inside a checkpoint)
     assert sorted(weights) == sorted(reference)
     assert all(torch.equal(weights[k], reference[k]) for k in reference)
@@ -259,6 +285,23 @@ def test_a_damaged_tier_file_ends_a_resume_with_one_line_naming_it(tmp_path, cap
     assert (
         len(err) == 1 and f"rows.dat: block {block} at offset {block * BLOCK}: checksum" in err[0]
     )
+
+
+def test_an_edited_tier_layout_ends_a_resume_with_one_line_naming_it(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main([*_cli_args(out), "--nepochs", "1"]) == 0
+    layout = out / "scm" / "layout.npy"
+    data = bytearray(layout.read_bytes())
+    data[-1] ^= 1  # one row moved to another slot: its rows would be read from the wrong place
+    layout.write_bytes(bytes(data))
+    capsys.readouterr()
+    assert main([*_cli_args(out), "--nepochs", "2", "--resume"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].endswith(
+        "layout.npy: the tier's row layout does not match tier.json (checksum differs from its "
+        "tier.json): its rows cannot be found without it (restore the file, or delete the "
+        "directory to start the tier afresh)"
+    ), err
 
 
 def test_bad_tier_flags_are_one_line_each(make_config, tmp_path):

@@ -85,10 +85,16 @@ def test_counted_cold_rows_equal_a_direct_count(sample):
         assert cb.lookups == kjt.values().numel()
 
 
+@pytest.mark.parametrize("layout", ["identity", "profile"])
 @pytest.mark.parametrize("cache_rows", [0, 40, 400])
-def test_replayed_hit_rate_equals_the_real_tier_on_the_same_accesses(tmp_path, sample, cache_rows):
+def test_replayed_hit_rate_equals_the_real_tier_on_the_same_accesses(
+    tmp_path, sample, cache_rows, layout
+):
     """The SSD tier itself (ScmTier with its RowCache, files and all) fed the replay's sequence:
-    warm-up reads, each batch's cold rows read, written back WRITEBACK_LAG stagings later."""
+    warm-up reads, each batch's cold rows read, written back WRITEBACK_LAG stagings later; the
+    blocks it reads counted through the file's layout as the replay counts them."""
+    from embeddings.ssd.layout import plan_layout
+
     cfg = config()
     opt = SparseOptimizer("sgd", 0.1)
     plan = pc.hot_plan(sample, 10 * DIM * 4, DIM, cfg.training.sparse_optimizer())
@@ -97,11 +103,13 @@ def test_replayed_hit_rate_equals_the_real_tier_on_the_same_accesses(tmp_path, s
     ranked, _ = rcm.seen_rows(sample.profile.counts, SIZES)
     warm = rcm.warm_rows(ranked, pc.hot_row_map(plan), cache_rows, 50)
     rpb = PAYLOAD // (4 * DIM)
-    rep = rcm.replay_row_cache(cold, sum(SIZES), cache_rows, rpb, prio, warm=warm)
+    laid = plan_layout(sample.profile, plan) if layout == "profile" else None
+    assert laid is None or laid.num_placed > 0
+    rep = rcm.replay_row_cache(cold, sum(SIZES), cache_rows, rpb, prio, warm=warm, layout=laid)
 
     tables = [TableSpec(f"t{i}", n, DIM, f"cat_{i}") for i, n in enumerate(SIZES)]
     tier = ScmTier(tmp_path / "scm", tables, opt, 0, cache_rows * 4 * DIM, io="buffered",
-                   priority=prio, owner=str(tmp_path / "run"))  # fmt: skip
+                   priority=prio, owner=str(tmp_path / "run"), layout=laid)  # fmt: skip
     tier.queue_writes = False
     for ids in warm:
         tier.read_rows(ids)
@@ -116,6 +124,8 @@ def test_replayed_hit_rate_equals_the_real_tier_on_the_same_accesses(tmp_path, s
     assert (rep.hits, rep.misses, rep.evictions) == (
         tier.cache.hits, tier.cache.misses, tier.cache.evictions,
     )  # fmt: skip
+    assert sum(rep.read_blocks) == tier.counts["blocks_read"]  # misses on blocks written
+    assert rep.written_blocks == int(tier.materialised.sum())
     assert rep.misses > 0
     if cache_rows:
         assert rep.hits > 0
