@@ -8,7 +8,8 @@
     multi-hot   materialise multi-hot bags from a preprocessed Criteo directory ahead of
                 training (what `python -m dlrm.train --multi-hot-sizes` does on first use)
 
-A data or option mistake prints one line `error: ...` and exits with code 2.
+A data or option mistake prints one line `python -m data_pipeline COMMAND: error: ...` and exits
+with code 2.
 """
 
 from __future__ import annotations
@@ -306,8 +307,8 @@ def _run(args: argparse.Namespace) -> int:
             print(json.dumps(_multi_hot(args)))
         else:
             print(json.dumps(_info(args.directory), indent=1))
-    except DataError as e:
-        print(f"error: {e}", file=sys.stderr)
+    except DataError as e:  # one style with the parser's own (`python -m X: error: ...`)
+        print(f"python -m data_pipeline {args.command}: error: {e}", file=sys.stderr)
         return 2
     return 0
 

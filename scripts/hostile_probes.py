@@ -285,7 +285,7 @@ def probes() -> list[Probe]:
             says="day_")  # fmt: skip
     add("raw train.txt replaced by other content of the same size", W_,
         lambda w: (edit(w / "kraw/train.txt", lambda r: r.replace(b"\t1\t", b"\t2\t", 5)),
-                   pipeline("-v", "preprocess", "--dataset", "kaggle", "--raw", str(w / "kraw/train.txt"), "--out", str(w / "kdata"), "--max-ind-range", "1000", "--no-progress"))[1],
+                   pipeline("preprocess", "--dataset", "kaggle", "--raw", str(w / "kraw/train.txt"), "--out", str(w / "kdata"), "--max-ind-range", "1000", "--no-progress"))[1],
         says="made from other raw files", keep=["kdata/meta.json"])  # fmt: skip
     add(
         "metrics.jsonl after a resume reads as one run",

@@ -40,15 +40,15 @@ def test_synth_taobao_injects_bad_lines_and_refuses_wrong_input(tmp_path, capsys
     lines = (tmp_path / "UserBehavior.csv").read_text().splitlines()
     assert sum(line.startswith("u7,") for line in lines) == 2
     for argv, message in [
-        (["--users", "0"], "error: --users: expected a positive number of users, got 0\n"),
-        (["--bad-lines", "label=1"], "error: --bad-lines: taobao kinds are field_count, user_id, "
+        (["--users", "0"], "python -m data_pipeline synth: error: --users: expected a positive number of users, got 0\n"),
+        (["--bad-lines", "label=1"], "python -m data_pipeline synth: error: --bad-lines: taobao kinds are field_count, user_id, "
                                      "behavior_type, timestamp, got label\n"),
     ]:  # fmt: skip
         assert cli(["synth", "--layout", "taobao", "--out", str(tmp_path / "x"), *argv]) == 2
         assert capsys.readouterr().err == message
     assert cli(["synth", "--layout", "kaggle", "--out", str(tmp_path / "k")]) == 2
     assert capsys.readouterr().err == (
-        "error: --lines: expected a positive number of lines for --layout kaggle\n"
+        "python -m data_pipeline synth: error: --lines: expected a positive number of lines for --layout kaggle\n"
     )
 
 

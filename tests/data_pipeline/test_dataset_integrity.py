@@ -281,6 +281,6 @@ def test_cli_flag_mistakes_and_an_output_that_is_a_file_are_one_line(tmp_path, c
     )
     err = capsys.readouterr().err.strip()
     assert rc == 2 and err == (
-        f"error: --out: {a_file} is a regular file; expected the name of a dataset directory"
+        f"python -m data_pipeline preprocess: error: --out: {a_file} is a regular file; expected the name of a dataset directory"
     )
     assert a_file.read_text() == "mine"

@@ -250,11 +250,12 @@ def test_cli_materialises_where_training_looks(source, capsys):
     assert cli(["multi-hot", str(source), "--sizes", "2-x"]) == 2
     assert (
         capsys.readouterr().err.strip()
-        == "error: --sizes: expected whole numbers like 3-2-1, got '2-x'"
+        == "python -m data_pipeline multi-hot: error: --sizes: expected whole numbers like 3-2-1, got '2-x'"
     )
     assert cli(["multi-hot", str(source), "--sizes", "2-3"]) == 2
-    assert "error: --sizes: expected one size >= 1 per categorical feature (26), got 2" in (
-        capsys.readouterr().err
+    assert (
+        "multi-hot: error: --sizes: expected one size >= 1 per categorical feature (26), got 2"
+        in (capsys.readouterr().err)
     )
 
 
@@ -323,7 +324,7 @@ def test_bag_sizes_past_the_memory_are_one_line_before_anything_is_made(
     out = tmp_path / "bags"
     assert main(["multi-hot", str(source), "--sizes", "100", "--out", str(out)]) == 2
     assert capsys.readouterr().err == (
-        "error: --sizes: bags of 2,600 ids per sample need 1.3 GiB for materialising the bags "
+        "python -m data_pipeline multi-hot: error: --sizes: bags of 2,600 ids per sample need 1.3 GiB for materialising the bags "
         "(65,536 samples) but this process may use 64.0 MiB (MemAvailable); use smaller bags\n"
     )
     assert not out.exists() and not list(tmp_path.glob(".bags*"))

@@ -361,7 +361,11 @@ def test_cli(kaggle_raw, tmp_path, capsys) -> None:
     code = cli(["preprocess", "--dataset", "kaggle", "--raw", str(kaggle_raw), "--out", str(tmp_path / "o"),
                 "--max-ind-range", "10"])  # fmt: skip
     err = capsys.readouterr().err
-    assert code == 2 and err.startswith("error: ") and err.count("\n") == 1
+    assert (
+        code == 2
+        and err.startswith("python -m data_pipeline preprocess: error: ")
+        and err.count("\n") == 1
+    )
     assert cli(["info", str(tmp_path / "o")]) == 0
     assert json.loads(capsys.readouterr().out)["table_sizes"] == [100] * 26
     assert (
