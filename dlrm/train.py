@@ -44,6 +44,8 @@ def config_from_args(argv: list[str] | None = None) -> TrainConfig:
         )
         t.nepochs = quick.cap("--nepochs", t.nepochs)
         t.num_batches = quick.cap("--num-batches", t.num_batches)
+        if t.mini_batch_size:
+            t.mini_batch_size = quick.cap("--mini-batch-size", t.mini_batch_size)
         data.test_data_size = quick.cap("--test-data-size", data.test_data_size)
         if hotline.learn_batches:
             hotline.learn_batches = quick.cap("--hotline-learn-batches", hotline.learn_batches)
