@@ -25,8 +25,8 @@ skipped with the reason:
   - a template: a command with a placeholder in capitals (`RAW/train.txt`, `--model ART`,
     `HOST:29500`), an elision (`...`) or an optional part in brackets (`[--mlperf]`).
 Pages run one after another, or with `--jobs 2` two at a time (the suite's walk: most of a
-command's time is one core importing torch, so two pages on two cores take about half as long),
-each page's commands still in order, and a page in page order only once every page it names in
+command's time is one core importing torch, so two pages on two cores take about half as long;
+OMP_NUM_THREADS=1 then, a core per page), each page's commands still in order, and a page in page order only once every page it names in
 `<!-- walk: after PAGE, PAGE: WHY -->` (a line of its own: the pages whose outputs it reads,
 as docs/data.md reads README.md's samples) has ended. A page that reads another's outputs without
 saying so fails when run beside it, as it would for a reader who skipped that page.
@@ -215,7 +215,7 @@ def fresh_checkout(where: Path) -> Path:
     return copy
 
 
-def walk_env(copy: Path, quick: bool) -> dict[str, str]:
+def walk_env(copy: Path, quick: bool, jobs: int = 1) -> dict[str, str]:
     # a user's shell: none of the walker's own settings (a test's HYBRID_DLRM_CACHE, a sandbox's
     # PYTHONDONTWRITEBYTECODE, which would make every command compile the checkout again, and
     # PYTHONUNBUFFERED, which would hide a line printed without a flush)
@@ -235,6 +235,11 @@ def walk_env(copy: Path, quick: bool) -> dict[str, str]:
                PATH=f"{copy / '.venv' / 'bin'}{os.pathsep}{env.get('PATH', '')}")  # fmt: skip
     if quick:
         env[QUICK_ENV] = "1"
+    if jobs > 1:
+        # a core per page, as a user running two things at once would say: an OpenMP team of
+        # two beside the other page's command waits on its descheduled thread at every op
+        # (quantize's precision search, 0.05 s a table alone, took 2 s)
+        env["OMP_NUM_THREADS"] = "1"
     return env
 
 
@@ -344,7 +349,7 @@ def walk(pages: list[str], workdir: Path, *, quick: bool, timeout: float, echo=N
     """Run every command of `pages` in one fresh copy under `workdir`, `jobs` pages at a time
     (`schedule`); the walk's record, in page order."""
     copy = fresh_checkout(workdir)
-    env = walk_env(copy, quick)
+    env = walk_env(copy, quick, jobs)
     by_page: dict[str, list[Command]] = {}
     logs = workdir / "logs"  # what each command printed, to compare with its page
     logs.mkdir()
