@@ -202,8 +202,8 @@ def _wait_for(events, lock, event, timeout=10.0):
     raise AssertionError(f"{event} did not happen: {events}")
 
 
-# its own tier: about 80 fresh processes that each import torch take longer than the whole
-# suite may (`make test-docs`; `make test` leaves it out)
+# about 80 fresh processes that each import torch, two pages at a time: part of `make test`
+# (slow: it starts processes), alone `make test-docs`
 @pytest.mark.walk
 @pytest.mark.usefixtures("starts_processes")
 def test_every_page_runs_in_order_as_written(tmp_path):
