@@ -1,6 +1,7 @@
 # Two entry points (see README): `make run` trains on the embedded default, `make test` runs the
-# suite (CI: .ci/run); `make test-fast` its fast tier, the rule in tests/conftest.py; `make
-# test-docs` the walk of the pages (tests/test_docs_walk.py). All build
+# suite (CI: .ci/run), the walk of the pages included; `make test-fast` its fast tier, the rule
+# in tests/conftest.py; `make test-docs` the walk of the pages alone (tests/test_docs_walk.py,
+# marked walk). All build
 # .venv from nothing when it is missing or requirements changed.
 PYTHON ?= python3
 VENV   := .venv
@@ -23,7 +24,7 @@ run: $(STAMP)
 	$(PY) -m dlrm.train $(ARGS)
 
 test: $(STAMP)
-	$(PY) -m pytest -q -m "not walk" $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 test-docs: $(STAMP)
 	$(PY) -m pytest -q -m walk $(PYTEST_ARGS)

@@ -48,8 +48,9 @@ from dlrm.processes.distributed import Processes
 from dlrm.progress import wanted_lines as progress_lines
 from dlrm.resume_files import ResumeFiles
 from dlrm.run_files import NoRunFiles, RunFiles, tensorboard_writer
+from dlrm.settings.sections import new_run_dir
 from embeddings.staged.contract import stages
-from hybrid_dlrm.common.lock import DirectoryLock, LockError
+from hybrid_dlrm.common.lock import DirectoryLock, LockError, LockHeld
 
 log = logging.getLogger(__name__)
 
@@ -267,10 +268,18 @@ def _lock_run_dir(cfg: TrainConfig) -> DirectoryLock:
     files with the first's (issue 37). Rank 0 holds it for the run (the other ranks write no
     run files, so they take no lock and wait for nothing)."""
     run_checks.check_write_paths(cfg)  # before the lock makes the directory
-    try:
-        return DirectoryLock(cfg.run_dir).acquire("--out-dir")
-    except LockError as e:
-        raise ConfigError(str(e)) from None
+    for _ in range(100):
+        try:
+            return DirectoryLock(cfg.run_dir).acquire("--out-dir")
+        except LockHeld as e:
+            # the default name (the second it started) taken by a run started in the same
+            # second: the next free name, as a run started a second later would have had
+            if not (e.alive and getattr(cfg.run, "out_dir_chosen", False)):
+                raise ConfigError(str(e)) from None
+            cfg.run.out_dir = new_run_dir()
+        except LockError as e:
+            raise ConfigError(str(e)) from None
+    raise ConfigError(f"--out-dir: {cfg.run_dir}: no free run directory after 100 tries")
 
 
 def _background(fn, *args) -> Future:

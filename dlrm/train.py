@@ -36,9 +36,15 @@ def config_from_args(argv: list[str] | None = None) -> TrainConfig:
     args = vars(build_parser().parse_args(argv))
     cfg = TrainConfig(**args)
     if quick.active():  # the docs' walk: a few steps of each run (hybrid_dlrm/common/quick.py)
-        t, data, hotline = cfg.training, cfg.data, cfg.hotline
+        t, data, hotline, arch = cfg.training, cfg.data, cfg.hotline, cfg.arch
+        arch.embedding_size = quick.cap_sizes("--arch-embedding-size", arch.embedding_size)
+        data.synthetic_table_scale = quick.cap_scale(
+            "--synthetic-table-scale", data.synthetic_table_scale
+        )
         t.nepochs = quick.cap("--nepochs", t.nepochs)
         t.num_batches = quick.cap("--num-batches", t.num_batches)
+        if t.mini_batch_size:
+            t.mini_batch_size = quick.cap("--mini-batch-size", t.mini_batch_size)
         data.test_data_size = quick.cap("--test-data-size", data.test_data_size)
         if hotline.learn_batches:
             hotline.learn_batches = quick.cap("--hotline-learn-batches", hotline.learn_batches)

@@ -126,7 +126,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rep.add_argument("--json", action="store_true", help="print one JSON object")
     rep.add_argument("--steps", type=int, default=11, help="timed steps per configuration")
-    rep.add_argument("--quick", action="store_true", help="a few small configurations only")
+    rep.add_argument(
+        "--quick",
+        action="store_true",
+        help="a few small configurations only (with --dcn: the first dot configuration "
+        "and its DCN partners)",
+    )
     rep.add_argument(
         "--dcn", action="store_true",
         help="measure dot configurations next to the same ones with DCN interactions instead",
@@ -203,6 +208,7 @@ def _walk_sizes(args) -> None:
     if args.command == "microbench":
         args.scale = quick.cap_scale("--scale", args.scale)
         args.reps = quick.cap("--reps", args.reps)
+        args.fit_count = quick.cap("fit traces", 0)
     if args.command == "report" and not args.from_traces:
         args.steps = quick.cap("--steps", args.steps)
         args.passes = quick.cap("--passes", args.passes)
@@ -248,7 +254,8 @@ def _microbench(args) -> int:
     # a calibration's quick description is not the full microbenchmark's
     hw = hardware.describe(refresh=args.refresh_hardware or bool(hardware.describe().get("quick")))
     summary = microbench.run(args.out, scale=args.scale, reps=args.reps, seed=args.seed, sweeps=names,
-                             fit_configs=not args.no_fit_configs)  # fmt: skip
+                             fit_configs=not args.no_fit_configs,
+                             fit_count=getattr(args, "fit_count", None))  # fmt: skip
     summary["hardware_description"] = {k: v for k, v in hw.items() if k != "read_bw_sweep"}
     print(json.dumps(summary, indent=2))
     return 0

@@ -86,11 +86,15 @@ def enabled() -> bool:
 
 
 def budget_s() -> float:
-    """The calibration's time budget: `ENV` when it is a number of seconds, else `BUDGET_S`."""
+    """The calibration's time budget: `ENV` when it is a number of seconds, else `BUDGET_S`
+    (either cut to the walk's under HYBRID_DLRM_QUICK, hybrid_dlrm/common/quick.py)."""
+    from hybrid_dlrm.common import quick
+
     try:
-        return max(float(_setting()), 0.0)
+        seconds = max(float(_setting()), 0.0)
     except ValueError:
-        return BUDGET_S
+        seconds = BUDGET_S
+    return quick.limit("calibration seconds", seconds)
 
 
 def stack_versions() -> dict[str, str]:

@@ -136,21 +136,22 @@ def trace_config(
     return tr.write_trace(tr.make_doc(meta, graphs), out), slow
 
 
-def fit_traces(traces_dir: Path, threads: int) -> list[float]:
+def fit_traces(traces_dir: Path, threads: int, count: int | None = None) -> list[float]:
     """The fit configurations' traces, ``fit<i>.trace.json``. A trace still measured on a slow
     machine after its canary checks is measured once more after all the others (minutes later,
     when the neighbour may have gone) and the steadier of the two is kept: the in-situ factors
     come from the steady traces (`KernelModels.calibrate_in_situ`). Returns each kept trace's
-    slowdown."""
+    slowdown. `count`: the first configurations only (the docs' walk)."""
+    configs = FIT_CONFIGS[:count]
     slowdowns = []
-    for i, changes in enumerate(FIT_CONFIGS):
+    for i, changes in enumerate(configs):
         t0 = time.perf_counter()
         _, slow = trace_config(base_config(**changes), traces_dir / f"fit{i}.trace.json")
         torch.set_num_threads(threads)
         slowdowns.append(slow)
-        print(f"microbench: fit trace {i + 1}/{len(FIT_CONFIGS)} in {time.perf_counter() - t0:.1f} s",
+        print(f"microbench: fit trace {i + 1}/{len(configs)} in {time.perf_counter() - t0:.1f} s",
               file=sys.stderr, flush=True)  # fmt: skip
-    for i, changes in enumerate(FIT_CONFIGS):
+    for i, changes in enumerate(configs):
         if slowdowns[i] <= hardware.SLOW_LIMIT:
             continue
         retry, again = trace_config(base_config(**changes), traces_dir / f"fit{i}.retry")

@@ -165,6 +165,8 @@ class KernelModels:
             sized: dict[str, dict[tuple, list[float]]] = {}
             for r in recs:
                 pred = self._predict(r)
+                if not math.isfinite(pred):  # a model that overflowed far from its sweep's
+                    continue  # shapes says nothing of the step's factor (log(m / inf) failed)
                 size = self._point_size(r, pred)
                 step = _log_step(r.get("step_bytes"))
                 for key in self.situ_keys(r):

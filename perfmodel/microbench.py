@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 
 def run(out_dir: str | Path, scale: float = 1.0, reps: int = 5, seed: int = 0, sweeps: list[str] | None = None,
-        fit_configs: bool = True, device: str | None = None) -> dict:  # fmt: skip
+        fit_configs: bool = True, device: str | None = None, fit_count: int | None = None) -> dict:  # fmt: skip
     """Each sweep into OUT/kernels-<sweep>.jsonl, the fit configurations' traces into OUT/traces/.
     The sweeps run on `device` (default: CUDA when available, as the trainer does)."""
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -67,7 +67,7 @@ def run(out_dir: str | Path, scale: float = 1.0, reps: int = 5, seed: int = 0, s
                  gate.summary())  # fmt: skip
         _say(f"microbench: sweep {i}/{len(names)} {name}: {len(recs)} records in {seconds:.1f} s")
     if fit_configs:
-        summary["fit_trace_slowdowns"] = fit_traces(out_dir / "traces", threads)
+        summary["fit_trace_slowdowns"] = fit_traces(out_dir / "traces", threads, fit_count)
     (out_dir / "microbench.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 

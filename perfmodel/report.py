@@ -114,11 +114,12 @@ DCN_VARIANTS = {
 }
 
 
-def dcn_configs() -> list[tuple[str, dict]]:
+def dcn_configs(quick: bool = False) -> list[tuple[str, dict]]:
     """The matched dot/DCN set: each dot configuration followed by its DCN variants (named
-    ``-dcn`` at 3 layers of rank 128, as in `heldout_configs`, else ``-dcn<layers>r<rank>``)."""
+    ``-dcn`` at 3 layers of rank 128, as in `heldout_configs`, else ``-dcn<layers>r<rank>``);
+    `quick`: the first dot configuration and its variants only."""
     out = []
-    for (mlp, b, prec), variants in DCN_VARIANTS.items():
+    for (mlp, b, prec), variants in list(DCN_VARIANTS.items())[: 1 if quick else None]:
         dot_name, dot = f"{mlp}-b{b}-{prec}", {**MLPS[mlp], "mini_batch_size": b, "precision": prec}
         out.append((dot_name, dot))
         for layers, rank in variants:
@@ -221,7 +222,7 @@ def run(
     out_dir = Path(out_dir)
     (out_dir / "traces").mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()[0]
-    configs = dcn_configs() if dcn else heldout_configs(quick)
+    configs = dcn_configs(quick) if dcn else heldout_configs(quick)
     docs: dict[str, list[dict]] = {name: [] for name, _ in configs}
     t0 = time.perf_counter()
     for p in range(passes):  # rounds over all configurations: the passes are minutes apart

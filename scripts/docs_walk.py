@@ -1,7 +1,8 @@
 """The walk: every shell command of README.md and docs/*.md, run in page order, as written, in one
 fresh copy of the checkout; prints one line per command and a JSON summary.
 
-    python scripts/docs_walk.py [--quick] [--pages README.md,docs/data.md] [--keep DIR] [--json F]
+    python scripts/docs_walk.py [--quick] [--jobs N] [--pages README.md,docs/data.md] [--keep DIR]
+                                [--json F]
 
 Page order is the reader's: README.md, then the pages in the order of the README's
 "Documentation" list (`PAGE_ORDER`); a page under docs/ missing from that list is an error.
@@ -23,6 +24,13 @@ skipped with the reason:
     `<!-- walk: skip `PREFIX`: REASON -->` (several such comments may precede a block);
   - a template: a command with a placeholder in capitals (`RAW/train.txt`, `--model ART`,
     `HOST:29500`), an elision (`...`) or an optional part in brackets (`[--mlperf]`).
+Pages run one after another, or with `--jobs 2` two at a time (the suite's walk: most of a
+command's time is one core importing torch, so two pages on two cores take about half as long;
+OMP_NUM_THREADS=1 then, a core per page), each page's commands still in order, and a page in page order only once every page it names in
+`<!-- walk: after PAGE, PAGE: WHY -->` (a line of its own: the pages whose outputs it reads,
+as docs/data.md reads README.md's samples) has ended. A page that reads another's outputs without
+saying so fails when run beside it, as it would for a reader who skipped that page.
+
 With `--quick`, HYBRID_DLRM_QUICK=1 shortens what the commands do (hybrid_dlrm/common/quick.py),
 never the commands. At the end the copy must be clean outside its ignored folders (`git status
 --porcelain` empty): every output a page names lands where .gitignore expects it.
@@ -48,6 +56,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 FENCE = re.compile(r"^\s*(```|~~~)\s*(\S*)")
 SKIP = re.compile(r"^\s*<!--\s*walk:\s*skip\s+(.+?)\s*-->\s*$")  # a line of its own
+AFTER = re.compile(r"^\s*<!--\s*walk:\s*after\s+(.+?)\s*-->\s*$")
 EXITS = re.compile(r"#\s*exits\s+(\d+)\b")
 # a placeholder: a word in capitals used as a path or a value (RAW/day, ART, HOST:29500, RAW_DIR)
 PLACEHOLDER = re.compile(r"^[A-Z][A-Z_]+(?:[/:].*)?$")
@@ -63,6 +72,16 @@ def page_order(root: Path = ROOT) -> list[str]:
         if target not in pages:
             pages.append(target)
     return pages
+
+
+def needs(page: str, root: Path = ROOT) -> list[str]:
+    """The pages `page` says it runs after (`<!-- walk: after PAGE, PAGE: WHY -->`)."""
+    out: list[str] = []
+    for line in (root / page).read_text(encoding="utf-8").splitlines():
+        m = AFTER.match(line)
+        if m:
+            out += [x.strip() for x in m.group(1).split(":")[0].split(",") if x.strip()]
+    return out
 
 
 @dataclass
@@ -196,7 +215,7 @@ def fresh_checkout(where: Path) -> Path:
     return copy
 
 
-def walk_env(copy: Path, quick: bool) -> dict[str, str]:
+def walk_env(copy: Path, quick: bool, jobs: int = 1) -> dict[str, str]:
     # a user's shell: none of the walker's own settings (a test's HYBRID_DLRM_CACHE, a sandbox's
     # PYTHONDONTWRITEBYTECODE, which would make every command compile the checkout again, and
     # PYTHONUNBUFFERED, which would hide a line printed without a flush)
@@ -216,7 +235,28 @@ def walk_env(copy: Path, quick: bool) -> dict[str, str]:
                PATH=f"{copy / '.venv' / 'bin'}{os.pathsep}{env.get('PATH', '')}")  # fmt: skip
     if quick:
         env[QUICK_ENV] = "1"
+    if jobs > 1:
+        # a core per page, as a user running two things at once would say: an OpenMP team of
+        # two beside the other page's command waits on its descheduled thread at every op
+        # (quantize's precision search, 0.05 s a table alone, took 2 s)
+        env["OMP_NUM_THREADS"] = "1"
     return env
+
+
+_RUNNING: set[subprocess.Popen] = set()  # the commands running now, on any page's thread
+_RUNNING_LOCK = threading.Lock()
+
+
+def _stop_running() -> None:
+    """Every running command's process group ended: a walk stopped by Ctrl-C or an error while
+    pages run on worker threads leaves nothing running."""
+    with _RUNNING_LOCK:
+        procs = list(_RUNNING)
+    for proc in procs:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def run(cmd: Command, copy: Path, env: dict[str, str], timeout: float) -> None:
@@ -226,6 +266,8 @@ def run(cmd: Command, copy: Path, env: dict[str, str], timeout: float) -> None:
     proc = subprocess.Popen(["bash", "-c", cmd.text], cwd=copy, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, errors="replace",
                             start_new_session=True)  # fmt: skip
+    with _RUNNING_LOCK:
+        _RUNNING.add(proc)
     lines: list[tuple[float, str]] = []
     reader = threading.Thread(
         target=lambda: lines.extend((time.perf_counter() - t0, x) for x in proc.stdout), daemon=True
@@ -242,6 +284,8 @@ def run(cmd: Command, copy: Path, env: dict[str, str], timeout: float) -> None:
             except ProcessLookupError:
                 pass
             proc.wait()
+        with _RUNNING_LOCK:
+            _RUNNING.discard(proc)
     reader.join(timeout=10)
     cmd.seconds = round(time.perf_counter() - t0, 2)
     said = [x for _, x in lines]
@@ -254,28 +298,92 @@ def run(cmd: Command, copy: Path, env: dict[str, str], timeout: float) -> None:
     cmd.status = "ok" if cmd.rc == cmd.expect else "failed"
 
 
-def walk(pages: list[str], workdir: Path, *, quick: bool, timeout: float, echo=None) -> dict:
-    """Run every command of `pages` in one fresh copy under `workdir`; the walk's record."""
+def schedule(pages: list[str], after: dict[str, list[str]], jobs: int, walk_page) -> None:
+    """`walk_page(page)` for every page, `jobs` at a time: each free worker takes the first page
+    in page order whose `after` pages (those among `pages`) have all ended."""
+    unknown = sorted({(p, a) for p in pages for a in after.get(p, []) if a not in pages})
+    for p, a in unknown:
+        if a not in page_order():
+            raise ValueError(f"{p}: <!-- walk: after {a} -->: no such page in the walk's order")
+    waiting, done, errors, busy = list(pages), set(), [], [0]
+    cond = threading.Condition()
+
+    def ready() -> str | None:
+        return next((p for p in waiting
+                     if all(a in done or a not in pages for a in after.get(p, []))), None)  # fmt: skip
+
+    def worker() -> None:
+        while True:
+            with cond:
+                while waiting and (page := ready()) is None and not errors:
+                    if not busy[0]:  # nothing runs that could free a page: a cycle
+                        errors.append(ValueError(f"<!-- walk: after -->: {', '.join(waiting)} "
+                                                 "wait for each other"))  # fmt: skip
+                        cond.notify_all()
+                        return
+                    cond.wait()
+                if not waiting or errors:
+                    return
+                waiting.remove(page)
+                busy[0] += 1
+            try:
+                walk_page(page)
+            except BaseException as e:  # noqa: BLE001 - handed to the caller below
+                errors.append(e)
+            with cond:
+                done.add(page)
+                busy[0] -= 1
+                cond.notify_all()
+
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(max(1, jobs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
+def walk(pages: list[str], workdir: Path, *, quick: bool, timeout: float, echo=None,
+         jobs: int = 1) -> dict:  # fmt: skip
+    """Run every command of `pages` in one fresh copy under `workdir`, `jobs` pages at a time
+    (`schedule`); the walk's record, in page order."""
     copy = fresh_checkout(workdir)
-    env = walk_env(copy, quick)
-    record: list[Command] = []
+    env = walk_env(copy, quick, jobs)
+    by_page: dict[str, list[Command]] = {}
     logs = workdir / "logs"  # what each command printed, to compare with its page
     logs.mkdir()
-    for page in pages:
+    said = threading.Lock()
+
+    stopping = threading.Event()
+
+    def walk_page(page: str) -> None:
+        done = by_page[page] = []
         for cmd in commands(page):
+            if stopping.is_set():
+                return
             if cmd.skip:
                 cmd.status = "skipped"
             else:
                 run(cmd, copy, env, timeout)
-                name = f"{len(record):03d}-{page.replace('/', '-')}-{cmd.line}.log"
+                name = f"{pages.index(page):02d}-{page.replace('/', '-')}-{cmd.line:04d}.log"
                 (logs / name).write_text(f"$ {cmd.text}\n{cmd.output}", encoding="utf-8")
-            record.append(cmd)
+            done.append(cmd)
             if echo:
-                echo(cmd)
+                with said:
+                    echo(cmd)
+
+    try:
+        schedule(pages, {p: needs(p) for p in pages}, jobs, walk_page)
+    except BaseException:
+        stopping.set()
+        _stop_running()
+        raise
+    record = [cmd for page in pages for cmd in by_page[page]]
     left = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=copy,
                           capture_output=True, text=True, check=True).stdout.splitlines()  # fmt: skip
     counts = {s: sum(c.status == s for c in record) for s in ("ok", "failed", "skipped")}
-    return {"quick": quick, "copy": str(copy), "counts": counts, "left_in_checkout": left,
+    return {"quick": quick, "jobs": jobs, "copy": str(copy), "counts": counts, "left_in_checkout": left,
             "commands": [asdict(c) for c in record]}  # fmt: skip
 
 
@@ -298,6 +406,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep", type=Path, help="walk in this (new) folder and keep it")
     p.add_argument("--json", type=Path, help="write the walk's record here")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per command")
+    p.add_argument("--jobs", type=int, default=1, help="pages run at a time (default 1)")
     args = p.parse_args(argv)
     order = page_order()
     pages = order if not args.pages else [x for x in order if x in args.pages.split(",")]
@@ -305,12 +414,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.keep.exists():
             p.error(f"--keep {args.keep}: exists; name a new folder")
         args.keep.mkdir(parents=True)
-        result = walk(
-            pages, args.keep.resolve(), quick=args.quick, timeout=args.timeout, echo=_echo
-        )
+        result = walk(pages, args.keep.resolve(), quick=args.quick, timeout=args.timeout,
+                      echo=_echo, jobs=args.jobs)  # fmt: skip
     else:
         with tempfile.TemporaryDirectory(prefix="docs-walk-") as tmp:
-            result = walk(pages, Path(tmp), quick=args.quick, timeout=args.timeout, echo=_echo)
+            result = walk(
+                pages, Path(tmp), quick=args.quick, timeout=args.timeout, echo=_echo, jobs=args.jobs
+            )
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({"counts": result["counts"], "left_in_checkout": result["left_in_checkout"]}))

@@ -1,7 +1,7 @@
 """Fixtures for the whole suite, and the rule that splits it into two tiers.
 
-`make test` runs every test but the walk of the pages (CI; the walk, marked `walk`, is `make
-test-docs`: its ~80 processes take longer than the suite may); `make test-fast` runs
+`make test` runs every test (CI), the walk of the pages included (marked `walk` and slow: about
+80 processes, two pages at a time; `make test-docs` runs it alone); `make test-fast` runs
 `pytest -m "not slow"`, which still
 imports every module (tests/test_imports.py) and trains every placement a few steps
 (tests/dlrm/test_every_placement_trains.py).

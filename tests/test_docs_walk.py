@@ -1,15 +1,19 @@
 """Every page runs in order, as written (scripts/docs_walk.py): README.md, then the pages the
 README's Documentation list names, each bash command run in one fresh copy of the checkout with
-HYBRID_DLRM_QUICK=1 (hybrid_dlrm/common/quick.py), its exit code the page's; the copy ends clean
-outside its ignored folders. The fast tests pin the walk's reading of a page and the variable's
+HYBRID_DLRM_QUICK=1 (hybrid_dlrm/common/quick.py), its exit code the page's, two pages at a time
+(a page after those it names in `<!-- walk: after ... -->`); the copy ends clean outside its
+ignored folders. The fast tests pin the walk's reading of a page and the variable's
 one rule: unset, nothing changes."""
 
 from __future__ import annotations
 
 import importlib.util
+import io
 import re
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -110,23 +114,102 @@ def test_the_quick_variable_changes_nothing_unless_set(monkeypatch, capsys):
     monkeypatch.setenv(quick.VARIABLE, "1")
     cfg = config_from_args(argv)
     assert (cfg.num_batches, cfg.test_data_size, cfg.hotline_learn_batches) == (8, 4096, 4)
+    assert cfg.mini_batch_size == 512
     quick.announce("python -m dlrm.train")
     assert capsys.readouterr().err == (
         "python -m dlrm.train: HYBRID_DLRM_QUICK is set: --num-batches 200 -> 8, "
-        "--test-data-size 262144 -> 4096, --hotline-learn-batches 50 -> 4 "
+        "--mini-batch-size 2048 -> 512, --test-data-size 262144 -> 4096, "
+        "--hotline-learn-batches 50 -> 4 "
         "(walk sizes, not a real run)\n"
     )
     assert config_from_args(["--num-batches", "3"]).num_batches == 3  # already small: kept
 
 
-# its own tier: about 80 fresh processes that each import torch take longer than the whole
-# suite may (`make test-docs`; `make test` leaves it out)
+def test_the_walk_sizes_cut_tables_calibration_and_searches(monkeypatch, capsys):
+    from dlrm.train import config_from_args
+    from hybrid_dlrm.common import quick
+    from perfmodel import calibration
+    from perfmodel.report import dcn_configs
+
+    kaggle = "1460-583-10131227-2202608-305-24"
+    argv = ["--arch-embedding-size", kaggle, "--synthetic-table-scale", "1.0"]
+    quick.announce("an earlier test's cut", io.StringIO())  # said: not this test's
+    monkeypatch.delenv(quick.VARIABLE, raising=False)
+    monkeypatch.setenv(calibration.ENV, "on")
+    cfg = config_from_args(argv)
+    assert cfg.arch.embedding_size == (1460, 583, 10131227, 2202608, 305, 24)
+    assert (cfg.data.synthetic_table_scale, calibration.budget_s()) == (1.0, 25.0)
+    monkeypatch.setenv(quick.VARIABLE, "1")
+    cfg = config_from_args(argv)
+    assert cfg.arch.embedding_size == (1460, 583, 100_000, 100_000, 305, 24)
+    assert cfg.data.synthetic_table_scale == 0.01
+    quick.announce("python -m dlrm.train")
+    assert capsys.readouterr().err == (
+        "python -m dlrm.train: HYBRID_DLRM_QUICK is set: --arch-embedding-size rows -> at "
+        "most 100,000, --synthetic-table-scale 1 -> 0.01, --num-batches all -> 8, "
+        "--mini-batch-size 2048 -> 512, --test-data-size 262144 -> 4096 "
+        "(walk sizes, not a real run)\n"
+    )
+    assert calibration.budget_s() == 5.0
+    monkeypatch.setenv(calibration.ENV, "3")
+    assert calibration.budget_s() == 3.0  # a smaller budget given is kept
+    assert [n for n, _ in dcn_configs(quick=True)] == [n for n, _ in dcn_configs()][:3]
+    assert [n for n, _ in dcn_configs(quick=True)] == [
+        "small-b1024-fp32", "small-b1024-fp32-dcn", "small-b1024-fp32-dcn1r32"]  # fmt: skip
+
+
+def test_a_page_runs_after_the_pages_it_names_and_two_run_at_once(tmp_path):
+    (tmp_path / "p.md").write_text("# P\n\n<!-- walk: after README.md, docs/a.md: its files -->\n")
+    assert walk.needs("p.md", tmp_path) == ["README.md", "docs/a.md"]
+    pages = ["README.md", "docs/a.md", "docs/b.md", "docs/c.md", "docs/d.md"]
+    after = {"docs/c.md": ["README.md", "docs/a.md"], "docs/d.md": ["docs/c.md"]}
+    events, lock = [], threading.Lock()
+    gates = {p: threading.Event() for p in pages}
+
+    def walk_page(page):
+        with lock:
+            events.append(("start", page))
+        assert gates[page].wait(10)
+        with lock:
+            events.append(("end", page))
+
+    runner = threading.Thread(target=walk.schedule, args=(pages, after, 2, walk_page))
+    runner.start()
+    # README.md and docs/a.md at once; docs/c.md waits for both, docs/d.md for docs/c.md
+    for page in pages:
+        _wait_for(events, lock, ("start", page))
+        gates[page].set()
+    runner.join(10)
+    assert sorted(p for e, p in events if e == "start") == sorted(pages)  # each once
+    assert set(events[:2]) == {("start", "README.md"), ("start", "docs/a.md")}  # two at once
+    for page, names in after.items():
+        for name in names:
+            assert events.index(("end", name)) < events.index(("start", page))
+    serial = []
+    walk.schedule(pages, after, 1, serial.append)
+    assert serial == pages
+    with pytest.raises(ValueError, match=r"docs/c.md: <!-- walk: after docs/z.md -->"):
+        walk.schedule(pages, {"docs/c.md": ["docs/z.md"]}, 2, serial.append)
+
+
+def _wait_for(events, lock, event, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with lock:
+            if event in events:
+                return
+        time.sleep(0.01)
+    raise AssertionError(f"{event} did not happen: {events}")
+
+
+# about 80 fresh processes that each import torch, two pages at a time: part of `make test`
+# (slow: it starts processes), alone `make test-docs`
 @pytest.mark.walk
 @pytest.mark.usefixtures("starts_processes")
 def test_every_page_runs_in_order_as_written(tmp_path):
     before = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True,
                             text=True).stdout  # fmt: skip
-    result = walk.walk(walk.page_order(), tmp_path, quick=True, timeout=600)
+    result = walk.walk(walk.page_order(), tmp_path, quick=True, timeout=600, jobs=2)
     failed = [
         f"{c['page']}:{c['line']}: {c['text'].splitlines()[0]}\n    exit {c['rc']} "
         f"(the page shows {c['expect']})\n    " + "\n    ".join(c["tail"])

@@ -346,6 +346,9 @@ class RunConfig(Section):
         super().__post_init__()
         if not self.out_dir:
             self.out_dir = new_run_dir()
+            # a name of ours, not the user's: another run that took it in the same second
+            # moves this one to the next name (dlrm/compose.py `_lock_run_dir`)
+            self.out_dir_chosen = True
 
     def check(self) -> None:
         if self.inference_only and not (self.load_model or self.resume):

@@ -18,8 +18,14 @@ VARIABLE = "HYBRID_DLRM_QUICK"
 SIZES = {
     "--num-batches": 8,  # training steps per epoch
     "--nepochs": 1,
+    # a step's work: MLPerf's DCNv2 at its 2,048 took 4 s a step on two cores
+    "--mini-batch-size": 512,
     "--test-data-size": 4096,  # synthetic test samples
     "--hotline-learn-batches": 4,  # steps learning the popular rows, fewer than the run's
+    # rows per table: Kaggle's full tables (33M rows, a 2 GiB checkpoint) take longer to
+    # initialise and write than the walk's 8 steps take to train
+    "--arch-embedding-size": 100_000,
+    "--synthetic-table-scale": 0.01,  # the default's tables (21.6 MB)
     "--lines": 4000,  # raw Kaggle/Terabyte lines written by data_pipeline synth
     "--test-lines": 1000,
     "--users": 300,  # Taobao users written by data_pipeline synth
@@ -27,6 +33,11 @@ SIZES = {
     "--reps": 1,
     "--steps": 3,  # perfmodel report: timed steps per held-out configuration
     "--passes": 1,
+    "fit traces": 4,  # perfmodel microbench: the first of its 15 fit configurations' traces
+    "--batches": 2,  # serving.quantize: calibration batches (its precision search runs each)
+    # seconds of a performance model's calibration (perfmodel/calibration.py: 25 s by default),
+    # which `--placement auto` and `perfmodel predict` start on a machine without a model
+    "calibration seconds": 5,
 }
 
 _said: list[str] = []
@@ -54,6 +65,20 @@ def cap_scale(flag: str, value: float) -> float:
         return value
     _said.append(f"{flag} {value:g} -> {SIZES[flag]:g}")
     return SIZES[flag]
+
+
+def cap_sizes(flag: str, values: tuple[int, ...] | None) -> tuple[int, ...] | None:
+    """`cap` for each of a list (rows per table), one line for the list."""
+    if not active() or values is None or max(values) <= SIZES[flag]:
+        return values
+    _said.append(f"{flag} rows -> at most {SIZES[flag]:,}")
+    return tuple(min(v, SIZES[flag]) for v in values)
+
+
+def limit(name: str, value: float) -> float:
+    """`value`, or at most the walk's size `name` where the variable is set, unsaid: for a
+    budget that its own step names when it starts (the calibration's "about N s")."""
+    return min(value, SIZES[name]) if active() else value
 
 
 def note(change: str) -> None:

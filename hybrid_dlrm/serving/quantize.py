@@ -36,7 +36,7 @@ from dlrm.models.quantized import MLP_PRECISIONS, from_float_state
 from dlrm.run_layout import run_files
 from dlrm.train import EXIT_USAGE, OneLineParser
 from embeddings.quantized import TABLE_PRECISIONS, check_precision
-from hybrid_dlrm.common import cli_lines
+from hybrid_dlrm.common import cli_lines, quick
 from hybrid_dlrm.common.outputs import check_output
 from hybrid_dlrm.serving.artifact import ARTIFACT_DIRECTORY, ArtifactError, ArtifactWriter
 from hybrid_dlrm.serving.inference_data import (
@@ -376,6 +376,9 @@ def _run(a: argparse.Namespace) -> dict:
 def main(argv: list[str] | None = None) -> int:
     cli_lines.log_to_stderr(PROG)  # warnings as `{prog}: warning: ...`
     a = build_parser().parse_args(argv)
+    if quick.active() and not a.check:  # the docs' walk (hybrid_dlrm/common/quick.py)
+        a.batches = quick.cap("--batches", a.batches)
+        quick.announce(PROG)
     try:
         manifest = _run(a)
     except (ConfigError, DataError, CheckpointError, ArtifactError, ArchError) as e:

@@ -84,3 +84,31 @@ def test_two_runs_in_the_same_out_dir_the_second_is_one_line(tmp_path):
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
+
+
+def test_a_default_run_directory_taken_in_the_same_second_moves_to_the_next_name(
+    tmp_path, monkeypatch
+):
+    """Two runs started in the same second both default to runs/<that second>: the one that
+    finds it held takes the next name (as a run a second later would) instead of failing; a
+    directory the user named is still refused."""
+    from dlrm.compose import _lock_run_dir
+    from dlrm.config import TrainConfig
+    from dlrm.errors import ConfigError
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("time.strftime", lambda fmt: "20260101-000000")
+    first, second = TrainConfig(), TrainConfig()
+    assert first.run.out_dir == second.run.out_dir == "runs/20260101-000000"
+    # another run's hold: a lock of this process counts as another's when not reentrant
+    held = DirectoryLock(first.run_dir, reentrant=False).acquire("--out-dir")
+    try:
+        lock = _lock_run_dir(second)
+        assert second.run.out_dir == "runs/20260101-000000-1"
+        assert lock.dir == Path("runs/20260101-000000-1")
+        lock.release()
+        named = TrainConfig(out_dir="runs/20260101-000000")
+        with pytest.raises(ConfigError, match=r"^--out-dir: runs/20260101-000000 is in use by "):
+            _lock_run_dir(named)
+    finally:
+        held.release()

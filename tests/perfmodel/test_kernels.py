@@ -509,3 +509,14 @@ def test_model_files_written_before_step_points_still_predict():
     }
     old = KernelModels.from_json(json.loads(json.dumps(doc)))
     assert old.predict(k, 10e6) / raw == pytest.approx(1.5, rel=1e-6)
+
+
+def test_a_kernel_whose_model_overflows_is_left_out_of_the_in_situ_factors():
+    """A model extrapolated far past its sweep's shapes (a few shapes swept) may overflow to
+    inf: that kernel says nothing of its context's factor, and the fit goes on."""
+    models = KernelModels({"elementwise": RooflineTable({"*": [10.0, 0.0]})})
+    k, huge = dict(_ew(100), op="loss#0", dur_us=30.0), dict(_ew(200), op="loss#0", dur_us=5.0)
+    plain = models._predict
+    models._predict = lambda r: math.inf if r is huge else plain(r)
+    factors = models.calibrate_in_situ([[k, huge]])
+    assert factors[KernelModels.situ_keys(k)[0]] == pytest.approx(3.0)
