@@ -233,9 +233,11 @@ def add_probes(add, h) -> None:
         expect="interrupted", says="interrupted; nothing written",
         signal=Signal(after=6), after=_nothing_at("art/auto"))  # fmt: skip
     add("SIGTERM in serving.predict over a large file", ENDINGS,
-        lambda w: serving.predict(w, "--out", str(w / "p.csv"), data=str(big_raw(w).relative_to(w))),
+        lambda w: serving.predict(w, "--out", str(w / "p.csv"),
+                                  data=str(big_raw(w, 1_000_000).relative_to(w))),
         expect="terminated", says="terminated (SIGTERM); no file written",
-        signal=Signal(signal.SIGTERM, after=4), after=_nothing_at("p.csv"))  # fmt: skip
+        signal=Signal(signal.SIGTERM, path=".p.csv.tmp-*", after=0.3),
+        after=_nothing_at("p.csv"))  # fmt: skip
     add("SIGTERM to torchrun's launcher alone (a scheduler), after a checkpoint", ENDINGS,
         lambda w: [*h.TWO, "-m", "dlrm.train", *long_run, "--out-dir", str(w / "L")],
         expect="terminated", says="resume with: python -m dlrm.torchrun ", lines=2,
