@@ -268,17 +268,24 @@ def _lock_run_dir(cfg: TrainConfig) -> DirectoryLock:
     files with the first's (issue 37). Rank 0 holds it for the run (the other ranks write no
     run files, so they take no lock and wait for nothing)."""
     run_checks.check_write_paths(cfg)  # before the lock makes the directory
+    chosen = getattr(cfg.run, "out_dir_chosen", False) and not cfg.run.resume
     for _ in range(100):
         try:
-            return DirectoryLock(cfg.run_dir).acquire("--out-dir")
+            lock = DirectoryLock(cfg.run_dir).acquire("--out-dir")
         except LockHeld as e:
             # the default name (the second it started) taken by a run started in the same
             # second: the next free name, as a run started a second later would have had
-            if not (e.alive and getattr(cfg.run, "out_dir_chosen", False)):
+            if not (e.alive and chosen):
                 raise ConfigError(str(e)) from None
             cfg.run.out_dir = new_run_dir()
+            continue
         except LockError as e:
             raise ConfigError(str(e)) from None
+        if chosen and run_checks.holds_a_run(cfg.run_dir):  # that run has ended already
+            lock.release()
+            cfg.run.out_dir = new_run_dir()
+            continue
+        return lock
     raise ConfigError(f"--out-dir: {cfg.run_dir}: no free run directory after 100 tries")
 
 

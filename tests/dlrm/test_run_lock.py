@@ -112,3 +112,25 @@ def test_a_default_run_directory_taken_in_the_same_second_moves_to_the_next_name
             _lock_run_dir(named)
     finally:
         held.release()
+
+
+def test_a_default_run_directory_a_finished_run_took_in_the_same_second_moves_too(
+    tmp_path, monkeypatch
+):
+    """The walk's two pages: `make run` finished in runs/<second> before another run of that
+    second took its lock; the lock was free, the directory held a run ("already holds a run")."""
+    from dlrm.compose import _lock_run_dir
+    from dlrm.config import TrainConfig
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("time.strftime", lambda fmt: "20260101-000000")
+    first, second = TrainConfig(), TrainConfig()
+    done = Path(first.run.out_dir)
+    done.mkdir(parents=True)
+    (done / "config.json").write_text("{}")  # a run that ended there
+    (done / "summary.json").write_text("{}")
+    lock = _lock_run_dir(second)
+    try:
+        assert second.run.out_dir == "runs/20260101-000000-1"
+    finally:
+        lock.release()
