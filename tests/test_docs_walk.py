@@ -175,7 +175,11 @@ def test_a_page_runs_after_the_pages_it_names_and_two_run_at_once(tmp_path):
 
     runner = threading.Thread(target=walk.schedule, args=(pages, after, 2, walk_page))
     runner.start()
-    # README.md and docs/a.md at once; docs/c.md waits for both, docs/d.md for docs/c.md
+    # README.md and docs/a.md at once (both started before either may end: a loaded machine
+    # can start the second thread after the first has ended); docs/c.md waits for both,
+    # docs/d.md for docs/c.md
+    _wait_for(events, lock, ("start", "README.md"))
+    _wait_for(events, lock, ("start", "docs/a.md"))
     for page in pages:
         _wait_for(events, lock, ("start", page))
         gates[page].set()

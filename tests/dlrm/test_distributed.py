@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from dlrm.checkpoints import format as ckpt
 from perfmodel.collectives import CollectiveCounter
 from tests.dlrm.conftest import tiny
 
@@ -369,7 +370,8 @@ def test_ctrl_c_under_torchrun_each_rank_says_what_happened_and_exits_130(tmp_pa
                                       stderr=subprocess.PIPE, text=True, process_group=group))  # fmt: skip
     try:
         deadline = time.time() + 240
-        while not (run / "checkpoints").is_dir() or not list((run / "checkpoints").glob("step_*")):
+        # a complete checkpoint: a shard directory appears before its files are all written
+        while not ckpt.list_checkpoints(run / "checkpoints"):
             assert time.time() < deadline and procs[0].poll() is None, procs[0].communicate()
             time.sleep(0.1)
         os.killpg(procs[0].pid, signal.SIGINT)

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from dlrm.checkpoints import format as ckpt
+
 pytestmark = pytest.mark.slow
 
 LAUNCH = [sys.executable, "-m", "dlrm.torchrun", "--standalone", "--nproc_per_node", "2"]
@@ -51,7 +53,8 @@ def test_a_signal_ends_every_rank_in_one_line_and_the_launcher_with_its_code(
     p = _launch([*TRAIN, "--out-dir", "run"], tmp_path, group=True)
     try:
         deadline = time.time() + 240
-        while not list((run / "checkpoints").glob("step_*")):
+        # a complete checkpoint: a shard directory appears before its files are all written
+        while not ckpt.list_checkpoints(run / "checkpoints"):
             assert time.time() < deadline and p.poll() is None, p.communicate()
             time.sleep(0.1)
         (os.killpg if to_group else os.kill)(p.pid, sig)
