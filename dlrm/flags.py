@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
-import os
 import re
 import sys
 import types
@@ -20,6 +19,7 @@ import typing
 from pathlib import Path
 
 from dlrm.settings.fields import _hints, allowed, shown_default
+from hybrid_dlrm.common import ranks
 
 EXIT_USAGE = 2
 _TRUE = {"1", "true", "yes", "on"}
@@ -51,7 +51,7 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # one line, not the usage block
         # under torchrun every rank parses the same flags: one line per machine, not per rank
-        if os.environ.get("LOCAL_RANK", "0") == "0":
+        if ranks.first_to_fail():
             sys.stderr.write(f"{self.prog}: error: {message}{self._did_you_mean(message)}\n")
         sys.exit(EXIT_USAGE)
 

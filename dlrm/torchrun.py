@@ -10,7 +10,8 @@ the same `torch.distributed.run.main` and ends as the ranks do (hybrid_dlrm/comm
 - a signal: nothing more is said (each rank's line is the report; rank 0's names the checkpoint
   and the resume command, which names this launcher) and the exit code is 128 + the signal;
 - a rank that failed: one line naming the ranks and their exit codes, and the first one's code
-  (2 for bad input, as from `python -m dlrm.train`);
+  (2 for bad input, as from `python -m dlrm.train`); of ranks that all fail on the same bad flag,
+  the first says why and the rest, stopped or failing, say nothing (hybrid_dlrm/common/ranks.py);
 - anything else (a rendezvous that fails, a bad launcher flag) is torch's own message.
 
 A signal before torch's agent takes the signals over (while torch imports) ends as every command
@@ -23,7 +24,11 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import sys
+import tempfile
+
+from hybrid_dlrm.common import ranks
 
 LAUNCHER = "python -m dlrm.torchrun"
 # rank 0's resume command names the launcher the ranks were started by (dlrm/train.py)
@@ -46,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed.run import main as torch_launcher
 
     os.environ[LAUNCHER_ENV] = LAUNCHER  # the workers inherit the launcher's environment
+    # where the ranks agree which of them says a start-up error (hybrid_dlrm/common/ranks.py)
+    shared = tempfile.mkdtemp(prefix="hybrid-dlrm-ranks-")
+    os.environ[ranks.LAUNCH_DIR_ENV] = shared
     for name in ("torch.distributed.elastic.agent.server.api",
                  "torch.distributed.elastic.multiprocessing.api"):  # fmt: skip
         logging.getLogger(name).addFilter(_NoSignalWarnings())
@@ -55,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
         return 128 + int(e.sigval)
     except ChildFailedError as e:
         return _failed(e)
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
     return 0
 
 

@@ -20,7 +20,7 @@ from dlrm.errors import CheckpointError, ConfigError, TrainingDiverged
 from dlrm.flags import EXIT_USAGE, OneLineParser, add_settings
 from dlrm.processes import thread_watch, threads
 from embeddings.errors import ScmError
-from hybrid_dlrm.common import cli_lines, endings, quick
+from hybrid_dlrm.common import cli_lines, endings, quick, ranks
 
 __all__ = ["EXIT_USAGE", "OneLineParser", "build_parser", "config_from_args", "main"]
 
@@ -104,7 +104,10 @@ def _main(argv: list[str] | None, run: _Run) -> int:
         summary = trainer.fit()
         finished = True
     except (ConfigError, DataError, CheckpointError, ScmError) as e:
-        sys.stderr.write(f"python -m dlrm.train: error: {_ranked(e, rank, world)}\n")
+        # before the process group starts every rank of a launcher finds the same mistake: the
+        # first to fail says it (hybrid_dlrm/common/ranks.py); after it, each its own
+        if world > 1 or ranks.first_to_fail():
+            sys.stderr.write(f"python -m dlrm.train: error: {_ranked(e, rank, world)}\n")
         return EXIT_USAGE
     except TrainingDiverged as e:
         sys.stderr.write(f"python -m dlrm.train: training stopped: {_ranked(e, rank, world)}\n")

@@ -22,6 +22,8 @@ import sys
 import threading
 from collections.abc import Callable
 
+from hybrid_dlrm.common import ranks
+
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
 EXIT_TERMINATED = 143  # 128 + SIGTERM
 
@@ -62,6 +64,8 @@ def while_starting() -> None:
 def _end_at_once(signum, frame) -> None:
     """Before main() (nothing written yet) or after it (its own line said): the line, the code."""
     how = "terminated (SIGTERM)" if signum == signal.SIGTERM else "interrupted"
+    if _phase[0] == "starting" and ranks.another_failed():
+        os._exit(128 + signum)  # the launcher stops the rest: the failing rank said why
     say(f"{how} while starting; nothing written" if _phase[0] == "starting" else how)
     os._exit(128 + signum)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hybrid_dlrm.common import endings
+from hybrid_dlrm.common import endings, ranks
 
 
 def interrupted():
@@ -98,6 +98,30 @@ def test_a_signal_while_a_command_of_ours_starts_is_one_line(module, sig, code, 
         assert "KeyboardInterrupt" in done.stderr
     else:
         assert (done.returncode, done.stderr) == (code, f"\n{line}\n")
+
+
+def test_a_rank_the_launcher_stops_while_starting_after_another_failed_says_nothing(tmp_path):
+    """Every rank fails on the same bad flag; the launcher stops those still importing torch once
+    the first has failed: only that first one speaks (hybrid_dlrm/common/ranks.py)."""
+    script = (
+        "import os, signal, sys, time\n"
+        "sys.argv[0] = '-m'; sys.orig_argv = [sys.executable, '-m', 'dlrm.train']\n"
+        "from hybrid_dlrm.common import endings, ranks\n"
+        f"os.environ[ranks.LAUNCH_DIR_ENV] = {str(tmp_path)!r}\n"
+        "endings.while_starting()\n"
+        "print(ranks.first_to_fail(), ranks.first_to_fail(), flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGTERM); time.sleep(5)\n"
+    )
+    done = _python(script)
+    assert (done.returncode, done.stdout, done.stderr) == (143, "True False\n", "")
+    (tmp_path / ranks.FAILED).unlink()  # no rank failed: the signal came from someone
+    done = _python(
+        script.replace("print(ranks.first_to_fail(), ranks.first_to_fail(), flush=True)\n", "")
+    )
+    assert (done.returncode, done.stderr) == (
+        143,
+        "\nterminated (SIGTERM) while starting; nothing written\n",
+    )
 
 
 def test_an_interrupt_handled_is_not_reported_again_by_python_at_exit():
