@@ -16,10 +16,15 @@ itself, cheaply, before it commits to a placement:
    `off` none.
 3. The shortlist: the SHORTLIST fastest predicted of the close ones, and the plain placement that
    fits as the floor (device if every table fits, else host) when it is not among them.
-4. The budget: the trial's predicted cost (its steps at each candidate's predicted ms/step) at
-   most BUDGET_SHARE of the run's predicted time (the chosen ms/step x the run's steps); as many
-   rounds as fit, up to MAX_ROUNDS; under MIN_ROUNDS the trial is skipped, saying so in one line
-   (`always` measures MIN_ROUNDS whatever the budget).
+4. The budget: the trial's whole cost at most BUDGET_SHARE of the run's predicted time (the
+   chosen ms/step x the run's steps). Predicted first: building each candidate (`build_s`: its
+   tables' bytes initialised, and FAE's split of the epoch into hot and cold batches, at rates
+   measured on this machine class), its warm-up and its timed steps (at its predicted ms/step);
+   as many rounds as fit, up to MAX_ROUNDS; under MIN_ROUNDS the trial is skipped, saying so in
+   one line. Then counted: once the candidates are built and warmed, the rounds are re-counted
+   from what that really took and the warm-up steps' own times, and where MIN_ROUNDS no longer
+   fit, the trial stops and the run chooses by prediction, saying so (`always` measures
+   MIN_ROUNDS whatever the budget).
 5. The measurement: each candidate's run built as the run builds it (its collection, model, FAE
    schedule, dense optimizer and train pipeline: dlrm/compose.py's `trial_contender`, the
    measurer the run gives) in a temporary
@@ -60,11 +65,25 @@ SHORTLIST = 3  # the fastest predicted measured at most (and the floor)
 WARMUP = 1  # untimed steps per candidate before the rounds (first-touch, allocator, caches)
 STEPS = 3  # timed steps per candidate per round
 MIN_ROUNDS, MAX_ROUNDS = 2, 5
+# Building a candidate's run (dlrm/compose.py's `trial_contender`): a fixed part (the model, the
+# optimizer, the pipeline), its tables' bytes initialised in memory or written to the SSD tier,
+# and for FAE every lookup of the epoch classified hot or cold. Measured 1.0-1.2 GB/s and
+# 350M lookups/s on the 2-core EPYC (docs/measurements/planner.md); predicted at half that pace
+BUILD_FIXED_S = 0.05
+BUILD_S_PER_BYTE = 1.0 / 0.5e9
+SPLIT_S_PER_LOOKUP = 1.0 / 175e6
 
 
 def too_short(steps: int) -> str:
     """The line of a run whose budget does not pay for a minimal trial."""
     return f"run too short for a trial ({steps} steps): chose by prediction"
+
+
+def estimated_build_s(w, lookups_per_epoch: int) -> float:
+    """The predicted seconds to build candidate `w`'s run for the trial (BUILD_* above)."""
+    split = lookups_per_epoch * SPLIT_S_PER_LOOKUP if w.candidate.placement == "fae" else 0.0
+    written = w.needs.memory() + w.needs.on("disk")
+    return BUILD_FIXED_S + written * BUILD_S_PER_BYTE + split
 
 
 # --- the record -----------------------------------------------------------------------------------
@@ -74,7 +93,9 @@ def too_short(steps: int) -> str:
 class Trial:
     """What the trial did: `line` says it in one line (measured, or why not); `measured`: each
     shortlisted candidate's ms/step per round (label -> list); `cost_s` the seconds it took,
-    `estimate_s` its predicted cost, `budget_s` what it was allowed."""
+    `estimate_s` its predicted cost (`builds_s` of it building the candidates), `budget_s` what
+    it was allowed; `built_s` what building and warming them all took (built together), or
+    measuring the first ones before the trial stopped (one after another)."""
 
     mode: str
     line: str
@@ -89,6 +110,8 @@ class Trial:
     budget_s: float = 0.0
     estimate_s: float = 0.0
     cost_s: float = 0.0
+    builds_s: float = 0.0
+    built_s: float = 0.0
 
     def median(self, label: str) -> float | None:
         times = self.measured.get(label)
@@ -103,6 +126,7 @@ class Trial:
             "median_ms": {k: round(self.median(k), 4) for k in self.measured},
             "winner": self.winner, "budget_s": round(self.budget_s, 3),
             "estimate_s": round(self.estimate_s, 3), "cost_s": round(self.cost_s, 3),
+            "builds_s": round(self.builds_s, 3), "built_s": round(self.built_s, 3),
         }  # fmt: skip
 
     @classmethod
@@ -115,7 +139,8 @@ class Trial:
             int(d.get("steps", STEPS)), int(d.get("warmup", WARMUP)), bool(d.get("together", True)),
             {str(k): [float(v) for v in vs] for k, vs in (d.get("measured_ms") or {}).items()},
             d.get("winner"), float(d.get("budget_s", 0.0)), float(d.get("estimate_s", 0.0)),
-            float(d.get("cost_s", 0.0)),
+            float(d.get("cost_s", 0.0)), float(d.get("builds_s", 0.0)),
+            float(d.get("built_s", 0.0)),
         )  # fmt: skip
 
 
@@ -197,15 +222,18 @@ def _ms(w) -> float:
 class TrialRunner:
     """The Planner's `trials` (module docstring). `measurer` builds a candidate's run (default:
     the one `decide` is given, the run's: dlrm/compose.py's `trial_contender`); `clock` reads
-    seconds (default time.perf_counter); both are arguments so that a test decides what is
-    measured. `say` prints the progress lines."""
+    seconds (default time.perf_counter); `build_s` predicts a candidate's build (default
+    `estimated_build_s`); all are arguments so that a test decides what is measured. `say`
+    prints the progress lines."""
 
     def __init__(self, measurer: Measurer | None = None, clock: Callable[[], float] | None = None,
                  say: Callable[[str], None] = _say, share: float = BUDGET_SHARE,
-                 default_error: float = DEFAULT_ERROR) -> None:  # fmt: skip
+                 default_error: float = DEFAULT_ERROR,
+                 build_s: Callable[[Any, int], float] = estimated_build_s) -> None:  # fmt: skip
         self.measurer = measurer  # None: the one `decide` is given (the run's: dlrm/compose.py)
         self.clock = clock or time.perf_counter
         self.say, self.share, self.default_error = say, share, default_error
+        self.build_s = build_s
 
     # -- the rules (pure: tested with injected predictions) --
 
@@ -243,12 +271,13 @@ class TrialRunner:
         return out
 
     @staticmethod
-    def rounds(costs_ms: list[float], budget_s: float) -> int:
-        """The most rounds (up to MAX_ROUNDS) whose predicted cost (`costs_ms`: each shortlisted
-        candidate's ms/step) fits `budget_s`; 0: not even MIN_ROUNDS do."""
+    def rounds(costs_ms: list[float], budget_s: float, warmup: int = WARMUP) -> int:
+        """The most rounds (up to MAX_ROUNDS) whose cost (`costs_ms`: each shortlisted
+        candidate's ms/step, `warmup` steps each first) fits `budget_s`; 0: not even MIN_ROUNDS
+        do."""
         per_step = sum(costs_ms) / 1e3
         for r in range(MAX_ROUNDS, MIN_ROUNDS - 1, -1):
-            if per_step * (WARMUP + r * STEPS) <= budget_s:
+            if per_step * (warmup + r * STEPS) <= budget_s:
                 return r
         return 0
 
@@ -258,7 +287,7 @@ class TrialRunner:
                room, margin: float, measurer: Measurer | None = None):  # fmt: skip
         """(chosen Weighed, how, Trial | None): the measured fastest of the shortlist when the call
         is close and the budget pays for it, else `chosen` and `how` as predicted."""
-        from dlrm.data import steps_per_epoch
+        from dlrm.data import bag_sizes, steps_per_epoch
 
         mode = cfg.placing.placement_trial
         if mode == "off":
@@ -281,19 +310,26 @@ class TrialRunner:
         # the floor may have failed its prediction: it is costed as the slowest contender
         slowest = max(_ms(v) for v in contenders)
         costs = [_ms(w) if w.prediction else slowest for w in listed]
-        run_steps = steps_per_epoch(cfg, data) * cfg.training.nepochs
+        per_epoch = steps_per_epoch(cfg, data)
+        run_steps = per_epoch * cfg.training.nepochs
         budget = self.share * _ms(chosen) * run_steps / 1e3
-        rounds = self.rounds(costs, budget)
+        bags = bag_sizes(cfg.data, len(data.table_sizes)) or [1] * len(data.table_sizes)
+        lookups = per_epoch * cfg.training.mini_batch_size * sum(bags)
+        builds = sum(self.build_s(w, lookups) for w in listed)
+        rounds = self.rounds(costs, budget - builds)
         if rounds == 0 and mode == "always":
             rounds = MIN_ROUNDS
         labels = [w.candidate.label() for w in listed]
-        trial = Trial(mode, too_short(run_steps), error, labels, rounds, budget_s=budget)
+        trial = Trial(mode, too_short(run_steps), error, labels, rounds, budget_s=budget,
+                      builds_s=builds)  # fmt: skip
         if rounds == 0:
             self.say(f"--placement auto: {trial.line}")
             return chosen, how, trial
-        trial.estimate_s = sum(costs) * (WARMUP + rounds * STEPS) / 1e3
+        trial.estimate_s = builds + sum(costs) * (WARMUP + rounds * STEPS) / 1e3
         trial.together = _fit_together(listed, room, margin)
-        self._measure(measurer, cfg, data, device, listed, trial)
+        if not self._measure(measurer, cfg, data, device, listed, trial):
+            self.say(f"--placement auto: {trial.line}")
+            return chosen, how, trial
         winner = min(listed, key=lambda w: trial.median(w.candidate.label()))
         trial.winner = winner.candidate.label()
         best = trial.median(trial.winner)
@@ -311,50 +347,92 @@ class TrialRunner:
         how = f"the fastest measured of {len(listed)} shortlisted ({why})"
         return winner, how, trial
 
-    def _measure(self, measurer, cfg, data, device, listed: list, trial: Trial) -> None:
+    def _measure(self, measurer, cfg, data, device, listed: list, trial: Trial) -> bool:
+        """Measure `trial.shortlist` into `trial`; False where building and warming them took
+        what the rounds needed of the budget (`trial.line` says so: choose by prediction)."""
         t0 = self.clock()
         self.say(f"--placement auto: measuring {len(listed)} placements on the run's first "
                  f"batches ({trial.rounds} rounds x {STEPS} steps + {WARMUP} warm-up each; "
-                 f"predicted {trial.estimate_s:.1f} s of a {trial.budget_s:.1f} s budget, and "
-                 "each one's build)")  # fmt: skip
+                 f"predicted {trial.estimate_s:.1f} s with their builds, of a "
+                 f"{trial.budget_s:.1f} s budget)")  # fmt: skip
         trial.measured = {label: [] for label in trial.shortlist}
         with tempfile.TemporaryDirectory(prefix="placement-trial-") as tmp, untouched_rng(device):
             configs = [_trial_config(cfg, w.candidate, Path(tmp) / str(i))
                        for i, w in enumerate(listed)]  # fmt: skip
             if trial.together:
-                opened = [measurer(c, data, device) for c in configs]
-                try:
-                    for c in opened:
-                        self._warm(c)
-                    for r in range(trial.rounds):
-                        for label, c in zip(trial.shortlist, opened):
-                            trial.measured[label].append(self._timed(c))
-                        self._progress(trial, r, t0)
-                finally:
-                    for c in opened:
-                        c.close()
-                    del opened
+                done = self._together(measurer, configs, data, device, trial, t0)
             else:
-                for label, c_cfg in zip(trial.shortlist, configs):
-                    c = measurer(c_cfg, data, device)
-                    try:
-                        self._warm(c)
-                        for _ in range(trial.rounds):
-                            trial.measured[label].append(self._timed(c))
-                    finally:
-                        c.close()
-                        del c
-                    self.say(f"  {label}: {statistics.median(trial.measured[label]):.2f} ms/step "
-                             f"({self.clock() - t0:.0f} s so far)")  # fmt: skip
+                done = self._in_turn(measurer, configs, data, device, trial, t0)
             gc.collect()  # the trial's tables go before the run makes its own
             if device.type == "cuda":
                 torch.cuda.empty_cache()
         trial.cost_s = self.clock() - t0
+        return done
 
-    def _warm(self, c: Contender) -> None:
+    def _together(self, measurer, configs, data, device, trial: Trial, t0: float) -> bool:
+        """Every candidate built and warmed, then the rounds interleaved: as many as the budget
+        still pays for at the warm-up steps' own times."""
+        opened = []
+        try:
+            warm_ms = []
+            for c_cfg in configs:
+                opened.append(measurer(c_cfg, data, device))
+                warm_ms.append(self._warm(opened[-1]))
+            trial.built_s = self.clock() - t0
+            if trial.mode != "always":
+                left = self.rounds(warm_ms, trial.budget_s - trial.built_s, warmup=0)
+                if left == 0:
+                    trial.line = self._overran(trial)
+                    return False
+                trial.rounds = min(trial.rounds, left)
+            for r in range(trial.rounds):
+                for label, c in zip(trial.shortlist, opened):
+                    trial.measured[label].append(self._timed(c))
+                self._progress(trial, r, t0)
+        finally:
+            for c in opened:
+                c.close()
+            del opened
+        return True
+
+    def _in_turn(self, measurer, configs, data, device, trial: Trial, t0: float) -> bool:
+        """One candidate after another (together they exceed memory): each built, warmed and
+        measured, the next only where the budget still pays for it at the pace so far."""
+        for i, (label, c_cfg) in enumerate(zip(trial.shortlist, configs)):
+            spent = self.clock() - t0
+            if i and trial.mode != "always" and spent * len(configs) / i > trial.budget_s:
+                trial.built_s = spent
+                trial.line = self._overran(trial, i)
+                return False
+            c = measurer(c_cfg, data, device)
+            try:
+                self._warm(c)
+                for _ in range(trial.rounds):
+                    trial.measured[label].append(self._timed(c))
+            finally:
+                c.close()
+                del c
+            self.say(f"  {label}: {statistics.median(trial.measured[label]):.2f} ms/step "
+                     f"({self.clock() - t0:.0f} s so far)")  # fmt: skip
+        return True
+
+    @staticmethod
+    def _overran(trial: Trial, measured: int | None = None) -> str:
+        n = len(trial.shortlist)
+        if measured is None:  # built together: their builds and warm-ups left too little
+            took = f"building the {n} placements took {trial.built_s:.1f} s"
+        else:  # in turn: at the pace of the first ones the rest would overrun
+            took = f"the first {measured} of {n} placements took {trial.built_s:.1f} s to measure"
+        return (f"{took} (predicted {trial.estimate_s:.1f} s with the builds) of the "
+                f"{trial.budget_s:.1f} s budget: chose by prediction")  # fmt: skip
+
+    def _warm(self, c: Contender) -> float:
+        """The warm-up steps; their ms/step."""
+        t = self.clock()
         for _ in range(WARMUP):
             c.step()
         c.wait()
+        return (self.clock() - t) * 1e3 / max(WARMUP, 1)
 
     def _timed(self, c: Contender) -> float:
         t = self.clock()
