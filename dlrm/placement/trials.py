@@ -28,8 +28,12 @@ itself, cheaply, before it commits to a placement:
 5. The measurement: each candidate's run built as the run builds it (its collection, model, FAE
    schedule, dense optimizer and train pipeline: dlrm/compose.py's `trial_contender`, the
    measurer the run gives) in a temporary
-   directory, WARMUP steps each, then rounds of STEPS timed steps interleaved (A B C A B C ...,
-   the host's speed drifts), the median of each candidate's rounds. Every candidate is kept
+   directory, WARMUP steps each, then rounds of timed steps interleaved (A B C A B C ...,
+   the host's speed drifts), the median of each candidate's rounds. A round is STEPS steps, or
+   up to LONG_STEPS where the budget pays for MAX_ROUNDS of them (a 3-step round of a few ms
+   is at the mercy of one hiccup). Each candidate's timed block ends once its own background
+   work (a staging worker's batches in flight) is done: it pays for its own staging, and its
+   worker never runs beside the next candidate's steps. Every candidate is kept
    built at once when their memory needs together fit the room with the planner's margin, else
    they are measured one after another (the line says so: drift is then not cancelled).
 6. Nothing of the run is touched: the global RNGs (torch, CUDA, numpy, python) are restored, the
@@ -63,7 +67,8 @@ DEFAULT_ERROR = 0.25  # a predictor's relative error when it states none (the fi
 BUDGET_SHARE = 0.03  # of the run's predicted time the trial may cost at most
 SHORTLIST = 3  # the fastest predicted measured at most (and the floor)
 WARMUP = 1  # untimed steps per candidate before the rounds (first-touch, allocator, caches)
-STEPS = 3  # timed steps per candidate per round
+STEPS = 3  # timed steps per candidate per round, at least
+LONG_STEPS = (12, 6)  # per round where the budget pays for MAX_ROUNDS of them
 MIN_ROUNDS, MAX_ROUNDS = 2, 5
 # Building a candidate's run (dlrm/compose.py's `trial_contender`): a fixed part (the model, the
 # optimizer, the pipeline), its tables' bytes initialised in memory or written to the SSD tier,
@@ -148,8 +153,8 @@ class Trial:
 
 
 class Contender(Protocol):
-    """One candidate's run, built: `step()` one training step, `wait()` until the device has
-    finished what was queued, `close()` lets it go."""
+    """One candidate's run, built: `step()` one training step, `wait()` until the device and
+    any background worker of its own have finished what was queued, `close()` lets it go."""
 
     def step(self) -> None: ...
 
@@ -173,6 +178,11 @@ class Stepping:
         self.pipeline.progress(self.batches)
 
     def wait(self) -> None:
+        """Until the device and this run's own staging worker are done: the next candidate's
+        steps run without this one's work beside them."""
+        settle = getattr(self.pipeline, "settle", None)
+        if settle is not None:
+            settle()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
@@ -271,15 +281,24 @@ class TrialRunner:
         return out
 
     @staticmethod
-    def rounds(costs_ms: list[float], budget_s: float, warmup: int = WARMUP) -> int:
-        """The most rounds (up to MAX_ROUNDS) whose cost (`costs_ms`: each shortlisted
-        candidate's ms/step, `warmup` steps each first) fits `budget_s`; 0: not even MIN_ROUNDS
-        do."""
+    def rounds(costs_ms: list[float], budget_s: float, warmup: int = WARMUP,
+               steps: int = STEPS) -> int:  # fmt: skip
+        """The most rounds (up to MAX_ROUNDS) of `steps` steps whose cost (`costs_ms`: each
+        shortlisted candidate's ms/step, `warmup` steps each first) fits `budget_s`; 0: not even
+        MIN_ROUNDS do."""
         per_step = sum(costs_ms) / 1e3
         for r in range(MAX_ROUNDS, MIN_ROUNDS - 1, -1):
-            if per_step * (warmup + r * STEPS) <= budget_s:
+            if per_step * (warmup + r * steps) <= budget_s:
                 return r
         return 0
+
+    @classmethod
+    def steps_per_round(cls, costs_ms: list[float], budget_s: float) -> int:
+        """LONG_STEPS' longest whose MAX_ROUNDS fit `budget_s`, else STEPS."""
+        for steps in LONG_STEPS:
+            if cls.rounds(costs_ms, budget_s, steps=steps) == MAX_ROUNDS:
+                return steps
+        return STEPS
 
     # -- the decision --
 
@@ -320,12 +339,13 @@ class TrialRunner:
         if rounds == 0 and mode == "always":
             rounds = MIN_ROUNDS
         labels = [w.candidate.label() for w in listed]
-        trial = Trial(mode, too_short(run_steps), error, labels, rounds, budget_s=budget,
+        steps = self.steps_per_round(costs, budget - builds) if rounds else STEPS
+        trial = Trial(mode, too_short(run_steps), error, labels, rounds, steps, budget_s=budget,
                       builds_s=builds)  # fmt: skip
         if rounds == 0:
             self.say(f"--placement auto: {trial.line}")
             return chosen, how, trial
-        trial.estimate_s = builds + sum(costs) * (WARMUP + rounds * STEPS) / 1e3
+        trial.estimate_s = builds + sum(costs) * (WARMUP + rounds * steps) / 1e3
         trial.together = _fit_together(listed, room, margin)
         if not self._measure(measurer, cfg, data, device, listed, trial):
             self.say(f"--placement auto: {trial.line}")
@@ -339,7 +359,7 @@ class TrialRunner:
                 w.rejected = f"measured slower (+{more:.2f} ms/step)"
         winner.rejected = None
         why = {"always": "--placement-trial always"}.get(mode, f"predictions within {said}")
-        trial.line = (f"{rounds} rounds x {STEPS} steps (+{WARMUP} warm-up) of {len(listed)} "
+        trial.line = (f"{trial.rounds} rounds x {steps} steps (+{WARMUP} warm-up) of {len(listed)} "
                       f"placements on the run's first batches"
                       f"{'' if trial.together else ', one after another (together they exceed memory)'}"
                       f": {trial.cost_s:.1f} s (budget {budget:.1f} s); measured fastest: "
@@ -352,7 +372,7 @@ class TrialRunner:
         what the rounds needed of the budget (`trial.line` says so: choose by prediction)."""
         t0 = self.clock()
         self.say(f"--placement auto: measuring {len(listed)} placements on the run's first "
-                 f"batches ({trial.rounds} rounds x {STEPS} steps + {WARMUP} warm-up each; "
+                 f"batches ({trial.rounds} rounds x {trial.steps} steps + {WARMUP} warm-up each; "
                  f"predicted {trial.estimate_s:.1f} s with their builds, of a "
                  f"{trial.budget_s:.1f} s budget)")  # fmt: skip
         trial.measured = {label: [] for label in trial.shortlist}
@@ -380,14 +400,14 @@ class TrialRunner:
                 warm_ms.append(self._warm(opened[-1]))
             trial.built_s = self.clock() - t0
             if trial.mode != "always":
-                left = self.rounds(warm_ms, trial.budget_s - trial.built_s, warmup=0)
+                left = self.rounds(warm_ms, trial.budget_s - trial.built_s, 0, trial.steps)
                 if left == 0:
                     trial.line = self._overran(trial)
                     return False
                 trial.rounds = min(trial.rounds, left)
             for r in range(trial.rounds):
                 for label, c in zip(trial.shortlist, opened):
-                    trial.measured[label].append(self._timed(c))
+                    trial.measured[label].append(self._timed(c, trial.steps))
                 self._progress(trial, r, t0)
         finally:
             for c in opened:
@@ -408,7 +428,7 @@ class TrialRunner:
             try:
                 self._warm(c)
                 for _ in range(trial.rounds):
-                    trial.measured[label].append(self._timed(c))
+                    trial.measured[label].append(self._timed(c, trial.steps))
             finally:
                 c.close()
                 del c
@@ -418,6 +438,7 @@ class TrialRunner:
 
     @staticmethod
     def _overran(trial: Trial, measured: int | None = None) -> str:
+        trial.rounds = 0  # none measured for every candidate: nothing to compare
         n = len(trial.shortlist)
         if measured is None:  # built together: their builds and warm-ups left too little
             took = f"building the {n} placements took {trial.built_s:.1f} s"
@@ -434,12 +455,12 @@ class TrialRunner:
         c.wait()
         return (self.clock() - t) * 1e3 / max(WARMUP, 1)
 
-    def _timed(self, c: Contender) -> float:
+    def _timed(self, c: Contender, steps: int) -> float:
         t = self.clock()
-        for _ in range(STEPS):
+        for _ in range(steps):
             c.step()
         c.wait()
-        return (self.clock() - t) * 1e3 / STEPS
+        return (self.clock() - t) * 1e3 / steps
 
     def _progress(self, trial: Trial, r: int, t0: float) -> None:
         shown = ", ".join(f"{k} {v[-1]:.2f}" for k, v in trial.measured.items())

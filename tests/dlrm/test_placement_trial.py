@@ -145,7 +145,8 @@ def test_the_measured_fastest_wins_and_the_table_shows_both(make_config, monkeyp
     built = [c for c, _ in times.built]
     assert [x.label() for x in built] == t.shortlist
     warm = trials.WARMUP * len(built)
-    one_round = [c for c in built for _ in range(trials.STEPS)]
+    assert t.steps == trials.LONG_STEPS[0]  # a budget that pays for long rounds gets them
+    one_round = [c for c in built for _ in range(t.steps)]
     assert times.order[warm:] == one_round * t.rounds
     # nothing written to the run directory: each candidate ran in its own temporary directory
     assert all(not p.is_relative_to(cfg.run_dir) and not p.exists() for _, p in times.built)
@@ -157,7 +158,7 @@ def test_the_measured_fastest_wins_and_the_table_shows_both(make_config, monkeyp
     assert host_line.endswith("CHOSEN (measured fastest)")
     first = next(x for x in table if x.strip().startswith(before.chosen.label() + " "))
     assert first.endswith("measured slower (+4.00 ms/step)")
-    assert f"  trial: {t.rounds} rounds x 3 steps (+1 warm-up) of 4 placements" in d.table()
+    assert f"  trial: {t.rounds} rounds x {t.steps} steps (+1 warm-up) of 4 placements" in d.table()
     err = capsys.readouterr().err
     assert "--placement auto: measuring 4 placements on the run's first batches" in err
     assert f"  round {t.rounds}/{t.rounds}: " in err
@@ -252,7 +253,7 @@ def test_the_rounds_are_recounted_from_what_the_builds_took(make_config, monkeyp
     planned = Planner(predictor=predicted_planner(None).predictor, trials=runner)
     t = planned.plan(cfg, data, CPU, write=False).trial
     n, step_s = len(t.shortlist), 10.0 / 1e3
-    per_round = n * trials.STEPS * step_s
+    per_round = n * t.steps * step_s
     # builds that leave the budget 2.5 rounds after the warm-up: 2 rounds, not MAX_ROUNDS
     build = (t.budget_s - n * trials.WARMUP * step_s - 2.5 * per_round) / n
     slow = SlowBuilds(lambda c: 10.0, build)

@@ -233,8 +233,11 @@ def test_a_quick_configuration_reports_both_passes_and_the_verdicts(tmp_path):
         assert pas["chosen"] in c["candidates"] and p in c["candidates"][pas["chosen"]]["auto"]
         assert pas["calibration_s"] == 0.0  # --calibrate off
         assert {"trial_share", "calibration_share", "planning_s", "run_predicted_s"} <= set(pas)
-        # uncalibrated predictions: a close call, measured (its shortlist measured here too)
-        assert pas["trial"]["shortlist"] and pas["trial"]["winner"] == pas["chosen"]
+        # uncalibrated predictions: a close call, measured (its shortlist measured here too),
+        # unless building the candidates took the budget on a loaded machine (then it says so)
+        trial = pas["trial"]
+        assert trial["shortlist"] and trial["winner"] in (pas["chosen"], None), trial
+        assert trial["winner"] or trial["line"].endswith("budget: chose by prediction"), trial
         assert all(label in c["candidates"] for label in pas["trial"]["shortlist"])
         v = c["auto"][p]
         assert v["plain"] == "host" and isinstance(v["within_5pct_of_fastest"], bool)
