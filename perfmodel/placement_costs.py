@@ -354,11 +354,14 @@ def _staged(cfg, candidate: Candidate, sample, sizes: list[int], cold: str) -> P
                                 lambda: seen_rows(sample.profile.counts, sizes))  # fmt: skip
         # the tier file's layout as the run would write it: the blocks each miss falls in
         from dlrm.placement.tiered_setup import tier_layout
+        from embeddings.ssd.layout import count_levels
 
+        levels = memo.get(("count levels", tuple(sizes)),
+                          lambda: count_levels(sample.profile.counts))  # fmt: skip
         layout = memo.get(
             ("layout", cfg.scm.layout, dim, opt.kind, int(candidate.hot_budget),
              int(candidate.scm_cache)),
-            lambda: tier_layout(cfg.scm, sample.profile, plan, int(candidate.scm_cache)),
+            lambda: tier_layout(cfg.scm, sample.profile, plan, int(candidate.scm_cache), levels),
         )  # fmt: skip
         # the profile-ranked steady state: what the full cache keeps at least
         warm = warm_rows(ranked, hot_map, capacity, max(int(rows), 1024))

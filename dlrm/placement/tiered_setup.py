@@ -149,14 +149,15 @@ def _profile(profile_file: str | None, run_dir: Path) -> AccessProfile | None:
 
 
 def tier_layout(
-    scm: ScmConfig, profile: AccessProfile | None, plan, cache: int
+    scm: ScmConfig, profile: AccessProfile | None, plan, cache: int, levels=None
 ) -> RowLayout | None:
     """Where a new tier file puts each row: `--scm-layout profile` with a profile, the profile
     layout of the rows the plan leaves to the tier (embeddings/ssd/layout.py), at most
-    `layout_rows(cache)` of them; else row-id order (None)."""
+    `layout_rows(cache)` of them; else row-id order (None). `levels`: the profile's
+    `count_levels`, where a planner made them once for all its candidates."""
     if scm.layout != "profile" or profile is None:
         return None
-    return plan_layout(profile, plan, layout_rows(cache))
+    return plan_layout(profile, plan, layout_rows(cache), levels)
 
 
 def build_tiered(

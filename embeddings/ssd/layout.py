@@ -158,6 +158,16 @@ class RowLayout:
         return cls(placed, total_rows)
 
 
+_TOP_LEVEL = 1 << 16  # counts at or above it are one level
+
+
+def count_levels(counts: list[np.ndarray]) -> np.ndarray:
+    """[k] = the rows counted at least k times, k = 0 .. 2**16 (one pass over every row's count:
+    a planner weighing several layouts of one profile makes it once)."""
+    hist = sum(np.bincount(np.minimum(c, _TOP_LEVEL), minlength=_TOP_LEVEL + 1) for c in counts)
+    return np.cumsum(hist[::-1])[::-1]
+
+
 def profile_layout(
     counts: list[np.ndarray],
     sizes: list[int],
@@ -166,17 +176,18 @@ def profile_layout(
     sample_values: np.ndarray | None = None,
     min_count: int = 1,
     max_rows: int | None = None,
+    levels: np.ndarray | None = None,
 ) -> RowLayout:
     """The profile layout (module docstring) of tables `sizes` from an access profile's per-table
     `counts` and its kept inputs (`sample_lengths` [T, n], `sample_values` table-major); rows in
     `hot_rows` (sorted global ids: the device tier's) and rows counted under `min_count` times are
-    not placed, nor more than `max_rows` (the most counted kept)."""
+    not placed, nor more than `max_rows` (the most counted kept). `levels`: `count_levels(counts)`
+    where made already."""
     base = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
     if max_rows is not None:  # the count the placed rows need at least, found without
         # gathering every seen row (at Terabyte scale 16 bytes each, for rows left out)
-        top = 1 << 16
-        hist = sum(np.bincount(np.minimum(c, top), minlength=top + 1) for c in counts)
-        above = np.cumsum(hist[::-1])[::-1]  # rows counted at least k times, k = 0 .. top
+        top = _TOP_LEVEL
+        above = count_levels(counts) if levels is None else levels
         extra = 0 if hot_rows is None else int(hot_rows.size)
         fits = np.flatnonzero(above <= max_rows + extra)
         # the count whose rows overflow the budget is gathered too (sorted, then cut): the
@@ -210,16 +221,18 @@ def profile_layout(
     return RowLayout(placed[:max_rows], int(sum(sizes)))
 
 
-def plan_layout(profile, plan, max_rows: int | None = None) -> RowLayout:
+def plan_layout(
+    profile, plan, max_rows: int | None = None, levels: np.ndarray | None = None
+) -> RowLayout:
     """The profile layout of `plan`'s tables from `profile` (an AccessProfile), its device
-    tier's rows left out, at most `max_rows` placed."""
+    tier's rows left out, at most `max_rows` placed (`levels`: as `profile_layout`'s)."""
     sizes = [int(n) for n in profile.table_sizes]
     base = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
     device = plan.tier("device")
     hot = np.concatenate([device.held_ids(t).astype(np.int64) + base[t] for t in range(len(sizes))])
     return profile_layout(
         profile.counts, sizes, np.sort(hot), profile.sample_lengths, profile.sample_values,
-        max_rows=max_rows,
+        max_rows=max_rows, levels=levels,
     )  # fmt: skip
 
 

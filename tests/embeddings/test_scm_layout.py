@@ -11,7 +11,7 @@ import torch
 from embeddings.config import SparseOptimizer, TableSpec
 from embeddings.errors import ScmError
 from embeddings.ssd.file import BLOCK
-from embeddings.ssd.layout import LAYOUT_FILE, RowLayout, profile_layout
+from embeddings.ssd.layout import LAYOUT_FILE, RowLayout, count_levels, profile_layout
 from embeddings.ssd.tier import MANIFEST, ScmTier
 from perfmodel.row_cache_model import replay_row_cache
 
@@ -62,6 +62,10 @@ def test_a_capped_layout_is_the_uncapped_ones_head(max_rows):
     full = profile_layout(counts, [100_000] * 3, hot)
     capped = profile_layout(counts, [100_000] * 3, hot, max_rows=max_rows)
     assert np.array_equal(capped.placed, full.placed[:max_rows])
+    # the planner makes the count levels once for all its candidates' layouts: the same rows
+    levels = count_levels(counts)
+    again = profile_layout(counts, [100_000] * 3, hot, max_rows=max_rows, levels=levels)
+    assert np.array_equal(again.placed, capped.placed)
 
 
 def test_rows_round_trip_through_a_laid_out_tier_as_through_row_id_order(tmp_path):
