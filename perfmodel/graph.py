@@ -19,6 +19,7 @@ import atexit
 import copy
 import functools
 import hashlib
+import itertools
 import json
 import logging
 import shutil
@@ -133,8 +134,12 @@ def instantiate(template: dict, batch_size: int) -> list[dict]:
 
 def graph_key(cfg: TrainConfig) -> str:
     data = cfg.to_json()
+    # what a step's operators do not depend on; a profile file is of the data the key names
+    # (its settings and sample rate are in it): the planner's own, in each run's directory,
+    # would otherwise make every run capture FAE's step again
     for f in ("mini_batch_size", "out_dir", "perf_log", "progress", "num_batches", "data_size",
-              "test_data_size", "print_freq", "test_freq", "resume", "save_model", "keep_checkpoints"):  # fmt: skip
+              "test_data_size", "print_freq", "test_freq", "resume", "save_model",
+              "keep_checkpoints", "profile_file"):  # fmt: skip
         data.pop(f, None)
     data["_threads"] = torch.get_num_threads()
     data["_code"] = _step_code_fingerprint()
@@ -172,9 +177,9 @@ def capture_variants(trainer, batch_size: int, max_steps: int = 64) -> dict[str,
     all_hot = AllHotClassifier(trainer.placement.plan)
     found: dict[str, list[dict]] = {}
     seen: dict[str, int] = {}
-    batches = trainer.data.train.batches(0)
-    for _ in range(max_steps):
-        batch = next(batches).to(trainer.device)
+    # an epoch shorter than max_steps, or one kind only (every input hot, or none): what it has
+    for batch in itertools.islice(trainer.data.train.batches(0), max_steps):
+        batch = batch.to(trainer.device)
         kind = "hot" if bool(all_hot(batch.sparse_features).all()) else "cold"
         seen[kind] = seen.get(kind, 0) + 1
         if kind in found or seen[kind] <= 2:  # warm each kind up first

@@ -203,9 +203,10 @@ def step_time(
     source}. `memo`: the plan's (PlanMemo), where captured steps are kept for its candidates."""
     table_sizes = list(sizes if table_sizes is None else table_sizes)
     model = _fitted_model(cfg, sizes)
-    # the capture builds the step at batch 16, not the user's run: their memory limits are not its
+    # the capture builds the step at batch 16, not the user's run: their memory limits and its
+    # length are not its (an FAE capture looks for both kinds of batch in the whole epoch)
     base = cfg.replace(placement=placement, memory_limit=None, device_memory_limit=None,
-                       **(_UNPLACED if placement != "fae" else {}))  # fmt: skip
+                       num_batches=0, **(_UNPLACED if placement != "fae" else {}))  # fmt: skip
     proxy = _capturable(base, sizes) if model is not None else None
     if proxy is None:
         return roofline_step(cfg, table_sizes)
@@ -281,6 +282,15 @@ class PlacementCosts:
     def captured(self, cfg, sample, placement: str) -> Prediction:
         """`placement`'s step as captured (device, host, fae) and predicted whole."""
         sizes = [int(s) for s in sample.profile.table_sizes]
+        if placement == "fae" and not cfg.placing.profile_file:
+            # the profile the planner made (dlrm/placement/run_plan.py): an FAE capture over the
+            # same tables plans its hot set from it, as the run will, instead of profiling the
+            # epoch again at the capture's batch of 16 (6 s for the README's tables)
+            from dlrm.placement.run_plan import PROFILE_NAME
+
+            made = cfg.run_dir / PROFILE_NAME
+            if made.is_file():
+                cfg = cfg.replace(profile_file=str(made))
         step = step_time(cfg, sizes, placement, memo=getattr(sample, "memo", None))
         detail: dict[str, Any] = {"source": step["source"]}
         if placement == "fae":

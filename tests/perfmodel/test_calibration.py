@@ -217,6 +217,34 @@ def test_the_calibrated_predictor_tells_host_and_fae_apart(cache, monkeypatch):
     assert fae["hot_share"] > 0 and host["ms"] != fae["ms"], (host, fae)
 
 
+def test_an_fae_capture_of_a_short_run_reads_the_planners_profile(cache, monkeypatch, tmp_path):
+    """`--placement auto --num-batches 8`: the FAE capture looked for both kinds of batch in the
+    run's 8 (StopIteration: "no prediction"), and profiled the epoch again at batch 16 (6 s
+    per FAE candidate on the README's tables). Now it steps through the epoch and plans its hot
+    set from the profile the planner wrote in the run directory."""
+    from types import SimpleNamespace
+
+    from dlrm.data import build_data
+    from dlrm.placement import run_plan
+    from perfmodel import placement_costs as pc
+
+    cfg = config("--placement", "auto", "--hot-budget", "1MB", "--num-batches", "2",
+                 "--out-dir", str(tmp_path / "run"))  # fmt: skip
+    cfg.run_dir.mkdir(parents=True)
+    data = build_data(cfg)
+    names = data.feature_names
+    profile = run_plan.obtain_profile(cfg.placing, cfg.run_dir, names, SIZES, data.train)
+    assert (cfg.run_dir / run_plan.PROFILE_NAME).is_file()
+    profiled = []
+    real = run_plan.profile_training_sample
+    monkeypatch.setattr(run_plan, "profile_training_sample",
+                        lambda *a, **k: profiled.append(1) or real(*a, **k))  # fmt: skip
+    sample = SimpleNamespace(profile=profile, memo=None)
+    fae = pc.PlacementCosts().captured(cfg, sample, "fae")
+    assert fae.detail["source"] == "fitted model" and fae.detail["hot_input_share"] > 0
+    assert profiled == []  # the planner's profile, not a new one
+
+
 @pytest.mark.gpu
 def test_calibrates_on_cuda(tmp_path, monkeypatch):
     """Nothing CUDA-specific: the run's step, its GEMMs and the lookups are measured on the
