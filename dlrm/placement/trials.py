@@ -72,8 +72,9 @@ LONG_STEPS = (12, 6)  # per round where the budget pays for MAX_ROUNDS of them
 MIN_ROUNDS, MAX_ROUNDS = 2, 5
 # Building a candidate's run (dlrm/compose.py's `trial_contender`): a fixed part (the model, the
 # optimizer, the pipeline), its tables' bytes initialised in memory or written to the SSD tier,
-# and for FAE every lookup of the epoch classified hot or cold. Measured 1.0-1.2 GB/s and
-# 350M lookups/s on the 2-core EPYC (docs/measurements/planner.md); predicted at half that pace
+# and where the kind regroups the batches (FAE) every lookup of the epoch classified hot or
+# cold. Measured 1.0-1.2 GB/s and 350M lookups/s on the 2-core EPYC
+# (docs/measurements/planner.md); predicted at half that pace
 BUILD_FIXED_S = 0.05
 BUILD_S_PER_BYTE = 1.0 / 0.5e9
 SPLIT_S_PER_LOOKUP = 1.0 / 175e6
@@ -86,7 +87,7 @@ def too_short(steps: int) -> str:
 
 def estimated_build_s(w, lookups_per_epoch: int) -> float:
     """The predicted seconds to build candidate `w`'s run for the trial (BUILD_* above)."""
-    split = lookups_per_epoch * SPLIT_S_PER_LOOKUP if w.candidate.placement == "fae" else 0.0
+    split = lookups_per_epoch * SPLIT_S_PER_LOOKUP if w.candidate.kind.regroups_batches else 0.0
     written = w.needs.memory() + w.needs.on("disk")
     return BUILD_FIXED_S + written * BUILD_S_PER_BYTE + split
 
