@@ -214,10 +214,9 @@ def test_the_budget_counts_the_predicted_builds(make_config, monkeypatch, capsys
     )
 
 
-@pytest.mark.parametrize("together", [True, False])
-def test_builds_slower_than_predicted_stop_the_trial_within_its_budget(
-    make_config, monkeypatch, together
-):
+def _with_builds(make_config, monkeypatch, together: bool, build_s):
+    """(a plan whose candidates build free, a plan whose builds take `build_s(free trial)` each
+    on the clock, predicted free both times): steps of 10 ms, a budget of 100 shares."""
     fixed_room(monkeypatch, device=2 * MiB)
     monkeypatch.setattr(trials, "_fit_together", lambda *a: together)
     cfg = make_config(**BIG)
@@ -225,13 +224,21 @@ def test_builds_slower_than_predicted_stop_the_trial_within_its_budget(
     free = FakeTimes(lambda c: 10.0)
     runner = TrialRunner(free.measurer, free.clock, share=100.0, build_s=lambda w, n: 0.0)
     planned = Planner(predictor=predicted_planner(None).predictor, trials=runner)
-    d = planned.plan(cfg, data, CPU, write=False)
-    budget, n = d.trial.budget_s, len(d.trial.shortlist)
-    assert d.trial.rounds == trials.MAX_ROUNDS and n >= 3  # free builds: every round fits
-    # each build takes 0.6 of the budget: the trial stops, and the run chooses by prediction
-    slow = SlowBuilds(lambda c: 10.0, 0.6 * budget)
+    before = planned.plan(cfg, data, CPU, write=False)
+    slow = SlowBuilds(lambda c: 10.0, build_s(before.trial))
     runner = TrialRunner(slow.measurer, slow.clock, share=100.0, build_s=lambda w, n: 0.0)
-    d = Planner(predictor=planned.predictor, trials=runner).plan(cfg, data, CPU, write=False)
+    after = Planner(predictor=planned.predictor, trials=runner).plan(cfg, data, CPU, write=False)
+    return before, after, slow
+
+
+@pytest.mark.parametrize("together", [True, False])
+def test_builds_slower_than_predicted_stop_the_trial_within_its_budget(
+    make_config, monkeypatch, together
+):
+    # each build takes 0.6 of the budget: the trial stops, and the run chooses by prediction
+    before, d, slow = _with_builds(make_config, monkeypatch, together, lambda t: 0.6 * t.budget_s)
+    budget, n = before.trial.budget_s, len(before.trial.shortlist)
+    assert before.trial.rounds == trials.MAX_ROUNDS and n >= 3  # free builds: every round fits
     t = d.trial
     said = f"building the {n} placements took " if together else f"the first 1 of {n} placements"
     assert t.line.startswith(said), t.line
@@ -244,21 +251,11 @@ def test_builds_slower_than_predicted_stop_the_trial_within_its_budget(
 
 
 def test_the_rounds_are_recounted_from_what_the_builds_took(make_config, monkeypatch):
-    fixed_room(monkeypatch, device=2 * MiB)
-    monkeypatch.setattr(trials, "_fit_together", lambda *a: True)
-    cfg = make_config(**BIG)
-    data = build_data(cfg)
-    free = FakeTimes(lambda c: 10.0)
-    runner = TrialRunner(free.measurer, free.clock, share=100.0, build_s=lambda w, n: 0.0)
-    planned = Planner(predictor=predicted_planner(None).predictor, trials=runner)
-    t = planned.plan(cfg, data, CPU, write=False).trial
-    n, step_s = len(t.shortlist), 10.0 / 1e3
-    per_round = n * t.steps * step_s
-    # builds that leave the budget 2.5 rounds after the warm-up: 2 rounds, not MAX_ROUNDS
-    build = (t.budget_s - n * trials.WARMUP * step_s - 2.5 * per_round) / n
-    slow = SlowBuilds(lambda c: 10.0, build)
-    runner = TrialRunner(slow.measurer, slow.clock, share=100.0, build_s=lambda w, n: 0.0)
-    d = Planner(predictor=planned.predictor, trials=runner).plan(cfg, data, CPU, write=False)
+    def build(t):  # builds that leave the budget 2.5 rounds after the warm-up
+        n, step_s = len(t.shortlist), 10.0 / 1e3
+        return (t.budget_s - n * trials.WARMUP * step_s - 2.5 * n * t.steps * step_s) / n
+
+    _, d, _ = _with_builds(make_config, monkeypatch, True, build)
     assert d.trial.rounds == 2 and all(len(v) == 2 for v in d.trial.measured.values())
     assert d.trial.cost_s <= d.trial.budget_s and d.trial.winner is not None
 
