@@ -22,10 +22,16 @@ LAUNCH_DIR_ENV = "HYBRID_DLRM_LAUNCH_DIR"
 FAILED = "failed"
 
 
+def _shared() -> str | None:
+    """The launcher's directory, for a rank it started (LOCAL_RANK set): a command run outside
+    a launcher with the variable left in its environment speaks for itself."""
+    return os.environ.get(LAUNCH_DIR_ENV) if "LOCAL_RANK" in os.environ else None
+
+
 def first_to_fail() -> bool:
     """Record that this rank fails; True where it is the rank (of those sharing a launcher's
     directory) that should say why."""
-    where = os.environ.get(LAUNCH_DIR_ENV)
+    where = _shared()
     if not where:
         return os.environ.get("LOCAL_RANK", "0") == "0"
     try:
@@ -40,5 +46,5 @@ def first_to_fail() -> bool:
 def another_failed() -> bool:
     """A rank sharing this launcher's directory failed: a signal now is the launcher stopping the
     rest, which the failing rank and the launcher report."""
-    where = os.environ.get(LAUNCH_DIR_ENV)
+    where = _shared()
     return bool(where) and os.path.exists(os.path.join(where, FAILED))

@@ -107,7 +107,7 @@ def test_a_rank_the_launcher_stops_while_starting_after_another_failed_says_noth
         "import os, signal, sys, time\n"
         "sys.argv[0] = '-m'; sys.orig_argv = [sys.executable, '-m', 'dlrm.train']\n"
         "from hybrid_dlrm.common import endings, ranks\n"
-        f"os.environ[ranks.LAUNCH_DIR_ENV] = {str(tmp_path)!r}\n"
+        f"os.environ[ranks.LAUNCH_DIR_ENV] = {str(tmp_path)!r}; os.environ['LOCAL_RANK'] = '1'\n"
         "endings.while_starting()\n"
         "print(ranks.first_to_fail(), ranks.first_to_fail(), flush=True)\n"
         "os.kill(os.getpid(), signal.SIGTERM); time.sleep(5)\n"
@@ -135,3 +135,14 @@ def test_an_interrupt_handled_is_not_reported_again_by_python_at_exit():
         "sys.exit(endings.run(body))\n"
     )
     assert (done.returncode, done.stderr) == (130, "\ninterrupted\n")
+
+
+def test_the_launchers_directory_counts_only_for_the_ranks_it_started(tmp_path, monkeypatch):
+    """A command run outside a launcher, the variable left in its environment, speaks for
+    itself; a rank (LOCAL_RANK set) defers to the first that failed."""
+    (tmp_path / ranks.FAILED).touch()
+    monkeypatch.setenv(ranks.LAUNCH_DIR_ENV, str(tmp_path))
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    assert ranks.first_to_fail() and not ranks.another_failed()
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert not ranks.first_to_fail() and ranks.another_failed()
