@@ -4,6 +4,7 @@ against a block cache, and a Terabyte-sized table set.
     python scripts/bench_scm.py disk     --dir /tmp/scm-bench   # random 4 KiB reads, QD 1..64
     python scripts/bench_scm.py kaggle   --dir /tmp/scm-bench   # tiered vs device, interleaved
     python scripts/bench_scm.py contention --dir /tmp/scm-bench # the step's wait on the tier
+    python scripts/bench_scm.py threads  --dir /tmp/scm-bench   # CPU per thread per step
     python scripts/bench_scm.py switch   --dir /tmp/scm-bench   # GIL switch interval, 5 vs 0.2 ms
     python scripts/bench_scm.py caches   --dir /tmp/scm-bench   # row vs block cache, equal bytes
     python scripts/bench_scm.py layout   --dir /tmp/scm-bench   # the file's layout: blocks read
@@ -593,6 +594,113 @@ def bench_contention(args) -> dict:
     return out
 
 
+# --- 2d. the CPU per thread per step, and the step thread's share in the tier -------------------
+
+
+# the tier's code, as a profile of the step thread names it: (file, function) -> the part it is
+_TIER_PARTS = {
+    ("collection.py", "_send_home"): "write-back (hand-over)",
+    ("collection.py", "_renew"): "refresh of staged rows",
+    ("collection.py", "_load"): "load into the staging slots (all of it)",
+    ("tier.py", "write_rows"): "tier.write_rows",
+    ("tier.py", "_store_queued"): "store queued writes (cache, evictions)",
+    ("tier.py", "read_rows"): "tier.read_rows (cache lookups, file reads)",
+    ("tier.py", "_write_file"): "evicted rows written to the file",
+    ("tier.py", "flush"): "flush (checkpoint)",
+    ("tier.py", "_check"): "tier._check",
+    ("writes.py", "put"): "write queue put",
+}
+
+
+def _step_profile(stats) -> dict:
+    """Cumulative seconds of each tier part in a cProfile of the step thread."""
+    out: dict[str, float] = {}
+    for (file, _line, fn), (_cc, _nc, _tt, ct, _callers) in stats.stats.items():
+        part = _TIER_PARTS.get((Path(file).name, fn))
+        if part is not None and ("embeddings/" in file):
+            out[part] = out.get(part, 0.0) + ct
+    return out
+
+
+def bench_threads(args) -> dict:
+    """The contention case's tables (26 of `--ct-rows` rows, dim 16, SGD; `--ct-hot` hot rows,
+    a `--ct-cache` row cache, every block written first), so each staging misses, evicts and
+    writes dirty rows back: `--rounds` rounds of `--round-steps` steps after `--warmup-steps`,
+    each counted by thread (hybrid_dlrm/common/thread_cpu.py: /proc/self/task/*/stat), then one
+    more round with a deterministic profile (cProfile) of the step thread only, to attribute the
+    step thread's CPU in the tier's code."""
+    import cProfile
+    import pstats
+
+    from hybrid_dlrm.common.thread_cpu import ThreadCpu, per_step_ms
+
+    sizes = (args.ct_rows,) * 26
+    d = Path(args.dir) / "threads"
+    base = kaggle_base(args).replace(
+        arch_embedding_size=sizes, out_dir=str(d / "base"),
+        data_size=2048 * (args.warmup_steps + (args.rounds + 1) * args.round_steps + 8),
+    )  # fmt: skip
+    profile = d / "profile.npz"
+    d.mkdir(parents=True, exist_ok=True)
+    make_profile(base, args.ct_profile_samples, profile)
+    cfg = base.replace(
+        placement="tiered", hot_budget=args.ct_hot, scm_cache=args.ct_cache,
+        scm_dir=str(d / "scm"), scm_io=args.scm_io, scm_io_threads=args.io_threads,
+        scm_io_engine=args.io_engine, profile_file=str(profile), out_dir=str(d / "tiered"),
+    )  # fmt: skip
+    trainer = Trainer(cfg, checkpoints=False)
+    coll = trainer.model.embeddings
+    tier = coll.store.tier
+    filled = tier.fill()
+    stream = trainer.data.train.batches(0, 0)
+    for _ in range(args.warmup_steps):
+        trainer.pipeline.progress(stream)
+    c0 = coll.counters()
+    rounds = []
+    for r in range(args.rounds):
+        counter = ThreadCpu().start()
+        for _ in range(args.round_steps):
+            trainer.pipeline.progress(stream)
+        rounds.append(per_step_ms(counter.stop(), args.round_steps))
+        print(f"threads round {r}: {json.dumps(rounds[-1])}", file=sys.stderr)
+    c = coll.counters()
+    n = args.rounds * args.round_steps
+    keys = ("scm_cache_misses", "scm_cache_evictions", "scm_rows_read", "scm_rows_written",
+            "scm_rows_from_recent_writes", "cold_rows_per_batch")  # fmt: skip
+    counts = {k: round((c[k] - c0[k]) / n, 1) for k in keys if k != "cold_rows_per_batch"}
+    prof = cProfile.Profile(time.thread_time)  # the calling thread only, its CPU time
+    cpu0 = time.thread_time()
+    prof.enable()
+    for _ in range(args.round_steps):
+        trainer.pipeline.progress(stream)
+    prof.disable()
+    step_cpu = time.thread_time() - cpu0
+    parts = _step_profile(pstats.Stats(prof))
+    groups = sorted({g for r in rounds for g in r})
+    out = {
+        "setup": {**_setup(), "tables": 26, "rows_per_table": args.ct_rows, "dim": 16,
+                  "optimizer": "sgd", "hot_budget": args.ct_hot, "scm_cache": args.ct_cache,
+                  "blocks_filled": filled, "rounds": args.rounds, "round_steps": args.round_steps,
+                  "warmup_steps": args.warmup_steps, "scm_io": args.scm_io,
+                  "io_engine": tier.file.engine, "torch_threads": torch.get_num_threads()},
+        "cpu_ms_per_step_median": {
+            g: round(float(np.median([r.get(g, 0.0) for r in rounds])), 2) for g in groups
+        },
+        "cpu_ms_per_step_per_round": rounds,
+        "tier_per_step": counts,
+        "step_thread_profiled": {
+            "cpu_ms_per_step_under_cprofile": round(1e3 * step_cpu / args.round_steps, 2),
+            "tier_parts_ms_per_step": {
+                k: round(1e3 * v / args.round_steps, 3) for k, v in sorted(parts.items())
+            },
+        },
+        "load_after": load_average(),
+    }  # fmt: skip
+    del trainer, coll, tier
+    gc.collect()
+    return out
+
+
 # --- 2c. the GIL switch interval outside the tier's I/O --------------------------------------------
 
 
@@ -851,7 +959,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "what",
         nargs="+",
-        choices=["disk", "kaggle", "contention", "switch", "caches", "layout", "terabyte", "serve"],
+        choices=[
+            "disk",
+            "kaggle",
+            "contention",
+            "threads",
+            "switch",
+            "caches",
+            "layout",
+            "terabyte",
+            "serve",
+        ],
     )
     p.add_argument("--dir", default="/tmp/scm-bench", help="the tier's files (deleted at the end)")
     p.add_argument("--keep", action="store_true", help="keep --dir")
@@ -901,6 +1019,7 @@ def main(argv: list[str] | None = None) -> int:
         for what in args.what:
             report[what] = {"disk": bench_disk, "kaggle": bench_kaggle, "caches": bench_caches,
                             "contention": bench_contention, "serve": bench_serve,
+                            "threads": bench_threads,
                             "switch": bench_switch, "layout": bench_layout,
                             "terabyte": bench_terabyte}[what](args)  # fmt: skip
             print(json.dumps({what: report[what]}), file=sys.stderr)
