@@ -25,6 +25,7 @@ class StagedRows:
     version: int  # write-backs the store had received when the read began
     seconds: float = 0.0  # the staging's own time
     ready: torch.cuda.Event | None = None  # CUDA: recorded on the side stream after the copies
+    renewed: int = 0  # rows read again on the worker since (`renewal`), not counted yet
 
     @property
     def rows(self) -> int:
