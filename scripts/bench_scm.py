@@ -25,7 +25,14 @@ cache (O_DIRECT) unless `--scm-io buffered`.
   inputs neither trains on; then `--rounds` rounds of `--round-steps` steps of each, alternated
   (medians and spreads of samples/s), then both evaluated on the same test set (same AUC: the
   same computation). The tier's counters (hit rate, read amplification, I/O latency, queue
-  depth, exposed I/O per step) and the DRAM the tier's bookkeeping takes are reported.
+  depth, exposed I/O per step), the CPU ms per step by thread of each run, and the DRAM the
+  tier's bookkeeping takes are reported.
+- `threads`: the `contention` tables (`--ct-*`), every block written, so each staging misses,
+  evicts and writes dirty rows back: CPU ms per step by thread (hybrid_dlrm/common/thread_cpu.py:
+  `step` the main thread, `hotline` the staging worker, `scm-io` the thread engine's I/O
+  threads, `native:<name>` torch's intra-op pool, `process` all), over `--rounds` rounds of
+  `--round-steps` steps, then a cProfile (thread CPU time) of the step thread: its ms per step
+  in each part of the tier's code.
 - `caches`: the cold rows of `--cache-steps` Kaggle mini-batches (the rows the tiered run's SSD
   tier serves) through a row cache and an LRU 4 KiB block cache of the same bytes: hit rates and
   read amplification (bytes read / bytes of rows used), with the ids as generated (row 0 the
@@ -73,6 +80,7 @@ from embeddings.ssd.aio import PREAD, Aio  # noqa: E402
 from embeddings.ssd.cache import BlockCache, RowCache  # noqa: E402
 from embeddings.ssd.collection import profile_priority  # noqa: E402
 from embeddings.ssd.file import BLOCK, PAYLOAD, aligned_blocks  # noqa: E402
+from hybrid_dlrm.common.thread_cpu import ThreadCpu, per_step_ms  # noqa: E402
 
 
 def _rss_gb() -> float:
@@ -240,6 +248,7 @@ def bench_kaggle(args) -> dict:
     streams = {k: t.data.train.batches(0, 0) for k, t in runs.items()}
     rates: dict[str, list[float]] = {k: [] for k in runs}
     cpu_ms: dict[str, list[float]] = {k: [] for k in runs}  # the process's CPU per step
+    thread_ms: dict[str, list[dict]] = {k: [] for k in runs}  # and by thread
     loads: list[float] = []  # 1-minute load average after each round
     steps = 0
     batch = base.mini_batch_size
@@ -255,10 +264,12 @@ def bench_kaggle(args) -> dict:
     for r in range(args.rounds):
         for name, t in runs.items():
             t1, c1 = time.perf_counter(), time.process_time()
+            counter = ThreadCpu().start()
             for _ in range(args.round_steps):
                 t.pipeline.progress(streams[name])
             rates[name].append(args.round_steps * batch / (time.perf_counter() - t1))
             cpu_ms[name].append((time.process_time() - c1) / args.round_steps * 1e3)
+            thread_ms[name].append(per_step_ms(counter.stop(), args.round_steps))
         loads.append(load_average()[0])
         steps += args.round_steps
         print(
@@ -288,6 +299,7 @@ def bench_kaggle(args) -> dict:
         "samples_per_s": {k: [round(x) for x in v] for k, v in rates.items()},
         "samples_per_s_median": {k: round(float(np.median(v))) for k, v in rates.items()},
         "process_cpu_ms_per_step": {k: [round(x, 1) for x in v] for k, v in cpu_ms.items()},
+        "thread_cpu_ms_per_step_median": {k: _median_groups(v) for k, v in thread_ms.items()},
         "load_after_each_round": loads,
         "tiered_over_device_per_round": [round(x, 3) for x in ratio],
         "tiered_over_device_median": round(float(np.median(ratio)), 3),
@@ -602,6 +614,7 @@ _TIER_PARTS = {
     ("collection.py", "_send_home"): "write-back (hand-over)",
     ("collection.py", "_renew"): "refresh of staged rows",
     ("collection.py", "_load"): "load into the staging slots (all of it)",
+    ("collection.py", "_renew_from_store"): "renewal of a staging from the tier",
     ("tier.py", "write_rows"): "tier.write_rows",
     ("tier.py", "_store_queued"): "store queued writes (cache, evictions)",
     ("tier.py", "read_rows"): "tier.read_rows (cache lookups, file reads)",
@@ -613,13 +626,21 @@ _TIER_PARTS = {
 
 
 def _step_profile(stats) -> dict:
-    """Cumulative seconds of each tier part in a cProfile of the step thread."""
-    out: dict[str, float] = {}
+    """Cumulative seconds of each tier part in a cProfile of the step thread (0: never called
+    there)."""
+    out = dict.fromkeys(_TIER_PARTS.values(), 0.0)
     for (file, _line, fn), (_cc, _nc, _tt, ct, _callers) in stats.stats.items():
         part = _TIER_PARTS.get((Path(file).name, fn))
         if part is not None and ("embeddings/" in file):
             out[part] = out.get(part, 0.0) + ct
     return out
+
+
+def _median_groups(rounds: list[dict]) -> dict[str, float]:
+    """Per thread group (`step`, `hotline`, `native:...`, `process`) the median over rounds of
+    CPU ms per step."""
+    groups = sorted({g for r in rounds for g in r})
+    return {g: round(float(np.median([r.get(g, 0.0) for r in rounds])), 2) for g in groups}
 
 
 def bench_threads(args) -> dict:
@@ -631,8 +652,6 @@ def bench_threads(args) -> dict:
     step thread's CPU in the tier's code."""
     import cProfile
     import pstats
-
-    from hybrid_dlrm.common.thread_cpu import ThreadCpu, per_step_ms
 
     sizes = (args.ct_rows,) * 26
     d = Path(args.dir) / "threads"
@@ -665,9 +684,9 @@ def bench_threads(args) -> dict:
         print(f"threads round {r}: {json.dumps(rounds[-1])}", file=sys.stderr)
     c = coll.counters()
     n = args.rounds * args.round_steps
-    keys = ("scm_cache_misses", "scm_cache_evictions", "scm_rows_read", "scm_rows_written",
-            "scm_rows_from_recent_writes", "cold_rows_per_batch")  # fmt: skip
-    counts = {k: round((c[k] - c0[k]) / n, 1) for k in keys if k != "cold_rows_per_batch"}
+    keys = ("scm_cache_misses", "scm_cache_evictions", "scm_rows_read", "scm_rows_initial",
+            "scm_rows_written", "scm_rows_from_recent_writes")  # fmt: skip
+    counts = {k: round((c[k] - c0[k]) / n, 1) for k in keys}
     prof = cProfile.Profile(time.thread_time)  # the calling thread only, its CPU time
     cpu0 = time.thread_time()
     prof.enable()
@@ -676,16 +695,13 @@ def bench_threads(args) -> dict:
     prof.disable()
     step_cpu = time.thread_time() - cpu0
     parts = _step_profile(pstats.Stats(prof))
-    groups = sorted({g for r in rounds for g in r})
     out = {
         "setup": {**_setup(), "tables": 26, "rows_per_table": args.ct_rows, "dim": 16,
                   "optimizer": "sgd", "hot_budget": args.ct_hot, "scm_cache": args.ct_cache,
                   "blocks_filled": filled, "rounds": args.rounds, "round_steps": args.round_steps,
                   "warmup_steps": args.warmup_steps, "scm_io": args.scm_io,
                   "io_engine": tier.file.engine, "torch_threads": torch.get_num_threads()},
-        "cpu_ms_per_step_median": {
-            g: round(float(np.median([r.get(g, 0.0) for r in rounds])), 2) for g in groups
-        },
+        "cpu_ms_per_step_median": _median_groups(rounds),
         "cpu_ms_per_step_per_round": rounds,
         "tier_per_step": counts,
         "step_thread_profiled": {

@@ -247,9 +247,16 @@ class StagedEmbeddingBagCollection(EmbeddingCollection):
             return None
         complete = bool(self._writebacks) and since + 1 >= self._writebacks[0][0]
         log = [g for v, g in self._writebacks if since < v] if complete else None
+        # the rows in the slots now go home next, before the staging is loaded: the worker also
+        # finds which staged rows they are, which `using` then copies from the slots
+        upcoming = self._in_slots[0] if self._in_slots is not None else None
 
         def renew(staged: StagedRows) -> None:
             self._renew_from_store(staged, version, log)
+            if upcoming is not None and upcoming.numel() and staged.rows:
+                at = torch.searchsorted(upcoming, staged.gids).clamp(max=upcoming.numel() - 1)
+                dst = torch.nonzero(upcoming[at] == staged.gids).squeeze(1)
+                staged.overlap = (upcoming, dst, at[dst])
 
         return renew
 
@@ -302,10 +309,15 @@ class StagedEmbeddingBagCollection(EmbeddingCollection):
         newest = self.version if prev is None else self.version - 1  # older write-backs
         from_device = torch.zeros(staged.rows, dtype=torch.bool)
         if prev is not None and prev[0].numel():  # the newest copies of all: still in the slots
-            at = torch.searchsorted(prev[0], staged.gids).clamp(max=prev[0].numel() - 1)
-            from_device = prev[0][at] == staged.gids
-            dst = torch.nonzero(from_device).squeeze(1)
-            src = prev[1][at[dst].to(self.device)]
+            if staged.overlap is not None and staged.overlap[0] is prev[0]:  # found by the worker
+                dst, at = staged.overlap[1], staged.overlap[2]
+                from_device[dst] = True
+            else:
+                at = torch.searchsorted(prev[0], staged.gids).clamp(max=prev[0].numel() - 1)
+                from_device = prev[0][at] == staged.gids
+                dst = torch.nonzero(from_device).squeeze(1)
+                at = at[dst]
+            src = prev[1][at.to(self.device)]
             dst = dst.to(self.device)
             staged.weight[dst] = self.device_tier.weight[src]
             if self.device_tier.state is not None:

@@ -32,6 +32,14 @@ def _record(monkeypatch, calls: list) -> None:
         calls.append((f"renewed rows {staged.renewed - before > 0}", None))
 
     monkeypatch.setattr(StagedEmbeddingBagCollection, "_renew_from_store", renewing)
+    load_renew = StagedEmbeddingBagCollection._renew
+
+    def loading(self, staged, prev):
+        found = staged.overlap is not None and prev is not None and staged.overlap[0] is prev[0]
+        calls.append((f"overlap found by the worker {found}", None))
+        return load_renew(self, staged, prev)
+
+    monkeypatch.setattr(StagedEmbeddingBagCollection, "_renew", loading)
     for name in ("read_rows", "_store", "_write_file", "_read_file", "write_rows"):
         original = getattr(ScmTier, name)
 
@@ -65,6 +73,8 @@ def test_the_step_thread_only_hands_rows_over_and_trains_like_the_device(
     assert {"read_rows", "_store", "_write_file", "_read_file", "renewed"} <= on_worker
     # stagings read before the write-back before their step were renewed (on the worker)
     assert ("renewed rows True", None) in calls
+    # and the staged rows the step before updated were found by the worker, copied by the step
+    assert ("overlap found by the worker True", None) in calls
     c = coll.counters()
     assert c["scm_cache_evictions"] > 0 and c["scm_rows_read"] > 0  # the file was really used
     same_tables(device, tiered)
