@@ -666,6 +666,7 @@ def bench_threads(args) -> dict:
         placement="tiered", hot_budget=args.ct_hot, scm_cache=args.ct_cache,
         scm_dir=str(d / "scm"), scm_io=args.scm_io, scm_io_threads=args.io_threads,
         scm_io_engine=args.io_engine, profile_file=str(profile), out_dir=str(d / "tiered"),
+        threads=args.torch_threads,
     )  # fmt: skip
     trainer = Trainer(cfg, checkpoints=False)
     coll = trainer.model.embeddings
@@ -1017,6 +1018,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ct-hot", default="16MB", help="contention: hot budget")
     p.add_argument("--ct-cache", default="16MB", help="contention: row cache")
     p.add_argument("--ct-profile-samples", type=int, default=200_000)
+    p.add_argument(
+        "--torch-threads", type=int, default=0,
+        help="threads: torch's threads (0: the trainer's auto; 1: no intra-op pool, whose spin "
+        "waits on a busy machine swamp the counts)",
+    )  # fmt: skip
     p.add_argument("--serve-cache", default="64MB", help="serve: the tier's row cache")
     p.add_argument("--serve-requests", type=int, default=300, help="serve: timed per phase")
     p.add_argument("--serve-warm", type=int, default=3000, help="serve: requests before warm")
