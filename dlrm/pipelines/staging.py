@@ -87,20 +87,22 @@ class HotlineTrainPipeline(PlainTrainPipeline):
 
     # --- the queue of staged mini-batches ---------------------------------------------------------
 
-    def _prepare(self, item: _Pending) -> None:
-        """Classify and stage one mini-batch (on the worker, or inline without prefetch)."""
+    def _prepare(self, item: _Pending, staged: Future, version: int) -> None:
+        """Classify and stage one mini-batch (on the worker, or inline without prefetch). The
+        future and version are the ones given at submission: a renewal may have replaced the
+        item's (`_renew`) before the worker got here."""
         try:
             inputs = item.batch.labels.numel()
-            item.staged.set_result(self.coll.stage(item.features, inputs, item.version))
+            staged.set_result(self.coll.stage(item.features, inputs, version))
         except BaseException as e:  # the step re-raises it
-            item.staged.set_exception(e)
+            staged.set_exception(e)
 
     def _submit(self, item: _Pending) -> None:
         item.version, item.staged = self.coll.version, Future()
         if self._pool is not None:
-            self._pool.submit(self._prepare, item)
+            self._pool.submit(self._prepare, item, item.staged, item.version)
         else:
-            self._prepare(item)
+            self._prepare(item, item.staged, item.version)
 
     def _fill(self) -> None:
         """The next mini-batches from the loader, queued; their stagings are submitted by the

@@ -114,3 +114,50 @@ def test_the_thread_counter_sees_a_named_thread_burn_cpu():
     assert seen == sorted(seen) and seen[-1] > 0
     assert spent["burner"] > 0 and spent["process"] >= spent["burner"]
     assert "step" in spent  # the main thread, counted apart
+
+
+def test_a_staging_renewed_before_the_worker_reached_it_completes_and_trains_like_the_device(
+    make_config, tmp_path
+):
+    """The worker has not reached a staging yet when the step asks for its renewal (two
+    mini-batches staged ahead, the worker held inside the staging before it): the staging
+    completes the future it was submitted with, the renewal runs after it, nothing waits
+    forever, and the run is bit-identical to the device placement."""
+    common = dict(data_size=64 * 8, optimizer="adagrad", learning_rate=0.1)
+    device = Trainer(make_config(**common, **DEVICE, out_dir=str(tmp_path / "device")))
+    tiered = Trainer(
+        make_config(**common, **TIERED, hotline_prefetch=2, out_dir=str(tmp_path / "tiered"))
+    )
+    coll = tiered.model.embeddings
+    asked, stagings, renewals = threading.Event(), [], []
+    stage, renewal = coll.stage, coll.renewal
+
+    def held_stage(*a, **kw):  # the third staging (batch 2) waits for two renewals (of 2 and 3)
+        stagings.append(1)
+        if len(stagings) == 3:
+            asked.wait(timeout=60)  # a guard against hanging, not a timing
+        return stage(*a, **kw)
+
+    def asking(since):
+        out = renewal(since)
+        renewals.append(out is not None)
+        if len(renewals) == 2:
+            asked.set()
+        return out
+
+    coll.stage, coll.renewal = held_stage, asking
+    streams = [t.data.train.batches(0, 0) for t in (device, tiered)]
+
+    def train():
+        for _ in range(6):
+            tiered.pipeline.progress(streams[1])
+        tiered.pipeline.settle()
+
+    t = threading.Thread(target=train, daemon=True)
+    t.start()
+    for _ in range(6):
+        device.pipeline.progress(streams[0])
+    t.join(timeout=300)
+    assert not t.is_alive(), "the staging pipeline waits forever"
+    assert renewals[:2] == [True, True] and len(stagings) >= 6
+    same_tables(device, tiered)
