@@ -47,6 +47,14 @@ class RowStore(ABC):
         self, ids: torch.Tensor, weights: torch.Tensor, state: torch.Tensor | None
     ) -> None: ...
 
+    def give_rows(
+        self, ids: torch.Tensor, weights: torch.Tensor, state: torch.Tensor | None
+    ) -> None:
+        """`write_rows` of tensors the caller gives up (it never touches them again): a store
+        may keep them without a copy and store them later, off the caller's thread, as long as
+        every later read sees them (the SSD tier's write queue). By default: `write_rows`."""
+        self.write_rows(ids, weights, state)
+
     def peek_rows(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`read_rows` for exports: no side effect on what the store keeps close (its caches)."""
         return self.read_rows(ids)

@@ -4,6 +4,7 @@ against a block cache, and a Terabyte-sized table set.
     python scripts/bench_scm.py disk     --dir /tmp/scm-bench   # random 4 KiB reads, QD 1..64
     python scripts/bench_scm.py kaggle   --dir /tmp/scm-bench   # tiered vs device, interleaved
     python scripts/bench_scm.py contention --dir /tmp/scm-bench # the step's wait on the tier
+    python scripts/bench_scm.py threads  --dir /tmp/scm-bench   # CPU per thread per step
     python scripts/bench_scm.py switch   --dir /tmp/scm-bench   # GIL switch interval, 5 vs 0.2 ms
     python scripts/bench_scm.py caches   --dir /tmp/scm-bench   # row vs block cache, equal bytes
     python scripts/bench_scm.py layout   --dir /tmp/scm-bench   # the file's layout: blocks read
@@ -24,7 +25,14 @@ cache (O_DIRECT) unless `--scm-io buffered`.
   inputs neither trains on; then `--rounds` rounds of `--round-steps` steps of each, alternated
   (medians and spreads of samples/s), then both evaluated on the same test set (same AUC: the
   same computation). The tier's counters (hit rate, read amplification, I/O latency, queue
-  depth, exposed I/O per step) and the DRAM the tier's bookkeeping takes are reported.
+  depth, exposed I/O per step), the CPU ms per step by thread of each run, and the DRAM the
+  tier's bookkeeping takes are reported.
+- `threads`: the `contention` tables (`--ct-*`), every block written, so each staging misses,
+  evicts and writes dirty rows back: CPU ms per step by thread (hybrid_dlrm/common/thread_cpu.py:
+  `step` the main thread, `hotline` the staging worker, `scm-io` the thread engine's I/O
+  threads, `native:<name>` torch's intra-op pool, `process` all), over `--rounds` rounds of
+  `--round-steps` steps, then a cProfile (thread CPU time) of the step thread: its ms per step
+  in each part of the tier's code.
 - `caches`: the cold rows of `--cache-steps` Kaggle mini-batches (the rows the tiered run's SSD
   tier serves) through a row cache and an LRU 4 KiB block cache of the same bytes: hit rates and
   read amplification (bytes read / bytes of rows used), with the ids as generated (row 0 the
@@ -72,6 +80,7 @@ from embeddings.ssd.aio import PREAD, Aio  # noqa: E402
 from embeddings.ssd.cache import BlockCache, RowCache  # noqa: E402
 from embeddings.ssd.collection import profile_priority  # noqa: E402
 from embeddings.ssd.file import BLOCK, PAYLOAD, aligned_blocks  # noqa: E402
+from hybrid_dlrm.common.thread_cpu import ThreadCpu, per_step_ms  # noqa: E402
 
 
 def _rss_gb() -> float:
@@ -239,6 +248,7 @@ def bench_kaggle(args) -> dict:
     streams = {k: t.data.train.batches(0, 0) for k, t in runs.items()}
     rates: dict[str, list[float]] = {k: [] for k in runs}
     cpu_ms: dict[str, list[float]] = {k: [] for k in runs}  # the process's CPU per step
+    thread_ms: dict[str, list[dict]] = {k: [] for k in runs}  # and by thread
     loads: list[float] = []  # 1-minute load average after each round
     steps = 0
     batch = base.mini_batch_size
@@ -254,10 +264,12 @@ def bench_kaggle(args) -> dict:
     for r in range(args.rounds):
         for name, t in runs.items():
             t1, c1 = time.perf_counter(), time.process_time()
+            counter = ThreadCpu().start()
             for _ in range(args.round_steps):
                 t.pipeline.progress(streams[name])
             rates[name].append(args.round_steps * batch / (time.perf_counter() - t1))
             cpu_ms[name].append((time.process_time() - c1) / args.round_steps * 1e3)
+            thread_ms[name].append(per_step_ms(counter.stop(), args.round_steps))
         loads.append(load_average()[0])
         steps += args.round_steps
         print(
@@ -287,6 +299,7 @@ def bench_kaggle(args) -> dict:
         "samples_per_s": {k: [round(x) for x in v] for k, v in rates.items()},
         "samples_per_s_median": {k: round(float(np.median(v))) for k, v in rates.items()},
         "process_cpu_ms_per_step": {k: [round(x, 1) for x in v] for k, v in cpu_ms.items()},
+        "thread_cpu_ms_per_step_median": {k: _median_groups(v) for k, v in thread_ms.items()},
         "load_after_each_round": loads,
         "tiered_over_device_per_round": [round(x, 3) for x in ratio],
         "tiered_over_device_median": round(float(np.median(ratio)), 3),
@@ -593,6 +606,118 @@ def bench_contention(args) -> dict:
     return out
 
 
+# --- 2d. the CPU per thread per step, and the step thread's share in the tier -------------------
+
+
+# the tier's code, as a profile of the step thread names it: (file, function) -> the part it is
+_TIER_PARTS = {
+    ("collection.py", "_send_home"): "write-back (hand-over)",
+    ("collection.py", "_renew"): "refresh of staged rows",
+    ("collection.py", "_load"): "load into the staging slots (all of it)",
+    ("collection.py", "_renew_from_store"): "renewal of a staging from the tier",
+    ("tier.py", "write_rows"): "tier.write_rows",
+    ("tier.py", "_store_queued"): "store queued writes (cache, evictions)",
+    ("tier.py", "read_rows"): "tier.read_rows (cache lookups, file reads)",
+    ("tier.py", "_write_file"): "evicted rows written to the file",
+    ("tier.py", "flush"): "flush (checkpoint)",
+    ("tier.py", "_check"): "tier._check",
+    ("writes.py", "put"): "write queue put",
+}
+
+
+def _step_profile(stats) -> dict:
+    """Cumulative seconds of each tier part in a cProfile of the step thread (0: never called
+    there)."""
+    out = dict.fromkeys(_TIER_PARTS.values(), 0.0)
+    for (file, _line, fn), (_cc, _nc, _tt, ct, _callers) in stats.stats.items():
+        part = _TIER_PARTS.get((Path(file).name, fn))
+        if part is not None and ("embeddings/" in file):
+            out[part] = out.get(part, 0.0) + ct
+    return out
+
+
+def _median_groups(rounds: list[dict]) -> dict[str, float]:
+    """Per thread group (`step`, `hotline`, `native:...`, `process`) the median over rounds of
+    CPU ms per step."""
+    groups = sorted({g for r in rounds for g in r})
+    return {g: round(float(np.median([r.get(g, 0.0) for r in rounds])), 2) for g in groups}
+
+
+def bench_threads(args) -> dict:
+    """The contention case's tables (26 of `--ct-rows` rows, dim 16, SGD; `--ct-hot` hot rows,
+    a `--ct-cache` row cache, every block written first), so each staging misses, evicts and
+    writes dirty rows back: `--rounds` rounds of `--round-steps` steps after `--warmup-steps`,
+    each counted by thread (hybrid_dlrm/common/thread_cpu.py: /proc/self/task/*/stat), then one
+    more round with a deterministic profile (cProfile) of the step thread only, to attribute the
+    step thread's CPU in the tier's code."""
+    import cProfile
+    import pstats
+
+    sizes = (args.ct_rows,) * 26
+    d = Path(args.dir) / "threads"
+    base = kaggle_base(args).replace(
+        arch_embedding_size=sizes, out_dir=str(d / "base"),
+        data_size=2048 * (args.warmup_steps + (args.rounds + 1) * args.round_steps + 8),
+    )  # fmt: skip
+    profile = d / "profile.npz"
+    d.mkdir(parents=True, exist_ok=True)
+    make_profile(base, args.ct_profile_samples, profile)
+    cfg = base.replace(
+        placement="tiered", hot_budget=args.ct_hot, scm_cache=args.ct_cache,
+        scm_dir=str(d / "scm"), scm_io=args.scm_io, scm_io_threads=args.io_threads,
+        scm_io_engine=args.io_engine, profile_file=str(profile), out_dir=str(d / "tiered"),
+        threads=args.torch_threads,
+    )  # fmt: skip
+    trainer = Trainer(cfg, checkpoints=False)
+    coll = trainer.model.embeddings
+    tier = coll.store.tier
+    filled = tier.fill()
+    stream = trainer.data.train.batches(0, 0)
+    for _ in range(args.warmup_steps):
+        trainer.pipeline.progress(stream)
+    c0 = coll.counters()
+    rounds = []
+    for r in range(args.rounds):
+        counter = ThreadCpu().start()
+        for _ in range(args.round_steps):
+            trainer.pipeline.progress(stream)
+        rounds.append(per_step_ms(counter.stop(), args.round_steps))
+        print(f"threads round {r}: {json.dumps(rounds[-1])}", file=sys.stderr)
+    c = coll.counters()
+    n = args.rounds * args.round_steps
+    keys = ("scm_cache_misses", "scm_cache_evictions", "scm_rows_read", "scm_rows_initial",
+            "scm_rows_written", "scm_rows_from_recent_writes")  # fmt: skip
+    counts = {k: round((c[k] - c0[k]) / n, 1) for k in keys}
+    prof = cProfile.Profile(time.thread_time)  # the calling thread only, its CPU time
+    cpu0 = time.thread_time()
+    prof.enable()
+    for _ in range(args.round_steps):
+        trainer.pipeline.progress(stream)
+    prof.disable()
+    step_cpu = time.thread_time() - cpu0
+    parts = _step_profile(pstats.Stats(prof))
+    out = {
+        "setup": {**_setup(), "tables": 26, "rows_per_table": args.ct_rows, "dim": 16,
+                  "optimizer": "sgd", "hot_budget": args.ct_hot, "scm_cache": args.ct_cache,
+                  "blocks_filled": filled, "rounds": args.rounds, "round_steps": args.round_steps,
+                  "warmup_steps": args.warmup_steps, "scm_io": args.scm_io,
+                  "io_engine": tier.file.engine, "torch_threads": torch.get_num_threads()},
+        "cpu_ms_per_step_median": _median_groups(rounds),
+        "cpu_ms_per_step_per_round": rounds,
+        "tier_per_step": counts,
+        "step_thread_profiled": {
+            "cpu_ms_per_step_under_cprofile": round(1e3 * step_cpu / args.round_steps, 2),
+            "tier_parts_ms_per_step": {
+                k: round(1e3 * v / args.round_steps, 3) for k, v in sorted(parts.items())
+            },
+        },
+        "load_after": load_average(),
+    }  # fmt: skip
+    del trainer, coll, tier
+    gc.collect()
+    return out
+
+
 # --- 2c. the GIL switch interval outside the tier's I/O --------------------------------------------
 
 
@@ -851,7 +976,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "what",
         nargs="+",
-        choices=["disk", "kaggle", "contention", "switch", "caches", "layout", "terabyte", "serve"],
+        choices=[
+            "disk",
+            "kaggle",
+            "contention",
+            "threads",
+            "switch",
+            "caches",
+            "layout",
+            "terabyte",
+            "serve",
+        ],
     )
     p.add_argument("--dir", default="/tmp/scm-bench", help="the tier's files (deleted at the end)")
     p.add_argument("--keep", action="store_true", help="keep --dir")
@@ -883,6 +1018,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ct-hot", default="16MB", help="contention: hot budget")
     p.add_argument("--ct-cache", default="16MB", help="contention: row cache")
     p.add_argument("--ct-profile-samples", type=int, default=200_000)
+    p.add_argument(
+        "--torch-threads", type=int, default=0,
+        help="threads: torch's threads (0: the trainer's auto; 1: no intra-op pool, whose spin "
+        "waits on a busy machine swamp the counts)",
+    )  # fmt: skip
     p.add_argument("--serve-cache", default="64MB", help="serve: the tier's row cache")
     p.add_argument("--serve-requests", type=int, default=300, help="serve: timed per phase")
     p.add_argument("--serve-warm", type=int, default=3000, help="serve: requests before warm")
@@ -901,6 +1041,7 @@ def main(argv: list[str] | None = None) -> int:
         for what in args.what:
             report[what] = {"disk": bench_disk, "kaggle": bench_kaggle, "caches": bench_caches,
                             "contention": bench_contention, "serve": bench_serve,
+                            "threads": bench_threads,
                             "switch": bench_switch, "layout": bench_layout,
                             "terabyte": bench_terabyte}[what](args)  # fmt: skip
             print(json.dumps({what: report[what]}), file=sys.stderr)

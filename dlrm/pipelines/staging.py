@@ -35,12 +35,16 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dlrm.pipelines.base import PlainTrainPipeline, StepHook, StepResult
 from embeddings.staged.contract import StagingCollection
+from hybrid_dlrm.common.thread_cpu import name_os_thread
 
 
 def _one_thread() -> None:
     """The worker's ops run on its own thread only: a second team of intra-op threads would
-    spin against the step's own on a small machine (measured: backward 3.5x slower on 2 cores)."""
+    spin against the step's own on a small machine (measured: backward 3.5x slower on 2 cores).
+    Its kernel name, `hotline`, tells it apart in `top -H` and per-thread CPU counts
+    (hybrid_dlrm/common/thread_cpu.py)."""
     torch.set_num_threads(1)
+    name_os_thread("hotline")
 
 
 @dataclass
@@ -83,20 +87,22 @@ class HotlineTrainPipeline(PlainTrainPipeline):
 
     # --- the queue of staged mini-batches ---------------------------------------------------------
 
-    def _prepare(self, item: _Pending) -> None:
-        """Classify and stage one mini-batch (on the worker, or inline without prefetch)."""
+    def _prepare(self, item: _Pending, staged: Future, version: int) -> None:
+        """Classify and stage one mini-batch (on the worker, or inline without prefetch). The
+        future and version are the ones given at submission: a renewal may have replaced the
+        item's (`_renew`) before the worker got here."""
         try:
             inputs = item.batch.labels.numel()
-            item.staged.set_result(self.coll.stage(item.features, inputs, item.version))
+            staged.set_result(self.coll.stage(item.features, inputs, version))
         except BaseException as e:  # the step re-raises it
-            item.staged.set_exception(e)
+            staged.set_exception(e)
 
     def _submit(self, item: _Pending) -> None:
         item.version, item.staged = self.coll.version, Future()
         if self._pool is not None:
-            self._pool.submit(self._prepare, item)
+            self._pool.submit(self._prepare, item, item.staged, item.version)
         else:
-            self._prepare(item)
+            self._prepare(item, item.staged, item.version)
 
     def _fill(self) -> None:
         """The next mini-batches from the loader, queued; their stagings are submitted by the
@@ -150,12 +156,38 @@ class HotlineTrainPipeline(PlainTrainPipeline):
         waited = staged.seconds if self._pool is None else time.perf_counter() - w0
         with self.coll.using(staged, waited):
             # The previous step's rows are home now: the next mini-batches' stagings read them
-            # there, and only rows this step updates need renewing when they are loaded.
+            # there, and only rows this step updates need renewing when they are loaded. A
+            # staging already in flight read before they were home: the worker renews it next
+            # (it runs its jobs in order, so after the staging's reads), off the step's thread.
             for queued in self._queue:
-                if queued.staged is None and self._pool is not None:
+                if self._pool is None:
+                    continue
+                if queued.staged is None:
                     self._submit(queued)
+                else:
+                    self._renew(queued)
             loss = self.step(item.batch)
         return loss
+
+    def _renew(self, item: _Pending) -> None:
+        """Have the worker renew `item`'s staging up to the write-backs so far (a collection
+        that can: `renewal`, embeddings/staged/contract.py); the step waits for that too."""
+        renewal = getattr(self.coll, "renewal", None)
+        renew = renewal(item.version) if renewal is not None else None
+        if renew is None:
+            return
+        before, after = item.staged, Future()
+        item.version, item.staged = self.coll.version, after
+        self._pool.submit(self._renewed, before, after, renew)
+
+    @staticmethod
+    def _renewed(before: Future, after: Future, renew) -> None:
+        try:
+            staged = before.result()
+            renew(staged)
+            after.set_result(staged)
+        except BaseException as e:  # the step re-raises it
+            after.set_exception(e)
 
     # --- online popularity ----------------------------------------------------------------------
 

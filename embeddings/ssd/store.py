@@ -60,6 +60,11 @@ class ScmStore(RowStore):
     ) -> None:
         self.tier.write_rows(ids, weights, state)
 
+    def give_rows(
+        self, ids: torch.Tensor, weights: torch.Tensor, state: torch.Tensor | None
+    ) -> None:
+        self.tier.write_rows(ids, weights, state, given=True)
+
     def peek_rows(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         return self.tier.split_rows(self.tier.peek_rows(ids))
 

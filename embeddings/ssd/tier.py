@@ -59,7 +59,7 @@ from embeddings.ssd.cache import RowCache
 from embeddings.ssd.file import BLOCK, PAYLOAD, BlockFile, aligned_blocks, io_error, stamp, stamps
 from embeddings.ssd.journal import UndoJournal
 from embeddings.ssd.layout import LAYOUT_FILE, RowLayout
-from embeddings.ssd.writes import WriteQueue
+from embeddings.ssd.writes import WriteQueue, joined
 from hybrid_dlrm.common.atomic import write_json
 from hybrid_dlrm.common.header import check_header
 from hybrid_dlrm.common.lock import DirectoryLock, LockError
@@ -202,8 +202,8 @@ class ScmTier:
 
     def _store_queued(self) -> None:
         while queued := self.writes.take():
-            for ids, rows in queued:
-                self._store(ids, rows)
+            for ids, parts in queued:
+                self._store(ids, joined(parts))
 
     # --- files --------------------------------------------------------------------------------------
 
@@ -448,19 +448,28 @@ class ScmTier:
 
     @torch.no_grad()
     def write_rows(
-        self, ids: torch.Tensor, weights: torch.Tensor, state: torch.Tensor | None
+        self,
+        ids: torch.Tensor,
+        weights: torch.Tensor,
+        state: torch.Tensor | None,
+        given: bool = False,
     ) -> None:
-        """Store rows `ids` (unique) back: into the cache (dirty), the rest into the file."""
-        rows = weights.reshape(-1, self.dim)
+        """Store rows `ids` (unique) back: into the cache (dirty), the rest into the file.
+        `given`: the caller gives the tensors up (`RowStore.give_rows`), so they are queued as
+        they are, weights and state apart: the step's write-back then costs its thread no copy,
+        and whoever stores the write (the staging worker) joins them."""
+        n = ids.numel()
+        parts = (weights.reshape(n, self.dim),)
         if state is not None:
-            rows = torch.cat([rows, state.reshape(ids.numel(), -1)], dim=1)
+            parts = (*parts, state.reshape(n, -1))
         self._check(ids)
-        ids = ids.clone()  # the caller may reuse its tensors (`cat` made `rows` a new one)
-        rows = rows if state is not None else rows.clone()
+        if not given:  # the caller may reuse its tensors: keep copies (`joined` of two is one)
+            ids = ids.clone()
+            parts = (joined(parts) if len(parts) > 1 else parts[0].clone(),)
         if not self.queue_writes:
             with self._locked():
-                self._store(ids, rows)
-        if self.writes.put(ids, rows, queue=self.queue_writes):
+                self._store(ids, joined(parts))
+        if self.writes.put(ids, parts, queue=self.queue_writes):
             with self._locked():  # the queue is full: store it now
                 pass
 

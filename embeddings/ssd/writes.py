@@ -22,19 +22,30 @@ MAX_QUEUED = 8  # writes queued for the tier's next holder; one more waits for i
 RECENT = 4  # writes remembered for reads that need only them (a staging's refresh)
 
 
+Rows = tuple[torch.Tensor, ...]  # a write's rows in parts side by side (weights, state)
+
+
+def joined(parts: Rows) -> torch.Tensor:
+    """[n, row floats]: a write's parts side by side (the one part itself, not a copy)."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+
 class WriteQueue:
+    """A write is its ids and its rows in parts (weights, state): the writer hands them over as
+    it has them, and whoever stores them joins the parts (`joined`), off the writer's thread."""
+
     def __init__(self, row_floats: int) -> None:
         self.row_floats = row_floats
         self._lock = threading.Lock()
-        self._queued: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self._recent: deque[tuple[torch.Tensor, torch.Tensor]] = deque(maxlen=RECENT)
+        self._queued: list[tuple[torch.Tensor, Rows]] = []
+        self._recent: deque[tuple[torch.Tensor, Rows]] = deque(maxlen=RECENT)
 
-    def put(self, ids: torch.Tensor, rows: torch.Tensor, queue: bool = True) -> bool:
+    def put(self, ids: torch.Tensor, rows: Rows, queue: bool = True) -> bool:
         """Remember a write (and queue it: `queue`); True when the queue is full (the caller
         should store it now)."""
         if ids.numel() > 1 and not bool((ids[1:] > ids[:-1]).all()):
             order = torch.argsort(ids)
-            sorted_ids, sorted_rows = ids[order], rows[order]
+            sorted_ids, sorted_rows = ids[order], tuple(p[order] for p in rows)
         else:
             sorted_ids, sorted_rows = ids, rows
         with self._lock:
@@ -43,7 +54,7 @@ class WriteQueue:
                 self._queued.append((ids, rows))
             return len(self._queued) > MAX_QUEUED
 
-    def take(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def take(self) -> list[tuple[torch.Tensor, Rows]]:
         """The queued writes, oldest first (the queue is left empty)."""
         with self._lock:
             queued, self._queued = self._queued, []
@@ -69,7 +80,11 @@ class WriteQueue:
                 continue
             at = torch.searchsorted(gids, ids).clamp(max=gids.numel() - 1)
             hit = (gids[at] == ids) & ~found
-            out[hit] = rows[at[hit]]
+            src, col = at[hit], 0
+            for part in rows:
+                width = part.shape[1]
+                out[hit, col : col + width] = part[src]
+                col += width
             found |= hit
             if bool(found.all()):
                 return out

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from contextlib import contextmanager
 
 import numpy as np
@@ -234,6 +235,64 @@ class StagedEmbeddingBagCollection(EmbeddingCollection):
             time.perf_counter() - t0, ready,
         )  # fmt: skip
 
+    def renewal(self, since: int) -> Callable[[StagedRows], None] | None:
+        """On the step's thread, just after a write-back: what renews a staging made at version
+        `since` (its read began then) up to now, for the staging worker to run before the step
+        uses it (None: nothing to renew). It reads from the store the rows written back since
+        (their newest values are home now), so the step's own `using` only copies the rows of
+        the write-back that follows, still in the staging slots. The write-backs are taken
+        now, on this thread: the worker never looks at the log the step thread appends to."""
+        version = self.version
+        if since >= version:
+            return None
+        complete = bool(self._writebacks) and since + 1 >= self._writebacks[0][0]
+        log = [g for v, g in self._writebacks if since < v] if complete else None
+        # the rows in the slots now go home next, before the staging is loaded: the worker also
+        # finds which staged rows they are, which `using` then copies from the slots
+        upcoming = self._in_slots[0] if self._in_slots is not None else None
+
+        def renew(staged: StagedRows) -> None:
+            self._renew_from_store(staged, version, log)
+            if upcoming is not None and upcoming.numel() and staged.rows:
+                at = torch.searchsorted(upcoming, staged.gids).clamp(max=upcoming.numel() - 1)
+                dst = torch.nonzero(upcoming[at] == staged.gids).squeeze(1)
+                staged.overlap = (upcoming, dst, at[dst])
+
+        return renew
+
+    @torch.no_grad()
+    def _renew_from_store(
+        self, staged: StagedRows, version: int, log: list[torch.Tensor] | None
+    ) -> None:
+        """(The staging worker) `staged`'s rows among the write-backs `log` (None: the log did
+        not reach back to the staging: every row) read again from the store; the staging is
+        then as if read at `version`."""
+        if staged.version >= version or not staged.rows:
+            return
+        if log is None:
+            pos = torch.arange(staged.rows)
+        else:
+            hit = torch.zeros(staged.rows, dtype=torch.bool)
+            for g in log:
+                hit |= members(staged.gids, g)
+            pos = torch.nonzero(hit).squeeze(1)
+        if pos.numel():
+            weight, state = self.store.read_rows(staged.gids[pos])
+            if self._side is None:
+                staged.weight[pos] = weight
+                if state is not None:
+                    staged.state[pos] = state
+            else:  # after the staging's own copies, on the same side stream
+                with torch.cuda.stream(self._side):
+                    on_dev = pos.to(self.device, non_blocking=True)
+                    staged.weight[on_dev] = weight.to(self.device)
+                    if state is not None:
+                        staged.state[on_dev] = state.to(self.device)
+                    staged.ready = torch.cuda.Event()
+                    staged.ready.record(self._side)
+            staged.renewed += pos.numel()
+        staged.version = version
+
     def _refresh(self, staged: StagedRows, prev: tuple[torch.Tensor, torch.Tensor] | None) -> int:
         with self.store.step_io():
             return self._renew(staged, prev)
@@ -250,10 +309,15 @@ class StagedEmbeddingBagCollection(EmbeddingCollection):
         newest = self.version if prev is None else self.version - 1  # older write-backs
         from_device = torch.zeros(staged.rows, dtype=torch.bool)
         if prev is not None and prev[0].numel():  # the newest copies of all: still in the slots
-            at = torch.searchsorted(prev[0], staged.gids).clamp(max=prev[0].numel() - 1)
-            from_device = prev[0][at] == staged.gids
-            dst = torch.nonzero(from_device).squeeze(1)
-            src = prev[1][at[dst].to(self.device)]
+            if staged.overlap is not None and staged.overlap[0] is prev[0]:  # found by the worker
+                dst, at = staged.overlap[1], staged.overlap[2]
+                from_device[dst] = True
+            else:
+                at = torch.searchsorted(prev[0], staged.gids).clamp(max=prev[0].numel() - 1)
+                from_device = prev[0][at] == staged.gids
+                dst = torch.nonzero(from_device).squeeze(1)
+                at = at[dst]
+            src = prev[1][at.to(self.device)]
             dst = dst.to(self.device)
             staged.weight[dst] = self.device_tier.weight[src]
             if self.device_tier.state is not None:
@@ -295,6 +359,10 @@ class StagedEmbeddingBagCollection(EmbeddingCollection):
                     x.record_stream(stream)
             staged.ready = None
         refreshed = self._refresh(staged, prev)
+        if staged.renewed:  # renewed on the worker: its bytes are counted here, on one thread
+            self.stats.add_bytes("host", "device", "gather", staged.renewed * self._row_bytes)
+            refreshed += staged.renewed
+            staged.renewed = 0
         tier = self.device_tier
         tier.ensure_capacity(staged.per_table, staged.lookups_per_table)
         slots = tier.staging_slots(staged.per_table)
@@ -320,12 +388,15 @@ class StagedEmbeddingBagCollection(EmbeddingCollection):
         self._in_slots = None
         if not dirty or not gids.numel():
             return
+        # one copy of the updated rows (a CPU device tier's index_select is already the host
+        # copy), given up to the store, which may keep them as they are and store them later
+        # on another thread (the SSD tier: its next holder, the staging worker)
         state = (
             None
             if self.device_tier.state is None
             else self.device_tier.state.index_select(0, slots).cpu()
         )
-        self.store.write_rows(gids, self.device_tier.weight.index_select(0, slots).cpu(), state)
+        self.store.give_rows(gids, self.device_tier.weight.index_select(0, slots).cpu(), state)
         self.stats.add_bytes("device", "host", "writeback", gids.numel() * self._row_bytes)
         self.version += 1
         self._writebacks.append((self.version, gids))

@@ -10,6 +10,10 @@ is trained by the staging pipeline (dlrm/pipelines/staging.py), which per mini-b
    read it renewed (it yields how many); when the step ends it is counted with the time it waited
    for the worker (`waited_s`).
 So a step crosses into the collection three times besides its lookup: `version`, `stage`, `using`.
+A collection may also offer `renewal(since)` (optional: the pipeline asks with getattr): called on
+the step's thread right after a write-back, for a staging made at version `since` still in
+flight, it returns what the worker runs after that staging to read the rows written back since
+(or None), so that `using` renews only the rows of the write-back that follows.
 
 A collection may also learn which rows are hot while it trains (Hotline's online popularity): with
 no `plan` yet, `observe(features)` counts accesses and `adopt(plan)` moves the plan's hot rows in.

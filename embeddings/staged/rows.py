@@ -25,6 +25,10 @@ class StagedRows:
     version: int  # write-backs the store had received when the read began
     seconds: float = 0.0  # the staging's own time
     ready: torch.cuda.Event | None = None  # CUDA: recorded on the side stream after the copies
+    renewed: int = 0  # rows read again on the worker since (`renewal`), not counted yet
+    # (the gids of the rows in the slots when the worker renewed it, which of these staged rows
+    # are among them, and where): `using` copies them from the slots if those went home last
+    overlap: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     @property
     def rows(self) -> int:

@@ -242,3 +242,42 @@ def test_staging_slots_made_with_the_device_tier_are_not_regrown(monkeypatch):
         hotline_step(hl, kjt, grad)
     assert hl.fast is fast
     assert_same_tables(ref, hl)
+
+
+def test_stagings_renewed_on_another_thread_after_each_write_back_are_never_used_stale():
+    """The pipeline's order with the renewal on its worker: each staging is read two steps
+    ahead, before the write-back of the step before its own; right after each write-back the
+    stagings still waiting are renewed (`renewal`, run on another thread) and the step's own
+    `using` then only copies the rows of the write-back that follows from the slots. Every
+    row, read back, equals the fused collection's (no staged row used stale)."""
+    import threading
+
+    opt = SparseOptimizer("adagrad", 0.1)
+    plan = one_home_plan(opt)
+    ref = FusedEmbeddingBagCollection(tables(), opt, backend="torch", seed=2)
+    hl = hotline_collection(tables(), opt, plan, seed=2)
+    gen = torch.Generator().manual_seed(5)
+    cold = [np.flatnonzero(r < 0)[:3] if (r < 0).sum() >= 3 else np.arange(3) for r in plan.remaps]
+    lengths = np.ones((len(SIZES), 6), dtype=np.int64)
+    # even batches read rows a and c, odd ones b and c: a staging shares a with the batch two
+    # before it only (renewed from the tier), c with the one just before (copied from the slots)
+    batches = [kjt_from(lengths, [np.resize(c[[i % 2, 2]], 6) for c in cold]) for i in range(8)]
+    staged = [hl.stage(b, 6, hl.version) for b in batches[:2]]
+    renewed = worker_renewed = 0
+    for i, kjt in enumerate(batches):
+        grad = torch.randn(6, DIM * len(SIZES), generator=gen)
+        (ref(kjt).values() * grad).sum().backward()
+        with hl.using(staged[i]) as n:
+            renewed += n
+            if i + 2 < len(batches):  # the staging two ahead, read now (before this step's
+                staged.append(hl.stage(batches[i + 2], 6, hl.version))  # write-back)
+            renew = hl.renewal(staged[i + 1].version) if i + 1 < len(batches) else None
+            if renew is not None:  # what the pipeline's worker runs after the write-back
+                before = staged[i + 1].renewed
+                t = threading.Thread(target=renew, args=(staged[i + 1],))
+                t.start()
+                t.join()
+                worker_renewed += staged[i + 1].renewed - before
+            (hl(kjt).values() * grad).sum().backward()
+    assert worker_renewed > 0 and renewed >= worker_renewed
+    assert_same_tables(ref, hl, rtol=0)

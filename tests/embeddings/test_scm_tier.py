@@ -312,10 +312,24 @@ def test_recent_writes_skip_a_write_of_no_rows():
     from embeddings.ssd.writes import WriteQueue
 
     q = WriteQueue(row_floats=2)
-    q.put(torch.tensor([3, 7]), torch.tensor([[1.0, 2.0], [3.0, 4.0]]))
-    q.put(torch.empty(0, dtype=torch.long), torch.empty(0, 2))  # a step without cold rows
+    q.put(torch.tensor([3, 7]), (torch.tensor([[1.0, 2.0], [3.0, 4.0]]),))
+    q.put(torch.empty(0, dtype=torch.long), (torch.empty(0, 2),))  # a step without cold rows
     assert torch.equal(q.recent(torch.tensor([7, 3])), torch.tensor([[3.0, 4.0], [1.0, 2.0]]))
     assert q.recent(torch.tensor([5])) is None
+
+
+def test_a_write_given_in_parts_reads_back_joined_and_unsorted_ids_in_order():
+    """A step's write-back is queued as its weights and state apart (no copy on its thread):
+    a read served from the recent writes joins them, whatever order the ids came in."""
+    from embeddings.ssd.writes import WriteQueue
+
+    q = WriteQueue(row_floats=3)
+    w, st = torch.tensor([[1.0, 2.0], [3.0, 4.0]]), torch.tensor([[5.0], [6.0]])
+    q.put(torch.tensor([7, 3]), (w, st))
+    assert torch.equal(
+        q.recent(torch.tensor([3, 7])), torch.tensor([[3.0, 4.0, 6.0], [1.0, 2.0, 5.0]])
+    )
+    assert q.take()[0][1] == (w, st)  # queued as given: the storer joins them
 
 
 def test_writes_of_many_blocks_go_in_pieces_with_the_same_result(tmp_path, monkeypatch):
