@@ -159,8 +159,10 @@ def build_run(
         ckpt.load_model_file(Path(cfg.run.load_model), model)
     compiled = _compiled(cfg, model, steps_per_epoch(cfg, data) * cfg.training.nepochs, world_size)
     if compiled is not None and leads:  # else the first step sits silent for up to a minute
+        # stderr, as every notice of a run in progress: a program's stdout (a benchmark's
+        # JSON, a user's own output) is its own
         print("--compile: the dense step compiles on the first step (TorchInductor: up to about "
-              "a minute on a cold cache, seconds from its cache)", flush=True)  # fmt: skip
+              "a minute on a cold cache, seconds from its cache)", file=sys.stderr, flush=True)  # fmt: skip
     pipeline = _pipeline(cfg, model, dense_optimizer, device, step_hook, compiled, world_size)
     if cfg.slipstreaming.enabled:
         pipeline = _slipstream(cfg, pipeline, model, placement, data, device)

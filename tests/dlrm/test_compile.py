@@ -183,3 +183,10 @@ def test_compiled_bf16_on_cuda_tracks_eager(tmp_path):
     assert compiled["compiled"] and counters["stats"]["unique_graphs"] == 2
     eager, _ = _fit(tmp_path / "eager", compile=False, **kw)
     assert compiled["test_auc"] == pytest.approx(eager["test_auc"], abs=2e-3)
+
+
+def test_the_compile_notice_leaves_stdout_to_the_program(tmp_path, capsys):
+    """A benchmark's JSON on stdout had the notice in it: a Trainer says it on stderr."""
+    Trainer(tiny(tmp_path / "x", **{**SHAPES, "compile": True}))
+    out, err = capsys.readouterr()
+    assert out == "" and "--compile: the dense step compiles on the first step" in err
