@@ -13,7 +13,8 @@ and phase (`PARTS`, first match wins): the dense GEMMs, the interaction, the emb
 (forward, backward and fused update), dtype casts, the loss, the dense optimizer, the rest
 (activations, concatenations, autograd bookkeeping); `step_us - sum(parts)` is the time between
 operators (Python, the pipeline). Prints one JSON object: per case the median step, each part's
-median microseconds and share, the CPU flags and the load average.
+median microseconds and share, the "other" part's largest operators (mean per step), the CPU
+flags and the load average.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ PARTS = [
     ("optimizer", "optimizer", ()),
     ("embedding", "embedding_lookup", ()),
     ("embedding", None, ("fbgemm", "Embedding", "embedding", "Lookup")),
-    ("interaction", None, ("bmm", "Bmm", "tril", "triu", "index", "Index")),
+    ("interaction", None, ("Interaction", "bmm", "Bmm", "tril", "triu", "index", "Index")),
     ("casts", None, ("_to_copy", "aten::to", "ToCopy", "aten::copy_", "CopyBackwards")),
     ("gemm", None, ("addmm", "Addmm", "linear", "Linear", "aten::mm", "MmBackward", "matmul")),
     ("loss", None, ("binary_cross_entropy", "BinaryCrossEntropy", "sigmoid", "Sigmoid", "mse")),
@@ -75,6 +76,7 @@ def measure(cfg: TrainConfig, warmup: int, steps: int) -> dict:
     run_steps(trainer.pipeline, batches[:warmup])
     graphs = profile_steps(trainer.pipeline, batches[warmup:], uses_cuda=False)
     per_step: list[dict[str, float]] = []
+    others: dict[str, float] = {}  # the "other" part's operators, summed over the steps
     for g in graphs:
         parts: dict[str, float] = {}
         for op in g["ops"]:
@@ -82,6 +84,8 @@ def measure(cfg: TrainConfig, warmup: int, steps: int) -> dict:
                 continue  # another thread's (a worker's): not on the step's critical path
             name = part_of(op)
             parts[name] = parts.get(name, 0.0) + float(op["dur_us"])
+            if name == "other":
+                others[op["name"]] = others.get(op["name"], 0.0) + float(op["dur_us"])
         parts["between_ops"] = max(0.0, float(g["dur_us"]) - sum(parts.values()))
         parts["step"] = float(g["dur_us"])
         per_step.append(parts)
@@ -94,7 +98,9 @@ def measure(cfg: TrainConfig, warmup: int, steps: int) -> dict:
         "parts_us": {k: round(v, 1) for k, v in sorted(med.items(), key=lambda x: -x[1])},
         "parts_share": {k: round(v / step, 4) for k, v in sorted(med.items(), key=lambda x: -x[1])},
         "outside_gemm_share": round(1 - med.get("gemm", 0.0) / step, 4),
-    }
+        "other_top_us": {k: round(v / len(graphs), 1)
+                         for k, v in sorted(others.items(), key=lambda x: -x[1])[:8]},
+    }  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

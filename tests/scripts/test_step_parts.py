@@ -22,6 +22,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
         ({"name": "aten::linear", "phase": "forward"}, "gemm"),
         ({"name": "autograd::engine::evaluate_function: AddmmBackward0", "phase": "backward"}, "gemm"),
         ({"name": "aten::bmm", "phase": "forward"}, "interaction"),
+        ({"name": "autograd::engine::evaluate_function: _DotInteractionFnBackward",
+          "phase": "backward"}, "interaction"),
         ({"name": "aten::linear", "phase": "embedding_lookup"}, "embedding"),
         ({"name": "fbgemm::split_embedding_codegen_lookup_sgd_function_cpu", "phase": "backward"},
          "embedding"),
