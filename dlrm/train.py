@@ -220,4 +220,7 @@ def _print_summary(cfg: TrainConfig, s: dict) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # a rank under torchrun
+        endings.leave(code)  # not through the interpreter's teardown (endings.py says why)
+    sys.exit(code)

@@ -146,3 +146,20 @@ def test_the_launchers_directory_counts_only_for_the_ranks_it_started(tmp_path, 
     assert ranks.first_to_fail() and not ranks.another_failed()
     monkeypatch.setenv("LOCAL_RANK", "0")
     assert not ranks.first_to_fail() and ranks.another_failed()
+
+
+def test_leave_runs_the_exit_handlers_flushes_and_keeps_the_code():
+    """A rank's way out after its run (the interpreter's teardown skipped): what atexit and a
+    finalizer would do is done, buffered output is not lost, the code is the run's."""
+    done = _python(
+        "import atexit, sys, tempfile, weakref\n"
+        "from hybrid_dlrm.common import endings\n"
+        "atexit.register(lambda: print('atexit ran', flush=True))\n"
+        "class Held: pass\n"
+        "held = Held(); weakref.finalize(held, print, 'finalizer ran')\n"
+        "sys.stdout.write('buffered, not flushed')\n"
+        "endings.leave(3)\n"
+    )
+    assert done.returncode == 3, done.stderr
+    assert done.stdout.startswith("buffered, not flushed")
+    assert "atexit ran" in done.stdout and "finalizer ran" in done.stdout
