@@ -540,6 +540,25 @@ def bench_layout(args) -> dict:
 # --- 2b. the step's wait on the tier: write-backs queued or waiting for the lock ------------------
 
 
+def _small_tiered(args, name: str, counted_steps: int, **extra) -> TrainConfig:
+    """The `contention` and `threads` cases' run: 26 tables of `--ct-rows`, tiered with
+    `--ct-hot` hot rows and a `--ct-cache` row cache, its profile made first, data for the
+    warm-up and `counted_steps`, under DIR/`name`."""
+    d = Path(args.dir) / name
+    base = kaggle_base(args).replace(
+        arch_embedding_size=(args.ct_rows,) * 26, out_dir=str(d / "base"),
+        data_size=2048 * (args.warmup_steps + counted_steps + 8),
+    )  # fmt: skip
+    profile = d / "profile.npz"
+    d.mkdir(parents=True, exist_ok=True)
+    make_profile(base, args.ct_profile_samples, profile)
+    return base.replace(
+        placement="tiered", hot_budget=args.ct_hot, scm_cache=args.ct_cache,
+        scm_dir=str(d / "scm"), scm_io=args.scm_io, scm_io_threads=args.io_threads,
+        profile_file=str(profile), out_dir=str(d / "tiered"), **extra,
+    )  # fmt: skip
+
+
 def bench_contention(args) -> dict:
     """Tables of `--ct-rows` rows each (26, dim 16, SGD), every block written and a small cache,
     so each staging reads, evicts and writes back: rounds of `--round-steps` steps alternate
@@ -547,20 +566,7 @@ def bench_contention(args) -> dict:
     write-backs queued when the tier is busy. Counted per step: the step thread's time in the
     tier (wall and CPU), the time callers waited for the lock, the time steps waited for
     stagings, and the step thread's CPU time."""
-    sizes = (args.ct_rows,) * 26
-    d = Path(args.dir) / "contention"
-    base = kaggle_base(args).replace(
-        arch_embedding_size=sizes, out_dir=str(d / "base"),
-        data_size=2048 * (args.warmup_steps + 2 * args.rounds * args.round_steps + 8),
-    )  # fmt: skip
-    profile = d / "profile.npz"
-    d.mkdir(parents=True, exist_ok=True)
-    make_profile(base, args.ct_profile_samples, profile)
-    cfg = base.replace(
-        placement="tiered", hot_budget=args.ct_hot, scm_cache=args.ct_cache,
-        scm_dir=str(d / "scm"), scm_io=args.scm_io, scm_io_threads=args.io_threads,
-        profile_file=str(profile), out_dir=str(d / "tiered"),
-    )  # fmt: skip
+    cfg = _small_tiered(args, "contention", 2 * args.rounds * args.round_steps)
     trainer = Trainer(cfg, checkpoints=False)
     coll = trainer.model.embeddings
     tier = coll.store.tier
@@ -653,21 +659,8 @@ def bench_threads(args) -> dict:
     import cProfile
     import pstats
 
-    sizes = (args.ct_rows,) * 26
-    d = Path(args.dir) / "threads"
-    base = kaggle_base(args).replace(
-        arch_embedding_size=sizes, out_dir=str(d / "base"),
-        data_size=2048 * (args.warmup_steps + (args.rounds + 1) * args.round_steps + 8),
-    )  # fmt: skip
-    profile = d / "profile.npz"
-    d.mkdir(parents=True, exist_ok=True)
-    make_profile(base, args.ct_profile_samples, profile)
-    cfg = base.replace(
-        placement="tiered", hot_budget=args.ct_hot, scm_cache=args.ct_cache,
-        scm_dir=str(d / "scm"), scm_io=args.scm_io, scm_io_threads=args.io_threads,
-        scm_io_engine=args.io_engine, profile_file=str(profile), out_dir=str(d / "tiered"),
-        threads=args.torch_threads,
-    )  # fmt: skip
+    cfg = _small_tiered(args, "threads", (args.rounds + 1) * args.round_steps,
+                        scm_io_engine=args.io_engine, threads=args.torch_threads)  # fmt: skip
     trainer = Trainer(cfg, checkpoints=False)
     coll = trainer.model.embeddings
     tier = coll.store.tier
