@@ -129,7 +129,8 @@ class Trial:
             "shortlist": list(self.shortlist), "rounds": self.rounds, "steps": self.steps,
             "warmup": self.warmup, "together": self.together,
             "measured_ms": {k: [round(v, 4) for v in vs] for k, vs in self.measured.items()},
-            "median_ms": {k: round(self.median(k), 4) for k in self.measured},
+            # a trial stopped part way has shortlisted placements it never measured
+            "median_ms": {k: round(m, 4) for k in self.measured if (m := self.median(k)) is not None},
             "winner": self.winner, "budget_s": round(self.budget_s, 3),
             "estimate_s": round(self.estimate_s, 3), "cost_s": round(self.cost_s, 3),
             "builds_s": round(self.builds_s, 3), "built_s": round(self.built_s, 3),

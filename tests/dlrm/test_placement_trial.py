@@ -244,6 +244,10 @@ def test_builds_slower_than_predicted_stop_the_trial_within_its_budget(
     assert t.line.startswith(said), t.line
     assert t.line.endswith(f"of the {budget:.1f} s budget: chose by prediction")
     assert d.chosen.placement == "hotline" and t.winner is None
+    saved = t.to_json()  # the decision file holds what was measured, and reads back as written
+    assert trials.Trial.from_json(saved).to_json() == saved and saved["median_ms"].keys() <= {
+        k for k, v in t.measured.items() if v
+    }
     if together:  # all built before the rounds: the overrun is the builds' misprediction
         assert len(slow.built) == n and budget < t.built_s <= t.cost_s <= (n * 0.6 + 0.1) * budget
     else:  # in turn: the second is not built once the first's pace would overrun the budget
