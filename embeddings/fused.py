@@ -18,6 +18,7 @@ import torch
 from torch import nn
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
+from embeddings import cpu_tbe
 from embeddings._fbgemm import fbgemm_has_kernels_for as _fbgemm_has_kernels_for
 from embeddings.collection import EmbeddingCollection
 from embeddings.config import SparseOptimizer, TableSpec
@@ -110,6 +111,11 @@ class FusedEmbeddingBagCollection(EmbeddingCollection):
                 [t.num_embeddings for t in tables], self.dims, optimizer, self.device
             )
         object.__setattr__(self, "_impl", impl)  # not a submodule: see the module docstring
+        # what a lookup calls: fbgemm's module, or its forward with our parallel SGD update
+        lookup = impl
+        if backend == "fbgemm" and cpu_tbe.applies(optimizer, self.device):
+            lookup = cpu_tbe.ParallelUpdateLookup(impl)
+        object.__setattr__(self, "_lookup", lookup)
         if init:
             with torch.no_grad():
                 uniform_init_(self.table_weights(), seed)
@@ -123,7 +129,7 @@ class FusedEmbeddingBagCollection(EmbeddingCollection):
         offsets = features.offsets()
         if values.dtype != offsets.dtype:
             values, offsets = values.long(), offsets.long()
-        pooled = self._impl(values, offsets)
+        pooled = self._lookup(values, offsets)
         return KeyedTensor(keys=self.feature_names, length_per_key=self.dims, values=pooled)
 
     def set_learning_rate(self, lr: float) -> None:
@@ -143,7 +149,7 @@ class FusedEmbeddingBagCollection(EmbeddingCollection):
     def pooled(self, values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         """Pooled embeddings [batch, sum dims] of table-major bags (fbgemm's layout), the fused
         optimizer in backward: what another collection's tier calls directly."""
-        return self._impl(values, offsets)
+        return self._lookup(values, offsets)
 
     def counters(self) -> dict:
         return no_transfer_counters()
