@@ -38,6 +38,13 @@ SIZES = {
     # seconds of a performance model's calibration (perfmodel/calibration.py: 25 s by default),
     # which `--placement auto` and `perfmodel predict` start on a machine without a model
     "calibration seconds": 5,
+    # scripts/bench_vs_torchrec.py: Kaggle tables' scale, DCN rows per table, each variant's
+    # seconds a round, rounds, each batch size (MLPerf's DCNv2 at 2,048: seconds a step)
+    "--table-scale": 0.001,
+    "--dcn-rows": 1000,
+    "--seconds": 0.2,
+    "--rounds": 1,
+    "--batch-sizes": 512,
 }
 
 _said: list[str] = []
