@@ -7,7 +7,9 @@ Prints one JSON object. For each batch size (128 and 2048 by default), samples/s
   parameters), model step only: no data generation counted;
 - `fp32`, `bf16`: our Trainer's step with its synthetic data generator (the body of `Trainer.fit`'s
   loop: generation, fused embeddings, dense step) with the default `--compile` (auto: bf16
-  compiled, fp32 eager); `bf16_eager`: bf16 with `--compile=false`;
+  compiled, fp32 eager); `bf16_eager`: bf16 with `--compile=false`; `fp32_fbgemm_module`,
+  `bf16_fbgemm_module`: the same with fbgemm's own embedding module (its serial SGD update, the
+  step before embeddings/cpu_tbe.py);
 - `dense_only_fp32`, `dense_only_bf16`: our model's dense part alone (MLPs, interaction, loss,
   dense optimizer; no embeddings, no data): the bound our step can reach;
 and the ratios `X_vs_naive`, `X_vs_dense_only_*`, plus `generator_samples_per_s` (the synthetic
@@ -44,6 +46,7 @@ from data_pipeline.synthetic import (
 )
 from dlrm import TrainConfig, Trainer
 from dlrm.pipelines.base import loss_of
+from embeddings import cpu_tbe
 from perfmodel import hardware
 from perfmodel.sweeps import linear_gemms
 
@@ -265,6 +268,8 @@ VARIANTS = {
     "fp32_compiled": ("fp32", True), "dense_only_fp32": ("fp32", None),
     "dense_only_bf16": ("bf16", None), "dense_only_fp32_compiled": ("fp32", True),
     "gemm_only_fp32": ("fp32", None), "gemm_only_bf16": ("bf16", None),
+    # our step with fbgemm's own embedding module (its serial SGD update): before cpu_tbe.py
+    "fp32_fbgemm_module": ("fp32", None), "bf16_fbgemm_module": ("bf16", None),
 }  # fmt: skip
 
 # (what, of, over, at least, batch size, needs bf16 units): the issue's targets
@@ -282,6 +287,12 @@ def make_step(name: str, sizes, bs: int, rounds_steps: int, tmp: str):
         return GemmOnlyStep(bs, precision)
     if name.startswith("dense_only"):
         return DenseOnlyStep(bs, precision, f"{tmp}/{bs}-{name}", compile)
+    if name.endswith("_fbgemm_module"):
+        applies, cpu_tbe.applies = cpu_tbe.applies, lambda *a: False
+        try:
+            return OursStep(sizes, bs, precision, f"{tmp}/{bs}-{name}", compile)
+        finally:
+            cpu_tbe.applies = applies
     return OursStep(sizes, bs, precision, f"{tmp}/{bs}-{name}", compile)
 
 
