@@ -180,7 +180,7 @@ BENCH_ARGS = {
         auc_steps=400,
         skip_auc=False,
         batch_sizes="128,2048",
-    ),  # fmt: skip
+    ),
     "bench_placement": dict(
         table_scale=1.0,
         batch_size=2048,
@@ -190,7 +190,7 @@ BENCH_ARGS = {
         rounds=1,
         interleave_steps=200,
         hotline_learn_batches=32,
-    ),  # fmt: skip
+    ),
     "bench_slipstream": dict(
         seeds=3,
         hotline_seeds=1,
@@ -203,7 +203,33 @@ BENCH_ARGS = {
         evals_per_epoch=8,
         curve="0.05,0.2",
         interleave_steps=100,
-    ),  # fmt: skip
+    ),
+    "bench_scm": dict(
+        file_gb=2.0,
+        seconds=3.0,
+        dram="512MB",
+        hot_budget="256MB",
+        ct_hot="16MB",
+        ct_cache="16MB",
+        serve_cache="64MB",
+        tb_dram="3GB",
+        train_samples=2048 * 400,
+        test_samples=1 << 16,
+        profile_samples=2_292_031,
+        ct_profile_samples=200_000,
+        rounds=5,
+        round_steps=40,
+        warm_steps=3000,
+        cache_steps=5000,
+        layout_steps=400,
+        serve_requests=300,
+        serve_warm=3000,
+        tb_steps=2000,
+        warmup_steps=40,
+        cache_warm_steps=3000,
+        layout_warm_steps=100,
+        ct_rows=500_000,
+    ),
 }
 
 
@@ -221,6 +247,14 @@ def test_the_benchmarks_run_as_asked_unless_the_quick_variable_is_set(monkeypatc
     args = argparse.Namespace(**BENCH_ARGS["bench_sparse_update"])
     _script("bench_sparse_update", monkeypatch).walk_sizes(args, "x")
     assert args.cases[-1] == (1_000_000, 65_536)  # the cases' sizes as written
+    args = argparse.Namespace(**BENCH_ARGS["bench_scm"])
+    _script("bench_scm", monkeypatch).walk_sizes(args, "x")
+    assert (len(args.tables), sum(args.tables), args.batch, args.tb_rows) == (
+        26,
+        33_762_577,
+        2048,
+        10_000_000,
+    )
 
 
 def test_a_benchmark_under_the_quick_variable_runs_at_walk_sizes_and_says_so(monkeypatch, capsys):

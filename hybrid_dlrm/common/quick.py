@@ -60,6 +60,18 @@ SIZES = {
     "--interval": 2,
     "--evals-per-epoch": 2,
     "--curve": 1,
+    # bench_scm: the kaggle case's DRAM for rows and its hot part, the walk's Kaggle tables
+    # (21.6 MB) 5x larger, as Kaggle's 2.2 GB against the default 512 MB
+    "--dram": 4 << 20,
+    "--hot-budget": 2 << 20,
+    # bench_scm contention/threads: 26 tables of 20,000 rows (33 MB), a 1 MB hot part and cache
+    "--ct-rows": 20_000,
+    "--ct-hot": 1 << 20,
+    "--ct-cache": 1 << 20,
+    "--serve-cache": 1 << 20,  # bench_scm serve: the tier's row cache
+    # bench_scm terabyte: 26 tables of 100,000 rows at dim 64 (666 MB, a sparse file), 34 MB
+    # of it for rows
+    "--tb-dram": 48 << 20,
 }
 
 _said: list[str] = []
