@@ -50,6 +50,7 @@ from data_pipeline.synthetic import (  # noqa: E402
 )
 from dlrm import TrainConfig, Trainer  # noqa: E402
 from embeddings.hot_rows import row_bytes  # noqa: E402
+from hybrid_dlrm.common import quick  # noqa: E402
 
 RUNS = ("host", "fae", "fae_block", "hotline", "hotline_learned", "device")
 
@@ -198,6 +199,24 @@ def step_interleaved(
     return out
 
 
+def walk_sizes(args: argparse.Namespace, prog: str) -> None:
+    """HYBRID_DLRM_QUICK (hybrid_dlrm/common/quick.py): the docs' walk runs this at its sizes."""
+    if quick.active():
+        args.table_scale = quick.cap_scale(
+            "--table-scale", args.table_scale, like="--synthetic-table-scale"
+        )
+        args.batch_size = quick.cap("--batch-size", args.batch_size, like="--mini-batch-size")
+        args.train_samples = quick.cap("--train-samples", args.train_samples)
+        args.test_samples = quick.cap("--test-samples", args.test_samples, like="--test-data-size")
+        args.profile_samples = quick.cap("--profile-samples", args.profile_samples)
+        args.rounds = quick.cap("--rounds", args.rounds)
+        args.interleave_steps = quick.cap("--interleave-steps", args.interleave_steps)
+        args.hotline_learn_batches = quick.cap(
+            "--hotline-learn-batches", args.hotline_learn_batches
+        )
+        quick.announce(prog)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -235,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         "--out-dir", help="a new directory for the runs (default: runs/bench_placement-<time>)"
     )
     args = p.parse_args(argv)
+    walk_sizes(args, p.prog)
     logging.basicConfig(level=logging.WARNING)
     runs = [r for r in args.runs.split(",") if r]
     unknown = sorted(set(runs) - set(RUNS))

@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from data_pipeline.criteo import CriteoBatchSource  # noqa: E402
 from data_pipeline.synthetic_raw import SyntheticSpec, write_raw_file  # noqa: E402
+from hybrid_dlrm.common import quick  # noqa: E402
 
 BYTES_PER_LINE = 235  # a little under what the synthetic (and the real) lines take
 
@@ -108,7 +109,7 @@ def _loader(out: Path, randomize: str, batch_size: int, seconds: float) -> float
     return samples / (time.perf_counter() - started)
 
 
-def _baseline_loader(out: Path, batch_size: int, batches: int = 20) -> float:
+def _baseline_loader(out: Path, batch_size: int, batches: int) -> float:
     """Per-sample Python assembly of shuffled batches (Dataset.__getitem__ + collate)."""
     import torch
 
@@ -124,6 +125,16 @@ def _baseline_loader(out: Path, batch_size: int, batches: int = 20) -> float:
     return batches * batch_size / (time.perf_counter() - started)
 
 
+def walk_sizes(args: argparse.Namespace, prog: str) -> None:
+    """HYBRID_DLRM_QUICK (hybrid_dlrm/common/quick.py): the docs' walk runs this at its sizes."""
+    args.baseline_batches = 20  # batches of the per-sample Python loader
+    if quick.active():
+        args.size_gb = quick.cap_scale("--size-gb", args.size_gb)
+        args.loader_seconds = quick.cap_scale("--loader-seconds", args.loader_seconds)
+        args.baseline_batches = quick.cap("baseline loader batches", args.baseline_batches)
+        quick.announce(prog)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--size-gb", type=float, default=1.0, help="raw file size (>= 1 for the target)")
@@ -133,6 +144,7 @@ def main() -> None:
     p.add_argument("--skip-frequency", action="store_true", help="only the hash mode")
     p.add_argument("--loader-seconds", type=float, default=3.0)
     args = p.parse_args()
+    walk_sizes(args, p.prog)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="bench_criteo_"))
     workdir.mkdir(parents=True, exist_ok=True)
     result: dict = {
@@ -162,7 +174,7 @@ def main() -> None:
             for bs in (2048, 8192)
         }
         result["baseline_python_loader_samples_per_s"] = round(
-            _baseline_loader(workdir / "out_hash", 2048)
+            _baseline_loader(workdir / "out_hash", 2048, args.baseline_batches)
         )
         result["load_avg_after"] = [round(x, 2) for x in os.getloadavg()]
     finally:

@@ -54,6 +54,7 @@ cache (O_DIRECT) unless `--scm-io buffered`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import logging
@@ -72,7 +73,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from _shared import cpu_flags, load_average, make_profile  # noqa: E402
 
-from data_pipeline.synthetic import KAGGLE_TABLE_SIZES  # noqa: E402
+from data_pipeline.synthetic import KAGGLE_TABLE_SIZES, scaled_table_sizes  # noqa: E402
 from dlrm import TrainConfig, Trainer  # noqa: E402
 from embeddings.hot_rows import parse_bytes  # noqa: E402
 from embeddings.profile import AccessProfile  # noqa: E402
@@ -80,6 +81,7 @@ from embeddings.ssd.aio import PREAD, Aio  # noqa: E402
 from embeddings.ssd.cache import BlockCache, RowCache  # noqa: E402
 from embeddings.ssd.collection import profile_priority  # noqa: E402
 from embeddings.ssd.file import BLOCK, PAYLOAD, aligned_blocks  # noqa: E402
+from hybrid_dlrm.common import quick  # noqa: E402
 from hybrid_dlrm.common.thread_cpu import ThreadCpu, per_step_ms  # noqa: E402
 
 
@@ -100,7 +102,9 @@ def _reader(fd: int, blocks: int, seed: int, stop: float, lat: list[float]) -> N
     view = memoryview(aligned_blocks(1).reshape(-1))
     offsets = (rng.integers(0, blocks, 1 << 16) * BLOCK).tolist()
     k = 0
-    while time.perf_counter() < stop:
+    # one read at least: a thread that starts after `stop` (a short --seconds on a busy
+    # machine) still has a latency to report
+    while k == 0 or time.perf_counter() < stop:
         t = time.perf_counter()
         os.preadv(fd, [view], offsets[k % len(offsets)])
         lat.append(time.perf_counter() - t)
@@ -111,7 +115,8 @@ def bench_disk(args) -> dict:
     path = Path(args.dir) / "disk-probe.dat"
     size = int(args.file_gb * 2**30) // BLOCK * BLOCK
     t0 = time.perf_counter()
-    chunk = np.random.default_rng(0).integers(0, 255, 64 * 2**20, dtype=np.uint8).tobytes()
+    chunk_bytes = max(BLOCK, min(size, 64 * 2**20))  # a small file: no 64 MB to draw
+    chunk = np.random.default_rng(0).integers(0, 255, chunk_bytes, dtype=np.uint8).tobytes()
     if size < BLOCK:
         raise SystemExit(f"bench_scm.py: error: --file-gb {args.file_gb}: smaller than one block")
     with open(path, "wb") as f:
@@ -170,7 +175,7 @@ def _disk_aio(fd: int, blocks: int, args) -> dict:
             size = np.full(n, BLOCK, dtype=np.int64)
             lats, stop = [], time.perf_counter() + args.seconds
             t1, c1 = time.perf_counter(), time.process_time()
-            while time.perf_counter() < stop:
+            while not lats or time.perf_counter() < stop:  # one batch at least
                 res, lat = aio.run(fd, PREAD, bufs, rng.integers(0, blocks, n) * BLOCK, size)
                 if (res != BLOCK).any():
                     raise OSError(f"aio read failed: {res[res != BLOCK][:3]}")
@@ -195,9 +200,9 @@ def _disk_aio(fd: int, blocks: int, args) -> dict:
 
 def kaggle_base(args) -> TrainConfig:
     return TrainConfig(
-        arch_embedding_size=tuple(KAGGLE_TABLE_SIZES), arch_sparse_feature_size=16,
+        arch_embedding_size=tuple(args.tables), arch_sparse_feature_size=16,
         arch_mlp_bot=args.mlp_bot, arch_mlp_top=args.mlp_top, synthetic_zipf=args.zipf,
-        data_size=args.train_samples, test_data_size=args.test_samples, mini_batch_size=2048,
+        data_size=args.train_samples, test_data_size=args.test_samples, mini_batch_size=args.batch,
         optimizer="sgd", learning_rate=0.1, device="cpu", seed=123, print_freq=10**9,
         progress=False, out_dir=str(Path(args.dir) / "runs" / "base"),
     )  # fmt: skip
@@ -225,10 +230,10 @@ def _tiered_cfg(args, base: TrainConfig, profile: Path, name: str = "tiered") ->
 
 def bench_kaggle(args) -> dict:
     needed = args.warmup_steps + args.rounds * args.round_steps
-    if -(-args.train_samples // 2048) < needed:  # the streams would run dry mid-comparison
+    if -(-args.train_samples // args.batch) < needed:  # the streams would run dry mid-comparison
         raise SystemExit(
             f"bench_scm.py: error: --train-samples {args.train_samples}: fewer than the "
-            f"{needed} batches of 2048 that --warmup-steps + --rounds x --round-steps take"
+            f"{needed} batches of {args.batch} that --warmup-steps + --rounds x --round-steps take"
         )
     setup = _setup()  # the load before any work
     base = kaggle_base(args)
@@ -286,7 +291,7 @@ def bench_kaggle(args) -> dict:
     ratio = [b / a for a, b in zip(rates["device"], rates["tiered"])]
     out = {
         "setup": {
-            **setup, "rows": sum(KAGGLE_TABLE_SIZES), "dim": 16, "optimizer": "sgd",
+            **setup, "rows": sum(args.tables), "dim": 16, "optimizer": "sgd",
             "zipf": args.zipf, "batch": batch, "dram_for_rows": args.dram,
             "hot_budget": args.hot_budget, "scm_io": args.scm_io, "io_threads": args.io_threads,
             "io_engine": tiered.model.embeddings.store.tier.file.engine, "io_depth": args.io_depth,
@@ -317,7 +322,7 @@ def bench_kaggle(args) -> dict:
             "hot_rows": info["hot_rows"], "device_tier_bytes": info["device_tier_bytes"],
             "scm_cache_bytes": info["scm_cache_bytes"], "scm_bookkeeping_bytes":
             info["scm_dram_bytes"] - info["scm_cache_bytes"],
-            "hot_remap_bytes": 4 * sum(KAGGLE_TABLE_SIZES),
+            "hot_remap_bytes": 4 * sum(args.tables),
         },
         "peak_rss_gb_both_trainers": _rss_gb(),
         "load_after": load_average(),
@@ -373,7 +378,7 @@ def bench_caches(args) -> dict:
     profile = AccessProfile.load(_profile(args, base))
     opt = SparseOptimizer("sgd")
     plan = plan_placement(profile, [16] * 26, opt, parse_bytes(args.hot_budget), one_home=True)
-    sizes = list(KAGGLE_TABLE_SIZES)
+    sizes = list(args.tables)
     row_base = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
     hot = np.concatenate([r >= 0 for r in plan.remaps])
     cache_bytes = parse_bytes(args.dram) - parse_bytes(args.hot_budget)
@@ -483,7 +488,7 @@ def bench_layout(args) -> dict:
     base = kaggle_base(args)
     profile = AccessProfile.load(_profile(args, base))
     opt = SparseOptimizer("sgd")
-    sizes = list(KAGGLE_TABLE_SIZES)
+    sizes = list(args.tables)
     total, row_bytes = sum(sizes), 16 * 4
     rpb = PAYLOAD // row_bytes
     row_base = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
@@ -547,7 +552,7 @@ def _small_tiered(args, name: str, counted_steps: int, **extra) -> TrainConfig:
     d = Path(args.dir) / name
     base = kaggle_base(args).replace(
         arch_embedding_size=(args.ct_rows,) * 26, out_dir=str(d / "base"),
-        data_size=2048 * (args.warmup_steps + counted_steps + 8),
+        data_size=args.batch * (args.warmup_steps + counted_steps + 8),
     )  # fmt: skip
     profile = d / "profile.npz"
     d.mkdir(parents=True, exist_ok=True)
@@ -774,8 +779,8 @@ def bench_serve(args) -> dict:
     d = Path(args.dir) / "serve"
     d.mkdir(parents=True, exist_ok=True)
     base = kaggle_base(args).replace(
-        placement="device", embedding_init="hashed", data_size=2048 * 20,
-        test_data_size=2048, out_dir=str(d / "run"), save_model=str(d / "model.pt"),
+        placement="device", embedding_init="hashed", data_size=args.batch * 20,
+        test_data_size=args.batch, out_dir=str(d / "run"), save_model=str(d / "model.pt"),
     )  # fmt: skip
     t0 = time.perf_counter()
     art = d / "artifact"
@@ -784,12 +789,14 @@ def bench_serve(args) -> dict:
         trainer.fit()
         del trainer
         gc.collect()
-        if quantize([str(d / "model.pt"), "--out", str(art), "--emb-precision", "int8"]) != 0:
+        with contextlib.redirect_stdout(sys.stderr):  # stdout is this script's JSON alone
+            done = quantize([str(d / "model.pt"), "--out", str(art), "--emb-precision", "int8"])
+        if done != 0:
             raise SystemExit("bench_scm serve: quantize failed")
         (d / "model.pt").unlink()
     made_s = time.perf_counter() - t0
-    out = {"setup": {**_setup(), "rows": sum(KAGGLE_TABLE_SIZES), "dim": 16, "precision": "int8",
-                     "table_bytes": sum(KAGGLE_TABLE_SIZES) * 20, "cache": args.serve_cache,
+    out = {"setup": {**_setup(), "rows": sum(args.tables), "dim": 16, "precision": "int8",
+                     "table_bytes": sum(args.tables) * 20, "cache": args.serve_cache,
                      "requests": args.serve_requests, "warm_requests": args.serve_warm,
                      "scm_io": args.scm_io, "artifact_made_s": round(made_s, 1)}}  # fmt: skip
     memory = Predictor.load(art)
@@ -851,7 +858,8 @@ def _rss_now_gb() -> float:
 def _dram_structures(emb, dense_bytes: int) -> dict:
     """The process's large structures, by name, in bytes (what the peak RSS is made of)."""
     tier, cache = emb.store.tier, emb.store.tier.cache
-    device = emb._w.numel() * 4 + (emb._s.numel() * 4 if emb._s is not None else 0)
+    slots = emb.device_tier  # its flat weights and optimizer state (embeddings/staged/)
+    device = slots.weight.numel() * 4 + (slots.state.numel() * 4 if slots.state is not None else 0)
     held = emb.plan.tier("device").held
     plan = (
         sum(h.nbytes for h in held) if held is not None else sum(r.nbytes for r in emb.plan.remaps)
@@ -872,7 +880,7 @@ def _dram_structures(emb, dense_bytes: int) -> dict:
 
 
 def bench_terabyte(args) -> dict:
-    sizes = (10_000_000,) * 26
+    sizes = (args.tb_rows,) * 26
     run = Path(args.dir) / "runs" / "terabyte"
     dram = parse_bytes(args.tb_dram, "--tb-dram")
     rows_dram = int(dram * args.tb_row_share)  # the rest: bookkeeping, PyTorch, the pipeline
@@ -880,7 +888,8 @@ def bench_terabyte(args) -> dict:
     cfg = TrainConfig(
         arch_embedding_size=sizes, arch_sparse_feature_size=64, arch_mlp_bot=(13, 512, 256, 64),
         arch_mlp_top=(512, 512, 256, 1), synthetic_zipf=args.zipf,
-        data_size=2048 * args.tb_steps, test_data_size=2048 * 8, mini_batch_size=2048,
+        data_size=args.batch * args.tb_steps, test_data_size=args.batch * 8,
+        mini_batch_size=args.batch,
         optimizer="sgd", learning_rate=0.1, device="cpu", seed=123, print_freq=10**9,
         progress=False, placement="tiered", hot_budget=str(hot), scm_cache=str(rows_dram - hot),
         scm_dir=str(run / "scm"), scm_io=args.scm_io, scm_io_threads=args.io_threads,
@@ -911,7 +920,7 @@ def bench_terabyte(args) -> dict:
                             "disk_gb": round(disk / 2**30, 2), "load": os.getloadavg()[0],
                             "hit_rate": c.get("scm_cache_hit_rate"),
                             "cache_rows": c.get("scm_cache_rows"),
-                            "recent_samples_per_s": round(2048 * min(100, len(times))
+                            "recent_samples_per_s": round(args.batch * min(100, len(times))
                                                           / sum(times[-100:]))})  # fmt: skip
             print(f"terabyte {json.dumps(samples[-1])}", file=sys.stderr, flush=True)
             if disk > args.tb_max_disk_gb * 2**30:
@@ -937,8 +946,8 @@ def bench_terabyte(args) -> dict:
         "stopped_early_by": stop,
         "build_s": round(build_s, 1),
         "train_s": round(sum(times), 1),
-        "samples_per_s_all": round(len(times) * 2048 / sum(times)),
-        "samples_per_s_second_half": round(half * 2048 / sum(times[-half:])) if half else None,
+        "samples_per_s_all": round(len(times) * args.batch / sum(times)),
+        "samples_per_s_second_half": round(half * args.batch / sum(times[-half:])) if half else None,
         "file_apparent_bytes": st.st_size,
         "file_disk_bytes_du": st.st_blocks * 512,
         "scm_dir_disk_bytes_du": sum(f.stat().st_blocks * 512 for f in scm.iterdir()),
@@ -962,6 +971,45 @@ def bench_terabyte(args) -> dict:
     del trainer, emb
     gc.collect()
     return out
+
+
+def walk_sizes(args: argparse.Namespace, prog: str) -> None:
+    """The sizes fixed by the cases (Kaggle's tables, the batch, the Terabyte-sized tables'
+    rows), and under HYBRID_DLRM_QUICK (hybrid_dlrm/common/quick.py) every size at the docs'
+    walk's."""
+    args.tables, args.batch, args.tb_rows = tuple(KAGGLE_TABLE_SIZES), 2048, 10_000_000
+    if not quick.active():
+        return
+    c = quick.cap
+    scale = quick.cap_scale("Kaggle's tables", 1.0, like="--synthetic-table-scale")
+    args.tables = tuple(scaled_table_sizes(scale))
+    args.batch = c("the batch", args.batch, like="--mini-batch-size")
+    args.tb_rows = c("terabyte's tables", args.tb_rows, like="--arch-embedding-size")
+    args.file_gb = quick.cap_scale("--file-gb", args.file_gb, like="--size-gb")
+    args.seconds = quick.cap_scale("--seconds", args.seconds)
+    for name in ("dram", "hot_budget", "ct_hot", "ct_cache", "serve_cache", "tb_dram"):
+        flag = "--" + name.replace("_", "-")
+        setattr(args, name, str(c(flag, parse_bytes(getattr(args, name), flag))))
+    args.train_samples = c("--train-samples", args.train_samples)
+    args.test_samples = c("--test-samples", args.test_samples, like="--test-data-size")
+    for name in ("profile_samples", "ct_profile_samples"):
+        setattr(
+            args,
+            name,
+            c("--" + name.replace("_", "-"), getattr(args, name), like="--profile-samples"),
+        )
+    args.rounds = c("--rounds", args.rounds)
+    # steps (and requests) as a run's --num-batches; those before counting as a --warmup
+    args.round_steps = c("--round-steps", args.round_steps, like="--steps")  # timed steps
+    for name in ("warm_steps", "cache_steps", "layout_steps", "serve_requests",
+                 "serve_warm", "tb_steps"):  # fmt: skip
+        setattr(
+            args, name, c(f"--{name.replace('_', '-')}", getattr(args, name), like="--num-batches")
+        )
+    for name in ("warmup_steps", "cache_warm_steps", "layout_warm_steps"):
+        setattr(args, name, c(f"--{name.replace('_', '-')}", getattr(args, name), like="--warmup"))
+    args.ct_rows = c("--ct-rows", args.ct_rows)
+    quick.announce(prog)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1027,6 +1075,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tb-max-disk-gb", type=float, default=40.0, help="stop at this much on disk")
     p.add_argument("--tb-touch-cache", type=int, default=1, help="cache pages resident (1/0)")
     args = p.parse_args(argv)
+    walk_sizes(args, "bench_scm.py")
     logging.basicConfig(level=logging.WARNING)
     Path(args.dir).mkdir(parents=True, exist_ok=True)
     report = {}

@@ -45,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # _shared
 from _shared import check_bench_out, cpu_flags, load_average  # noqa: E402
 
 from dlrm import TrainConfig, Trainer  # noqa: E402
+from hybrid_dlrm.common import quick  # noqa: E402
 
 AUC_MARGIN = 0.001
 
@@ -117,7 +118,7 @@ def all_tracked_share(trainer: Trainer, batches: int = 8) -> dict:
 
     tr, profiled, src = (
         trainer.pipeline.tracker,
-        trainer.pipeline.settings.profiled,
+        trainer.pipeline.profiled,
         trainer.data.train,
     )
     out = {}
@@ -360,6 +361,30 @@ def plot(path: Path, histories: dict[str, list], curves: dict[str, list]) -> Non
     fig.savefig(path, dpi=110)
 
 
+def walk_sizes(args: argparse.Namespace, prog: str) -> None:
+    """HYBRID_DLRM_QUICK (hybrid_dlrm/common/quick.py): the docs' walk runs this at its sizes."""
+    args.test_samples = 65_536  # the synthetic data's test set
+    if quick.active():
+        args.seeds = quick.cap("--seeds", args.seeds)
+        args.hotline_seeds = quick.cap("--hotline-seeds", args.hotline_seeds, like="--seeds")
+        args.batch = quick.cap("--batch", args.batch, like="--mini-batch-size")
+        args.synthetic_samples = quick.cap(
+            "--synthetic-samples", args.synthetic_samples, like="--train-samples"
+        )
+        args.test_samples = quick.cap(
+            "its test samples", args.test_samples, like="--test-data-size"
+        )
+        args.criteo_lines = quick.cap("--criteo-lines", args.criteo_lines, like="--lines")
+        args.criteo_epochs = quick.cap("--criteo-epochs", args.criteo_epochs, like="--nepochs")
+        args.warmup = quick.cap("--warmup", args.warmup)
+        args.interval = quick.cap("--interval", args.interval)
+        args.evals_per_epoch = quick.cap("--evals-per-epoch", args.evals_per_epoch)
+        curve = [x for x in args.curve.split(",") if x]
+        args.curve = ",".join(curve[: quick.cap("--curve", len(curve))])
+        args.interleave_steps = quick.cap("--interleave-steps", args.interleave_steps)
+        quick.announce(prog)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, default=3)
@@ -399,6 +424,7 @@ def main() -> int:
     p.add_argument("--out", default="", help="write bench_slipstream.json and .png here")
     p.add_argument("--overwrite", action="store_true", help="replace those files in --out")
     args = p.parse_args()
+    walk_sizes(args, p.prog)
     if args.out:
         check_bench_out(Path(args.out), ["bench_slipstream.json", "bench_slipstream.png"],
                         args.overwrite, p.prog)  # fmt: skip
@@ -421,7 +447,7 @@ def main() -> int:
     if "synthetic" in names:
         steps = args.synthetic_samples // args.batch
         data["synthetic"] = dict(common, data_set="synthetic", data_size=args.synthetic_samples,
-                                 test_data_size=65_536, test_freq=max(1, steps // args.evals_per_epoch))  # fmt: skip
+                                 test_data_size=args.test_samples, test_freq=max(1, steps // args.evals_per_epoch))  # fmt: skip
     if "criteo" in names:
         t0 = time.perf_counter()
         processed = criteo_data(work, args.criteo_lines)

@@ -18,6 +18,22 @@ import time
 import torch
 
 from embeddings.torch_tbe import add_unique_rows
+from hybrid_dlrm.common import quick
+
+# (table rows, updated rows): the cases measured
+CASES = ((32_768, 2_377), (32_768, 8_315), (1_000_000, 8_315), (1_000_000, 65_536))
+
+
+def walk_sizes(args: argparse.Namespace, prog: str) -> None:
+    """HYBRID_DLRM_QUICK (hybrid_dlrm/common/quick.py): the docs' walk runs this at its sizes."""
+    args.cases = CASES
+    if quick.active():
+        args.reps = quick.cap("--reps", args.reps)
+        rows = quick.cap_sizes(
+            "the cases' table", tuple(t for t, _ in CASES), like="--arch-embedding-size"
+        )
+        args.cases = tuple((t, min(u, t)) for t, (_, u) in zip(rows, CASES))
+        quick.announce(prog)
 
 
 def _median_us(fn, reps: int) -> float:
@@ -35,16 +51,12 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--dim", type=int, default=16)
     args = p.parse_args()
+    walk_sizes(args, p.prog)
     if args.threads:
         torch.set_num_threads(args.threads)
     out = {"threads": torch.get_num_threads(), "dim": args.dim, "cases": []}
     gen = torch.Generator().manual_seed(0)
-    for table_rows, updated in (
-        (32_768, 2_377),
-        (32_768, 8_315),
-        (1_000_000, 8_315),
-        (1_000_000, 65_536),
-    ):
+    for table_rows, updated in args.cases:
         weight = torch.randn(table_rows, args.dim, generator=gen)
         rows = torch.randperm(table_rows, generator=gen)[:updated]
         grad = torch.randn(updated, args.dim, generator=gen)

@@ -31,6 +31,7 @@ from data_pipeline.taobao_synthetic import PlantedBehavior, write_user_behavior
 from dlrm.config import TrainConfig
 from dlrm.metrics import binary_metrics
 from dlrm.trainer import Trainer
+from hybrid_dlrm.common import quick
 
 VARIANTS = {
     "dlrm_candidate": dict(model="dlrm", arch_mlp_top=(15, 1)),
@@ -48,6 +49,16 @@ def oracle_auc(directory: Path, recent: int) -> float:
     return binary_metrics(
         torch.tensor(score, dtype=torch.float32), torch.tensor(labels, dtype=torch.float32)
     )["auc"]
+
+
+def walk_sizes(a: argparse.Namespace, prog: str) -> None:
+    """HYBRID_DLRM_QUICK (hybrid_dlrm/common/quick.py): the docs' walk runs this at its sizes."""
+    if quick.active():
+        a.users = quick.cap("--users", a.users)
+        a.epochs = quick.cap("--epochs", a.epochs, like="--nepochs")
+        seeds = a.seeds.split(",")
+        a.seeds = ",".join(seeds[: quick.cap("--seeds", len(seeds))])
+        quick.announce(prog)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated subset of " + ",".join(VARIANTS),
     )
     a = p.parse_args(argv)
+    walk_sizes(a, p.prog)
     torch.set_num_threads(a.threads)
     spec = PlantedBehavior(num_users=a.users, min_events=a.min_events, max_events=a.max_events,
                            num_categories=a.categories, items_per_category=a.items_per_category,

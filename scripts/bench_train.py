@@ -47,12 +47,14 @@ from data_pipeline.synthetic import (
 from dlrm import TrainConfig, Trainer
 from dlrm.pipelines.base import loss_of
 from embeddings import cpu_tbe
+from hybrid_dlrm.common import quick
 from perfmodel import hardware
 from perfmodel.sweeps import linear_gemms
 
 BOTTOM = (13, 512, 256, 64, 16)
 TOP = (512, 256, 1)
 DIM = 16
+DATA_STEPS = 1_000_000  # steps of data each variant's trainer is given: as long as any run
 
 
 class NaiveDLRM(nn.Module):
@@ -115,8 +117,8 @@ class OursStep:
     """Our trainer's step with its data generator: the train pipeline `Trainer.fit` runs."""
 
     def __init__(self, table_sizes, batch_size: int, precision: str, out_dir: str,
-                 compile: bool | None = None) -> None:  # fmt: skip
-        cfg = make_config(table_sizes, batch_size, 1_000_000, precision, out_dir, compile=compile)
+                 compile: bool | None, data_steps: int) -> None:  # fmt: skip
+        cfg = make_config(table_sizes, batch_size, data_steps, precision, out_dir, compile=compile)
         self.trainer = Trainer(cfg)
         self.batches = self.trainer.data.train.batches(0)
 
@@ -131,10 +133,10 @@ class DenseOnlyStep:
     with the loss and the dense optimizer, on one fixed input: no embeddings, no data."""
 
     def __init__(self, batch_size: int, precision: str, out_dir: str,
-                 compile: bool | None = None) -> None:  # fmt: skip
+                 compile: bool | None = None, data_steps: int = DATA_STEPS) -> None:  # fmt: skip
         # tables of 2 rows: the dense part does not depend on them; as many steps as OursStep's,
         # so that `--compile=auto` decides alike
-        cfg = make_config([2] * len(KAGGLE_TABLE_SIZES), batch_size, 1_000_000, precision,
+        cfg = make_config([2] * len(KAGGLE_TABLE_SIZES), batch_size, data_steps, precision,
                           out_dir, compile=compile)  # fmt: skip
         trainer = Trainer(cfg, checkpoints=False)
         self.model, self.optimizer = trainer.model, trainer.dense_optimizer
@@ -236,9 +238,7 @@ def timed(step, steps: int, batch_size: int) -> tuple[float, float]:
     return steps * batch_size / (time.perf_counter() - start), cpu_ms
 
 
-def generator_throughput(
-    table_sizes: list[int], batch_size: int, samples: int = 1_000_000
-) -> float:
+def generator_throughput(table_sizes: list[int], batch_size: int, samples: int) -> float:
     """Synthetic batches per second from the planted world alone (what a training step waits on)."""
     world = PlantedWorld(SyntheticConfig(table_sizes=table_sizes, seed=0))
     source = SyntheticBatchSource(world, "train", batch_size, samples // batch_size + 1)
@@ -279,37 +279,38 @@ TARGETS = (
 )  # fmt: skip
 
 
-def make_step(name: str, sizes, bs: int, rounds_steps: int, tmp: str):
+def make_step(name: str, sizes, bs: int, rounds_steps: int, tmp: str, data_steps: int):
     if name == "naive":
         return NaiveStep(sizes, bs, rounds_steps)
     precision, compile = VARIANTS[name]
     if name.startswith("gemm_only"):
         return GemmOnlyStep(bs, precision)
     if name.startswith("dense_only"):
-        return DenseOnlyStep(bs, precision, f"{tmp}/{bs}-{name}", compile)
+        return DenseOnlyStep(bs, precision, f"{tmp}/{bs}-{name}", compile, data_steps)
     if name.endswith("_fbgemm_module"):
         applies, cpu_tbe.applies = cpu_tbe.applies, lambda *a: False
         try:
-            return OursStep(sizes, bs, precision, f"{tmp}/{bs}-{name}", compile)
+            return OursStep(sizes, bs, precision, f"{tmp}/{bs}-{name}", compile, data_steps)
         finally:
             cpu_tbe.applies = applies
-    return OursStep(sizes, bs, precision, f"{tmp}/{bs}-{name}", compile)
+    return OursStep(sizes, bs, precision, f"{tmp}/{bs}-{name}", compile, data_steps)
 
 
 BASES = ("naive", "dense_only_fp32", "dense_only_bf16")
 
 
-def compare(sizes, bs: int, seconds: float, rounds: int, names: list[str], tmp: str) -> dict:
+def compare(sizes, bs: int, args: argparse.Namespace, names: list[str], tmp: str) -> dict:
     """Alternate the variants in `rounds` rounds; medians of throughput and of the per-round
     ratios to the naive step and to the dense-only bound (adjacent measurements, so slow drifts
     in machine load cancel)."""
+    seconds, rounds = args.seconds, args.rounds
     per_step = 30_000 if bs <= 256 else 60_000  # rough samples/s, sets steps per round
     steps = max(5, int(seconds * per_step / bs / rounds))
     runs: dict[str, list[float]] = {}
     cpu: dict[str, list[float]] = {}
     stepper = {}
     for name in names:
-        stepper[name] = make_step(name, sizes, bs, steps * rounds, tmp)
+        stepper[name] = make_step(name, sizes, bs, steps * rounds, tmp, args.data_steps)
         stepper[name].run(3)  # warm-up: first touch of tables, kernel caches, compilation
         runs[name], cpu[name] = [], []
     for _ in range(rounds):
@@ -319,7 +320,7 @@ def compare(sizes, bs: int, seconds: float, rounds: int, names: list[str], tmp: 
             cpu[name].append(cpu_ms)
     med = statistics.median
     row: dict = {"steps_per_round": steps, "rounds": rounds,
-                 "generator_samples_per_s": generator_throughput(sizes, bs)}  # fmt: skip
+                 "generator_samples_per_s": generator_throughput(sizes, bs, args.generator_samples)}  # fmt: skip
     for name in names:
         row[f"{name}_samples_per_s"] = med(runs[name])
         row[f"{name}_cpu_ms_per_step"] = med(cpu[name])
@@ -352,6 +353,31 @@ def judge(result: dict, bf16_units: bool) -> list[dict]:
     return out
 
 
+def walk_sizes(args: argparse.Namespace, prog: str) -> None:
+    """HYBRID_DLRM_QUICK (hybrid_dlrm/common/quick.py): the docs' walk runs this at its sizes."""
+    args.data_steps, args.generator_samples = DATA_STEPS, 1_000_000
+    args.auc_batch, args.auc_test_size = 2048, 262_144
+    if quick.active():
+        args.table_scale = quick.cap_scale(
+            "--table-scale", args.table_scale, like="--synthetic-table-scale"
+        )
+        args.seconds = quick.cap_scale("--seconds", args.seconds)
+        args.rounds = quick.cap("--rounds", args.rounds)
+        args.batch_sizes = ",".join(
+            str(quick.cap("--batch-sizes", int(b), like="--mini-batch-size"))
+            for b in args.batch_sizes.split(",")
+        )
+        if not args.skip_auc:
+            args.auc_steps = quick.cap("--auc-steps", args.auc_steps, like="--num-batches")
+            args.auc_batch = quick.cap("the AUC check's batch", 2048, like="--mini-batch-size")
+            args.auc_test_size = quick.cap(
+                "its test samples", args.auc_test_size, like="--test-data-size"
+            )
+        args.data_steps = quick.cap("steps of data per variant", args.data_steps)
+        args.generator_samples = quick.cap("generator samples", args.generator_samples)
+        quick.announce(prog)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--table-scale", type=float, default=1.0, help="scale of the Kaggle table sizes")
@@ -370,6 +396,7 @@ def main() -> None:
                    help="torch threads (0: torch's default); 1 with NUMBA_NUM_THREADS=1 makes the "
                         "CPU-time figures the whole step's")  # fmt: skip
     args = p.parse_args()
+    walk_sizes(args, p.prog)
     if args.threads:
         torch.set_num_threads(args.threads)
     names = [x for x in args.variants.split(",") if x]
@@ -390,13 +417,20 @@ def main() -> None:
               "targets are not measurable here", file=sys.stderr)  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         for bs in [int(x) for x in args.batch_sizes.split(",")]:
-            row = compare(sizes, bs, args.seconds, args.rounds, names, tmp)
+            row = compare(sizes, bs, args, names, tmp)
             result["batches"][str(bs)] = row
             print(json.dumps({bs: row}), flush=True)
         if not args.skip_auc:
             summaries = {
                 p: Trainer(
-                    make_config(sizes, 2048, args.auc_steps, p, f"{tmp}/auc-{p}", test_size=262_144)
+                    make_config(
+                        sizes,
+                        args.auc_batch,
+                        args.auc_steps,
+                        p,
+                        f"{tmp}/auc-{p}",
+                        test_size=args.auc_test_size,
+                    )
                 ).fit()
                 for p in ("fp32", "bf16")
             }
@@ -404,7 +438,7 @@ def main() -> None:
             result["auc"] = {
                 **aucs,
                 "steps": args.auc_steps,
-                "batch": 2048,
+                "batch": args.auc_batch,
                 "bf16_minus_fp32": aucs["bf16"] - aucs["fp32"],
                 # Trainer.fit's own figure (one run each, not interleaved): a cross-check
                 "fit_train_samples_per_s": {

@@ -158,6 +158,132 @@ def test_the_walk_sizes_cut_tables_calibration_and_searches(monkeypatch, capsys)
         "small-b1024-fp32", "small-b1024-fp32-dcn", "small-b1024-fp32-dcn1r32"]  # fmt: skip
 
 
+def _script(name: str, monkeypatch):
+    """scripts/NAME.py as a module, as run by name (scripts/ first on the path: `_shared`)."""
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# each benchmark a page shows, with the values of its command there (the script's defaults
+# where the page gives none): its one `walk_sizes` place reads the variable
+BENCH_ARGS = {
+    "bench_preprocess": dict(size_gb=1.0, loader_seconds=3.0),
+    "bench_sparse_update": dict(reps=30),
+    "bench_tbsm_vs_dlrm": dict(users=3000, epochs=1, seeds="1,2,3"),
+    "bench_train": dict(
+        table_scale=1.0,
+        seconds=8.0,
+        rounds=7,
+        auc_steps=400,
+        skip_auc=False,
+        batch_sizes="128,2048",
+    ),
+    "bench_placement": dict(
+        table_scale=1.0,
+        batch_size=2048,
+        train_samples=1 << 19,
+        test_samples=1 << 17,
+        profile_samples=2_292_031,
+        rounds=1,
+        interleave_steps=200,
+        hotline_learn_batches=32,
+    ),
+    "bench_slipstream": dict(
+        seeds=3,
+        hotline_seeds=1,
+        batch=2048,
+        synthetic_samples=2048 * 2048,
+        criteo_lines=7 * 131_072,
+        criteo_epochs=3,
+        warmup=200,
+        interval=50,
+        evals_per_epoch=8,
+        curve="0.05,0.2",
+        interleave_steps=100,
+    ),
+    "bench_scm": dict(
+        file_gb=2.0,
+        seconds=3.0,
+        dram="512MB",
+        hot_budget="256MB",
+        ct_hot="16MB",
+        ct_cache="16MB",
+        serve_cache="64MB",
+        tb_dram="3GB",
+        train_samples=2048 * 400,
+        test_samples=1 << 16,
+        profile_samples=2_292_031,
+        ct_profile_samples=200_000,
+        rounds=5,
+        round_steps=40,
+        warm_steps=3000,
+        cache_steps=5000,
+        layout_steps=400,
+        serve_requests=300,
+        serve_warm=3000,
+        tb_steps=2000,
+        warmup_steps=40,
+        cache_warm_steps=3000,
+        layout_warm_steps=100,
+        ct_rows=500_000,
+    ),
+}
+
+
+def test_the_benchmarks_run_as_asked_unless_the_quick_variable_is_set(monkeypatch, capsys):
+    import argparse
+
+    from hybrid_dlrm.common import quick
+
+    monkeypatch.delenv(quick.VARIABLE, raising=False)
+    for name, values in BENCH_ARGS.items():
+        args = argparse.Namespace(**values)
+        _script(name, monkeypatch).walk_sizes(args, name)
+        assert {k: getattr(args, k) for k in values} == values, name
+    assert capsys.readouterr().err == ""
+    args = argparse.Namespace(**BENCH_ARGS["bench_sparse_update"])
+    _script("bench_sparse_update", monkeypatch).walk_sizes(args, "x")
+    assert args.cases[-1] == (1_000_000, 65_536)  # the cases' sizes as written
+    args = argparse.Namespace(**BENCH_ARGS["bench_scm"])
+    _script("bench_scm", monkeypatch).walk_sizes(args, "x")
+    assert (len(args.tables), sum(args.tables), args.batch, args.tb_rows) == (
+        26,
+        33_762_577,
+        2048,
+        10_000_000,
+    )
+
+
+def test_a_benchmark_under_the_quick_variable_runs_at_walk_sizes_and_says_so(monkeypatch, capsys):
+    import argparse
+
+    from hybrid_dlrm.common import quick
+
+    quick.announce("an earlier test's cut", io.StringIO())  # said: not this test's
+    monkeypatch.setenv(quick.VARIABLE, "1")
+    bench_train = _script("bench_train", monkeypatch)
+    args = argparse.Namespace(**BENCH_ARGS["bench_train"])  # speed.md: --seconds 8 --rounds 7
+    bench_train.walk_sizes(args, "bench_train.py")
+    assert (args.table_scale, args.seconds, args.rounds, args.batch_sizes) == (
+        0.01, 0.02, 1, "128,512")  # fmt: skip
+    assert (args.auc_steps, args.auc_batch, args.auc_test_size) == (8, 512, 4096)
+    # fewer than 1,000 steps of data: `--compile` auto leaves bf16 eager, no 20-70 s compile
+    assert (args.data_steps, args.generator_samples) == (64, 20_000)
+    assert capsys.readouterr().err == (
+        "bench_train.py: HYBRID_DLRM_QUICK is set: --table-scale 1 -> 0.01, --seconds 8 -> 0.02, "
+        "--rounds 7 -> 1, --batch-sizes 2048 -> 512, --auc-steps 400 -> 8, the AUC check's batch "
+        "2048 -> 512, its test samples 262144 -> 4096, steps of data per variant 1000000 -> 64, "
+        "generator samples 1000000 -> 20000 (walk sizes, not a real run)\n"
+    )
+    args = argparse.Namespace(**BENCH_ARGS["bench_sparse_update"])
+    _script("bench_sparse_update", monkeypatch).walk_sizes(args, "bench_sparse_update.py")
+    assert args.reps == 1 and args.cases[-1] == (100_000, 65_536)
+    assert "the cases' table rows -> at most 100,000" in capsys.readouterr().err
+
+
 def test_a_page_runs_after_the_pages_it_names_and_two_run_at_once(tmp_path):
     (tmp_path / "p.md").write_text("# P\n\n<!-- walk: after README.md, docs/a.md: its files -->\n")
     assert walk.needs("p.md", tmp_path) == ["README.md", "docs/a.md"]

@@ -38,13 +38,45 @@ SIZES = {
     # seconds of a performance model's calibration (perfmodel/calibration.py: 25 s by default),
     # which `--placement auto` and `perfmodel predict` start on a machine without a model
     "calibration seconds": 5,
-    # scripts/bench_vs_torchrec.py: Kaggle tables' scale, DCN rows per table, each variant's
-    # seconds a round, rounds, each batch size (MLPerf's DCNv2 at 2,048: seconds a step)
+    # scripts/bench_vs_torchrec.py: Kaggle tables' scale, DCN rows per table, each batch size
+    # (MLPerf's DCNv2 at 2,048: seconds a step); its seconds and rounds are the benchmarks' below
     "--table-scale": 0.001,
     "--dcn-rows": 1000,
-    "--seconds": 0.2,
-    "--rounds": 1,
     "--batch-sizes": 512,
+    # the benchmarks the pages show (scripts/bench_*.py), each a few seconds after its imports
+    "--size-gb": 0.002,  # bench_preprocess: the generated raw file (about 8,500 lines)
+    "--loader-seconds": 0.1,  # bench_preprocess: each of its 6 loader measurements
+    "baseline loader batches": 2,  # bench_preprocess: its per-sample Python loader's
+    "--seeds": 1,  # training seeds a benchmark repeats its runs with: the first
+    # a benchmark's measurements: seconds each, interleaved rounds; 0.02 s is bench_train's
+    # fewest steps (5) at any batch size
+    "--seconds": 0.02,
+    "--rounds": 1,
+    # bench_train: the steps of data a variant's trainer gets (fewer than 1,000: `--compile`
+    # auto leaves bf16 eager, as in any short run: a cold compile is 20-70 s)
+    "steps of data per variant": 64,
+    "generator samples": 20_000,  # bench_train: the synthetic generator timed alone
+    "--train-samples": 4096,  # training samples of a benchmark's runs: 8 batches of 512
+    "--profile-samples": 8192,  # inputs an access profile counts (bench_placement)
+    "--interleave-steps": 8,  # steps of two placements alternated one by one
+    # bench_slipstream: steps before anything is skipped, between snapshots; evaluations per
+    # epoch; the drift thresholds of its curve (the first)
+    "--warmup": 2,
+    "--interval": 2,
+    "--evals-per-epoch": 2,
+    "--curve": 1,
+    # bench_scm: the kaggle case's DRAM for rows and its hot part, the walk's Kaggle tables
+    # (21.6 MB) 5x larger, as Kaggle's 2.2 GB against the default 512 MB
+    "--dram": 4 << 20,
+    "--hot-budget": 2 << 20,
+    # bench_scm contention/threads: 26 tables of 20,000 rows (33 MB), a 1 MB hot part and cache
+    "--ct-rows": 20_000,
+    "--ct-hot": 1 << 20,
+    "--ct-cache": 1 << 20,
+    "--serve-cache": 1 << 20,  # bench_scm serve: the tier's row cache
+    # bench_scm terabyte: 26 tables of 100,000 rows at dim 64 (666 MB, a sparse file), 34 MB
+    # of it for rows
+    "--tb-dram": 48 << 20,
 }
 
 _said: list[str] = []
@@ -54,32 +86,37 @@ def active() -> bool:
     return os.environ.get(VARIABLE, "").strip() not in ("", "0")
 
 
-def cap(flag: str, value: int) -> int:
-    """`value` (0: all), or the walk's size for `flag` where that is smaller and the variable set;
-    a cut is remembered for `announce`."""
+def cap(flag: str, value: int, like: str | None = None) -> int:
+    """`value` (0: all), or the walk's size for `flag` (for `like` where given: a flag of
+    another name that means the same) where that is smaller and the variable set; a cut is
+    remembered for `announce`."""
     if not active():
         return value
-    limit = SIZES[flag]
+    limit = SIZES[like or flag]
     if value and value <= limit:
         return value
     _said.append(f"{flag} {value or 'all'} -> {limit}")
     return limit
 
 
-def cap_scale(flag: str, value: float) -> float:
-    """`cap` for a fraction."""
-    if not active() or value <= SIZES[flag]:
+def cap_scale(flag: str, value: float, like: str | None = None) -> float:
+    """`cap` for a fraction (or any size not a whole number: seconds, gigabytes)."""
+    limit = SIZES[like or flag]
+    if not active() or value <= limit:
         return value
-    _said.append(f"{flag} {value:g} -> {SIZES[flag]:g}")
-    return SIZES[flag]
+    _said.append(f"{flag} {value:g} -> {limit:g}")
+    return limit
 
 
-def cap_sizes(flag: str, values: tuple[int, ...] | None) -> tuple[int, ...] | None:
+def cap_sizes(
+    flag: str, values: tuple[int, ...] | None, like: str | None = None
+) -> tuple[int, ...] | None:
     """`cap` for each of a list (rows per table), one line for the list."""
-    if not active() or values is None or max(values) <= SIZES[flag]:
+    limit = SIZES[like or flag]
+    if not active() or values is None or max(values) <= limit:
         return values
-    _said.append(f"{flag} rows -> at most {SIZES[flag]:,}")
-    return tuple(min(v, SIZES[flag]) for v in values)
+    _said.append(f"{flag} rows -> at most {limit:,}")
+    return tuple(min(v, limit) for v in values)
 
 
 def limit(name: str, value: float) -> float:
