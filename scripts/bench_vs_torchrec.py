@@ -421,7 +421,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a.dcn_rows = quick.cap("--dcn-rows", a.dcn_rows)
     a.seconds = quick.cap_scale("--seconds", a.seconds)
     a.rounds = quick.cap("--rounds", a.rounds)
-    a.batch_sizes = [quick.cap("--batch-sizes", bs) for bs in a.batch_sizes]
+    a.batch_sizes = sorted({quick.cap("--batch-sizes", bs) for bs in a.batch_sizes})
     if quick.active() and set(COMPILED) & set(a.variants):
         a.variants = [v for v in a.variants if v not in COMPILED]
         quick.note("the variants that may compile left out")

@@ -38,11 +38,11 @@ SIZES = {
     # seconds of a performance model's calibration (perfmodel/calibration.py: 25 s by default),
     # which `--placement auto` and `perfmodel predict` start on a machine without a model
     "calibration seconds": 5,
-    # scripts/bench_vs_torchrec.py: Kaggle tables' scale, DCN rows per table, each batch size
-    # (MLPerf's DCNv2 at 2,048: seconds a step); its seconds and rounds are the benchmarks' below
+    # scripts/bench_vs_torchrec.py: Kaggle tables' scale, DCN rows per table, one batch size
+    # (MLPerf's DCNv2 at 512: half a second a step); its seconds and rounds are the benchmarks'
     "--table-scale": 0.001,
     "--dcn-rows": 1000,
-    "--batch-sizes": 512,
+    "--batch-sizes": 128,
     # the benchmarks the pages show (scripts/bench_*.py), each a few seconds after its imports
     "--size-gb": 0.002,  # bench_preprocess: the generated raw file (about 8,500 lines)
     "--loader-seconds": 0.1,  # bench_preprocess: each of its 6 loader measurements
