@@ -72,7 +72,7 @@ class ParallelUpdateLookup:
         grad = grad.float().contiguous()
         tables = self._woff.size
         batch = (offsets.numel() - 1) // tables
-        bad = _sgd(
+        bad, _ = _sgd(
             self.tbe.weights_host.detach().numpy(), self._woff, self._doff, self._rows,
             indices.numpy(), offsets.numpy(), grad.numpy(), batch, self.tbe.get_learning_rate(),
         )  # fmt: skip
@@ -83,9 +83,11 @@ class ParallelUpdateLookup:
 @numba.njit(parallel=True, cache=True, fastmath={"contract"})
 def _sgd(w, woff, doff, rows, idx, off, grad, batch, lr):
     """fbgemm's exact CPU SGD (w -= lr * g) of every looked-up row, tables in parallel; returns
-    the first table with an id out of range (nothing of it written), or -1."""
+    the first table with an id out of range (nothing of it written) or -1, and a sum of no
+    meaning (the rows' first reads, which nothing else uses)."""
     tables = woff.size
     bad = np.full(tables, -1, np.int64)
+    seen = np.zeros(tables, np.float32)  # the reads' sums, kept so that they are not optimised out
     lr32 = np.float32(lr)
     for t in numba.prange(tables):
         lo, hi = off[t * batch], off[(t + 1) * batch]
@@ -119,6 +121,13 @@ def _sgd(w, woff, doff, rows, idx, off, grad, batch, lr):
             continue
         d0 = doff[t]
         dim = doff[t + 1] - d0
+        # read every row first, in a loop of loads alone: the CPU keeps many of their cache
+        # misses in flight at once, where the update loop (load, add, store) keeps few; the rows
+        # are then in cache when it writes them (cold rows: 2.6 -> 1.8 ms at 26 x 2,048 ids)
+        touched = np.float32(0.0)
+        for s in range(m):
+            touched += w[woff[t] + unique[s] * dim]
+        seen[t] = touched
         acc = np.zeros((m, dim), np.float32)
         for b in range(batch):  # batch order within each row, as fbgemm sums
             for p in range(off[t * batch + b], off[t * batch + b + 1]):
@@ -131,5 +140,5 @@ def _sgd(w, woff, doff, rows, idx, off, grad, batch, lr):
                 w[e + d] -= lr32 * acc[s, d]  # one fused multiply-add, as fbgemm's
     for t in range(tables):
         if bad[t] >= 0:
-            return t
-    return -1
+            return t, seen.sum()
+    return -1, seen.sum()
