@@ -26,7 +26,9 @@ cache (O_DIRECT) unless `--scm-io buffered`.
   (medians and spreads of samples/s), then both evaluated on the same test set (same AUC: the
   same computation). The tier's counters (hit rate, read amplification, I/O latency, queue
   depth, exposed I/O per step), the CPU ms per step by thread of each run, and the DRAM the
-  tier's bookkeeping takes are reported.
+  tier's bookkeeping takes are reported. `--shapes dcnv2`: the same comparison on MLPerf's
+  DLRM-DCNv2 (dim 128, its multi-hot bags of 214 ids a sample, Adagrad, its 26 tables capped at
+  `--dcn-rows`; a profile of its own: use a fresh `--dir`).
 - `threads`: the `contention` tables (`--ct-*`), every block written, so each staging misses,
   evicts and writes dirty rows back: CPU ms per step by thread (hybrid_dlrm/common/thread_cpu.py:
   `step` the main thread, `hotline` the staging worker, `scm-io` the thread engine's I/O
@@ -75,6 +77,7 @@ from _shared import cpu_flags, load_average, make_profile  # noqa: E402
 
 from data_pipeline.synthetic import KAGGLE_TABLE_SIZES, scaled_table_sizes  # noqa: E402
 from dlrm import TrainConfig, Trainer  # noqa: E402
+from dlrm.config import MLPERF_DCNV2_MULTI_HOT, MLPERF_DCNV2_TABLES  # noqa: E402
 from embeddings.hot_rows import parse_bytes  # noqa: E402
 from embeddings.profile import AccessProfile  # noqa: E402
 from embeddings.ssd.aio import PREAD, Aio  # noqa: E402
@@ -199,12 +202,22 @@ def _disk_aio(fd: int, blocks: int, args) -> dict:
 
 
 def kaggle_base(args) -> TrainConfig:
-    return TrainConfig(
+    """The kaggle case's run: the Kaggle recipe's shapes, or with `--shapes dcnv2` MLPerf's
+    DLRM-DCNv2 (dim 128, its multi-hot bags, Adagrad; its tables capped at `--dcn-rows`)."""
+    base = TrainConfig(
         arch_embedding_size=tuple(args.tables), arch_sparse_feature_size=16,
         arch_mlp_bot=args.mlp_bot, arch_mlp_top=args.mlp_top, synthetic_zipf=args.zipf,
         data_size=args.train_samples, test_data_size=args.test_samples, mini_batch_size=args.batch,
         optimizer="sgd", learning_rate=0.1, device="cpu", seed=123, print_freq=10**9,
         progress=False, out_dir=str(Path(args.dir) / "runs" / "base"),
+    )  # fmt: skip
+    if args.shapes == "kaggle":
+        return base
+    return base.replace(
+        arch_embedding_size=tuple(min(n, args.dcn_rows) for n in MLPERF_DCNV2_TABLES),
+        arch_sparse_feature_size=128, arch_mlp_bot=(13, 512, 256, 128),
+        arch_mlp_top=(1024, 1024, 512, 256, 1), arch_interaction_op="dcn",
+        multi_hot_sizes=MLPERF_DCNV2_MULTI_HOT, optimizer="adagrad",
     )  # fmt: skip
 
 
@@ -291,7 +304,8 @@ def bench_kaggle(args) -> dict:
     ratio = [b / a for a, b in zip(rates["device"], rates["tiered"])]
     out = {
         "setup": {
-            **setup, "rows": sum(args.tables), "dim": 16, "optimizer": "sgd",
+            **setup, "shapes": args.shapes, "rows": sum(base.arch_embedding_size),
+            "dim": base.arch_sparse_feature_size, "optimizer": base.optimizer,
             "zipf": args.zipf, "batch": batch, "dram_for_rows": args.dram,
             "hot_budget": args.hot_budget, "scm_io": args.scm_io, "io_threads": args.io_threads,
             "io_engine": tiered.model.embeddings.store.tier.file.engine, "io_depth": args.io_depth,
@@ -322,7 +336,7 @@ def bench_kaggle(args) -> dict:
             "hot_rows": info["hot_rows"], "device_tier_bytes": info["device_tier_bytes"],
             "scm_cache_bytes": info["scm_cache_bytes"], "scm_bookkeeping_bytes":
             info["scm_dram_bytes"] - info["scm_cache_bytes"],
-            "hot_remap_bytes": 4 * sum(args.tables),
+            "hot_remap_bytes": 4 * sum(base.arch_embedding_size),
         },
         "peak_rss_gb_both_trainers": _rss_gb(),
         "load_after": load_average(),
@@ -1044,6 +1058,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--train-samples", type=int, default=2048 * 400)
     p.add_argument("--test-samples", type=int, default=1 << 16)
     p.add_argument("--profile-samples", type=int, default=2_292_031)
+    p.add_argument(
+        "--shapes",
+        choices=("kaggle", "dcnv2"),
+        default="kaggle",
+        help="kaggle: the Kaggle recipe; dcnv2: MLPerf's DLRM-DCNv2 with multi-hot bags",
+    )
+    p.add_argument(
+        "--dcn-rows",
+        type=int,
+        default=400_000,
+        help="kaggle --shapes dcnv2: rows per "
+        "table at most (26 tables of dim 128 with Adagrad's state: 3.1 GB at 400k)",
+    )
     p.add_argument("--mlp-bot", default="13-512-256-64-16")
     p.add_argument("--mlp-top", default="512-256-1")
     p.add_argument("--warmup-steps", type=int, default=40)
