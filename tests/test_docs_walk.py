@@ -113,12 +113,12 @@ def test_the_quick_variable_changes_nothing_unless_set(monkeypatch, capsys):
     assert config_from_args(argv).num_batches == 200
     monkeypatch.setenv(quick.VARIABLE, "1")
     cfg = config_from_args(argv)
-    assert (cfg.num_batches, cfg.test_data_size, cfg.hotline_learn_batches) == (8, 4096, 4)
+    assert (cfg.num_batches, cfg.test_data_size, cfg.hotline_learn_batches) == (8, 2048, 4)
     assert cfg.mini_batch_size == 512
     quick.announce("python -m dlrm.train")
     assert capsys.readouterr().err == (
         "python -m dlrm.train: HYBRID_DLRM_QUICK is set: --num-batches 200 -> 8, "
-        "--mini-batch-size 2048 -> 512, --test-data-size 262144 -> 4096, "
+        "--mini-batch-size 2048 -> 512, --test-data-size 262144 -> 2048, "
         "--hotline-learn-batches 50 -> 4 "
         "(walk sizes, not a real run)\n"
     )
@@ -147,7 +147,7 @@ def test_the_walk_sizes_cut_tables_calibration_and_searches(monkeypatch, capsys)
     assert capsys.readouterr().err == (
         "python -m dlrm.train: HYBRID_DLRM_QUICK is set: --arch-embedding-size rows -> at "
         "most 100,000, --synthetic-table-scale 1 -> 0.01, --num-batches all -> 8, "
-        "--mini-batch-size 2048 -> 512, --test-data-size 262144 -> 4096 "
+        "--mini-batch-size 2048 -> 512, --test-data-size 262144 -> 2048 "
         "(walk sizes, not a real run)\n"
     )
     assert calibration.budget_s() == 5.0
@@ -269,13 +269,13 @@ def test_a_benchmark_under_the_quick_variable_runs_at_walk_sizes_and_says_so(mon
     bench_train.walk_sizes(args, "bench_train.py")
     assert (args.table_scale, args.seconds, args.rounds, args.batch_sizes) == (
         0.01, 0.02, 1, "128,512")  # fmt: skip
-    assert (args.auc_steps, args.auc_batch, args.auc_test_size) == (8, 512, 4096)
+    assert (args.auc_steps, args.auc_batch, args.auc_test_size) == (8, 512, 2048)
     # fewer than 1,000 steps of data: `--compile` auto leaves bf16 eager, no 20-70 s compile
     assert (args.data_steps, args.generator_samples) == (64, 20_000)
     assert capsys.readouterr().err == (
         "bench_train.py: HYBRID_DLRM_QUICK is set: --table-scale 1 -> 0.01, --seconds 8 -> 0.02, "
         "--rounds 7 -> 1, --batch-sizes 2048 -> 512, --auc-steps 400 -> 8, the AUC check's batch "
-        "2048 -> 512, its test samples 262144 -> 4096, steps of data per variant 1000000 -> 64, "
+        "2048 -> 512, its test samples 262144 -> 2048, steps of data per variant 1000000 -> 64, "
         "generator samples 1000000 -> 20000 (walk sizes, not a real run)\n"
     )
     args = argparse.Namespace(**BENCH_ARGS["bench_sparse_update"])
