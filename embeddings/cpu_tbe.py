@@ -1,10 +1,11 @@
 """fbgemm's table-batched lookup on CPU, its fused SGD update run in parallel.
 
 fbgemm-gpu's CPU backward for exact SGD runs on one thread ("TODO: to parallelize" in its
-template): 26 Kaggle tables x 2,048 ids of 16 floats took 2.1 ms of a 17 ms bf16 step on two
-cores, four fifths of the embedding's time (docs/measurements/speed.md). Its row-wise Adagrad has
-a parallel kernel and stays as it is; its exact Adagrad is serial too, but rounds in a way this
-loop does not reproduce bit for bit, so it stays fbgemm's.
+template), and its module's forward runs Python around the operator on every call (input
+preparation, a second bounds check, statistics). Both weigh most at small batches; at large ones
+the update is bound by the rows' cache misses (docs/measurements/speed.md, issue 47 part 3).
+fbgemm's row-wise Adagrad has a parallel kernel and stays as it is; its exact Adagrad is serial
+too, but rounds in a way this loop does not reproduce bit for bit, so it stays fbgemm's.
 
 `ParallelUpdateLookup` keeps fbgemm's module (its weights, learning rate, checkpoint views)
 and its forward operator, and replaces only the backward: one numba loop, parallel over tables,
@@ -86,7 +87,7 @@ def _sgd(w, woff, doff, rows, idx, off, grad, batch, lr):
     the first table with an id out of range (nothing of it written) or -1, and a sum of no
     meaning (the rows' first reads, which nothing else uses)."""
     tables = woff.size
-    bad = np.full(tables, -1, np.int64)
+    bad = np.zeros(tables, np.bool_)  # a table with an id out of range
     seen = np.zeros(tables, np.float32)  # the reads' sums, kept so that they are not optimised out
     lr32 = np.float32(lr)
     for t in numba.prange(tables):
@@ -106,7 +107,7 @@ def _sgd(w, woff, doff, rows, idx, off, grad, batch, lr):
         for p in range(lo, hi):
             r = np.int64(idx[p])
             if r < 0 or r >= rows[t]:
-                bad[t] = t
+                bad[t] = True
                 break
             h = (r * np.int64(2654435761)) & (cap - 1)
             while keys[h] != -1 and keys[h] != r:
@@ -117,13 +118,13 @@ def _sgd(w, woff, doff, rows, idx, off, grad, batch, lr):
                 unique[m] = r
                 m += 1
             slot[p - lo] = slot_at[h]
-        if bad[t] >= 0:
+        if bad[t]:
             continue
         d0 = doff[t]
         dim = doff[t + 1] - d0
         # read every row first, in a loop of loads alone: the CPU keeps many of their cache
         # misses in flight at once, where the update loop (load, add, store) keeps few; the rows
-        # are then in cache when it writes them (cold rows: 2.6 -> 1.8 ms at 26 x 2,048 ids)
+        # are then in cache when it writes them
         touched = np.float32(0.0)
         for s in range(m):
             touched += w[woff[t] + unique[s] * dim]
@@ -139,6 +140,6 @@ def _sgd(w, woff, doff, rows, idx, off, grad, batch, lr):
             for d in range(dim):
                 w[e + d] -= lr32 * acc[s, d]  # one fused multiply-add, as fbgemm's
     for t in range(tables):
-        if bad[t] >= 0:
+        if bad[t]:
             return t, seen.sum()
     return -1, seen.sum()
