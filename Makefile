@@ -23,8 +23,10 @@ $(STAMP): requirements.txt pyproject.toml
 run: $(STAMP)
 	$(PY) -m dlrm.train $(ARGS)
 
+# the tests in two processes (pytest-xdist), then the walk alone: it runs two pages at a time
 test: $(STAMP)
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n 2 -m "not walk" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m walk $(PYTEST_ARGS)
 
 test-docs: $(STAMP)
 	$(PY) -m pytest -q -m walk $(PYTEST_ARGS)

@@ -24,7 +24,7 @@ from hybrid_dlrm.common.outputs import Purpose, check_output
 
 from .dataset_meta import load_meta, read_json
 from .errors import DataError
-from .preprocess import DATASETS, PreprocessOptions, preprocess
+from .preprocess import DATASETS, DEFAULT_TERABYTE_MAX_IND_RANGE, PreprocessOptions, preprocess
 from .synthetic_raw import SyntheticSpec, write_kaggle, write_terabyte
 
 # What each --out makes (hybrid_dlrm/common/outputs.py). A dataset directory of ours (meta.json,
@@ -225,8 +225,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.lines is not None and args.lines > 0:
             args.lines = quick.cap("--lines", args.lines)
         args.test_lines = quick.cap("--test-lines", args.test_lines) if args.test_lines else 0
-        args.users = quick.cap("--users", args.users) if args.users > 0 else args.users
+        if args.layout == "taobao" and args.users > 0:
+            args.users = quick.cap("--users", args.users)
         quick.announce("python -m data_pipeline synth")
+    if args.command == "preprocess" and quick.active():
+        m = args.max_ind_range
+        if m is None and args.dataset == "terabyte":
+            m = DEFAULT_TERABYTE_MAX_IND_RANGE
+        if (m or 0) > 0:  # hash mode: every table has this many rows
+            args.max_ind_range = quick.cap("--max-ind-range", m)
+            quick.announce("python -m data_pipeline preprocess")
     cli_lines.log_to_stderr("python -m data_pipeline", verbose=args.verbose)
     return endings.run(lambda: _run(args), left=lambda: _left(args))
 

@@ -46,6 +46,8 @@ def config_from_args(argv: list[str] | None = None) -> TrainConfig:
         if t.mini_batch_size:
             t.mini_batch_size = quick.cap("--mini-batch-size", t.mini_batch_size)
         data.test_data_size = quick.cap("--test-data-size", data.test_data_size)
+        if (data.max_ind_range or 0) > 0:  # hash mode: every table has this many rows
+            data.max_ind_range = quick.cap("--max-ind-range", data.max_ind_range)
         if hotline.learn_batches:
             hotline.learn_batches = quick.cap("--hotline-learn-batches", hotline.learn_batches)
     return cfg

@@ -172,6 +172,14 @@ def _script(name: str, monkeypatch):
 BENCH_ARGS = {
     "bench_preprocess": dict(size_gb=1.0, loader_seconds=3.0),
     "bench_sparse_update": dict(reps=30),
+    "bench_inference": dict(
+        lines_per_day=50_000,
+        synthetic_batches=400,
+        rounds=5,
+        timing_batches=4,
+        predict_lines=1_000_000,
+        predict_rounds=5,
+    ),
     "bench_tbsm_vs_dlrm": dict(users=3000, epochs=1, seeds="1,2,3"),
     "bench_train": dict(
         table_scale=1.0,
@@ -282,6 +290,40 @@ def test_a_benchmark_under_the_quick_variable_runs_at_walk_sizes_and_says_so(mon
     _script("bench_sparse_update", monkeypatch).walk_sizes(args, "bench_sparse_update.py")
     assert args.reps == 1 and args.cases[-1] == (100_000, 65_536)
     assert "the cases' table rows -> at most 100,000" in capsys.readouterr().err
+    args = argparse.Namespace(**BENCH_ARGS["bench_inference"])
+    _script("bench_inference", monkeypatch).walk_sizes(args, "bench_inference.py")
+    assert vars(args) == dict(lines_per_day=4000, synthetic_batches=8, rounds=1, timing_batches=1,
+                              predict_lines=4000, predict_rounds=1)  # fmt: skip
+    assert capsys.readouterr().err.startswith("bench_inference.py: HYBRID_DLRM_QUICK is set: "
+                                              "--lines-per-day 50000 -> 4000")  # fmt: skip
+
+
+def test_hash_mode_tables_are_cut_to_the_walks_rows(tmp_path, monkeypatch, capsys):
+    """Terabyte's 10M rows a table (62 GiB at dim 64) would not fit the walk's machine: the
+    training and the preprocessing CLIs cut --max-ind-range, given or the recipe's."""
+    import json
+
+    from data_pipeline.__main__ import main as data_pipeline
+    from dlrm.train import config_from_args
+    from hybrid_dlrm.common import quick
+
+    quick.announce("an earlier test's cut", io.StringIO())
+    tb, kaggle = (["--data-set", d, "--raw-data-file", "raw/x"] for d in ("terabyte", "kaggle"))
+    monkeypatch.delenv(quick.VARIABLE, raising=False)
+    assert config_from_args(tb).data.max_ind_range == 10_000_000
+    monkeypatch.setenv(quick.VARIABLE, "1")
+    assert config_from_args(tb).data.max_ind_range == 100_000
+    assert config_from_args([*tb, "--max-ind-range", "5000"]).data.max_ind_range == 5000
+    assert (config_from_args(kaggle).data.max_ind_range or 0) <= 0  # frequency mode: no rows cap
+    quick.announce("x", io.StringIO())
+    monkeypatch.chdir(tmp_path)
+    assert data_pipeline(["synth", "--layout", "terabyte", "--out", "raw", "--lines", "50"]) == 0
+    assert (
+        data_pipeline(["preprocess", "--dataset", "terabyte", "--raw", "raw", "--out", "tb"]) == 0
+    )
+    meta = json.loads((tmp_path / "tb" / "meta.json").read_text())
+    assert meta["table_sizes"] == [100_000] * 26
+    assert "--max-ind-range 10000000 -> 100000" in capsys.readouterr().err
 
 
 def test_a_page_runs_after_the_pages_it_names_and_two_run_at_once(tmp_path):

@@ -63,9 +63,14 @@ def test_the_quantize_predict_sequence_runs_as_pasted(tmp_path, monkeypatch, cap
     monkeypatch.chdir(tmp_path)
     entry = {"data_pipeline": data_pipeline, "dlrm.train": train, "hybrid_dlrm.serving.quantize": quantize,
              "hybrid_dlrm.serving.predict": predict}  # fmt: skip
-    commands = _commands("hybrid_dlrm.serving.predict")
+    # the Kaggle files the Criteo example makes in raw/, then the inference block
+    commands = _commands("data_pipeline synth --layout kaggle")[:1] + _commands(
+        "hybrid_dlrm.serving.predict"
+    )
     assert [a[0] for a, _ in commands] == ["data_pipeline", "dlrm.train", "hybrid_dlrm.serving.quantize",
                                            "hybrid_dlrm.serving.predict", "hybrid_dlrm.serving.predict"]  # fmt: skip
+    assert commands[0][0][-4:] == ["--lines", "100000", "--test-lines", "10000"]
+    assert "raw/train.txt" in commands[1][0] and "raw/test.txt" in commands[3][0]
     for argv, _ in commands:
         module, args = argv[0], argv[1:]
         if module == "data_pipeline":  # the sample at a tiny size
@@ -85,7 +90,7 @@ def test_the_quantize_predict_sequence_runs_as_pasted(tmp_path, monkeypatch, cap
 @pytest.mark.usefixtures("starts_processes")
 def test_the_inference_page_block_runs_as_pasted(tmp_path, monkeypatch, capsys):
     """docs/inference.md's "Run it" block, in order (tiny sizes): raw lines -> run -> every
-    export -> check -> both predictions -> the reference's --inference-only."""
+    export -> both checks -> both predictions -> the reference's --inference-only."""
     from data_pipeline.__main__ import main as data_pipeline
     from dlrm.train import main as train
     from hybrid_dlrm.serving.predict import main as predict
@@ -114,7 +119,7 @@ def test_the_inference_page_block_runs_as_pasted(tmp_path, monkeypatch, capsys):
         assert entry[module](args) == 0, (module, args, capsys.readouterr().err)
         ran.append(module)
     assert (
-        ran.count("hybrid_dlrm.serving.quantize") == 5
+        ran.count("hybrid_dlrm.serving.quantize") == 6
         and ran.count("hybrid_dlrm.serving.predict") == 2
     ), ran
     lines = (tmp_path / "submission-int8.csv").read_text().splitlines()
