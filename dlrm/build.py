@@ -48,8 +48,13 @@ def table_sizes(cfg: TrainConfig, data: DataSplits) -> list[int]:
     small = [i for i, (g, n) in enumerate(zip(given, sizes)) if g < n]
     if small:
         i = small[0]
+        why = ""
+        if "arch_embedding_size" in getattr(cfg, "reference_defaults", {}):
+            # terabyte-dcn.toml: MLPerf's counts, which only renumbered ids fit (docs/data.md)
+            why = (" (the reference recipe's sizes count MLPerf's renumbered ids; a dataset "
+                   "preprocessed here keeps value % M: docs/data.md#multi-hot-bags)")  # fmt: skip
         raise ConfigError(
-            f"--arch-embedding-size: table {i} has {given[i]} rows but the data set's ids need {sizes[i]}"
+            f"--arch-embedding-size: table {i} has {given[i]} rows but the data set's ids need {sizes[i]}{why}"
         )
     return given
 

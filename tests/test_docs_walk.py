@@ -312,7 +312,7 @@ def test_hash_mode_tables_are_cut_to_the_walks_rows(tmp_path, monkeypatch, capsy
     monkeypatch.delenv(quick.VARIABLE, raising=False)
     assert config_from_args(tb).data.max_ind_range == 10_000_000
     monkeypatch.setenv(quick.VARIABLE, "1")
-    assert config_from_args(tb).data.max_ind_range == 100_000
+    assert config_from_args(tb).data.max_ind_range == 20_000
     assert config_from_args([*tb, "--max-ind-range", "5000"]).data.max_ind_range == 5000
     assert (config_from_args(kaggle).data.max_ind_range or 0) <= 0  # frequency mode: no rows cap
     quick.announce("x", io.StringIO())
@@ -322,8 +322,8 @@ def test_hash_mode_tables_are_cut_to_the_walks_rows(tmp_path, monkeypatch, capsy
         data_pipeline(["preprocess", "--dataset", "terabyte", "--raw", "raw", "--out", "tb"]) == 0
     )
     meta = json.loads((tmp_path / "tb" / "meta.json").read_text())
-    assert meta["table_sizes"] == [100_000] * 26
-    assert "--max-ind-range 10000000 -> 100000" in capsys.readouterr().err
+    assert meta["table_sizes"] == [20_000] * 26
+    assert "--max-ind-range 10000000 -> 20000" in capsys.readouterr().err
 
 
 def test_a_page_runs_after_the_pages_it_names_and_two_run_at_once(tmp_path):

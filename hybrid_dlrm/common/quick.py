@@ -25,7 +25,7 @@ SIZES = {
     # rows per table: Kaggle's full tables (33M rows, a 2 GiB checkpoint) take longer to
     # initialise and write than the walk's 8 steps take to train
     "--arch-embedding-size": 100_000,
-    "--max-ind-range": 100_000,  # hash mode's rows per table (Terabyte's 10M: 62 GiB at dim 64)
+    "--max-ind-range": 20_000,  # hash mode's rows per table (Terabyte's 10M: 62 GiB at dim 64)
     "--synthetic-table-scale": 0.01,  # the default's tables (21.6 MB)
     "--lines": 4000,  # raw Kaggle/Terabyte lines written by data_pipeline synth
     "--test-lines": 1000,

@@ -89,3 +89,27 @@ def test_table_count_mismatch_and_wrong_dataset(raw, tmp_path, capsys):
         main(["--data-set", "kaggle", "--processed-data-file", str(tmp_path / "none"), *ARCH]) == 2
     )
     assert "is not a preprocessed data set" in capsys.readouterr().err
+
+
+def test_the_dcnv2_recipes_sizes_on_hash_mode_data_are_one_line_saying_why(tmp_path, capsys):
+    """terabyte-dcn.toml's tables are MLPerf's counts of renumbered ids; a dataset preprocessed
+    here keeps value % M, so the recipe's small tables cannot hold its ids (docs/data.md)."""
+    from data_pipeline.__main__ import main as data_pipeline
+
+    assert (
+        data_pipeline(
+            ["synth", "--layout", "terabyte", "--out", str(tmp_path / "raw"), "--lines", "40"]
+        )
+        == 0
+    )
+    assert data_pipeline(["preprocess", "--dataset", "terabyte", "--raw", str(tmp_path / "raw"),
+                          "--out", str(tmp_path / "tb"), "--max-ind-range", "1000"]) == 0  # fmt: skip
+    capsys.readouterr()
+    argv = ["--data-set", "terabyte", "--processed-data-file", str(tmp_path / "tb"),
+            "--arch-interaction-op", "dcn", "--out-dir", str(tmp_path / "run")]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert err.startswith("python -m dlrm.train: error: --arch-embedding-size: table 5 has 3 rows "
+                          "but the data set's ids need 1000 (the reference recipe's sizes count "
+                          "MLPerf's renumbered ids")  # fmt: skip
+    assert not (tmp_path / "run" / "checkpoints").exists()
