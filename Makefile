@@ -23,9 +23,11 @@ $(STAMP): requirements.txt pyproject.toml
 run: $(STAMP)
 	$(PY) -m dlrm.train $(ARGS)
 
-# the tests in two processes (pytest-xdist), then the walk alone: it runs two pages at a time
+# the tests in two processes (pytest-xdist) of one OpenMP thread each, a core each (two teams of
+# two threads on two cores spin-wait on each other's descheduled thread), then the walk alone:
+# it runs two pages at a time, a core each (docs/measurements/walk.md: the suite's time)
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 -m "not walk" $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 -m "not walk" $(PYTEST_ARGS)
 	$(PY) -m pytest -q -m walk $(PYTEST_ARGS)
 
 test-docs: $(STAMP)
