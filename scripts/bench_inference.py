@@ -125,11 +125,13 @@ def train_synthetic(work: Path, batches: int) -> Path:
 
 def export_all(run: Path, out: Path, names=tuple(VARIANTS)) -> dict[str, Path]:
     """The artifacts, exported in this process by `python -m hybrid_dlrm.serving.quantize`'s
-    library face (its ~3 s of imports paid once, not per variant; nothing of an export is timed
-    but its total, `export_s`)."""
-    from hybrid_dlrm.serving.quantize import quantize
+    library face (its imports paid once, not per variant; nothing of an export is timed but
+    their total, `export_s`), with the command's calibration batches at walk sizes."""
+    from hybrid_dlrm.serving.quantize import build_parser, quantize
 
-    batches = ["--batches", str(quick.cap("--batches", 16))] if quick.active() else []
+    batches = []
+    if quick.active():
+        batches = ["--batches", str(quick.cap("--batches", build_parser().get_default("batches")))]
     arts = {}
     for name in names:
         art = out / name

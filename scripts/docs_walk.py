@@ -198,8 +198,8 @@ def fresh_checkout(where: Path) -> Path:
             (copy / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, copy / name)
     # the compiled code the checkout already has (numba's kernels, Python's bytecode; ignored by
-    # git): each kernel's first compile (5-6 s for a training's) is paid where the code was run
-    # first, as a reader's own `make run` pays it once, not again by every page of the walk
+    # git): each kernel's first compile is paid where the code was run first, as a reader's own
+    # `make run` pays it once, not again by the walk's first command of each kind
     for cache in {(ROOT / name).parent / "__pycache__" for name in filter(None, files)}:
         if cache.is_dir() and (copy / cache.relative_to(ROOT)).parent.is_dir():
             shutil.copytree(cache, copy / cache.relative_to(ROOT), dirs_exist_ok=True)
