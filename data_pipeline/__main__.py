@@ -140,6 +140,12 @@ def _parser() -> argparse.ArgumentParser:
         help="hash mode: id = value %% M (default for terabyte: 10000000); <= 0: frequency mode",
     )
     pre.add_argument(
+        "--contiguous-ids",
+        action="store_true",
+        help="hash mode: renumber each feature's distinct value %% M to 0..n-1 (tables of n rows, "
+        "as the reference's and MLPerf's preprocessing)",
+    )
+    pre.add_argument(
         "--frequency-threshold",
         type=int,
         help="frequency mode (default for kaggle): values seen fewer than T times share one id",
@@ -273,6 +279,7 @@ def _run(args: argparse.Namespace) -> int:
         elif args.command == "preprocess":
             options = PreprocessOptions(
                 max_ind_range=args.max_ind_range,
+                contiguous_ids=args.contiguous_ids,
                 frequency_threshold=args.frequency_threshold,
                 sub_sample_rate=args.sub_sample_rate,
                 seed=args.seed,

@@ -152,6 +152,29 @@ class Vocabulary:
         )
         return sizes, summaries
 
+    @staticmethod
+    def write_contiguous(
+        directory: Path, counter: FrequencyCounter
+    ) -> tuple[list[int], list[dict]]:
+        """Hash mode renumbered (the reference's and MLPerf's tables): each feature's distinct
+        value % M, counted over the labelled days, gets id = its rank by value; a value not seen
+        there (an unlabelled file, serving) shares the row of value 0, or row 0. Returns (table
+        sizes, per-feature summaries)."""
+        directory.mkdir(parents=True, exist_ok=True)
+        sizes, summaries = [], []
+        for f in range(counter.num_features):
+            values, counts = counter.result(f)  # sorted distinct, all >= 0 (hashed)
+            ids = np.arange(len(values), dtype=np.int64)
+            for name, arr in (("values", values), ("counts", counts), ("sorted_values", values),
+                              ("sorted_ids", ids)):  # fmt: skip
+                np.save(directory / f"cat_{f}.{name}.npy", arr)
+            sizes.append(max(1, len(values)))  # a feature never seen still has its row 0
+            summaries.append({"distinct_values": int(len(values)), "rows": int(counts.sum())})
+        (directory / "vocabulary.json").write_text(
+            json.dumps({"contiguous": True, "table_sizes": sizes}) + "\n"
+        )
+        return sizes, summaries
+
     def _load(self) -> list[tuple[np.ndarray, np.ndarray]]:
         if self._maps is None:
             self._maps = [
@@ -163,10 +186,18 @@ class Vocabulary:
             ]
         return self._maps
 
-    def ids(self, cats: np.ndarray, dtype: np.dtype) -> np.ndarray:
-        """Raw values [n, features] (negative = empty) -> ids [n, features]."""
+    def ids(self, cats: np.ndarray, dtype: np.dtype, renumbered: bool = False) -> np.ndarray:
+        """Raw values [n, features] (negative = empty) -> ids [n, features]; `renumbered`: a
+        `write_contiguous` vocabulary, and `cats` hashed (value % M) already."""
         out = np.empty(cats.shape, dtype=dtype)
         for f, (values, ids) in enumerate(self._load()):
+            if renumbered:
+                distinct, inverse = np.unique(cats[:, f], return_inverse=True)
+                pos = np.minimum(np.searchsorted(values, distinct), max(len(values) - 1, 0))
+                found = (values[pos] == distinct) if len(values) else np.zeros(len(distinct), bool)
+                zero = int(ids[0]) if len(values) and values[0] == 0 else 0
+                out[:, f] = np.where(found, ids[pos] if len(values) else 0, zero)[inverse]
+                continue
             # Look up each distinct value once, in sorted order: far fewer and far more
             # cache-friendly binary searches in a large memory-mapped map.
             distinct, inverse = np.unique(cats[:, f], return_inverse=True)

@@ -67,6 +67,9 @@ class PreprocessOptions:
 
     max_ind_range: int | None = None  # > 0: hash mode; <= 0: frequency mode; None: per dataset
     frequency_threshold: int | None = None  # frequency mode: values seen < T times share an id
+    # hash mode: each feature's distinct value % M renumbered 0..n-1 (the reference's and
+    # MLPerf's tables of n rows), not M rows of value % M
+    contiguous_ids: bool = False
     sub_sample_rate: float = 0.0  # drop label-0 training rows with this probability
     seed: int = 0  # seeds the down-sampling
     on_bad_line: str = "error"  # or "skip"
@@ -83,12 +86,25 @@ class PreprocessOptions:
                     f"--max-ind-range {m} and --frequency-threshold {t}: choose one way to map "
                     "categorical values (hashing, or ids by frequency)"
                 )
-            return {"mode": "hash", "max_ind_range": int(m)}
+            return self._hash(int(m))
         if m is None and t is None and dataset == "terabyte":
-            return {"mode": "hash", "max_ind_range": DEFAULT_TERABYTE_MAX_IND_RANGE}
+            return self._hash(DEFAULT_TERABYTE_MAX_IND_RANGE)
+        if self.contiguous_ids:
+            raise DataError(
+                "--contiguous-ids: renumbers hash mode's ids; frequency mode's ids are already "
+                "contiguous (give --max-ind-range M > 0)"
+            )
         if t is not None and t < 0:
             raise DataError(f"--frequency-threshold: expected a count >= 0, got {t}")
         return {"mode": "frequency", "threshold": max(1, int(t or 1))}
+
+    def _hash(self, m: int) -> dict:
+        # an older directory has no "contiguous" key: its settings stay the same
+        return {
+            "mode": "hash",
+            "max_ind_range": m,
+            **({"contiguous": True} if self.contiguous_ids else {}),
+        }
 
     def validate(self, dataset: str) -> None:
         if dataset not in DATASETS:
@@ -276,7 +292,7 @@ class _Run:
                   f"{self.out}: done once, reused after", file=sys.stderr, flush=True)  # fmt: skip
         pipeline = BlockPipeline(self.workers)
         try:
-            if self.categorical["mode"] == "frequency":
+            if _has_vocabulary(self.categorical):
                 table_sizes, vocab_summary = self._vocabulary(pipeline)
             else:
                 table_sizes, vocab_summary = [self.categorical["max_ind_range"]] * NUM_SPARSE, None
@@ -310,7 +326,7 @@ class _Run:
             sub_sample_rate=rate,
             sub_sample_key=sub_sample_key(self.options.seed, part.name),
             max_ind_range=self.categorical.get("max_ind_range", 0),
-            vocab_dir=str(self.out / "vocab") if self.categorical["mode"] == "frequency" else None,
+            vocab_dir=str(self.out / "vocab") if _has_vocabulary(self.categorical) else None,
             index_dtype=index_dtype,
         )
 
@@ -345,7 +361,10 @@ class _Run:
         for part in labelled:
             total.update(FrequencyCounter.load(counts_dir / f"{part.name}.npz", NUM_SPARSE))
         forget_vocabularies()
-        sizes, summary = Vocabulary.write(vocab_dir, total, self.categorical["threshold"])
+        if self.categorical["mode"] == "hash":  # contiguous: every value seen keeps a row
+            sizes, summary = Vocabulary.write_contiguous(vocab_dir, total)
+        else:
+            sizes, summary = Vocabulary.write(vocab_dir, total, self.categorical["threshold"])
         dm.write_json(
             marker, {"fingerprint": self.settings, "table_sizes": sizes, "summary": summary}
         )
@@ -503,7 +522,23 @@ class _Run:
         dm.write_json(self.out / "meta.json", meta)
 
 
+def _has_vocabulary(categorical: dict) -> bool:
+    """Whether ids come through a vocabulary counted first (frequency mode, contiguous hash)."""
+    return categorical["mode"] == "frequency" or bool(categorical.get("contiguous"))
+
+
 def _describe_categorical(categorical: dict, vocab_summary: list[dict] | None) -> dict:
+    if categorical.get("contiguous"):
+        return {
+            **categorical,
+            "ids": (
+                "each feature's distinct value % max_ind_range in the labelled days, by ascending "
+                "value (an empty field counts as value 0); a value never seen there shares the "
+                "row of value 0, or row 0"
+            ),
+            "vocab_dir": "vocab",
+            "per_feature": vocab_summary,
+        }
     if categorical["mode"] == "hash":
         return {
             **categorical,

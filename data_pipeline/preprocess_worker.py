@@ -70,21 +70,22 @@ def run_task(spec: TaskSpec, data: bytes | bytearray, offset: int) -> TaskResult
         keep = keep_mask(labels, parsed.offsets + offset, spec.sub_sample_rate, spec.sub_sample_key)
         labels, ints, cats = labels[keep], ints[keep], cats[keep]
     result.rows = len(ints)
+    if spec.max_ind_range > 0 and (spec.kind == "count" or spec.vocab_dir):  # contiguous hash
+        cats = categorical.hash_ids(cats, spec.max_ind_range, np.dtype(np.int64))
     if spec.kind == "count":
         for f in range(NUM_SPARSE):
             result.counts.append(np.unique(cats[:, f], return_counts=True))
         return result
     dtype = np.dtype(spec.index_dtype)
-    if spec.max_ind_range > 0:
+    if spec.max_ind_range > 0 and not spec.vocab_dir:
         result.sparse = categorical.hash_ids(cats, spec.max_ind_range, dtype)
     else:
-        assert spec.vocab_dir is not None
         vocab = _vocab_cache.get(spec.vocab_dir)
         if vocab is None:
             vocab = _vocab_cache[spec.vocab_dir] = categorical.Vocabulary(
                 spec.vocab_dir, NUM_SPARSE
             )
-        result.sparse = vocab.ids(cats, dtype)
+        result.sparse = vocab.ids(cats, dtype, renumbered=spec.max_ind_range > 0)
     result.labels = labels
     result.dense = dense_transform(ints)
     return result

@@ -50,9 +50,9 @@ def table_sizes(cfg: TrainConfig, data: DataSplits) -> list[int]:
         i = small[0]
         why = ""
         if "arch_embedding_size" in getattr(cfg, "reference_defaults", {}):
-            # terabyte-dcn.toml: MLPerf's counts, which only renumbered ids fit (docs/data.md)
-            why = (" (the reference recipe's sizes count MLPerf's renumbered ids; a dataset "
-                   "preprocessed here keeps value % M: docs/data.md#multi-hot-bags)")  # fmt: skip
+            # terabyte-dcn.toml: MLPerf's counts, which only the real days renumbered fit
+            why = (" (the reference recipe's sizes count MLPerf's renumbered ids of the real "
+                   "days, --contiguous-ids: docs/data.md#multi-hot-bags)")  # fmt: skip
         raise ConfigError(
             f"--arch-embedding-size: table {i} has {given[i]} rows but the data set's ids need {sizes[i]}{why}"
         )

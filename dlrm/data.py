@@ -125,6 +125,7 @@ def _criteo(cfg: TrainConfig, rank: int, world_size: int) -> DataSplits:
     if cfg.data.raw_data_file:
         options = {
             "max_ind_range": cfg.data.max_ind_range if (cfg.data.max_ind_range or 0) > 0 else None,
+            "contiguous_ids": bool(cfg.data.contiguous_ids),
             "frequency_threshold": cfg.data.frequency_threshold
             if cfg.data.frequency_threshold > 0
             else None,

@@ -13,9 +13,9 @@
 #   --mlperf: dim 128, bottom 13-512-256-128, top 1024-1024-512-256-1, --max-ind-range 40000000,
 #             lr 1.0, stop at test AUC 0.8025
 #   --mlperf-dcnv2: dim 128, bottom 13-512-256-128, DCNv2 interaction (3 cross layers, rank
-#             512), top 1024-1024-512-256-1, --max-ind-range 40000000 (hash mode: 26 tables
-#             of 40M rows, 532 GB of fp32 weights; MLPerf's renumbered ids make the 104 GB of
-#             dlrm/recipes/terabyte-dcn.toml, not built here: docs/data.md), Adagrad (its
+#             512), top 1024-1024-512-256-1, --max-ind-range 40000000 --contiguous-ids (each
+#             feature's values % M renumbered, as MLPerf's preprocessing: on the real days the
+#             26 tables of dlrm/recipes/terabyte-dcn.toml, ~104 GB of fp32 weights), Adagrad (its
 #             per-element state doubles that), lr 0.004, batches of 65536, stop at test AUC
 #             0.80275, every training row kept (no negative down-sampling: its own dataset,
 #             data/criteo_terabyte_40000000_full). Placement: `device` where the weights and
@@ -110,9 +110,10 @@ if [[ $mode == dcnv2 ]]; then
         --learning-rate 0.004
         --print-freq 64
         --mlperf-auc-threshold 0.80275
+        --contiguous-ids
     )
-    # the dataset's tables (26 of $rows rows) x 128 x 4 bytes, twice (Adagrad's state is per element)
-    need_kb=$((26 * rows * 128 * 4 * 2 / 1024))
+    # MLPerf's 204,184,588 renumbered rows x 128 x 4 bytes, twice (Adagrad's state is per element)
+    need_kb=$((204184588 * 128 * 4 * 2 / 1024))
     mem_kb=${MEM_KB:-$(awk '/^MemTotal:/ {print $2}' /proc/meminfo 2>/dev/null || echo 0)}
     if ((need_kb > mem_kb * 8 / 10)); then
         placement=(

@@ -98,6 +98,12 @@ class DataConfig(Section):
         None, "--max-ind-range", "hash categorical values modulo this many rows",
         shown_default="the data set's reference (Terabyte: 10000000)",
     )  # fmt: skip
+    contiguous_ids: bool | None = setting(
+        None, "--contiguous-ids",
+        "hash mode: renumber each feature's distinct hashed values to 0..n-1, tables of n rows "
+        "(the reference's and MLPerf's preprocessing), not M rows",
+        shown_default="the data set's reference (MLPerf's DCNv2: true; else false)",
+    )  # fmt: skip
     data_sub_sample_rate: float = setting(
         0.0, "--data-sub-sample-rate", "drop this share of negative training samples",
         check=unit_interval("[)"),

@@ -7,7 +7,8 @@
     ARTIFACT/dense/<name>.npy       the dense weights (hybrid_dlrm/serving/model_tensors.py: int8 layers as
                                     codes + per-channel scales, bf16 stored as uint16 bits)
     ARTIFACT/mapping/cat_N.sorted_values.npy, cat_N.sorted_ids.npy
-                                    frequency-mode categorical maps (raw value -> row id), the
+                                    frequency-mode (or renumbered hash-mode) categorical maps (raw
+                                    value -> row id), the
                                     layout data_pipeline/categorical.Vocabulary reads
     ARTIFACT/sensitivity.json, sensitivity.png   with --emb-precision auto
 
@@ -191,7 +192,7 @@ class Artifact:
     @property
     def mapping_dir(self) -> Path | None:
         m = self.manifest.get("categorical") or {}
-        return self.path / m["dir"] if m.get("mode") == "frequency" else None
+        return self.path / m["dir"] if "dir" in m else None  # frequency or contiguous hash
 
 
 def read_manifest(path: Path) -> dict:

@@ -208,7 +208,8 @@ def take_batches(source, limit: int) -> BatchList:
 
 def categorical_mapping(source: Source, data: str | None) -> tuple[dict | None, Path | None]:
     """How raw Criteo values become row ids in training: ({"mode": "hash", "max_ind_range": M}
-    or {"mode": "frequency", "threshold": T}, the vocabulary directory in frequency mode);
+    (with "contiguous": True where renumbered) or {"mode": "frequency", "threshold": T}, the
+    vocabulary directory in frequency mode and renumbered hash mode);
     (None, None) when the model was not trained on Criteo data (nothing to map)."""
     from data_pipeline.dataset_meta import load_meta
 
@@ -232,6 +233,9 @@ def categorical_mapping(source: Source, data: str | None) -> tuple[dict | None, 
             f"{sizes} cannot hold its ids"
         )
     cat = meta["categorical"]
+    if cat["mode"] == "hash" and cat.get("contiguous"):  # value % M, then renumbered
+        hashed = {"mode": "hash", "max_ind_range": int(cat["max_ind_range"]), "contiguous": True}
+        return hashed, directory / cat["vocab_dir"]
     if cat["mode"] == "hash":
         return {"mode": "hash", "max_ind_range": int(cat["max_ind_range"])}, None
     return {"mode": "frequency", "threshold": int(cat["threshold"])}, directory / cat["vocab_dir"]

@@ -170,7 +170,8 @@ def predict_raw(predictor, path: Path, out: Path | None, on_bad_line: str, batch
     spec = TaskSpec(
         kind="encode", has_label=labelled, sub_sample_rate=0.0, sub_sample_key=0,
         max_ind_range=mapping.get("max_ind_range", 0) if mapping["mode"] == "hash" else 0,
-        vocab_dir=str(predictor.artifact.mapping_dir) if mapping["mode"] == "frequency" else None,
+        vocab_dir=(str(predictor.artifact.mapping_dir)
+                   if mapping["mode"] == "frequency" or mapping.get("contiguous") else None),
         # int32 where every table fits: half the bytes through the workers' pipes and the copies
         index_dtype="int32" if max(t.num_embeddings for t in predictor.artifact.tables) < 2**31 else "int64",
     )  # fmt: skip

@@ -44,7 +44,7 @@ OLD_BY_INTERACTION = {
         arch_sparse_feature_size=128, arch_mlp_bot=(13, 512, 256, 128),
         arch_mlp_top=(1024, 1024, 512, 256, 1), arch_embedding_size=OLD_TABLES,
         max_ind_range=40_000_000, dcn_num_layers=3, dcn_low_rank_dim=512, optimizer="adagrad",
-        multi_hot_sizes=OLD_MULTI_HOT,
+        multi_hot_sizes=OLD_MULTI_HOT, contiguous_ids=True,
     ),
 }  # fmt: skip
 

@@ -92,8 +92,9 @@ def test_table_count_mismatch_and_wrong_dataset(raw, tmp_path, capsys):
 
 
 def test_the_dcnv2_recipes_sizes_on_hash_mode_data_are_one_line_saying_why(tmp_path, capsys):
-    """terabyte-dcn.toml's tables are MLPerf's counts of renumbered ids; a dataset preprocessed
-    here keeps value % M, so the recipe's small tables cannot hold its ids (docs/data.md)."""
+    """terabyte-dcn.toml's tables are MLPerf's counts of the real days' renumbered ids; a dataset
+    preprocessed without --contiguous-ids keeps value % M, so the recipe's small tables cannot
+    hold its ids (docs/data.md)."""
     from data_pipeline.__main__ import main as data_pipeline
 
     assert (
@@ -111,5 +112,5 @@ def test_the_dcnv2_recipes_sizes_on_hash_mode_data_are_one_line_saying_why(tmp_p
     err = capsys.readouterr().err.splitlines()[-1]
     assert err.startswith("python -m dlrm.train: error: --arch-embedding-size: table 5 has 3 rows "
                           "but the data set's ids need 1000 (the reference recipe's sizes count "
-                          "MLPerf's renumbered ids")  # fmt: skip
+                          "MLPerf's renumbered ids of the real days")  # fmt: skip
     assert not (tmp_path / "run" / "checkpoints").exists()

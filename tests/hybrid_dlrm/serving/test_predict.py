@@ -34,6 +34,7 @@ def kaggle(tmp_path_factory, long_training):  # tiny epochs
     for mode, flags in (
         ("freq", ["--frequency-threshold", "2"]),
         ("hash", ["--max-ind-range", "97"]),
+        ("contiguous", ["--max-ind-range", "97", "--contiguous-ids"]),
     ):
         proc = d / f"proc_{mode}"
         assert train(["--data-set", "kaggle", "--raw-data-file", str(d / "raw" / "train.txt"),
@@ -45,7 +46,7 @@ def kaggle(tmp_path_factory, long_training):  # tiny epochs
     return d, runs
 
 
-@pytest.mark.parametrize("mode", ["freq", "hash"])
+@pytest.mark.parametrize("mode", ["freq", "hash", "contiguous"])
 @pytest.mark.usefixtures("starts_processes")
 def test_raw_lines_score_as_their_preprocessed_rows(kaggle, mode, tmp_path):
     d, runs = kaggle
