@@ -190,22 +190,17 @@ class Vocabulary:
         """Raw values [n, features] (negative = empty) -> ids [n, features]; `renumbered`: a
         `write_contiguous` vocabulary, and `cats` hashed (value % M) already."""
         out = np.empty(cats.shape, dtype=dtype)
+        # renumbered: an unseen value takes row 0, which is value 0's wherever value 0 was seen
+        unseen = 0 if renumbered else RARE_ID
         for f, (values, ids) in enumerate(self._load()):
-            if renumbered:
-                distinct, inverse = np.unique(cats[:, f], return_inverse=True)
-                pos = np.minimum(np.searchsorted(values, distinct), max(len(values) - 1, 0))
-                found = (values[pos] == distinct) if len(values) else np.zeros(len(distinct), bool)
-                zero = int(ids[0]) if len(values) and values[0] == 0 else 0
-                out[:, f] = np.where(found, ids[pos] if len(values) else 0, zero)[inverse]
-                continue
             # Look up each distinct value once, in sorted order: far fewer and far more
             # cache-friendly binary searches in a large memory-mapped map.
             distinct, inverse = np.unique(cats[:, f], return_inverse=True)
             if len(values):
                 pos = np.minimum(np.searchsorted(values, distinct), len(values) - 1)
-                mapped = np.where(values[pos] == distinct, ids[pos], RARE_ID)
+                mapped = np.where(values[pos] == distinct, ids[pos], unseen)
             else:
-                mapped = np.full(len(distinct), RARE_ID, dtype=np.int64)
-            mapped[distinct < 0] = MISSING_ID
+                mapped = np.full(len(distinct), unseen, dtype=np.int64)
+            mapped[distinct < 0] = MISSING_ID  # raw empty fields (hashed values are >= 0)
             out[:, f] = mapped[inverse]
         return out
