@@ -78,6 +78,7 @@ from _shared import cpu_flags, load_average, make_profile  # noqa: E402
 from data_pipeline.synthetic import KAGGLE_TABLE_SIZES, scaled_table_sizes  # noqa: E402
 from dlrm import TrainConfig, Trainer  # noqa: E402
 from dlrm.config import MLPERF_DCNV2_MULTI_HOT, MLPERF_DCNV2_TABLES  # noqa: E402
+from dlrm.settings.placement import ScmConfig  # noqa: E402
 from embeddings.hot_rows import parse_bytes  # noqa: E402
 from embeddings.profile import AccessProfile  # noqa: E402
 from embeddings.ssd.aio import PREAD, Aio  # noqa: E402
@@ -90,6 +91,9 @@ from hybrid_dlrm.common.thread_cpu import ThreadCpu, per_step_ms  # noqa: E402
 
 def _rss_gb() -> float:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)
+
+
+_LOG_SHARE = ScmConfig.__dataclass_fields__["log_share"].default  # --scm-log-share's
 
 
 def _setup() -> dict:
@@ -229,7 +233,9 @@ def _profile(args, base: TrainConfig) -> Path:
     return path
 
 
-def _tiered_cfg(args, base: TrainConfig, profile: Path, name: str = "tiered") -> TrainConfig:
+def _tiered_cfg(
+    args, base: TrainConfig, profile: Path, name: str = "tiered", log_share: float | None = None
+) -> TrainConfig:
     dram = parse_bytes(args.dram, "--dram")
     hot = parse_bytes(args.hot_budget, "--hot-budget")
     run = Path(args.dir) / "runs" / name
@@ -237,6 +243,7 @@ def _tiered_cfg(args, base: TrainConfig, profile: Path, name: str = "tiered") ->
         placement="tiered", hot_budget=str(hot), scm_cache=str(dram - hot),
         scm_dir=str(run / "scm"), scm_io=args.scm_io, scm_io_threads=args.io_threads,
         scm_io_engine=args.io_engine, scm_io_depth=args.io_depth,
+        scm_log_share=args.log_share if log_share is None else log_share,
         profile_file=str(profile), out_dir=str(run),
     )  # fmt: skip
 
@@ -263,6 +270,11 @@ def bench_kaggle(args) -> dict:
     tiered_build_s = time.perf_counter() - t0
     prepared = _long_run_state(args, tiered)
     runs = {"device": device, "tiered": tiered}
+    if args.patched_too:  # the same DRAM, evicted rows patched into their blocks one by one
+        runs["patched"] = Trainer(
+            _tiered_cfg(args, base, profile, "patched", 0.0), checkpoints=False
+        )
+        prepared = {"tiered": prepared, "patched": _long_run_state(args, runs["patched"])}
     streams = {k: t.data.train.batches(0, 0) for k, t in runs.items()}
     rates: dict[str, list[float]] = {k: [] for k in runs}
     cpu_ms: dict[str, list[float]] = {k: [] for k in runs}  # the process's CPU per step
@@ -278,7 +290,7 @@ def bench_kaggle(args) -> dict:
             t.pipeline.progress(streams[name])
         warm[name] = round(args.warmup_steps * batch / (time.perf_counter() - t1), 1)
     steps += args.warmup_steps
-    cold = dict(tiered.model.embeddings.counters())
+    cold = {k: dict(runs[k].model.embeddings.counters()) for k in runs if k != "device"}
     for r in range(args.rounds):
         for name, t in runs.items():
             t1, c1 = time.perf_counter(), time.process_time()
@@ -302,12 +314,29 @@ def bench_kaggle(args) -> dict:
     emb = tiered.model.embeddings
     c, info = emb.counters(), emb.placement_info()
     ratio = [b / a for a, b in zip(rates["device"], rates["tiered"])]
+    patched = {}
+    if args.patched_too:
+        pc = runs["patched"].model.embeddings.counters()
+        pr = [b / a for a, b in zip(rates["device"], rates["patched"])]
+        patched = {
+            "patched_over_device_per_round": [round(x, 3) for x in pr],
+            "patched_over_device_median": round(float(np.median(pr)), 3),
+            "tiered_over_patched_median": round(
+                float(np.median([b / a for a, b in zip(rates["patched"], rates["tiered"])])), 3
+            ),
+            "tier_patched": {k: v for k, v in pc.items() if k.startswith("scm_")},
+            "tier_patched_counters_after_warmup_only": _after_warmup(pc, cold["patched"]),
+            "patched_scm_cache_bytes": runs["patched"].model.embeddings.placement_info()[
+                "scm_cache_bytes"
+            ],
+        }
     out = {
         "setup": {
             **setup, "shapes": args.shapes, "rows": sum(base.arch_embedding_size),
             "dim": base.arch_sparse_feature_size, "optimizer": base.optimizer,
             "zipf": args.zipf, "batch": batch, "dram_for_rows": args.dram,
-            "hot_budget": args.hot_budget, "scm_io": args.scm_io, "io_threads": args.io_threads,
+            "hot_budget": args.hot_budget, "log_share": args.log_share,
+            "scm_io": args.scm_io, "io_threads": args.io_threads,
             "io_engine": tiered.model.embeddings.store.tier.file.engine, "io_depth": args.io_depth,
             "profile_samples": args.profile_samples, "rounds": args.rounds,
             "round_steps": args.round_steps, "warmup_steps": args.warmup_steps,
@@ -326,10 +355,8 @@ def bench_kaggle(args) -> dict:
         "test_auc": {k: round(v["auc"], 6) for k, v in evals.items()},
         "same_auc_4_decimals": round(evals["device"]["auc"], 4) == round(evals["tiered"]["auc"], 4),
         "tier": {k: v for k, v in c.items() if k.startswith("scm_")},
-        "tier_counters_after_warmup_only": {
-            k: c[k] - cold[k] for k in ("scm_cache_hits", "scm_cache_misses", "scm_rows_read",
-                                        "scm_bytes_read", "scm_writeback_bytes") if c[k] is not None
-        },
+        "tier_counters_after_warmup_only": _after_warmup(c, cold["tiered"]),
+        **patched,
         "hotline": {k: c.get(k) for k in ("popular_input_share", "cold_rows_per_batch",
                                           "gather_s", "exposed_gather_s", "hidden_share")},
         "dram": {
@@ -347,6 +374,14 @@ def bench_kaggle(args) -> dict:
     del runs, device, tiered
     gc.collect()
     return out
+
+
+def _after_warmup(c: dict, cold: dict) -> dict:
+    """The tier's counts over the timed rounds."""
+    keys = ("scm_cache_hits", "scm_cache_misses", "scm_rows_read", "scm_bytes_read",
+            "scm_writeback_bytes", "scm_writeback_read_bytes", "scm_log_rows_written",
+            "scm_log_rows_read", "scm_log_rows_swept", "scm_log_sweeps")  # fmt: skip
+    return {k: c[k] - cold[k] for k in keys if c.get(k) is not None and k in cold}
 
 
 def _stream(source, epoch: int):
@@ -1051,6 +1086,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--zipf", type=float, default=1.05)
     p.add_argument("--dram", default="512MB", help="kaggle: DRAM for rows, hot + cache")
     p.add_argument("--hot-budget", default="256MB")
+    p.add_argument("--log-share", type=float, default=_LOG_SHARE,
+                   help="kaggle: --scm-log-share of the tiered run")  # fmt: skip
+    p.add_argument("--patched-too", action="store_true",
+                   help="kaggle: a third run, the tier without its write-back log (--scm-log-share 0)")  # fmt: skip
     p.add_argument("--scm-io", default="direct", choices=["direct", "buffered"])
     p.add_argument("--io-threads", type=int, default=16)
     p.add_argument("--io-engine", default="auto", choices=["auto", "aio", "threads"])

@@ -41,6 +41,8 @@ from embeddings.ssd.cache import RowCache, SlotMap
 from embeddings.ssd.collection import ScmSettings, profile_priority, tiered_collection
 from embeddings.ssd.file import BLOCK, PAYLOAD
 from embeddings.ssd.layout import LAYOUT_BYTES_PER_ROW, RowLayout, layout_rows, plan_layout
+from embeddings.ssd.log import BYTES_PER_ROW as LOG_MAP
+from embeddings.ssd.log import log_disk_bytes, split_cache
 
 log = logging.getLogger(__name__)
 
@@ -70,12 +72,18 @@ def tiered_needs(
     rows = sum(t.num_embeddings for t in tables)
     staging = max(cfg.training.mini_batch_size, cfg.training.test_mini_batch_size)
     cache = cache_bytes(cfg.scm, tables, opt, hot_bytes // rb)
-    slots = cache // rb
-    blocks = -(-rows // max(1, PAYLOAD // rb))
+    rpb = max(1, PAYLOAD // rb)
+    logged = log_rows(cfg.scm, tables, opt, hot_bytes // rb, cache)
+    slots = (cache - logged * LOG_MAP) // rb
+    blocks = -(-rows // rpb)
     needs = Needs(disk_dir=scm_directory(cfg.scm, cfg.run_dir))
     needs.add("device", "hot rows + optimizer state", hot_bytes, rows=True)
     needs.add("device", "staging slots", len(tables) * staging * rb, rows=True)
-    needs.add("host", f"SSD tier row cache (--scm-cache {fmt_bytes(cache)})", cache)
+    needs.add(
+        "host",
+        f"SSD tier row cache (--scm-cache {fmt_bytes(cache)})",
+        slots * rb + logged * LOG_MAP,
+    )
     per_slot = RowCache.BOOKKEEPING_PER_SLOT + SlotMap.BYTES_PER_ENTRY / SlotMap.LOAD
     needs.add("host", "row cache bookkeeping", int(slots * per_slot))
     needs.add("host", "access profile", 4 * rows)
@@ -91,6 +99,8 @@ def tiered_needs(
         needs.add("disk", file, blocks * BLOCK)
     else:
         needs.add("disk", f"{file}, over-committed: the blocks the run can write", written * BLOCK)
+    if logged:
+        needs.add("disk", "SSD tier write-back log (--scm-log-share)", log_disk_bytes(logged, rpb))
     return needs
 
 
@@ -123,11 +133,20 @@ def written_blocks(cfg: TrainConfig, tables: list[TableSpec], rb: int) -> int | 
     )
 
 
+def log_rows(scm: ScmConfig, tables: list[TableSpec], opt: SparseOptimizer, hot_rows: int,
+             cache: int) -> int:  # fmt: skip
+    """The write-back log's rows for a tier of every row but `hot_rows`, with `cache` bytes."""
+    rb = row_bytes(tables[0].embedding_dim, opt)
+    rows = max(0, sum(t.num_embeddings for t in tables) - hot_rows)
+    return split_cache(cache, rb, max(1, PAYLOAD // rb), scm.log_share, rows)[1]
+
+
 def scm_settings(
-    scm: ScmConfig, run_dir: Path, resume: bool, cache: int | None = None
+    scm: ScmConfig, run_dir: Path, resume: bool, cache: int | None = None, log_rows: int = 0
 ) -> ScmSettings:
     """The SSD tier's settings, of the run in `run_dir` (`resume`: it continues, and keeps the
-    tier's files); `cache`: the row cache's bytes (default `--scm-cache`)."""
+    tier's files); `cache`: the row cache's bytes (default `--scm-cache`), `log_rows` of them
+    the write-back log's."""
     return ScmSettings(
         directory=scm_directory(scm, run_dir),
         cache_bytes=scm.cache.bytes if cache is None else cache,
@@ -135,6 +154,7 @@ def scm_settings(
         io_threads=scm.io_threads,
         io_engine=scm.io_engine,
         io_depth=scm.io_depth,
+        log_rows=log_rows,
         resume=resume,
         owner=str(run_dir),
     )
@@ -176,7 +196,8 @@ def build_tiered(
             log.info(
                 "--scm-cache %s: capped at the tier's %s of rows", cfg.scm.cache, fmt_bytes(cache)
             )
-        scm = scm_settings(cfg.scm, cfg.run_dir, bool(cfg.run.resume), cache)
+        logged = log_rows(cfg.scm, tables, opt, plan.num_hot, cache)
+        scm = scm_settings(cfg.scm, cfg.run_dir, bool(cfg.run.resume), cache, logged)
         scm.layout = layout
         coll = tiered_collection(
             tables, opt, plan, scm, torch.device(device), cfg.arch.embedding_backend,

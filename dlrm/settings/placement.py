@@ -174,6 +174,13 @@ class ScmConfig(Section):
         "blocks) or identity (row-id order); a resumed tier keeps its own",
         choices=("profile", "identity"), free=True,  # a tier keeps the layout it was made with
     )  # fmt: skip
+    log_share: float = setting(
+        0.25, "--scm-log-share",
+        "tiered: share of --scm-cache's bytes given to the write-back log's map: rows evicted "
+        "dirty are appended to a log, many to a 4 KiB block, and swept into their blocks in "
+        "the file's order; 0: each evicted row patched into its block at once",
+        check=unit_interval("[)"), free=True,  # where a row waits, never its value
+    )  # fmt: skip
 
     overcommit: bool = setting(
         False, "--scm-overcommit",

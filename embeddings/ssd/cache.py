@@ -95,12 +95,12 @@ class SlotMap:
     mini-batch at 4M cached rows: the staging's largest CPU cost in the Kaggle benchmark.)"""
 
     LOAD = 0.6  # at most this share of entries used: probes stay short
-    BYTES_PER_ENTRY = 8 + 4  # key, slot
+    BYTES_PER_ENTRY = 8 + 4  # key, slot (int32; `wide`: int64)
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, wide: bool = False) -> None:
         size = max(8, int(capacity / self.LOAD) + 1)
         self.keys = np.full(size, _EMPTY, dtype=np.int64)
-        self.vals = np.zeros(size, dtype=np.int32)
+        self.vals = np.zeros(size, dtype=np.int64 if wide else np.int32)
         self.capacity = capacity
 
     def get(self, gids: torch.Tensor) -> torch.Tensor:
@@ -113,12 +113,20 @@ class SlotMap:
         """Map `gids` (unique, not in the map; at most `capacity` in all) to `slots`."""
         if gids.numel():
             _add(self.keys, self.vals, gids.numpy().astype(np.int64, copy=False),
-                 slots.numpy().astype(np.int32))  # fmt: skip
+                 slots.numpy().astype(self.vals.dtype))  # fmt: skip
 
     def remove(self, gids: torch.Tensor) -> None:
         """Unmap `gids` (all in the map)."""
         if gids.numel():
             _remove(self.keys, self.vals, gids.numpy().astype(np.int64, copy=False))
+
+    def items(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every (key, value) in the map, in table order."""
+        used = np.flatnonzero(self.keys != _EMPTY)
+        return self.keys[used], self.vals[used].astype(np.int64)
+
+    def clear(self) -> None:
+        self.keys.fill(_EMPTY)
 
     def nbytes(self) -> int:
         return self.keys.nbytes + self.vals.nbytes

@@ -42,6 +42,7 @@ class ScmSettings:
     resume: bool = False  # keep the files for a checkpoint's restore
     owner: str = ""  # the run directory (a tier directory serves one run)
     layout: RowLayout | None = None  # where a new tier puts each row (None: row-id order)
+    log_rows: int = 0  # the write-back log's rows, its map in cache_bytes (embeddings/ssd/log.py)
 
 
 def profile_priority(counts: list[np.ndarray], sizes: list[int]):
@@ -93,6 +94,7 @@ def tiered_collection(
         scm.directory, tables, optimizer, seed, scm.cache_bytes, held=None, io=scm.io,
         io_threads=scm.io_threads, priority=priority, resume=scm.resume, owner=scm.owner,
         io_engine=scm.io_engine, io_depth=scm.io_depth, layout=scm.layout,
+        log_rows=scm.log_rows,
     )  # fmt: skip
     coll = StagedEmbeddingBagCollection(
         tables, optimizer, plan, ScmStore(tier), device, backend, seed, staging_rows, kind="tiered"

@@ -9,6 +9,8 @@ Files in the directory:
 - `layout.npy`: that layout's profiled rows in slot order (absent: row-id order), checked
   against its record in tier.json when the tier opens;
 - `journal.log`: the undo journal that makes a checkpoint a consistent point (embeddings/ssd/journal.py);
+- `log.dat`: the write-back log of rows evicted since the last checkpoint (embeddings/ssd/log.py),
+  started empty whenever the tier opens;
 - `tier.json`: what the files hold (tables, width, optimizer, seed, layout), the tier's id, its
   owner (the training run's directory: `training_tier_owner` is what other users check) and its
   eras (below);
@@ -25,13 +27,15 @@ checkpoint (`materialised`).
 
 Reads: cached rows are copied from DRAM; the others are read from their blocks (one 4 KiB read
 per block, on the I/O threads) or made from their initial value, and admitted to the cache.
-Writes go to the cache (dirty); rows the cache evicts, and rows it has no room for, are written
-to their blocks (read, patched, checksummed, written; a block's pre-image journaled first).
+Writes go to the cache (dirty); rows the cache evicts, and rows it has no room for, are appended
+to the write-back log (`log_share` > 0), whose sweeps patch them into their blocks many to a block,
+or are written to their blocks one by one (read, patched, checksummed, written; a block's pre-image
+journaled first).
 A write never waits for the tier (held by a prefetch's reads and the evictions its admissions
 cause, on the Hotline worker): it is queued, and the tier's next holder stores the queued writes
 before anything else, so every read sees every write made before it began; a read of rows all in
 the last few writes is served from them (embeddings/ssd/writes.py).
-`flush` writes every dirty row; `prepare(generation)` flushes, fsyncs and marks the point in the
+`flush` writes every dirty and every logged row home; `prepare(generation)` flushes, fsyncs and marks the point in the
 journal; `commit(generation)` makes it the journal's base once the checkpoint is written;
 `restore(generation, materialised)` rolls the file back to a checkpoint's point.
 """
@@ -59,6 +63,8 @@ from embeddings.ssd.cache import RowCache
 from embeddings.ssd.file import BLOCK, PAYLOAD, BlockFile, aligned_blocks, io_error, stamp, stamps
 from embeddings.ssd.journal import UndoJournal
 from embeddings.ssd.layout import LAYOUT_FILE, RowLayout
+from embeddings.ssd.log import BYTES_PER_ROW as LOG_MAP_BYTES_PER_ROW
+from embeddings.ssd.log import LOG, WriteLog
 from embeddings.ssd.writes import WriteQueue, joined
 from hybrid_dlrm.common.atomic import write_json
 from hybrid_dlrm.common.header import check_header
@@ -132,12 +138,15 @@ class ScmTier:
         io_engine: str = "auto",
         io_depth: int = 64,
         layout: RowLayout | None = None,
+        log_rows: int = 0,
     ) -> None:
         """`held(ids)`: bool per id, whether this tier is its home (None: every row's);
         `priority(gids)`: profile counts for the cache. `resume`: keep the files for a
         `restore`; if none follows before the first read or write, they are started afresh.
         `layout`: where a new tier puts each row (None: row-id order); an existing tier keeps
-        the one it was written with."""
+        the one it was written with. `log_rows`: the rows the write-back log holds before a
+        sweep (its map's bytes come out of `cache_bytes`; 0: no log, evicted rows are patched
+        into their blocks one by one; embeddings/ssd/log.py's `split_cache` sizes it)."""
         self.dir = Path(directory)
         self.tables, self.optimizer, self.seed = list(tables), optimizer, seed
         self.layout = _layout(self.tables, optimizer, seed)
@@ -159,8 +168,11 @@ class ScmTier:
         self.backend = f"ssd({io})"
         self.row_bytes = 4 * self.row_floats
         # slots beyond the tier's rows would hold nothing and only cost their allocation
-        capacity = min(max(0, int(cache_bytes) // self.row_bytes), self.total_rows)
+        self.log_rows = log_rows
+        room = max(0, int(cache_bytes) - log_rows * LOG_MAP_BYTES_PER_ROW)
+        capacity = min(room // self.row_bytes, self.total_rows)
         self.cache = RowCache(self.total_rows, self.row_floats, capacity, priority)
+        self.log: WriteLog | None = None
         self._lock = threading.RLock()
         self._depth = 0  # nesting of `_locked` in the thread holding the lock
         self.writes = WriteQueue(self.row_floats)  # not stored yet, and the last few
@@ -265,6 +277,7 @@ class ScmTier:
             self.io_depth, self.tier_id,
         )  # fmt: skip
         self.materialised = np.zeros(self.num_blocks, dtype=bool)
+        self._open_log()
         self.generation = 0
         self._journaled[:] = False
         self.writes.forget()
@@ -313,6 +326,22 @@ class ScmTier:
             self.io_depth, self.tier_id,
         )  # fmt: skip
         self.materialised = np.zeros(self.num_blocks, dtype=bool)
+        self._open_log()
+
+    def _open_log(self) -> None:
+        """The write-back log, empty (what it held before is not the tier's: every checkpoint
+        and restore starts from the home blocks alone)."""
+        if self.log is not None:
+            self.log.close()
+            self.log = None
+        if self.log_rows:
+            self.log = WriteLog(
+                self.dir / LOG, self.log_rows, self.rpb, self.row_floats, self.tier_id,
+                self._slots, self._write_file, io=self.io, threads=self.io_threads,
+                engine=self.io_engine, depth=self.io_depth,
+            )  # fmt: skip
+        else:
+            (self.dir / LOG).unlink(missing_ok=True)  # an earlier run's, now unused
 
     def _ready(self) -> None:
         if self._pending:  # resumed without a checkpoint of this tier: start it afresh
@@ -355,6 +384,8 @@ class ScmTier:
             self.cache = RowCache(
                 self.total_rows, self.row_floats, self.cache.capacity, self.cache.priority
             )
+            if self.log is not None:
+                self.log.reset()
             self.writes.forget()
             self._pending = False
 
@@ -377,6 +408,8 @@ class ScmTier:
     def close(self) -> None:
         self.journal.close()
         self.file.close()
+        if self.log is not None:
+            self.log.close()
         self._dir_lock.release()
 
     # --- rows ----------------------------------------------------------------------------------
@@ -490,28 +523,48 @@ class ScmTier:
     def _admit(self, gids: torch.Tensor, rows: torch.Tensor, dirty: bool) -> None:
         slots, evicted = self.cache.admit(gids, dirty)
         if evicted.numel():  # write the evicted dirty rows out before their slots are reused
-            self._write_file(self.cache.evicted_gids(), self.cache.data[evicted].clone())
+            self._write_back(self.cache.evicted_gids(), self.cache.data[evicted].clone())
         k = slots.numel()
         self.cache.data[slots] = rows[:k]
         if dirty and k < gids.numel():  # no room: straight to the file
             self.counts["rows_direct_writes"] += gids.numel() - k
-            self._write_file(gids[k:], rows[k:])
+            self._write_back(gids[k:], rows[k:])
+
+    def _write_back(self, gids: torch.Tensor, rows: torch.Tensor) -> None:
+        """Rows leaving DRAM: appended to the log, or patched into their blocks."""
+        if self.log is None:
+            self._write_file(gids, rows)
+        else:
+            self.log.append(gids, rows)
 
     def flush(self) -> None:
-        """Every dirty cached row into the file (the cache keeps them, clean)."""
+        """Every dirty cached row and every logged row into its block (the cache keeps its rows,
+        clean; the log is empty)."""
         with self._locked():
             if not self.cache.capacity:
                 return
             slots = torch.nonzero(self.cache.dirty).squeeze(1)
-            if not slots.numel():
-                return
             gids = self.cache.gid[slots]
+            where = slots  # >= 0: a cache slot; < 0: -1 - the row's log slot
+            if self.log is not None:
+                lg, ls = (torch.from_numpy(a) for a in self.log.map.items())
+                older = torch.isin(lg, gids)  # the cache's dirty copy is newer
+                gids, where = torch.cat([gids, lg[~older]]), torch.cat([where, -1 - ls[~older]])
+            if not gids.numel():
+                return
             order = torch.argsort(self._slots(gids))  # the file's order: sequential writes
-            gids, slots = gids[order], slots[order]
+            gids, where = gids[order], where[order]
             for a in range(0, gids.numel(), _WRITE_CHUNK):
-                s = slots[a : a + _WRITE_CHUNK]
-                self._write_file(gids[a : a + _WRITE_CHUNK], self.cache.data[s])
+                w = where[a : a + _WRITE_CHUNK]
+                rows = torch.empty(w.numel(), self.row_floats)
+                cached = w >= 0
+                rows[cached] = self.cache.data[w[cached]]
+                if not bool(cached.all()):
+                    rows[~cached] = self.log.read(-1 - w[~cached])[0]
+                self._write_file(gids[a : a + _WRITE_CHUNK], rows)
             self.cache.dirty[slots] = False
+            if self.log is not None:
+                self.log.reset()
 
     def fill(self, chunk_blocks: int = 8192) -> int:
         """Write every block not yet written with its initial rows (sequential writes), as a
@@ -580,6 +633,26 @@ class ScmTier:
         return buf
 
     def _read_file(self, gids: torch.Tensor, count: bool = True) -> torch.Tensor:
+        """Rows `gids` from the file: the log's newest copy where it has one, else the row's block
+        (or its initial value where the block was never written)."""
+        if self.log is None:
+            return self._read_home(gids, count)
+        at = self.log.locate(gids)
+        logged = at >= 0
+        if not bool(logged.any()):
+            return self._read_home(gids, count)
+        t0 = time.perf_counter()
+        out = torch.empty(gids.numel(), self.row_floats)
+        out[logged], blocks = self.log.read(at[logged])
+        if count:
+            self.counts["blocks_read"] += blocks
+            self.counts["rows_read"] += int(logged.sum())
+        self.io_s += time.perf_counter() - t0
+        if not bool(logged.all()):
+            out[~logged] = self._read_home(gids[~logged], count)
+        return out
+
+    def _read_home(self, gids: torch.Tensor, count: bool = True) -> torch.Tensor:
         t0 = time.perf_counter()
         slots = self._slots(gids)
         blocks = (slots // self.rpb).numpy()
@@ -679,17 +752,35 @@ class ScmTier:
                 round(self.file.blocks_read / self.file.wall_s) if self.file.wall_s else None
             ),
             "scm_io_s": round(self.io_s, 4),
+            **self._log_counters(),
             "scm_lock_wait_s": round(self.lock_wait_s, 4),
             "scm_rows_from_recent_writes": c["rows_recent"],
-            "scm_disk_bytes": self.file.disk_bytes(),
+            "scm_disk_bytes": self.file.disk_bytes()
+            + (self.log.file.disk_bytes() if self.log else 0),
             "scm_logical_bytes": self.num_blocks * BLOCK,
         }
 
+    def _log_counters(self) -> dict:
+        if self.log is None:
+            return {"scm_log_rows": 0}
+        c = self.log.counts
+        return {
+            "scm_log_rows": self.log_rows,
+            "scm_log_rows_written": c["rows_logged"],
+            "scm_log_blocks_written": c["blocks_logged"],
+            "scm_log_rows_read": c["rows_read"],
+            "scm_log_sweeps": c["sweeps"],
+            "scm_log_rows_swept": c["rows_swept"],
+            "scm_log_rows_superseded": c["rows_superseded"],
+        }
+
     def dram_bytes(self) -> int:
-        """The tier's DRAM: cached rows plus the cache's and the block map's bookkeeping."""
+        """The tier's DRAM: cached rows plus the cache's, the log's and the block map's
+        bookkeeping."""
         return (
             self.cache.capacity * self.row_bytes
             + self.cache.bookkeeping_bytes()
+            + (self.log.nbytes() if self.log is not None else 0)
             + 2 * self.num_blocks
             + self.row_layout.nbytes()
         )

@@ -28,6 +28,13 @@ TIERED = dict(
     scm_io="buffered", device="cpu",
 )  # fmt: skip
 DEVICE = dict(placement="device", embedding_init="hashed", device="cpu")
+# the tier's two ways home for the rows its cache evicts: each patched into its block at once (a
+# 2 KB cache: too small for a write-back log), or appended to the log and swept home (a log needs
+# two blocks of rows, 254 here, and a cache smaller than the tier: a larger table)
+WRITE_BACK = {
+    "patched": {"scm_cache": "2KB"},
+    "logged": {"scm_cache": "24KB", "scm_log_share": 0.6, "arch_embedding_size": (60, 40, 5000, 7)},
+}
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -45,28 +52,32 @@ def same_tables(a: Trainer, b: Trainer) -> None:
 
 
 @pytest.mark.parametrize(
-    "optimizer,steps,io",
-    [("adagrad", 200, "buffered"), ("sgd", 40, "direct"), ("rowwise_adagrad", 40, "buffered")],
-)
+    "optimizer,steps,io,way",
+    [("adagrad", 200, "buffered", "patched"), ("sgd", 40, "direct", "patched"),
+     ("rowwise_adagrad", 40, "buffered", "patched"), ("adagrad", 100, "direct", "logged")],
+)  # fmt: skip
 @pytest.mark.usefixtures("long_training")
-def test_tiered_trains_like_the_device_placement(make_config, tmp_path, optimizer, steps, io):
+def test_tiered_trains_like_the_device_placement(make_config, tmp_path, optimizer, steps, io, way):
     # Hotline's exactness argument holds with the SSD tier as the cold rows' home: each row,
     # hot or staged from the tier, gets one update per step from its summed gradient in the
     # fused op; the tier stores rows bit for bit (cache, file, initial values).
     common = dict(data_size=64 * steps, optimizer=optimizer, print_freq=50, learning_rate=0.1)
+    common.update((k, v) for k, v in WRITE_BACK[way].items() if k == "arch_embedding_size")
     device = Trainer(make_config(**common, **DEVICE, out_dir=str(tmp_path / "device")))
-    tiered = Trainer(
-        make_config(**common, **dict(TIERED, scm_io=io), out_dir=str(tmp_path / "tiered"))
-    )
+    tiered_cfg = dict(TIERED, scm_io=io, **WRITE_BACK[way])
+    tiered = Trainer(make_config(**{**common, **tiered_cfg}, out_dir=str(tmp_path / "tiered")))
     assert isinstance(tiered.pipeline, HotlineTrainPipeline)
     a, b = device.fit(), tiered.fit()
     same_tables(device, tiered)
     assert a["test_auc"] == b["test_auc"] and a["test_logloss"] == b["test_logloss"]
     p = b["placement"]
-    assert p["kind"] == "tiered" and 0 < p["hot_rows"] < 607
+    assert p["kind"] == "tiered" and 0 < p["hot_rows"] < 607 + (way == "logged") * 4500
     assert p["scm_cache_evictions"] > 0 and p["scm_rows_read"] > 0  # the file was really used
     assert 0 < p["scm_cache_hit_rate"] < 1 and p["scm_writeback_bytes"] > 0
     assert p["scm_io_p50_us"] > 0 and p["scm_read_amplification"] >= 1
+    if way == "logged":  # rows went home through the log's sweeps, and were read from the log
+        assert p["scm_log_sweeps"] > 0 and p["scm_log_rows_swept"] > 0
+        assert p["scm_log_rows_read"] > 0
 
 
 @pytest.mark.usefixtures("long_training")
@@ -144,18 +155,31 @@ RESUMABLE = dict(
 )
 
 
+@pytest.fixture(scope="module", params=sorted(WRITE_BACK))
+def write_back(request) -> str:
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def resumable(write_back) -> dict:
+    return dict(RESUMABLE, **WRITE_BACK[write_back])
+
+
 def eval_history(run_dir: Path) -> list[float]:
     events = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [e["test_auc"] for e in events if e["event"] == "eval"]
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
+def uninterrupted(tmp_path_factory, resumable, write_back):
     from tests.dlrm.conftest import tiny
 
     tmp = tmp_path_factory.mktemp("uninterrupted")
-    trainer = Trainer(tiny(tmp, **RESUMABLE))
+    trainer = Trainer(tiny(tmp, **resumable))
     summary = trainer.fit()
+    p = summary["placement"]
+    logged = p["scm_log_rows_swept"] if write_back == "logged" else p["scm_log_rows"]
+    assert (logged > 0) == (write_back == "logged"), p  # the way home each variant names
     return trainer, summary, eval_history(trainer.run_dir)
 
 
@@ -163,8 +187,8 @@ class Crash(Exception):
     """Stands for kill -9: nothing after it runs (files are left as they are)."""
 
 
-def _after_crash(make_config, tmp_path, uninterrupted) -> None:
-    resumed = Trainer(make_config(**RESUMABLE, out_dir=str(tmp_path / "run"), resume="auto"))
+def _after_crash(make_config, tmp_path, uninterrupted, resumable) -> None:
+    resumed = Trainer(make_config(**resumable, out_dir=str(tmp_path / "run"), resume="auto"))
     summary = resumed.fit()
     full, full_summary, full_evals = uninterrupted
     same_tables(full, resumed)
@@ -176,7 +200,7 @@ def _after_crash(make_config, tmp_path, uninterrupted) -> None:
 @pytest.mark.parametrize("moment", ["mid_block_writes", "before_checkpoint_file", "before_commit"])
 @pytest.mark.usefixtures("long_training")
 def test_a_crash_at_any_moment_then_resume_ends_as_the_uninterrupted_run(
-    make_config, tmp_path, monkeypatch, uninterrupted, moment
+    make_config, tmp_path, monkeypatch, uninterrupted, resumable, moment
 ):
     """The three windows of a checkpoint interval: blocks half written (their pre-images
     journaled), the tier prepared but the checkpoint file not written, the checkpoint file
@@ -220,9 +244,9 @@ def test_a_crash_at_any_moment_then_resume_ends_as_the_uninterrupted_run(
 
         monkeypatch.setattr(ScmTier, "commit", commit)
     with pytest.raises(Crash):
-        Trainer(make_config(**RESUMABLE, out_dir=str(tmp_path / "run"))).fit()
+        Trainer(make_config(**resumable, out_dir=str(tmp_path / "run"))).fit()
     monkeypatch.undo()
-    _after_crash(make_config, tmp_path, uninterrupted)
+    _after_crash(make_config, tmp_path, uninterrupted, resumable)
 
 
 def _cli_args(out_dir: Path) -> list[str]:
@@ -237,10 +261,16 @@ def _cli_args(out_dir: Path) -> list[str]:
     ]  # fmt: skip
 
 
-def test_kill_9_during_training_then_resume_ends_as_the_uninterrupted_run(tmp_path, uninterrupted):
+def test_kill_9_during_training_then_resume_ends_as_the_uninterrupted_run(
+    tmp_path, uninterrupted, resumable
+):
     out = tmp_path / "run"
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]), OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "dlrm.train", *_cli_args(out)]
+    way = ["--scm-cache", resumable["scm_cache"]]
+    if "scm_log_share" in resumable:
+        sizes = "-".join(map(str, resumable["arch_embedding_size"]))
+        way += ["--scm-log-share", str(resumable["scm_log_share"]), "--arch-embedding-size", sizes]
+    cmd = [sys.executable, "-m", "dlrm.train", *_cli_args(out), *way]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     metrics = out / "metrics.jsonl"
     deadline = time.time() + 120
@@ -396,12 +426,12 @@ def _fill(disk: Path) -> None:
 
 
 def test_a_full_disk_under_the_tier_is_one_line_and_the_last_checkpoint_resumes(
-    make_config, tmp_path, tmpfs, monkeypatch, uninterrupted
+    make_config, tmp_path, tmpfs, monkeypatch, uninterrupted, resumable
 ):
     # item 11: the disk fills up after the first checkpoint; the run ends in one line naming the
     # file system, and once there is room again it resumes from that checkpoint, exactly
     disk = tmpfs("size=2m")
-    cfg = dict(RESUMABLE, scm_dir=str(disk / "scm"))
+    cfg = dict(resumable, scm_dir=str(disk / "scm"))
     fill_after_first_checkpoint(monkeypatch, disk)
     with pytest.raises(ScmError) as e:
         Trainer(make_config(**cfg, out_dir=str(tmp_path / "run"))).fit()
