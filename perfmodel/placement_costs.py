@@ -61,6 +61,7 @@ from embeddings.hot_map import HotRowMap
 from embeddings.hot_rows import plan_placement
 from embeddings.row_layout import table_row_base
 from embeddings.ssd.file import PAYLOAD
+from embeddings.ssd.log import patch_share, split_cache
 from embeddings.staged.lookup_map import map_lookups
 from perfmodel.capture_config import CAPTURE_ROWS  # noqa: F401 (the module doc's, the tests')
 from perfmodel.capture_config import UNPLACED as _UNPLACED
@@ -357,8 +358,13 @@ def _staged(cfg, candidate: Candidate, sample, sizes: list[int], cold: str) -> P
 
         total_rows = int(sum(sizes))
         cold_rows = total_rows - int(sum(hot))
-        capacity = int(min(candidate.scm_cache // row_bytes, cold_rows))
         rpb = PAYLOAD // row_bytes
+        # the write-back log's map comes out of the cache's bytes; its sweeps patch fewer blocks
+        cache_rows, live = split_cache(
+            int(candidate.scm_cache), row_bytes, rpb, cfg.scm.log_share, cold_rows
+        )
+        capacity = int(min(cache_rows, cold_rows))
+        patch_scale = patch_share(live, cold_rows, rpb)
         memo = _memo(sample)
         ranked, prio = memo.get(("seen rows", tuple(sizes)),
                                 lambda: seen_rows(sample.profile.counts, sizes))  # fmt: skip
@@ -396,7 +402,8 @@ def _staged(cfg, candidate: Candidate, sample, sizes: list[int], cold: str) -> P
         def io_parts(window) -> tuple[float, float, Any]:
             """(disk ms, the worker's CPU ms, the cache's figures) per step over `window`."""
             io = run_io(stream, total_rows, cold_rows, capacity, rpb, prio, window, seconds,
-                        steady_floor=floor, replayed=replayed, layout=layout)  # fmt: skip
+                        steady_floor=floor, replayed=replayed, layout=layout,
+                        patch_scale=patch_scale)  # fmt: skip
             cpu = (rows * figs["hash_ns_per_row"] / 1e6 + rows * io.hit_rate * gather / 1e3
                    + (io.reads + io.rmw) * figs["crc_us_per_block"] / 1e3
                    + io.rmw * rpb * scatter / 1e3)  # fmt: skip

@@ -346,7 +346,7 @@ def run_io(
     stream: list[torch.Tensor], total_rows: int, cold_rows: int, capacity: int,
     rows_per_block: int, priority, window: tuple[int, int], seconds: Callable[[float], float],
     steady_floor: float = 0.0, fresh: bool = True, replayed: CacheReplay | None = None,
-    layout=None,
+    layout=None, patch_scale: float = 1.0,
 ) -> RunIO:  # fmt: skip
     """The row cache of `capacity` rows over steps [window) of a run whose first batches' unique
     cold rows are `stream` (module docstring). `seconds(blocks)`: the disk's time for a
@@ -354,7 +354,8 @@ def run_io(
     steady state); `fresh`: the tier file starts unwritten (False: every block is on disk, as
     after `ScmTier.fill`); `replayed`: `stream_replay`'s replay of the same stream and cache,
     where made already (a prediction's two windows share it; made with the same `layout`);
-    `layout`: the tier file's row layout (blocks per miss follow it)."""
+    `layout`: the tier file's row layout (blocks per miss follow it); `patch_scale`: blocks
+    patched per evicted row against one each (the write-back log's sweeps: `patch_share`)."""
     first, end = int(window[0]), int(window[1])
     n = len(stream)
     if not n or not sum(t.numel() for t in stream):  # no cold row: nothing to cache or read
@@ -442,6 +443,7 @@ def run_io(
     if not w.sum():
         w = np.ones_like(s)
     arr = np.asarray(rows, dtype=np.float64).reshape(-1, 4)
+    arr[:, 3] *= patch_scale
     hits, misses, reads, rmw = (float(np.average(arr[:, i], weights=w)) for i in range(4))
     disk = np.array([seconds(r) + 2 * seconds(p) for _, _, r, p in arr])
     keep = w > 0

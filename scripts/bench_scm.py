@@ -45,6 +45,9 @@ cache (O_DIRECT) unless `--scm-io buffered`.
   row-id order and in the profile's layout (embeddings/ssd/layout.py), at 4x and 16x
   oversubscription, ids as generated and scattered: blocks read, read amplification, rows per
   block read, hit rate (counts; the first `--layout-warm-steps` not counted).
+- `bound`: `--bound-steps` Kaggle mini-batches' cold rows from an empty cache at 4x and 16x, the
+  last `--bound-counted` counted: rows the tier's own cache policy reads a step against the
+  fewest any cache of its size could (Belady's MIN over mini-batches, perfmodel/belady.py).
 - `terabyte`: 26 tables of 10M rows at dim 64 (66.6 GB of fp32 rows) train `--tb-steps` steps
   (or until `--tb-seconds` / `--tb-max-disk-gb`) in a `--tb-dram` DRAM budget, `--tb-row-share`
   of it for rows (half hot, half cache), the rest for bookkeeping, PyTorch and the pipeline; the
@@ -532,7 +535,7 @@ def bench_layout(args) -> dict:
     from embeddings.config import SparseOptimizer
     from embeddings.hot_rows import plan_placement
     from embeddings.ssd.layout import layout_rows, plan_layout
-    from perfmodel.row_cache_model import replay_row_cache, warm_rows
+    from perfmodel.row_cache_model import replay_row_cache, seen_rows, warm_rows
 
     base = kaggle_base(args)
     profile = AccessProfile.load(_profile(args, base))
@@ -566,7 +569,7 @@ def bench_layout(args) -> dict:
             stream = [torch.from_numpy(np.unique(g[~hot[g]])) for g in ids]
             capacity = (dram - hot_budget) // row_bytes
 
-            warm = warm_rows(prof.counts, sizes, _HotMask(hot), capacity, 1 << 16)
+            warm = warm_rows(seen_rows(prof.counts, sizes)[0], _HotMask(hot), capacity, 1 << 16)
             case = {"dram_for_rows": dram, "hot_rows": int(hot.sum()), "cache_rows": capacity}
             for name in ("identity", "profile"):
                 layout = plan_layout(prof, plan, layout_rows(capacity * row_bytes)) if name == "profile" else None  # fmt: skip
@@ -587,6 +590,73 @@ def bench_layout(args) -> dict:
             )
             out[f"{order}_{over}x"] = case
             print(f"layout {order} {over}x: {json.dumps(case)}", file=sys.stderr)
+    out["load_after"] = load_average()
+    return out
+
+
+def bench_bound(args) -> dict:
+    """The fewest rows any row cache of the tier's size could read, against the tier's own
+    policy, in the steady state: Kaggle's tables at 4x and 16x (as `layout`), `--bound-steps`
+    mini-batches' cold rows from an empty cache, counted over the last `--bound-counted`. The
+    bound is Belady's MIN over mini-batches (perfmodel/belady.py), which knows every future
+    batch; the policy is the cache's own code (`replay_row_cache`, profile priorities). Counts,
+    no timing: times the CPU of one read (`disk`), it is the least the tier costs a step."""
+    from dlrm.data import build_data
+    from embeddings.config import SparseOptimizer
+    from embeddings.hot_rows import plan_placement
+    from perfmodel.belady import min_misses
+    from perfmodel.row_cache_model import replay_row_cache
+
+    base = kaggle_base(args)
+    profile = AccessProfile.load(_profile(args, base))
+    opt = SparseOptimizer("sgd")
+    sizes = list(args.tables)
+    total, row_bytes = sum(sizes), 16 * 4
+    row_base = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    prio = profile_priority(profile.counts, sizes)
+    cases = {}
+    for over in (4, 16):
+        dram = total * row_bytes // over
+        hot_budget = dram // 2
+        plan = plan_placement(profile, [16] * len(sizes), opt, hot_budget, one_home=True)
+        cases[over] = (
+            np.concatenate([r >= 0 for r in plan.remaps]),
+            (dram - hot_budget) // row_bytes,
+            dram,
+        )
+    streams: dict[int, list[torch.Tensor]] = {over: [] for over in cases}
+    t0 = time.perf_counter()
+    for i, batch in enumerate(_stream(build_data(base).train, 0)):
+        if i >= args.bound_steps:
+            break
+        kjt = batch.sparse_features
+        lengths = kjt.lengths().view(len(sizes), -1).sum(1).numpy()
+        g = kjt.values().numpy().astype(np.int64) + np.repeat(row_base, lengths)
+        for over, (hot, _, _) in cases.items():
+            streams[over].append(torch.from_numpy(np.unique(g[~hot[g]])))
+    out = {"setup": {**_setup(), "rows": total, "row_bytes": row_bytes, "steps": args.bound_steps,
+                     "counted_steps": args.bound_counted, "profile_inputs": profile.inputs,
+                     "zipf": args.zipf, "batch": base.mini_batch_size,
+                     "trace_s": round(time.perf_counter() - t0, 1)}}  # fmt: skip
+    first = args.bound_steps - args.bound_counted
+    for over, (hot, capacity, dram) in cases.items():
+        stream = streams[over]
+        counted = stream[first:]
+        lookups = sum(t.numel() for t in counted)
+        rep = replay_row_cache(stream, total, capacity, PAYLOAD // row_bytes, prio)
+        policy = sum(rep.misses_per_batch[first:])
+        bound = min_misses(stream, capacity, counted_from=first)
+        case = {
+            "dram_for_rows": dram, "hot_rows": int(hot.sum()), "cache_rows": int(capacity),
+            "cold_rows_per_step": round(lookups / len(counted), 1),
+            "policy": {"rows_read_per_step": round(policy / len(counted), 1),
+                       "hit_rate": round(1 - policy / lookups, 4),
+                       "evictions": rep.evictions},
+            "belady": {"rows_read_per_step": round(bound / len(counted), 1),
+                       "hit_rate": round(1 - bound / lookups, 4)},
+        }  # fmt: skip
+        out[f"{over}x"] = case
+        print(f"bound {over}x: {json.dumps(case)}", file=sys.stderr)
     out["load_after"] = load_average()
     return out
 
@@ -1074,6 +1144,7 @@ def main(argv: list[str] | None = None) -> int:
             "switch",
             "caches",
             "layout",
+            "bound",
             "terabyte",
             "serve",
         ],
@@ -1120,6 +1191,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cache-steps", type=int, default=5000)
     p.add_argument("--cache-warm-steps", type=int, default=3000)
     p.add_argument("--layout-steps", type=int, default=400, help="layout: mini-batches replayed")
+    p.add_argument("--bound-steps", type=int, default=6000, help="bound: mini-batches replayed")
+    p.add_argument("--bound-counted", type=int, default=1000, help="bound: the last, counted")
     p.add_argument("--layout-warm-steps", type=int, default=100, help="layout: not counted")
     p.add_argument("--ct-rows", type=int, default=500_000, help="contention: rows per table")
     p.add_argument("--ct-hot", default="16MB", help="contention: hot budget")
@@ -1150,7 +1223,7 @@ def main(argv: list[str] | None = None) -> int:
             report[what] = {"disk": bench_disk, "kaggle": bench_kaggle, "caches": bench_caches,
                             "contention": bench_contention, "serve": bench_serve,
                             "threads": bench_threads,
-                            "switch": bench_switch, "layout": bench_layout,
+                            "switch": bench_switch, "layout": bench_layout, "bound": bench_bound,
                             "terabyte": bench_terabyte}[what](args)  # fmt: skip
             print(json.dumps({what: report[what]}), file=sys.stderr)
     finally:

@@ -12,13 +12,13 @@ the log holds, the more rows a home block gets per sweep and the longer the runs
 (below) is what that costs in DRAM, so the tier takes it out of its row cache's bytes
 (`split_cache`).
 
-The log is a ring of `2 x live_rows` row slots. A row's slot is a logical number that only grows
+The log is a ring of `2.25 x live_rows` row slots. A row's slot is a logical number that only grows
 (its place in the file: slot mod ring size), so a slot written after a sweep began is newer than
 every slot the sweep holds. A map (global id -> slot; `SlotMap`, about 27 bytes an entry) says
 where each logged row's newest copy is. When the rows written since the ring's tail reach
 `live_rows`, a sweep starts: it takes the map's entries (all older than the head), sorted by
-home slot, and patches them home a slice after each append (twice the rows appended, so it ends
-before the ring fills); an entry whose row was logged again since (a newer slot) is skipped, and
+home slot, and patches them home a slice after each append (1.25 times the rows appended: the
+sweep runs beside the appends, not in bursts, and ends before the ring fills); an entry whose row was logged again since (a newer slot) is skipped, and
 stays. When the sweep ends, every slot before its start is dead: the ring's tail moves there. A
 ring that fills anyway (appends larger than the rest of the sweep) finishes the sweep at once.
 
@@ -41,8 +41,9 @@ from embeddings.ssd.file import BlockFile, aligned_blocks, stamp
 LOG = "log.dat"
 LOG_SHARE = 0.25  # the share of --scm-cache's bytes the log's map takes by default
 MIN_SLICE = 4096  # rows a sweep patches home after an append, at least
-SLICE_FACTOR = 2  # and as many as this many times the rows appended
-_MAP_ENTRIES_PER_ROW = 2  # the ring holds 2 x live_rows slots, each may be mapped
+SLICE_FACTOR = 1.25  # and this many times the rows appended: a sweep ends after 0.8 x live_rows
+_MAP_ENTRIES_PER_ROW = 2  # mapped rows at most: a sweep's live_rows and 0.8 x as many since
+_RING = 2.25  # the ring's slots per live row: those, and a quarter of it to append into
 BYTES_PER_ROW = int(_MAP_ENTRIES_PER_ROW * (8 + 8) / SlotMap.LOAD) + 1  # map bytes per live row
 
 
@@ -64,13 +65,25 @@ def split_cache(
     return (cache_bytes - live * BYTES_PER_ROW) // row_bytes, live
 
 
+def patch_share(live_rows: int, rows: int, rows_per_block: int) -> float:
+    """Blocks read and written per row the cache evicts, with the log, against one without it
+    (each row its own block): a sweep of `live_rows` rows spread over the file's blocks patches
+    blocks(1 - exp(-live_rows / blocks)) of them, and every row is also written to the log and
+    read back once, `rows_per_block` to a block. For the planner's prediction."""
+    blocks = max(1, -(-rows // rows_per_block))
+    if not live_rows:
+        return 1.0
+    swept = blocks * -np.expm1(-live_rows / blocks) / live_rows
+    return float(min(1.0, swept + 1.0 / rows_per_block))
+
+
 def log_disk_bytes(live_rows: int, rows_per_block: int) -> int:
     """`log.dat`'s size on disk at most."""
     return _ring_blocks(live_rows, rows_per_block) * 4096 if live_rows else 0
 
 
 def _ring_blocks(live_rows: int, rows_per_block: int) -> int:
-    return -(-_MAP_ENTRIES_PER_ROW * live_rows // rows_per_block)
+    return -(-int(_RING * live_rows) // rows_per_block)
 
 
 class WriteLog:
@@ -143,7 +156,7 @@ class WriteLog:
         most = (self.ring_blocks // 4) * self.rpb  # an append never needs more than the ring's rest
         for a in range(0, gids.numel(), most):
             self._append(gids[a : a + most], rows[a : a + most])
-        self._advance(max(self.min_slice, self.slice_factor * gids.numel()))
+        self._advance(max(self.min_slice, int(self.slice_factor * gids.numel())))
 
     def _append(self, gids: torch.Tensor, rows: torch.Tensor) -> None:
         n = gids.numel()

@@ -10,7 +10,7 @@ from embeddings.config import SparseOptimizer, TableSpec
 from embeddings.errors import ScmError
 from embeddings.row_init import hashed_rows
 from embeddings.ssd.file import BLOCK
-from embeddings.ssd.log import BYTES_PER_ROW, LOG, MIN_SLICE, split_cache
+from embeddings.ssd.log import BYTES_PER_ROW, LOG, MIN_SLICE, patch_share, split_cache
 from embeddings.ssd.tier import ScmTier
 
 DIM = 4  # rows of 4 floats (SGD): 254 to a block, so a sweep can share blocks between rows
@@ -98,6 +98,10 @@ def test_a_sweep_patches_many_rows_into_each_block_it_writes(tmp_path):
         rows_per_block(none),
     )
     assert log["scm_log_blocks_written"] * 254 >= log["scm_log_rows_written"]
+    # the planner's figure for it (blocks patched per evicted row, uniform rows) is of its order
+    predicted = patch_share(10_000, TOTAL, 254) - 1 / 254
+    measured = (log["scm_writeback_bytes"] / BLOCK) / log["scm_rows_written"]
+    assert predicted / 2 < measured < predicted * 2, (measured, predicted)
 
 
 def test_a_full_ring_ends_the_sweep_at_once_and_loses_nothing(tmp_path):
@@ -165,3 +169,12 @@ def test_the_log_takes_its_map_out_of_the_cache_bytes_and_a_small_one_is_none():
     cache, live = split_cache(64 << 20, 4096, 1, 0.9, 40_000)
     assert live == (64 << 20) // (4096 + BYTES_PER_ROW) <= cache  # never more than the cache
     assert MIN_SLICE > 0 and np.isfinite(BYTES_PER_ROW)
+
+
+def test_the_planners_share_of_patched_blocks():
+    assert patch_share(0, 10**6, 63) == 1.0  # no log: one block per evicted row
+    shares = [patch_share(live, 33_800_000, 63) for live in (100_000, 300_000, 1_200_000)]
+    assert shares == sorted(shares, reverse=True)  # a larger log patches fewer blocks a row
+    assert 1 / 63 < shares[-1] < shares[0] <= 1.0
+    # a sweep of as many rows as the file has blocks patches 1 - 1/e of them
+    assert abs(patch_share(536_000, 536_000 * 63, 63) - (1 - np.exp(-1) + 1 / 63)) < 1e-3
