@@ -150,12 +150,19 @@ class BlockFile:
         self.path, self.num_blocks, self.io, self.threads = Path(path), num_blocks, io, threads
         self.tag = np.frombuffer(bytes(tag)[:8].ljust(8, b"\0"), dtype=np.uint8)
         size = num_blocks * BLOCK
-        flags = os.O_RDWR | (os.O_CREAT | os.O_TRUNC if create else 0)
+        # a file made afresh (truncated) is never made through a link: the link's target is not
+        # the tier's (an existing file may be one: a read-only export links the run's rows.dat)
+        flags = os.O_RDWR | (os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW if create else 0)
         if io == "direct":
             flags |= os.O_DIRECT
         try:
             self.fd = os.open(self.path, flags, 0o644)
         except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise ScmError(
+                    f"{self.path}: a symbolic link; the tier makes its files afresh only where no "
+                    "link is (remove it)"
+                ) from None
             if e.errno == errno.EINVAL and io == "direct":
                 raise ScmError(
                     f"{self.path}: the file system does not support O_DIRECT (--scm-io direct); "

@@ -235,7 +235,7 @@ class ScmTier:
                 "training tier; give this run another directory"
             )
         if not (self.dir / MANIFEST).exists():
-            found = [n for n in (ROWS, JOURNAL) if (self.dir / n).exists()]
+            found = [n for n in (ROWS, JOURNAL, LOG) if (self.dir / n).exists()]
             if found:
                 raise ScmError(
                     f"--scm-dir {self.dir}: holds {' and '.join(found)} but no {MANIFEST}: a tier "

@@ -157,6 +157,34 @@ def test_a_damaged_log_block_is_refused_naming_the_log(tmp_path):
         t.read_rows(torch.from_numpy(gids[:1]))
 
 
+def test_a_log_file_in_a_directory_without_a_tier_is_refused_untouched(tmp_path):
+    """`--scm-dir` naming a directory that holds a log.dat but no tier.json (a user's file of
+    that name, or a tier whose description was lost): never truncated to start a log."""
+    d = tmp_path / "scm"
+    d.mkdir()
+    (d / LOG).write_bytes(b"someone's log")
+    with pytest.raises(ScmError, match=rf"holds {LOG} but no tier.json"):
+        tier(d)
+    assert (d / LOG).read_bytes() == b"someone's log"
+
+
+def test_a_tier_file_that_is_a_link_is_refused_and_its_target_untouched(tmp_path):
+    """A log.dat (or rows.dat) replaced by a link to another file: opening the tier would
+    truncate the link's target; it is refused instead."""
+    t = tier(tmp_path / "scm")
+    t.prepare()
+    gen, tid, mat = t.generation, t.tier_id, t.materialised.copy()
+    t.close()
+    victim = tmp_path / "precious.txt"
+    victim.write_text("keep me")
+    (tmp_path / "scm" / LOG).unlink()
+    (tmp_path / "scm" / LOG).symlink_to(victim)
+    with pytest.raises(ScmError, match=rf"{LOG}: a symbolic link"):
+        tier(tmp_path / "scm", resume=True)
+    assert victim.read_text() == "keep me"
+    assert gen and tid and mat is not None
+
+
 def test_the_log_takes_its_map_out_of_the_cache_bytes_and_a_small_one_is_none():
     rows = 10**7  # 159k blocks of 63: the log's 310k rows are more than a quarter of them
     cache, live = split_cache(64 << 20, 64, 63, 0.25, rows)
