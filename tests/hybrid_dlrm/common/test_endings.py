@@ -69,10 +69,19 @@ def test_another_error_without_a_signal_is_not_hidden():
         endings.run(body)
 
 
+def _as_in_a_terminal() -> None:
+    """The child's SIGINT and SIGTERM as a terminal's command gets them: a suite started in the
+    background by a shell without job control inherits SIGINT ignored, and Python then keeps
+    ignoring it (no KeyboardInterrupt to see)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def _python(code: str) -> subprocess.CompletedProcess:
     root = Path(__file__).resolve().parents[3]
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=str(root)), timeout=60)  # fmt: skip
+                          env=dict(os.environ, PYTHONPATH=str(root)), timeout=60,
+                          preexec_fn=_as_in_a_terminal)  # fmt: skip
 
 
 @pytest.mark.parametrize(
