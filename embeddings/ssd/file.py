@@ -41,7 +41,7 @@ import numpy as np
 
 from embeddings.errors import ScmError
 from embeddings.ssd.aio import PREAD, PWRITE, Aio
-from hybrid_dlrm.common.crc import crc32
+from hybrid_dlrm.common.crc import crc32_rows
 from hybrid_dlrm.common.thread_cpu import name_os_thread
 
 BLOCK = 4096
@@ -275,15 +275,17 @@ class BlockFile:
     @staticmethod
     def _seal(buf: np.ndarray, pos: int, count: int) -> None:
         """Blocks pos .. pos+count-1 of `buf` get the CRC-32 of their bytes as their last word."""
-        for i in range(pos, pos + count):
-            buf[i, BLOCK - 4 :].view(np.uint32)[0] = crc32(buf[i, : BLOCK - 4])
+        part = buf[pos : pos + count]
+        part[:, BLOCK - 4 :].view(np.uint32)[:, 0] = crc32_rows(part, BLOCK - 4)
 
     def _verify(self, buf: np.ndarray, blocks: np.ndarray, pos: int, count: int) -> str | None:
         """The first of blocks pos .. pos+count-1 whose checksum does not match, described."""
-        for i in range(pos, pos + count):
-            crc = crc32(buf[i, : BLOCK - 4])
-            if crc != int(buf[i, BLOCK - 4 :].view(np.uint32)[0]):
-                return self._describe(int(blocks[i]), buf[i], crc)
+        part = buf[pos : pos + count]
+        crc = crc32_rows(part, BLOCK - 4)
+        bad = np.flatnonzero(crc != part[:, BLOCK - 4 :].view(np.uint32)[:, 0])
+        if bad.size:
+            i = int(bad[0])
+            return self._describe(int(blocks[pos + i]), part[i], int(crc[i]))
         return None
 
     def read(self, blocks: np.ndarray) -> np.ndarray:

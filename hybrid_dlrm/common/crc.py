@@ -28,7 +28,7 @@ try:
 except ImportError:  # pragma: no cover - a platform without isal's wheels: same values, slower
     from zlib import crc32
 
-__all__ = ["crc32", "crc_hex", "file_crc32"]
+__all__ = ["crc32", "crc32_rows", "crc_hex", "file_crc32"]
 
 
 def crc_hex(data, value: int = 0) -> str:
@@ -46,3 +46,47 @@ def file_crc32(path: str | Path, offset: int = 0, chunk_bytes: int = 1 << 24) ->
     for start in range(0, len(data), chunk_bytes):
         crc = crc32(data[start : start + chunk_bytes], crc)
     return crc
+
+
+_rows_kernel = None  # compiled on first use (numba and ISA-L's C function), or False
+
+
+def _compile_rows():
+    """A loop over rows calling ISA-L's `crc32_gzip_refl` (the C function behind `crc32`, exported
+    by isal's extension module) from compiled code: 0.15 us a 4 KiB block where a Python loop
+    over `crc32` took 1.2 (the SSD tier checks and seals thousands of blocks a step)."""
+    import ctypes
+
+    import numba
+    from isal import isal_zlib
+
+    fn = ctypes.CDLL(isal_zlib.__file__).crc32_gzip_refl
+    fn.restype = ctypes.c_uint32
+    fn.argtypes = [ctypes.c_uint32, ctypes.c_uint64, ctypes.c_uint64]  # the pointer as an integer
+
+    @numba.njit(nogil=True)
+    def rows(ptr, n, stride, nbytes, out):
+        for i in range(n):
+            out[i] = fn(0, ptr + i * stride, nbytes)
+
+    return rows
+
+
+def crc32_rows(rows: np.ndarray, nbytes: int) -> np.ndarray:
+    """uint32 CRC-32 (`crc32`'s values) of the first `nbytes` bytes of each row of a uint8
+    [n, width] array whose rows are each contiguous."""
+    global _rows_kernel
+    n = rows.shape[0]
+    out = np.empty(n, dtype=np.uint32)
+    if n and rows.strides[1] == 1 and nbytes <= rows.shape[1]:
+        if _rows_kernel is None:
+            try:
+                _rows_kernel = _compile_rows()
+            except (ImportError, OSError, AttributeError):  # no isal here: zlib's, row by row
+                _rows_kernel = False
+        if _rows_kernel:
+            _rows_kernel(rows.ctypes.data, n, rows.strides[0], nbytes, out)
+            return out
+    for i in range(n):
+        out[i] = crc32(rows[i, :nbytes])
+    return out
