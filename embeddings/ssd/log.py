@@ -3,24 +3,25 @@ packed `rows_per_block` to a 4 KiB block, instead of each being patched into its
 
 Why: a tier with a cold working set evicts a dirty row for nearly every row it reads, and
 patching one row into its block costs a 4 KiB read and a 4 KiB write of that block (the block's
-other rows are not in DRAM): two requests of about 6 us of the process's CPU each on the
-development VM (embeddings/ssd/aio.py), beside the one read that brought the row in. Appended,
-64 rows of dim 16 share one write. The logged rows still have to go home, but not one at a time:
+other rows are not in DRAM): two requests of 4-6 us of the process's CPU each on the development
+VM (docs/measurements/scm.md), beside the one read that brought the row in. Appended, 63 rows
+of dim 16 share one write. The logged rows still have to go home, but not one at a time:
 a sweep takes every row logged before it started, in the file's order, and patches each home
 block once for all of its rows, in runs of consecutive blocks (one request each). The more rows
 the log holds, the more rows a home block gets per sweep and the longer the runs: the log's map
 (below) is what that costs in DRAM, so the tier takes it out of its row cache's bytes
 (`split_cache`).
 
-The log is a ring of `2.25 x live_rows` row slots. A row's slot is a logical number that only grows
-(its place in the file: slot mod ring size), so a slot written after a sweep began is newer than
-every slot the sweep holds. A map (global id -> slot; `SlotMap`, about 27 bytes an entry) says
-where each logged row's newest copy is. When the rows written since the ring's tail reach
-`live_rows`, a sweep starts: it takes the map's entries (all older than the head), sorted by
-home slot, and patches them home a slice after each append (1.25 times the rows appended: the
-sweep runs beside the appends, not in bursts, and ends before the ring fills); an entry whose row was logged again since (a newer slot) is skipped, and
-stays. When the sweep ends, every slot before its start is dead: the ring's tail moves there. A
-ring that fills anyway (appends larger than the rest of the sweep) finishes the sweep at once.
+The log is a ring of `2.25 x live_rows` row slots. A row's slot is a logical number that only
+grows (its place in the file: slot mod ring size), so a slot written after a sweep began is
+newer than every slot the sweep holds. A map (global id -> slot; `SlotMap`, about 27 bytes an
+entry) says where each logged row's newest copy is. When the rows written since the ring's tail
+reach `live_rows`, a sweep starts: it takes the map's entries (all older than the head), sorted
+by home slot, and patches them home a slice after each append (1.25 times the rows appended: the
+sweep runs beside the appends, not in bursts, and ends before the ring fills); an entry whose
+row was logged again since (a newer slot) is skipped, and stays. When the sweep ends, every slot
+before its start is dead: the ring's tail moves there. A ring that fills anyway (appends larger
+than the rest of the sweep) finishes the sweep at once.
 
 What the log holds matters only between checkpoints: the tier's `flush` (before every checkpoint)
 writes every logged row home with the cache's dirty rows and empties the log, so a checkpoint's
@@ -39,7 +40,6 @@ from embeddings.ssd.cache import SlotMap
 from embeddings.ssd.file import BlockFile, aligned_blocks, stamp
 
 LOG = "log.dat"
-LOG_SHARE = 0.25  # the share of --scm-cache's bytes the log's map takes by default
 MIN_SLICE = 4096  # rows a sweep patches home after an append, at least
 SLICE_FACTOR = 1.25  # and this many times the rows appended: a sweep ends after 0.8 x live_rows
 _MAP_ENTRIES_PER_ROW = 2  # mapped rows at most: a sweep's live_rows and 0.8 x as many since

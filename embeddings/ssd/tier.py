@@ -35,9 +35,10 @@ A write never waits for the tier (held by a prefetch's reads and the evictions i
 cause, on the Hotline worker): it is queued, and the tier's next holder stores the queued writes
 before anything else, so every read sees every write made before it began; a read of rows all in
 the last few writes is served from them (embeddings/ssd/writes.py).
-`flush` writes every dirty and every logged row home; `prepare(generation)` flushes, fsyncs and marks the point in the
-journal; `commit(generation)` makes it the journal's base once the checkpoint is written;
-`restore(generation, materialised)` rolls the file back to a checkpoint's point.
+`flush` writes every dirty and every logged row home; `prepare(generation)` flushes, fsyncs and
+marks the point in the journal; `commit(generation)` makes it the journal's base once the
+checkpoint is written; `restore(generation, materialised)` rolls the file back to a
+checkpoint's point.
 """
 
 from __future__ import annotations
