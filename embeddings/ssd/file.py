@@ -38,6 +38,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from embeddings.errors import ScmError
 from embeddings.ssd.aio import PREAD, PWRITE, Aio
@@ -103,6 +104,13 @@ def stamps(buf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     era = buf[:, _ERA : _ERA + 4].copy().view(np.uint32).reshape(-1)
     gen = buf[:, _GEN : _GEN + 4].copy().view(np.uint32).reshape(-1)
     return era.astype(np.int64), gen.astype(np.int64)
+
+
+def block_rows(buf: np.ndarray, rows_per_block: int, row_floats: int) -> torch.Tensor:
+    """[blocks, rows per block, row floats] float32 view of the rows in `buf` [n, BLOCK]'s
+    payloads (written through it land in the blocks)."""
+    used = rows_per_block * row_floats * 4
+    return torch.from_numpy(buf[:, :used].view(np.float32)).view(-1, rows_per_block, row_floats)
 
 
 def aligned_blocks(n: int) -> np.ndarray:

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from embeddings.ssd.cache import SlotMap
-from embeddings.ssd.file import BlockFile, aligned_blocks, stamp
+from embeddings.ssd.file import BlockFile, aligned_blocks, block_rows, stamp
 
 LOG = "log.dat"
 MIN_SLICE = 4096  # rows a sweep patches home after an append, at least
@@ -147,9 +147,7 @@ class WriteLog:
         return rows[torch.from_numpy(pos), phys % self.rpb], int(ub.size)
 
     def _rows_view(self, buf: np.ndarray) -> torch.Tensor:
-        """[blocks, rows per block, row floats] over `buf`'s payloads."""
-        used = self.rpb * self.row_floats * 4
-        return torch.from_numpy(buf[:, :used].view(np.float32)).view(-1, self.rpb, self.row_floats)
+        return block_rows(buf, self.rpb, self.row_floats)
 
     def append(self, gids: torch.Tensor, rows: torch.Tensor) -> None:
         """Log rows `gids` (unique) with their values `rows`; then a slice of the sweep."""

@@ -61,7 +61,16 @@ from embeddings.errors import ScmError, TierError
 from embeddings.row_init import hashed_rows
 from embeddings.row_layout import table_row_base
 from embeddings.ssd.cache import RowCache
-from embeddings.ssd.file import BLOCK, PAYLOAD, BlockFile, aligned_blocks, io_error, stamp, stamps
+from embeddings.ssd.file import (
+    BLOCK,
+    PAYLOAD,
+    BlockFile,
+    aligned_blocks,
+    block_rows,
+    io_error,
+    stamp,
+    stamps,
+)
 from embeddings.ssd.journal import UndoJournal
 from embeddings.ssd.layout import LAYOUT_FILE, RowLayout
 from embeddings.ssd.log import BYTES_PER_ROW as LOG_MAP_BYTES_PER_ROW
@@ -612,8 +621,7 @@ class ScmTier:
         return torch.from_numpy(self.row_layout.slots(gids.numpy()))
 
     def _rows_view(self, buf: np.ndarray) -> torch.Tensor:
-        used = self.rpb * self.row_bytes
-        return torch.from_numpy(buf[:, :used].view(np.float32)).view(-1, self.rpb, self.row_floats)
+        return block_rows(buf, self.rpb, self.row_floats)
 
     def _read_blocks(self, blocks: np.ndarray) -> np.ndarray:
         """Blocks as the file holds them, verified (checksum, index, tier) and each from the
