@@ -44,6 +44,7 @@ MIN_SLICE = 4096  # rows a sweep patches home after an append, at least
 SLICE_FACTOR = 1.25  # and this many times the rows appended: a sweep ends after 0.8 x live_rows
 _MAP_ENTRIES_PER_ROW = 2  # mapped rows at most: a sweep's live_rows and 0.8 x as many since
 _RING = 2.25  # the ring's slots per live row: those, and a quarter of it to append into
+PAYS = 0.8  # a log is kept where its sweeps patch at most this share of a block per evicted row
 BYTES_PER_ROW = int(_MAP_ENTRIES_PER_ROW * (8 + 8) / SlotMap.LOAD) + 1  # map bytes per live row
 
 
@@ -53,14 +54,15 @@ def split_cache(
     """(row cache rows, log live rows) from the tier's DRAM budget for its `rows`: the log's map
     takes `share` of it, for as many rows as the cache holds at most (the log's disk stays
     near the cache's size). No log (0 rows) where it cannot pay: a cache that holds every row
-    evicts nothing; a log too small to fill 2 blocks between sweeps; one whose rows are fewer
-    than a quarter of the file's blocks (wide rows, huge tables): its sweep would patch one row
-    a block, as the cache's evictions do, after writing and reading it once more."""
+    evicts nothing; a log too small to fill 2 blocks between sweeps; one whose sweeps would
+    patch more than PAYS of a block per evicted row, its own write and read of the row counted
+    (`patch_share`: wide rows in huge tables, where a sweep patches one row a block as the
+    cache's evictions do)."""
     if cache_bytes >= rows * row_bytes:
         return rows, 0
     live = int(cache_bytes * share) // BYTES_PER_ROW
     live = min(live, cache_bytes // (row_bytes + BYTES_PER_ROW))  # live <= the cache's rows
-    if live < 2 * rows_per_block or live < -(-rows // rows_per_block) / 4:
+    if live < 2 * rows_per_block or patch_share(live, rows, rows_per_block) > PAYS:
         live = 0
     return (cache_bytes - live * BYTES_PER_ROW) // row_bytes, live
 

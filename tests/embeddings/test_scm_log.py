@@ -193,9 +193,10 @@ def test_the_log_takes_its_map_out_of_the_cache_bytes_and_a_small_one_is_none():
     assert split_cache(64 << 20, 64, 63, 0.0, rows) == ((64 << 20) // 64, 0)
     assert split_cache(100 * BYTES_PER_ROW, 64, 63, 0.5, rows)[1] == 0  # fewer than 2 blocks
     assert split_cache(64 << 20, 64, 63, 0.25, 1000) == (1000, 0)  # every row cached: no log
-    assert split_cache(64 << 20, 1024, 3, 0.25, 10**9)[1] == 0  # rows fewer than blocks / 4
-    cache, live = split_cache(64 << 20, 4096, 1, 0.9, 40_000)
-    assert live == (64 << 20) // (4096 + BYTES_PER_ROW) <= cache  # never more than the cache
+    assert split_cache(64 << 20, 1024, 3, 0.25, 10**9)[1] == 0  # a sweep: one row a block
+    assert split_cache(64 << 20, 4096, 1, 0.9, 40_000)[1] == 0  # a row a block: never pays
+    cache, live = split_cache(64 << 20, 64, 63, 0.9, rows)
+    assert live == (64 << 20) // (64 + BYTES_PER_ROW) <= cache  # never more than the cache
     assert MIN_SLICE > 0 and np.isfinite(BYTES_PER_ROW)
 
 
