@@ -79,11 +79,7 @@ def tiered_needs(
     needs = Needs(disk_dir=scm_directory(cfg.scm, cfg.run_dir))
     needs.add("device", "hot rows + optimizer state", hot_bytes, rows=True)
     needs.add("device", "staging slots", len(tables) * staging * rb, rows=True)
-    needs.add(
-        "host",
-        f"SSD tier row cache (--scm-cache {fmt_bytes(cache)})",
-        slots * rb + logged * LOG_MAP,
-    )
+    needs.add("host", f"SSD tier row cache (--scm-cache {fmt_bytes(cache)})", cache)
     per_slot = RowCache.BOOKKEEPING_PER_SLOT + SlotMap.BYTES_PER_ENTRY / SlotMap.LOAD
     needs.add("host", "row cache bookkeeping", int(slots * per_slot))
     needs.add("host", "access profile", 4 * rows)

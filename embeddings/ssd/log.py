@@ -132,7 +132,7 @@ class WriteLog:
     @property
     def logged(self) -> int:
         """Rows the map points at (a row logged twice counts once)."""
-        return int((self.map.keys != -1).sum())
+        return int(self.map.items()[0].size)
 
     def locate(self, gids: torch.Tensor) -> torch.Tensor:
         """The log slot of each row's newest copy, -1 where it is not logged."""

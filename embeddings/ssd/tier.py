@@ -25,10 +25,10 @@ A row never written has its initial value, `row_init.hashed_rows` (a pure functi
 table and row), and optimizer state zero; the map of written blocks is kept with each
 checkpoint (`materialised`).
 
-Reads: cached rows are copied from DRAM; the others are read from their blocks (one 4 KiB read
-per block, on the I/O threads) or made from their initial value, and admitted to the cache.
+Reads: cached rows are copied from DRAM; the others are read from the log's newest copy or their
+blocks (one 4 KiB read per block, on the I/O threads) or made from their initial value, and admitted to the cache.
 Writes go to the cache (dirty); rows the cache evicts, and rows it has no room for, are appended
-to the write-back log (`log_share` > 0), whose sweeps patch them into their blocks many to a block,
+to the write-back log (`log_rows` > 0), whose sweeps patch them into their blocks many to a block,
 or are written to their blocks one by one (read, patched, checksummed, written; a block's pre-image
 journaled first).
 A write never waits for the tier (held by a prefetch's reads and the evictions its admissions
