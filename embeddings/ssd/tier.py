@@ -26,7 +26,8 @@ table and row), and optimizer state zero; the map of written blocks is kept with
 checkpoint (`materialised`).
 
 Reads: cached rows are copied from DRAM; the others are read from the log's newest copy or their
-blocks (one 4 KiB read per block, on the I/O threads) or made from their initial value, and admitted to the cache.
+blocks (one 4 KiB read per block, on the I/O threads) or made from their initial value, and
+admitted to the cache.
 Writes go to the cache (dirty); rows the cache evicts, and rows it has no room for, are appended
 to the write-back log (`log_rows` > 0), whose sweeps patch them into their blocks many to a block,
 or are written to their blocks one by one (read, patched, checksummed, written; a block's pre-image
